@@ -1,0 +1,35 @@
+# Set-up and the two commands of the README. Override TORCH_SPEC for another torch build,
+# e.g. make demo TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.headwise-installed
+DEMO_OUT ?= headwise-demo
+
+export HF_HUB_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: demo test install bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	$(BIN)/python -m pip install --quiet -e ".[demo,test]"
+	touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/headwise sites
+	$(BIN)/headwise eval stsb --split dev
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/runtime_overhead.py
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) build src/*.egg-info

@@ -1,0 +1,97 @@
+"""``headwise <verb>``: the command line. Errors print one line (a traceback only with --debug)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable
+
+from .errors import HeadwiseError
+
+Command = Callable[[argparse.Namespace], int]
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="hub name or local folder (default: the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+
+
+def cmd_sites(args: argparse.Namespace) -> int:
+    from .models import load_model
+    from .sites import find_sites
+
+    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
+    sites = find_sites(model)
+    if args.json:
+        print(json.dumps([s.describe() for s in sites], indent=2))
+        return 0
+    print(f"{type(model).__name__} ({model.config.model_type}): {len(sites)} attention sites, "
+          f"{sum(s.num_heads for s in sites)} heads")
+    header = ("site", "path", "kind", "layers", "heads", "kv", "d", "positions", "causal", "notes")
+    rows = [(s.name, s.path, s.kind, ",".join(map(str, s.layers)) if s.shared else str(s.layer), str(s.num_heads),
+             str(s.num_kv_heads), str(s.head_dim), s.positions, "yes" if s.causal else "no", "; ".join(s.notes))
+            for s in sites]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    return 0
+
+
+def cmd_eval_stsb(args: argparse.Namespace) -> int:
+    from .evaluation import evaluate_stsb, stsb_file
+    from .models import load_model
+
+    stsb_file(args.split, args.data)  # a missing file fails before the model loads
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    result = evaluate_stsb(model, tokenizer, args.split, args.data, args.batch_size)
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(f"STS-B {result.split} ({result.pairs} pairs, {result.file})")
+        print(f"  model: {args.model or 'all-MiniLM-L6-v2 (packaged)'}, attention: {model.config._attn_implementation}")
+        print(f"  Spearman x100: {result.spearman:.2f}   Pearson x100: {result.pearson:.2f}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks")
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser = argparse.ArgumentParser(prog="headwise", parents=[common],
+                                     description="Find, measure and edit the attention heads of transformers models.")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    sites = verbs.add_parser("sites", parents=[common], help="list a model's attention sites")
+    _model_args(sites)
+    sites.set_defaults(run=cmd_sites)
+
+    evaluate = verbs.add_parser("eval", parents=[common], help="evaluate a model")
+    tasks = evaluate.add_subparsers(dest="task", required=True, metavar="TASK")
+    stsb = tasks.add_parser("stsb", parents=[common], help="STS Benchmark Spearman (mean pooling, cosine)")
+    _model_args(stsb)
+    stsb.add_argument("--split", default="dev", choices=["train", "dev", "test"])
+    stsb.add_argument("--data", default=None, help="the STS-B .tsv file or its folder (default: shared/data/stsb)")
+    stsb.add_argument("--batch-size", type=int, default=64)
+    stsb.set_defaults(run=cmd_eval_stsb)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except HeadwiseError as err:
+        if args.debug:
+            raise
+        print(f"headwise: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("headwise: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

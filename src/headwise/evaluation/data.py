@@ -1,0 +1,72 @@
+"""Finding and reading the STS Benchmark files (``sts-train.tsv``, ``sts-dev.tsv``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import HeadwiseError
+
+SPLITS = {"train": "sts-train.tsv", "dev": "sts-dev.tsv", "test": "sts-test.tsv"}
+ENV = "HEADWISE_STSB_DIR"
+
+
+@dataclass(frozen=True)
+class StsbPairs:
+    first: list[str]
+    second: list[str]
+    scores: list[float]  # gold similarity, 0-5
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def sentences(self) -> list[str]:
+        """Every distinct sentence once, in first-seen order."""
+        return list(dict.fromkeys(self.first + self.second))
+
+
+def _candidates() -> list[Path]:
+    found = [Path(os.environ[ENV])] if os.environ.get(ENV) else []
+    for start in (Path.cwd(), Path(__file__).resolve()):
+        found += [parent / "shared" / "data" / "stsb" for parent in [start, *start.parents]]
+    return found
+
+
+def stsb_file(split: str = "dev", data: str | os.PathLike | None = None) -> Path:
+    """The file of ``split``. ``data`` is the file itself or its folder; by default ``$HEADWISE_STSB_DIR``,
+    then ``shared/data/stsb`` in the working directory or any parent."""
+    if split not in SPLITS:
+        raise HeadwiseError(f"unknown STS-B split {split!r}; use one of {', '.join(SPLITS)}")
+    if data is not None:
+        path = Path(data)
+        path = path / SPLITS[split] if path.is_dir() else path
+        if not path.is_file():
+            raise HeadwiseError(f"STS-B file not found: {path} (expected the tab-separated {SPLITS[split]})")
+        return path
+    for folder in _candidates():
+        if (folder / SPLITS[split]).is_file():
+            return folder / SPLITS[split]
+    raise HeadwiseError(
+        f"STS-B {split} split not found: no {SPLITS[split]} in ${ENV} or in shared/data/stsb above the working "
+        "directory. Pass --data PATH to the file or its folder (STS Benchmark, ixa2.si.ehu.eus/stswiki)"
+    )
+
+
+def read_stsb(split: str = "dev", data: str | os.PathLike | None = None) -> StsbPairs:
+    """Sentence pairs and gold scores: columns 5-7 (score, sentence 1, sentence 2) of the STS-B tsv."""
+    path = stsb_file(split, data)
+    first, second, scores = [], [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        cols = line.split("\t")
+        if len(cols) < 7:
+            raise HeadwiseError(f"{path}:{number}: expected at least 7 tab-separated columns, got {len(cols)}")
+        try:
+            scores.append(float(cols[4]))
+        except ValueError:
+            raise HeadwiseError(f"{path}:{number}: score {cols[4]!r} is not a number") from None
+        first.append(cols[5])
+        second.append(cols[6])
+    if not scores:
+        raise HeadwiseError(f"{path} holds no sentence pairs")
+    return StsbPairs(first, second, scores)

@@ -1,0 +1,118 @@
+"""Save and reload modified models with one call.
+
+A checkpoint is a transformers folder (``config.json`` + ``model.safetensors``) whose config carries
+``headwise = {"version": 1, "edits": [...], "ops": [...]}``: structural edits in the order they happened
+(replayed on the fresh model, shapes only), then the attached ops. The state dict is the model's own
+(``model.state_dict()`` names, shared tensors stored once) and is loaded strictly.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import transformers
+from safetensors.torch import load_model, save_model
+from torch import nn
+from transformers.initialization import no_init_weights
+
+from ..errors import HeadwiseError
+from ..runtime import enable
+from ..runtime.ops import rebuild, saved_specs
+from ..sites import find_sites
+from .files import atomic_dir
+
+FORMAT_VERSION = 1
+WEIGHTS = "model.safetensors"
+EDITS: dict[str, Callable[[nn.Module, dict[str, Any]], None]] = {}
+
+
+def register_edit(kind: str, replay: Callable[[nn.Module, dict[str, Any]], None]) -> None:
+    """Register how to replay a structural edit record ``{"kind": kind, ...}`` on a freshly built model."""
+    EDITS[kind] = replay
+
+
+def record_edit(model: nn.Module, record: dict[str, Any]) -> None:
+    """Append a structural edit to ``model.config.headwise`` (call it right after changing shapes)."""
+    if record.get("kind") not in EDITS:
+        raise HeadwiseError(f"edit kind {record.get('kind')!r} has no registered replay function")
+    state = dict(getattr(model.config, "headwise", None) or {})
+    state["edits"] = [*state.get("edits", []), record]
+    model.config.headwise = state
+
+
+def save_pretrained(
+    model: nn.Module, path: str | os.PathLike, tokenizer: Any = None, overwrite: bool = False
+) -> Path:
+    """Write ``model`` (with its ops and structural edits) and optionally its tokenizer to ``path``, atomically.
+
+    Refuses a non-empty ``path`` unless ``overwrite``.
+    """
+    sites = find_sites(model)
+    state = dict(getattr(model.config, "headwise", None) or {})
+    state.update(version=FORMAT_VERSION, ops=[r for s in sites for r in saved_specs(s)])
+    state.setdefault("edits", [])
+    model.config.headwise = state
+    if not model.config.architectures:
+        model.config.architectures = [type(model).__name__]
+    with atomic_dir(path, overwrite) as tmp:
+        model.config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None and model.can_generate():
+            model.generation_config.save_pretrained(tmp)
+        save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+    return Path(path)
+
+
+def _model_class(config) -> type:
+    names = config.architectures or []
+    for name in names:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    raise HeadwiseError(
+        f"config.architectures={names!r} names no transformers class; re-save the model with "
+        "headwise.save_pretrained from an instance of the class you want back"
+    )
+
+
+def from_pretrained(
+    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
+) -> nn.Module:
+    """Rebuild a model saved by ``save_pretrained``: replay edits, attach ops, load weights strictly, select
+    the ``headwise`` implementation. Returns the model in eval mode."""
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
+        raise HeadwiseError(
+            f"{path} is not a headwise checkpoint (need config.json and {WEIGHTS}); "
+            "save one with headwise.save_pretrained, or load a plain model with headwise.load_model"
+        )
+    config = transformers.AutoConfig.from_pretrained(path)
+    state = getattr(config, "headwise", None) or {}
+    if state.get("version", FORMAT_VERSION) > FORMAT_VERSION:
+        raise HeadwiseError(f"{path} was written by a newer headwise (format {state['version']}); upgrade headwise")
+    with no_init_weights():
+        model = _model_class(config)._from_config(config, attn_implementation="sdpa")
+    for record in state.get("edits", []):
+        replay = EDITS.get(record.get("kind"))
+        if replay is None:
+            raise HeadwiseError(f"{path} needs edit {record.get('kind')!r}, unknown to this headwise version")
+        replay(model, record)
+    by_path = {s.path: s for s in find_sites(model)}
+    for record in state.get("ops", []):
+        if record["site"] not in by_path:
+            raise HeadwiseError(f"{path}: op {record['name']!r} names site {record['site']!r}, absent from the model")
+        rebuild(by_path[record["site"]], record)
+    model.tie_weights()
+    missing, unexpected = load_model(model, path / WEIGHTS, strict=False)
+    if missing or unexpected:
+        raise HeadwiseError(
+            f"{path}: weights do not match the rebuilt model (missing {missing[:5]}, unexpected {unexpected[:5]}); "
+            "the checkpoint is damaged or was written by another tool"
+        )
+    model.config.headwise = state
+    model.to(device=device, dtype=dtype)
+    return enable(model).eval()

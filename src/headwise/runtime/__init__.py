@@ -1,0 +1,10 @@
+"""The headwise attention runtime: ops attached to attention modules, run by one registered function."""
+
+from .attention import NAME, enable, headwise_attention
+from .gates import HeadGate, add_gates, gates_of
+from .ops import HeadOp, HeadOps, add_observer, attach, detach, ops_of
+
+__all__ = [
+    "NAME", "enable", "headwise_attention", "HeadGate", "add_gates", "gates_of",
+    "HeadOp", "HeadOps", "add_observer", "attach", "detach", "ops_of",
+]

@@ -1,0 +1,131 @@
+"""The ``headwise`` attention implementation, registered in transformers' attention and mask interfaces.
+
+Transformers calls ``headwise_attention(module, q[B, Hq, Tq, d], k[B, Hkv, Tk, d], v, mask, ...)`` and expects
+``(out[B, Tq, Hq, d], probs[B, Hq, Tq, Tk] | None)``. It takes the fastest path the module's ops allow:
+mechanism → mechanism; nothing needs probabilities → PyTorch SDPA; otherwise explicit softmax. Output ops
+(gates, mixers) run last on every path.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from .ops import ATTR, HeadOps
+
+NAME = "headwise"
+
+try:  # transformers 5 records `output_attentions` through hooks and does not always pass the flag down
+    from transformers.utils.output_capturing import _active_collector
+except ImportError:  # pragma: no cover - older layouts
+    _active_collector = None
+
+
+def _attentions_requested(kwargs: dict) -> bool:
+    if kwargs.get("output_attentions"):
+        return True
+    collected = _active_collector.get() if _active_collector is not None else None
+    return bool(collected) and ("attentions" in collected or "cross_attentions" in collected)
+
+
+def keep_mask(
+    attention_mask: torch.Tensor | None, q_len: int, k_len: int, causal: bool, device: torch.device
+) -> torch.Tensor | None:
+    """The boolean "may attend" mask ``[B|1, 1|H, Tq, Tk]`` (None: everything is visible).
+
+    Float masks are additive (0 keep, very negative drop). With no mask a causal module attends to
+    ``j <= i`` (upper-left aligned, as SDPA's ``is_causal``).
+    """
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            return attention_mask[..., :k_len]
+        return attention_mask[..., :k_len] > torch.finfo(attention_mask.dtype).min / 2
+    if causal and q_len > 1:
+        return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()[None, None]
+    return None
+
+
+def softmax_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float,
+    causal: bool,
+    ops: HeadOps | None,
+    position_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Explicit softmax attention with probability ops and observers. Returns ``(out[B,Tq,H,d], probs)``."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    q_len, k_len = query.shape[2], key.shape[2]
+    if attention_mask is None and causal and q_len > 1 and k_len > q_len:  # SDPA crops an empty static cache
+        key, value, k_len = key[:, :, :q_len], value[:, :, :q_len], q_len
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    if position_bias is not None:
+        scores = scores + position_bias[..., :k_len]
+    keep = keep_mask(attention_mask, q_len, k_len, causal, query.device)
+    if attention_mask is not None and attention_mask.dtype != torch.bool:
+        scores = scores + attention_mask[..., :k_len]
+    elif keep is not None:
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    if ops is not None:
+        for op in ops.prob.values():
+            probs = op(probs, keep)
+    probs_used = F.dropout(probs, p=dropout, training=module.training)
+    out = torch.matmul(probs_used, value).transpose(1, 2)
+    if ops is not None:
+        for observe in ops.observers.values():
+            observe(probs, keep, out)
+    return out, probs
+
+
+def headwise_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    ops: HeadOps | None = getattr(module, ATTR, None)
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    is_causal = kwargs.pop("is_causal", None)
+    causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
+    want_probs = _attentions_requested(kwargs)
+    probs = None
+    if ops is not None and len(ops.mechanism):
+        mechanism = next(iter(ops.mechanism.values()))
+        out = mechanism(module, query, key, value, keep_mask(attention_mask, query.shape[2], key.shape[2], causal,
+                        query.device), scaling, dropout, causal)
+    elif want_probs or (ops is not None and ops.needs_probs):
+        out, probs = softmax_attention(
+            module, query, key, value, attention_mask, scaling, dropout, causal, ops, kwargs.get("position_bias")
+        )
+    else:
+        out, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=causal, **kwargs
+        )
+    if ops is not None:
+        for op in ops.output.values():
+            out = op(out)
+    return out, (probs if want_probs else None)
+
+
+AttentionInterface.register(NAME, headwise_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)
+
+
+def enable(model: nn.Module) -> nn.Module:
+    """Select the ``headwise`` implementation on ``model`` (and its sub-models); returns the model."""
+    model.set_attn_implementation(NAME)
+    return model

@@ -1,0 +1,134 @@
+"""What an attention module can carry: a ``HeadOps`` container with four kinds of op.
+
+- output ops ``[B, Tq, H, d] -> [B, Tq, H, d]`` (gates, mixers), applied after attention on every path;
+- probability ops ``(probs[B, H, Tq, Tk], keep[B, 1|H, Tq, Tk] | None) -> probs`` (quantizers, masks);
+- observers ``(probs, keep, out) -> None`` (statistics; never saved);
+- a mechanism ``(module, q, k, v, keep, scaling, dropout, causal) -> out`` that replaces softmax attention.
+
+Saved ops subclass ``HeadOp``: they know how to describe themselves (``spec``) so a checkpoint can rebuild them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar
+
+import torch
+from torch import nn
+
+from ..errors import HeadwiseError
+from ..sites import AttentionSite
+
+ATTR = "headwise"  # attribute name on the attention module; appears in state_dict keys
+SLOTS = ("output", "prob", "mechanism")
+OP_TYPES: dict[str, type["HeadOp"]] = {}
+
+Observer = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], None]
+
+
+class HeadOp(nn.Module):
+    """Base of every op that is saved with the model. Subclasses set ``op_type`` and return their
+    constructor arguments from ``spec()`` (JSON values only)."""
+
+    op_type: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls.op_type:
+            OP_TYPES[cls.op_type] = cls
+
+    def spec(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+
+class HeadOps(nn.Module):
+    """The ops attached to one attention module (see the module docstring for the four kinds)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.output = nn.ModuleDict()
+        self.prob = nn.ModuleDict()
+        self.mechanism = nn.ModuleDict()  # at most one entry
+        self.observers: dict[str, Observer] = {}
+
+    @property
+    def needs_probs(self) -> bool:
+        return bool(len(self.prob) or self.observers)
+
+    def is_empty(self) -> bool:
+        return not (len(self.output) or len(self.prob) or len(self.mechanism) or self.observers)
+
+
+def ops_of(target: AttentionSite | nn.Module, create: bool = False) -> HeadOps | None:
+    """The ``HeadOps`` of a site or attention module (created empty on request)."""
+    module = target.module if isinstance(target, AttentionSite) else target
+    ops = getattr(module, ATTR, None)
+    if ops is None and create:
+        ops = HeadOps()
+        ref = next(iter(module.parameters()), None)
+        if ref is not None:
+            ops.to(ref.device)
+        setattr(module, ATTR, ops)
+    return ops
+
+
+def attach(site: AttentionSite, slot: str, name: str, op: nn.Module, replace: bool = False) -> nn.Module:
+    """Attach ``op`` to ``site`` in ``slot`` (one of ``SLOTS``) under ``name``; returns the op."""
+    if slot not in SLOTS:
+        raise HeadwiseError(f"unknown op slot {slot!r}; use one of {', '.join(SLOTS)}")
+    ops = ops_of(site, create=True)
+    table = getattr(ops, slot)
+    if name in table and not replace:
+        raise HeadwiseError(f"{site.name} already has a {slot} op named {name!r}; detach it first or pass replace=True")
+    if slot == "mechanism" and len(table) and name not in table:
+        raise HeadwiseError(f"{site.name} already has a mechanism ({next(iter(table))}); a site runs one at a time")
+    ref = next(iter(site.module.parameters()), None)
+    if ref is not None and isinstance(op, nn.Module):
+        op.to(device=ref.device)
+    table[name] = op
+    return op
+
+
+def detach(site: AttentionSite, name: str) -> None:
+    """Remove every op called ``name`` from ``site`` (no error if absent). Drops the container when empty."""
+    ops = ops_of(site)
+    if ops is None:
+        return
+    for slot in SLOTS:
+        table = getattr(ops, slot)
+        if name in table:
+            del table[name]
+    ops.observers.pop(name, None)
+    if ops.is_empty():
+        delattr(site.module, ATTR)
+
+
+def add_observer(site: AttentionSite, name: str, observer: Observer) -> None:
+    ops_of(site, create=True).observers[name] = observer
+
+
+def saved_specs(site: AttentionSite) -> list[dict[str, Any]]:
+    """The saved ops of ``site`` as JSON records (observers are not saved)."""
+    ops = ops_of(site)
+    if ops is None:
+        return []
+    records = []
+    for slot in SLOTS:
+        for name, op in getattr(ops, slot).items():
+            if not isinstance(op, HeadOp):
+                raise HeadwiseError(
+                    f"op {name!r} on {site.name} is a {type(op).__name__}, not a headwise.runtime.HeadOp: "
+                    "it cannot be saved. Subclass HeadOp (set op_type, implement spec()) or detach it before saving."
+                )
+            records.append({"site": site.path, "slot": slot, "name": name, "type": op.op_type, "spec": op.spec()})
+    return records
+
+
+def rebuild(site: AttentionSite, record: dict[str, Any]) -> None:
+    """Attach the op a record describes (weights come later, from the state dict)."""
+    cls = OP_TYPES.get(record["type"])
+    if cls is None:
+        raise HeadwiseError(
+            f"checkpoint uses op type {record['type']!r}, unknown to this headwise version "
+            f"(known: {', '.join(sorted(OP_TYPES))}). Upgrade headwise or import the module that defines it."
+        )
+    attach(site, record["slot"], record["name"], cls(**record["spec"]))

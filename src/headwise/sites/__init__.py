@@ -1,0 +1,7 @@
+"""Attention sites: where heads become visible. ``find_sites(model)`` works for every registered family."""
+
+from . import families as _families  # noqa: F401  (registers the built-in adapters)
+from .base import AttentionSite, HeadProjection
+from .registry import find_sites, register_adapter, site_by_path, supported_families
+
+__all__ = ["AttentionSite", "HeadProjection", "find_sites", "register_adapter", "site_by_path", "supported_families"]

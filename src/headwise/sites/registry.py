@@ -1,0 +1,54 @@
+"""Which adapter reads which model family, and ``find_sites``."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import HeadwiseError
+from .base import Adapter, AttentionSite
+
+_ADAPTERS: dict[str, Adapter] = {}
+_KIND_ORDER = {"enc-self": 0, "dec-self": 1, "dec-enc": 2}
+
+
+def register_adapter(model_types: list[str] | str, adapter: Adapter) -> None:
+    """Teach headwise a new family: ``adapter(model) -> [AttentionSite]`` for these ``config.model_type`` values."""
+    for model_type in [model_types] if isinstance(model_types, str) else model_types:
+        _ADAPTERS[model_type] = adapter
+
+
+def supported_families() -> list[str]:
+    return sorted(_ADAPTERS)
+
+
+def find_sites(model: nn.Module) -> list[AttentionSite]:
+    """Every attention site of ``model``, ordered by kind then layer.
+
+    Raises ``HeadwiseError`` for a family without an adapter, naming the class and the supported families.
+    """
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    adapter = _ADAPTERS.get(model_type)
+    if adapter is None:
+        raise HeadwiseError(
+            f"{type(model).__name__} (model_type={model_type!r}) is not a supported family. "
+            f"Supported: {', '.join(supported_families())}. To add one, write an adapter that returns "
+            "AttentionSite objects for its attention modules and call "
+            "headwise.sites.register_adapter(['<model_type>'], adapter) (see src/headwise/sites/families.py)."
+        )
+    sites = adapter(model)
+    if not sites:
+        raise HeadwiseError(
+            f"The {model_type} adapter found no attention modules in {type(model).__name__}: this transformers "
+            "version may have renamed them; please report it with your transformers version."
+        )
+    return sorted(sites, key=lambda s: (_KIND_ORDER[s.kind], s.layer))
+
+
+def site_by_path(model: nn.Module, path: str) -> AttentionSite:
+    """The site whose module is at ``path`` (raises with the valid paths otherwise)."""
+    sites = find_sites(model)
+    for site in sites:
+        if site.path == path or site.name == path:
+            return site
+    raise HeadwiseError(f"No attention site {path!r}. Sites: {', '.join(s.name for s in sites)}")
