@@ -41,11 +41,13 @@ def cmd_sites(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_stsb(args: argparse.Namespace) -> int:
-    from .evaluation import evaluate_stsb, stsb_file
-    from .models import load_model
+    from .evaluation import ensure_encoder, evaluate_stsb, stsb_file
+    from .models import load_model, load_tokenizer
 
     stsb_file(args.split, args.data)  # a missing file fails before the model loads
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
+    ensure_encoder(model, "eval stsb")
+    tokenizer = load_tokenizer(args.model)
     result = evaluate_stsb(model, tokenizer, args.split, args.data, args.batch_size)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
@@ -81,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # headwise shows its own progress for long work
     try:
         return args.run(args)
     except HeadwiseError as err:

@@ -58,6 +58,23 @@ def max_length_of(path: str, tokenizer: Any) -> int:
     return int(min(getattr(tokenizer, "model_max_length", 512) or 512, 512))
 
 
+def load_tokenizer(name_or_path: str | None = None) -> Any:
+    """The tokenizer of a model (the packaged MiniLM's by default), with ``model_max_length`` set to the
+    length the model was trained for."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise HeadwiseError(
+            f"could not load a tokenizer for {name_or_path!r}: {str(err).splitlines()[0]} — save the tokenizer "
+            "next to the model (headwise.save_pretrained(model, path, tokenizer=...))"
+        ) from err
+    tokenizer.model_max_length = max_length_of(path, tokenizer)
+    return tokenizer
+
+
 def load_model(
     name_or_path: str | None = None,
     device: str | torch.device = "cpu",
@@ -68,8 +85,9 @@ def load_model(
 
     ``name_or_path``: a hub name, a local transformers folder, or a folder written by ``headwise.save_pretrained``;
     None means the packaged all-MiniLM-L6-v2. Returns ``(model in eval mode, tokenizer or None)``.
+    Raises ``HeadwiseError`` for a path that is not a model or a family without an adapter.
     """
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     from .io import from_pretrained
     from .runtime import NAME
@@ -77,24 +95,21 @@ def load_model(
 
     path = resolve_model(name_or_path)
     dtype = parse_dtype(dtype)
-    local = Path(path)
+    local = Path(path).expanduser()
     looks_local = path.startswith((os.sep, ".", "~")) or local.exists()
     if looks_local and not local.is_dir():
         raise HeadwiseError(f"model folder {path} does not exist; pass an existing folder or a hub name")
     if looks_local and not (local / "config.json").is_file():
         raise HeadwiseError(f"{path} is not a model folder (no config.json); pass a transformers model folder or hub name")
     try:
-        if (local / "config.json").is_file() and "headwise" in json.loads((local / "config.json").read_text()):
+        if looks_local and "headwise" in json.loads((local / "config.json").read_text()):
             model = from_pretrained(local, device=device, dtype=dtype)
         else:
             model = AutoModel.from_pretrained(path, attn_implementation=NAME, dtype=dtype).to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path) if with_tokenizer else None
     except (OSError, ValueError) as err:
         raise HeadwiseError(
             f"could not load model {name_or_path!r}: {str(err).splitlines()[0]} — give a local transformers folder "
             "(config.json + weights) or a hub name (needs internet)"
         ) from err
     find_sites(model)  # unsupported families fail here, before any work
-    if tokenizer is not None:
-        tokenizer.model_max_length = max_length_of(path, tokenizer)
-    return model, tokenizer
+    return model, (load_tokenizer(path) if with_tokenizer else None)

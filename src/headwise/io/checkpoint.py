@@ -110,7 +110,7 @@ def from_pretrained(
     missing, unexpected = load_model(model, path / WEIGHTS, strict=False)
     if missing or unexpected:
         raise HeadwiseError(
-            f"{path}: weights do not match the rebuilt model (missing {missing[:5]}, unexpected {unexpected[:5]}); "
+            f"{path}: weights do not match the rebuilt model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}); "
             "the checkpoint is damaged or was written by another tool"
         )
     model.config.headwise = state

@@ -1,0 +1,110 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers as tf
+from tiny import FAMILIES, tiny_inputs, tiny_model
+
+import headwise
+from headwise.runtime import add_gates
+
+
+def _randomise_gates(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for gate in add_gates(model).values():
+            gate.weight.copy_(torch.rand(gate.weight.shape, generator=g))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_save_reload_gated_model_is_exact(family, tmp_path):
+    model = tiny_model(family)
+    _randomise_gates(model)
+    inputs, _ = tiny_inputs(family)
+    with torch.no_grad():
+        before = model(**inputs).last_hidden_state
+    headwise.save_pretrained(model, tmp_path / "ckpt")
+    loaded = headwise.from_pretrained(tmp_path / "ckpt")
+    assert loaded.config._attn_implementation == "headwise"
+    assert set(loaded.state_dict()) == set(model.state_dict())
+    with torch.no_grad():
+        assert torch.equal(loaded(**inputs).last_hidden_state, before)
+
+
+def test_tied_lm_head_survives_reload(tmp_path):
+    torch.manual_seed(0)
+    model = tf.GPT2LMHeadModel(tiny_model("gpt2").config).eval()
+    headwise.enable(model)
+    _randomise_gates(model)
+    headwise.save_pretrained(model, tmp_path / "lm")
+    loaded = headwise.from_pretrained(tmp_path / "lm")
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()
+    ids = torch.randint(2, 90, (2, 6))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+
+
+def test_refuses_to_overwrite_without_consent(tmp_path):
+    model = tiny_model("bert")
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(headwise.HeadwiseError, match="not empty"):
+        headwise.save_pretrained(model, out)
+    assert (out / "notes.txt").read_text() == "mine"
+    headwise.save_pretrained(model, out, overwrite=True)
+    assert not (out / "notes.txt").exists() and (out / "model.safetensors").exists()
+
+
+def test_failed_save_leaves_nothing_behind(tmp_path):
+    model = tiny_model("bert")
+    site = headwise.find_sites(model)[0]
+    from headwise.runtime import attach
+
+    attach(site, "output", "unsaveable", torch.nn.Identity())
+    with pytest.raises(headwise.HeadwiseError, match="cannot be saved"):
+        headwise.save_pretrained(model, tmp_path / "ckpt")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plain_folder_is_not_a_headwise_checkpoint(tmp_path):
+    with pytest.raises(headwise.HeadwiseError, match="not a headwise checkpoint"):
+        headwise.from_pretrained(tmp_path)
+
+
+def test_damaged_checkpoint_is_refused(tmp_path):
+    model = tiny_model("bert")
+    add_gates(model)
+    headwise.save_pretrained(model, tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    config["headwise"]["ops"] = config["headwise"]["ops"][1:]  # one gate's weights become unexpected
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(headwise.HeadwiseError, match="unexpected"):
+        headwise.from_pretrained(tmp_path / "ckpt")
+
+
+FRESH_PROCESS = """
+import sys, torch, headwise
+model, tok = headwise.load_model(sys.argv[1])
+batch = tok(["A man is playing a guitar.", "Two dogs run on the beach in the sun."], padding=True, return_tensors="pt")
+with torch.no_grad():
+    torch.save(model(**batch).last_hidden_state, sys.argv[2])
+"""
+
+
+def test_gated_minilm_reloads_bit_identical_in_a_fresh_process(minilm, tmp_path):
+    import copy
+
+    model, tokenizer = minilm
+    model = copy.deepcopy(model)
+    _randomise_gates(model, seed=3)
+    batch = tokenizer(["A man is playing a guitar.", "Two dogs run on the beach in the sun."], padding=True,
+                      return_tensors="pt")
+    with torch.no_grad():
+        expected = model(**batch).last_hidden_state
+    headwise.save_pretrained(model, tmp_path / "gated", tokenizer=tokenizer)
+    subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "gated"), str(tmp_path / "out.pt")],
+                   check=True)
+    assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
