@@ -72,3 +72,19 @@ def test_cli_sites_table(capsys):
     assert main(["sites"]) == 0
     out = capsys.readouterr().out
     assert "6 attention sites, 72 heads" in out and "enc-self.5" in out
+
+
+def test_fidelity_is_one_for_the_same_model_and_drops_when_a_head_is_cut(minilm):
+    import copy
+
+    from headwise.evaluation import fidelity
+
+    model, tokenizer = minilm
+    texts = read_stsb("dev").first[:24]
+    assert fidelity(model, model, tokenizer, texts) == pytest.approx(1.0, abs=1e-6)
+    cut = copy.deepcopy(model)
+    gates = headwise.add_gates(cut)
+    with torch.no_grad():
+        next(iter(gates.values())).weight.zero_()
+    score = fidelity(cut, model, tokenizer, texts)
+    assert 0.5 < score < 0.9999

@@ -4,12 +4,13 @@ from .errors import HeadwiseError
 from .evaluation import evaluate_stsb, fidelity
 from .io import from_pretrained, save_pretrained
 from .models import load_model
+from .pruning import prune_heads
 from .runtime import add_gates, enable
 from .sites import AttentionSite, find_sites
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "HeadwiseError", "evaluate_stsb", "fidelity", "from_pretrained", "save_pretrained", "load_model",
+    "HeadwiseError", "evaluate_stsb", "fidelity", "from_pretrained", "save_pretrained", "load_model", "prune_heads",
     "add_gates", "enable", "AttentionSite", "find_sites", "__version__",
 ]

@@ -52,10 +52,9 @@ def fmt(value: Number, digits: int = 3) -> str:
     v = float(value)
     if v == 0:
         return "0"
-    if abs(v) >= 1e5 or abs(v) < 1e-3:
-        return f"{v:.{max(digits - 1, 1)}e}".replace("e-0", "e-").replace("e+0", "e+")
-    text = f"{v:.{digits}g}"
-    return text
+    if 1e3 <= abs(v) < 1e5:
+        return f"{v:.0f}"
+    return f"{v:.{digits}g}".replace("e-0", "e-").replace("e+0", "e+")
 
 
 def _rgb_hex(rgb: RGB) -> str:
@@ -328,7 +327,8 @@ def bars(values: Sequence[Number], labels: Sequence[str], title: str, *, sort: b
 def _xy_plot(cls: str, series: Mapping[str, tuple[Sequence[Number], Sequence[Number]]], title: str, xlabel: str,
              ylabel: str, *, logx: bool, logy: bool, bands: Mapping[str, tuple[Sequence[Number], Sequence[Number],
              Sequence[Number]]] | None, colors: Mapping[str, str] | None, markers: bool, width: float,
-             height: float, ylim: tuple[float | None, float | None], widths: Mapping[str, float] | None) -> str:
+             height: float, ylim: tuple[float | None, float | None], widths: Mapping[str, float] | None,
+             xlim: tuple[float | None, float | None] = (None, None)) -> str:
     """Shared machinery of :func:`lines` and :func:`histogram_lines`."""
     colors = dict(colors or {})
     names = list(series) + [n for n in (bands or {}) if n not in series]
@@ -348,6 +348,8 @@ def _xy_plot(cls: str, series: Mapping[str, tuple[Sequence[Number], Sequence[Num
     if not logy and ylim[0] is None and y0 > 0 and y0 < 0.5 * y1:
         y0 = 0.0  # start at zero when that does not squash the data
     y0 = ylim[0] if ylim[0] is not None else y0
+    x0 = xlim[0] if xlim[0] is not None else x0
+    x1 = xlim[1] if xlim[1] is not None else x1
     y1 = ylim[1] if ylim[1] is not None else y1
     if x1 == x0:
         x0, x1 = (x0 / 2, x0 * 2) if logx else (x0 - 1, x1 + 1)
@@ -453,4 +455,5 @@ def histogram_lines(edges: Sequence[float], curves: Mapping[str, Sequence[Number
         series[name] = (centres, ys)
     band_xy = {name: (centres, lo, hi) for name, (lo, hi) in (bands or {}).items()}
     return _xy_plot("hw-hist", series, title, xlabel, ylabel, logx=log_x, logy=False, bands=band_xy, colors=colors,
-                    markers=False, width=width, height=height, ylim=(0.0, None), widths=widths)
+                    markers=False, width=width, height=height, ylim=(0.0, None), widths=widths,
+                    xlim=(edges[0] if edges[0] > 0 or not log_x else None, edges[-1]))

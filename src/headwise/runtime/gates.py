@@ -24,6 +24,10 @@ class HeadGate(HeadOp):
     def spec(self) -> dict:
         return {"num_heads": self.weight.numel()}
 
+    def select_heads(self, keep: torch.Tensor) -> None:
+        """Follow a head removal: keep only the entries of ``keep``."""
+        self.weight = nn.Parameter(self.weight.detach()[keep.to(self.weight.device)].clone())
+
     def forward(self, out: torch.Tensor) -> torch.Tensor:
         return out * self.weight.to(out.dtype)[:, None]
 

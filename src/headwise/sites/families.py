@@ -134,7 +134,8 @@ def gpt2(model: nn.Module) -> list[AttentionSite]:
             continue
         heads, d, dim = m.num_heads, m.head_dim, m.embed_dim
         cross = bool(m.is_cross_attention)
-        q_mod, kv_offset = (m.q_attn, 0) if cross else (m.c_attn, dim)
+        width = heads * d  # one section of c_attn (smaller than the hidden size after pruning)
+        q_mod, kv_offset = (m.q_attn, 0) if cross else (m.c_attn, width)
         sites.append(
             AttentionSite(
                 path=path,
@@ -150,7 +151,7 @@ def gpt2(model: nn.Module) -> list[AttentionSite]:
                 causal=not cross,
                 q=HeadProjection(q_mod, heads, d, transposed=True),
                 k=HeadProjection(m.c_attn, heads, d, offset=kv_offset, transposed=True),
-                v=HeadProjection(m.c_attn, heads, d, offset=kv_offset + dim, transposed=True),
+                v=HeadProjection(m.c_attn, heads, d, offset=kv_offset + width, transposed=True),
                 o=HeadProjection(m.c_proj, heads, d, axis="in", transposed=True),
                 notes=["q, k, v fused in c_attn"],
             )

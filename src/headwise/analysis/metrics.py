@@ -1,0 +1,167 @@
+"""Per-head attention statistics of one batch, returned as *sums* so that merging batches is addition.
+
+Notation (one attention site, one layer, one batch):
+
+- ``A = probs[B, H, T, T]``: post-softmax, pre-dropout probabilities (queries × keys);
+- ``real[B, T]``: real (non-padding) tokens; ``special[B, T]``: special tokens ([CLS], [SEP], BOS...) among them;
+- ``keep[B|1, 1|H, T, T]``: the runtime's "may attend" mask (None: all visible), which already hides future
+  keys in causal models;
+- valid entries ``V = keep ∧ real_i ∧ real_j``; valid query rows are the real positions ``i``.
+
+Every per-head metric is a mean over valid query rows of a per-row value computed on the valid entries of the
+row (entries outside ``V`` count as 0; no renormalisation), except the ``mhr_*`` ones, which are per-sentence
+means, and ``sparsity@t``, a ratio of entry counts. Exact definitions are in ``METRIC_INFO``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+HIST_BINS = 100
+HIST_OFFSET = 1e-8  # added to every weight before binning so that zeros land in the first bin (SPIQA, C.3)
+ROW_METRICS = ("confidence", "entropy", "distance", "special", "self", "prev", "next")
+SENTENCE_METRICS = ("mhr_base", "mhr_advanced")
+SIMILARITIES = ("attention_cosine", "attention_l2", "output_cosine", "output_l2")
+
+
+def histogram_edges() -> torch.Tensor:
+    """The 101 log-spaced bin edges ``10^linspace(-8, 0, 101)``, first edge nudged down by ``1e-9`` (C.3)."""
+    edges = 10.0 ** torch.linspace(-8.0, 0.0, HIST_BINS + 1, dtype=torch.float64)
+    edges[0] -= 1e-9
+    return edges
+
+
+def sparsity_name(t: float) -> str:
+    """``sparsity@0.001`` for ``t = 1e-3`` (``sparsity@0.0001`` for ``1e-4``)."""
+    return f"sparsity@{t:g}"
+
+
+def _info(label: str, description: str, lo: float | None, hi: float | None, higher: str | None) -> dict:
+    return {"label": label, "description": description, "range": None if lo is None else [lo, hi], "higher": higher}
+
+
+METRIC_INFO: dict[str, dict] = {
+    "confidence": _info(
+        "confidence", "Mean over real query tokens of the largest attention weight of the row (Voita et al.).",
+        0.0, 1.0, "specialised"),
+    "confidence_no_special": _info(
+        "confidence (no special)", "Mean over real non-special query tokens of the largest weight given to a "
+        "non-special key; weights are not renormalised after dropping special keys.", 0.0, 1.0, "specialised"),
+    "mhr_base": _info(
+        "MHR base", "Mean over sentences of the largest weight of the sentence's valid attention block (MHR 'base').",
+        0.0, 1.0, "specialised"),
+    "mhr_advanced": _info(
+        "MHR advanced", "Mean over sentences of the mean over real keys of the largest weight any real query gives "
+        "that key (MHR 'advanced', divided by the number of real keys).", 0.0, 1.0, "specialised"),
+    "entropy": _info(
+        "entropy", "Mean over real query tokens of the row entropy -sum A log A in nats (0 log 0 = 0).",
+        None, None, None),
+    "distance": _info(
+        "distance", "Mean over real query tokens of the expected token distance sum_j A_ij |i - j|.", None, None, None),
+    "special": _info(
+        "special", "Mean over real query tokens of the attention mass on special tokens ([CLS], [SEP], BOS, ...).",
+        0.0, 1.0, None),
+    "self": _info("self", "Mean over real query tokens of the weight on the token itself (j = i).",
+                  0.0, 1.0, "specialised"),
+    "prev": _info("previous", "Mean over real query tokens of the weight on the previous token (j = i - 1).",
+                  0.0, 1.0, "specialised"),
+    "next": _info("next", "Mean over real query tokens of the weight on the next token (j = i + 1).",
+                  0.0, 1.0, "specialised"),
+    "importance_gradient": _info(
+        "gradient importance", "Michel et al. head importance E|dL/dg_h| at gates g = 1, each row divided by its "
+        "L2 norm unless normalisation was turned off.", None, None, "important"),
+    "importance_ablation": _info(
+        "ablation importance", "Drop of the metric when the head alone is zeroed; by default 1 - mean cosine "
+        "between pooled embeddings with and without the head.", None, None, "important"),
+}
+
+
+def sparsity_info(t: float) -> dict:
+    return _info(f"sparsity ≤ {t:g}", f"Fraction of valid attention entries (query and key real, key visible) "
+                 f"whose weight is ≤ {t:g}, pooled over all sentences (SPIQA).", 0.0, 1.0, None)
+
+
+def _pairwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine and L2 between the rows of ``x[B, H, N]`` → two ``[B, H, H]`` (float64; cosine 0 for zero rows)."""
+    x = x.double()
+    gram = x @ x.transpose(1, 2)
+    sq = gram.diagonal(0, 1, 2)
+    norms = sq.clamp(min=0).sqrt()
+    cos = gram / (norms[:, :, None] * norms[:, None, :]).clamp(min=1e-300)
+    l2 = (sq[:, :, None] + sq[:, None, :] - 2 * gram).clamp(min=0).sqrt()
+    return cos, l2
+
+
+@torch.no_grad()
+def batch_sums(
+    probs: torch.Tensor,
+    keep: torch.Tensor | None,
+    out: torch.Tensor,
+    real: torch.Tensor,
+    special: torch.Tensor,
+    thresholds: tuple[float, ...],
+    edges: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Sums of every statistic over one batch of one layer.
+
+    Shapes: ``probs[B, H, T, T]``, ``keep[B|1, 1|H, T, T]`` or None, ``out[B, T, H, d]`` (per-head outputs Z),
+    ``real`` and ``special`` ``[B, T]`` bool, ``edges[101]``. Returns float64 tensors: ``[H]`` for each name of
+    ``ROW_METRICS``, ``SENTENCE_METRICS`` and ``confidence_no_special``; ``sparsity[len(thresholds), H]`` (entry
+    counts ≤ t), ``entries[H]`` (valid entries), ``histogram[H, 100]`` (each valid row adds 1 spread over the bins
+    of its valid entries), ``similarity[4, H, H]`` (per-sentence matrices summed over sentences, ``SIMILARITIES``
+    order), and the counts ``n_rows`` (real query rows), ``n_rows_no_special`` and ``n_sentences`` (scalars).
+    """
+    B, H, T, Tk = probs.shape
+    if T != Tk or real.shape != (B, T):
+        raise ValueError(f"self-attention maps expected: probs {tuple(probs.shape)}, real mask {tuple(real.shape)}")
+    A = probs.float()
+    real, special = real.bool(), special.bool() & real.bool()
+    valid = real[:, None, :, None] & real[:, None, None, :]
+    if keep is not None:
+        valid = valid & keep.bool()
+    valid = valid.expand(B, H, T, T)
+    Av = A.masked_fill(~valid, 0.0)
+    rows = real[:, None, :].to(A.dtype)  # [B, 1, T]
+    sentence = real.any(1).double()  # [B]
+    pos = torch.arange(T, device=A.device)
+    distance = (pos[:, None] - pos[None, :]).abs().to(A.dtype)
+
+    per_row = {
+        "confidence": Av.amax(-1),
+        "entropy": -torch.xlogy(Av, Av).sum(-1),
+        "distance": (Av * distance).sum(-1),
+        "special": (Av * special[:, None, None, :]).sum(-1),
+        "self": Av.diagonal(0, -2, -1),
+        "prev": F.pad(Av.diagonal(-1, -2, -1), (1, 0)),  # row i holds A[i, i-1]; row 0 has no previous token
+        "next": F.pad(Av.diagonal(1, -2, -1), (0, 1)),
+    }
+    sums = {name: (value * rows).sum((0, 2)).double() for name, value in per_row.items()}
+
+    plain = real & ~special
+    valid_plain = valid & plain[:, None, :, None] & plain[:, None, None, :]
+    sums["confidence_no_special"] = (A.masked_fill(~valid_plain, 0.0).amax(-1) * plain[:, None, :]).sum((0, 2)).double()
+
+    n_keys = real.sum(1).clamp(min=1).double()  # [B]
+    sums["mhr_base"] = (Av.amax((-2, -1)).double() * sentence[:, None]).sum(0)
+    column_max = (Av.amax(-2) * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
+    sums["mhr_advanced"] = (column_max * sentence[:, None]).sum(0)
+
+    sums["sparsity"] = torch.stack([((A <= t) & valid).sum((0, 2, 3)) for t in thresholds]).double() \
+        if thresholds else torch.zeros(0, H, dtype=torch.float64, device=A.device)
+    sums["entries"] = valid.sum((0, 2, 3)).double()
+
+    bins = torch.bucketize(A.double() + HIST_OFFSET, edges.to(A.device)[1:-1], right=True)  # [B, H, T, T]
+    weight = valid.double() / valid.sum(-1, keepdim=True).clamp(min=1)
+    flat = (bins + HIST_BINS * torch.arange(H, device=A.device)[None, :, None, None]).flatten()
+    hist = torch.zeros(H * HIST_BINS, dtype=torch.float64, device=A.device)
+    sums["histogram"] = hist.scatter_add_(0, flat, weight.flatten()).view(H, HIST_BINS)
+
+    z = (out.float() * real[:, :, None, None]).transpose(1, 2).flatten(2)  # [B, H, T·d]
+    sims = [*_pairwise(Av.flatten(2)), *_pairwise(z)]
+    sums["similarity"] = torch.stack([(s * sentence[:, None, None]).sum(0) for s in sims])
+
+    sums["n_rows"] = real.sum().double()
+    sums["n_rows_no_special"] = plain.sum().double()
+    sums["n_sentences"] = sentence.sum()
+    return sums

@@ -1,0 +1,150 @@
+"""Physical head removal: slice q/k/v rows and o columns so the model gets smaller and faster.
+
+transformers 5 removed ``prune_heads``; this is its replacement for every supported family, recorded in
+``config.headwise`` so ``headwise.from_pretrained`` rebuilds the pruned shapes before loading weights.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import torch
+from torch import nn
+from transformers.pytorch_utils import Conv1D
+
+from ..errors import HeadwiseError
+from ..io import record_edit, register_edit
+from ..runtime.ops import SLOTS, ops_of
+from ..sites import AttentionSite, HeadProjection, find_sites
+
+EDIT_KIND = "prune_heads"
+_HEAD_COUNT_ATTRS = ("num_attention_heads", "num_heads", "n_heads")
+
+
+def _feature_index(proj: HeadProjection, heads: Sequence[int]) -> torch.Tensor:
+    """Indices of the features (rows for q/k/v, columns for o) that belong to ``heads``."""
+    span = torch.arange(proj.head_dim)
+    return torch.cat([proj.offset + h * proj.head_dim + span for h in heads]).long()
+
+
+def _sliced(module: nn.Module, axis: str, index: torch.Tensor) -> nn.Module:
+    """A copy of a Linear/Conv1D keeping only ``index`` of its output (``axis="out"``) or input features."""
+    w, b = module.weight.detach(), None if module.bias is None else module.bias.detach()
+    index = index.to(w.device)
+    if isinstance(module, Conv1D):  # weight [in, out]
+        w = w[:, index] if axis == "out" else w[index]
+        new = Conv1D(w.shape[1], w.shape[0])
+    elif isinstance(module, nn.Linear):
+        w = w[index] if axis == "out" else w[:, index]
+        new = nn.Linear(w.shape[1], w.shape[0], bias=b is not None)
+    else:
+        raise HeadwiseError(f"cannot slice a {type(module).__name__}; surgery supports nn.Linear and Conv1D")
+    if b is not None and axis == "out":
+        b = b[index]
+    new = new.to(device=w.device, dtype=w.dtype)
+    with torch.no_grad():
+        new.weight.copy_(w)
+        if b is not None:
+            new.bias.copy_(b)
+    new.train(module.training)
+    return new
+
+
+def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            if child is old:
+                setattr(parent, name, new)
+
+
+def _validate(site: AttentionSite, heads: Sequence[int]) -> tuple[list[int], list[int]]:
+    """Check a removal request; return (query heads kept, kv heads kept)."""
+    bad = [h for h in heads if not 0 <= int(h) < site.num_heads]
+    if bad:
+        raise HeadwiseError(f"{site.name}: head index {bad[0]} out of range; it has heads 0..{site.num_heads - 1}")
+    if len(set(heads)) != len(heads):
+        raise HeadwiseError(f"{site.name}: head list {list(heads)} repeats a head")
+    removed = set(map(int, heads))
+    if len(removed) == site.num_heads:
+        raise HeadwiseError(
+            f"{site.name}: removing all {site.num_heads} heads would leave the layer with no attention; "
+            "keep at least one head (whole-layer removal is not supported by surgery yet; use a gate of 0 instead)"
+        )
+    g = site.group_size
+    kv_removed = {h // g for h in removed}
+    partial = sorted(kv for kv in kv_removed if not all(kv * g + i in removed for i in range(g)))
+    if partial:
+        group = list(range(partial[0] * g, partial[0] * g + g))
+        raise HeadwiseError(
+            f"{site.name} uses grouped-query attention ({g} query heads share each key/value head): remove whole "
+            f"groups, e.g. all of {group}, or none of them"
+        )
+    ops = ops_of(site)
+    for slot in SLOTS if ops is not None else ():
+        for name, op in getattr(ops, slot).items():
+            if not hasattr(op, "select_heads"):
+                raise HeadwiseError(f"{site.name}: op {name!r} ({type(op).__name__}) cannot follow a head removal; "
+                                    "detach it first")
+    keep = [h for h in range(site.num_heads) if h not in removed]
+    return keep, [kv for kv in range(site.num_kv_heads) if kv not in kv_removed]
+
+
+def _prune_site(model: nn.Module, site: AttentionSite, keep: list[int], keep_kv: list[int]) -> None:
+    per_module: dict[int, tuple[nn.Module, str, list[torch.Tensor]]] = {}
+    for proj, heads in ((site.q, keep), (site.k, keep_kv), (site.v, keep_kv), (site.o, keep)):
+        entry = per_module.setdefault(id(proj.module), (proj.module, proj.axis, []))
+        entry[2].append(_feature_index(proj, heads))
+    for module, axis, parts in per_module.values():
+        _replace(model, module, _sliced(module, axis, torch.cat(parts)))
+    attn = site.module
+    for attr in _HEAD_COUNT_ATTRS:
+        if isinstance(getattr(attn, attr, None), int):
+            setattr(attn, attr, len(keep))
+    if hasattr(attn, "all_head_size"):
+        attn.all_head_size = len(keep) * site.head_dim
+    if hasattr(attn, "split_size"):  # GPT-2 splits the fused c_attn output by this size
+        attn.split_size = len(keep) * site.head_dim
+    ops = ops_of(site)
+    if ops is not None:
+        index = torch.tensor(keep)
+        for slot in SLOTS:
+            for op in getattr(ops, slot).values():
+                op.select_heads(index)
+
+
+def _resolve(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[int]]) -> dict[str, list[int]]:
+    sites = {s.path: s for s in find_sites(model)}
+    by_name = {s.name: s.path for s in sites.values()}
+    plan = {}
+    for key, hs in heads.items():
+        path = key.path if isinstance(key, AttentionSite) else by_name.get(key, key)
+        if path not in sites:
+            raise HeadwiseError(f"no attention site {key!r}; sites: {', '.join(by_name)}")
+        plan[path] = sorted(int(h) for h in hs)
+    return plan
+
+
+def prune_heads(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[int]]) -> nn.Module:
+    """Physically remove heads: ``{site (object, path or name like "enc-self.3"): [head indices]}``.
+
+    Indices refer to the site's current heads. Attached gates are sliced along. Validates everything before
+    changing anything, so a bad request leaves the model untouched. Returns the model.
+    """
+    plan = _resolve(model, heads)
+    sites = {s.path: s for s in find_sites(model)}
+    kept = {path: _validate(sites[path], hs) for path, hs in plan.items() if hs}
+    for path, (keep, keep_kv) in kept.items():
+        _prune_site(model, sites[path], keep, keep_kv)
+    if kept:
+        record_edit(model, {"kind": EDIT_KIND, "heads": {p: plan[p] for p in kept}})
+    return model
+
+
+def _replay(model: nn.Module, record: dict) -> None:
+    sites = {s.path: s for s in find_sites(model)}
+    for path, hs in record["heads"].items():
+        keep, keep_kv = _validate(sites[path], hs)
+        _prune_site(model, sites[path], keep, keep_kv)
+
+
+register_edit(EDIT_KIND, _replay)
