@@ -17,6 +17,7 @@ RGB = tuple[float, float, float]
 
 FONT = "system-ui, -apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif"
 CHAR_W = 6.4  # rough width in px of one character at font-size 11
+TITLE_W = 7.9  # the same for the bold 13px figure titles
 MISSING_FILL = "#e4e4e4"
 
 # Anchor colours; the colormaps interpolate linearly between them.
@@ -119,7 +120,7 @@ def _text(x: float, y: float, s: str, *, size: float = 11, anchor: str = "start"
 
 
 def _svg(cls: str, width: float, height: float, title: str, body: list[str]) -> str:
-    w, h = math.ceil(width), math.ceil(height)
+    w, h = math.ceil(max(width)), math.ceil(height)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="hw-fig {cls}" width="{w}" height="{h}" '
             f'viewBox="0 0 {w} {h}" role="img" aria-label="{escape(title)}" font-family="{escape(FONT)}">'
             f"<title>{escape(title)}</title>" + "".join(body) + "</svg>")
@@ -187,9 +188,7 @@ def _colorbar(x: float, y: float, height: float, vmin: float, vmax: float, cmap:
         out.append(f'<line x1="{x + w}" y1="{ty:.1f}" x2="{x + w + 3}" y2="{ty:.1f}" stroke="#666"/>')
         out.append(_text(x + w + 5, ty + 4, fmt(val), size=10, fill="#444"))
     if label:
-        lx = x + w + 5 + 7 * CHAR_W * 10 / 11 + 6
-        out.append(_text(lx, y + height / 2, label, size=10, anchor="middle", fill="#555",
-                         extra=f' transform="rotate(-90 {lx:.1f} {y + height / 2:.1f})"'))
+        out.append(_text(x, y - 7, label, size=10, fill="#555"))
     return out
 
 
@@ -219,11 +218,11 @@ def heatmap(matrix: Sequence[Sequence[Number]], row_labels: Sequence[str], col_l
     left = max((len(s) for s in rlabels), default=1) * cw + 10 + (16 if ylabel else 0)
     rotate = any(len(s) * cw > cell - 2 for s in clabels)
     label_h = (max((len(s) for s in clabels), default=1) * cw + 6) if rotate else font + 6
-    top = 30
+    top = 46 if legend else 30
     grid_w, grid_h = n_cols * cell, n_rows * cell
     bottom = top + grid_h + label_h + (18 if xlabel else 4)
     legend_x = left + grid_w + 14
-    width = max(legend_x + 96, len(title) * 7.2 + 10)
+    width = max(legend_x + 64, legend_x + len(legend) * CHAR_W * 10 / 11 + 4)
     height = max(bottom, top + 90) + 4
 
     body = [_hatch_defs(), _text(4, 18, title, size=13, weight="600")]

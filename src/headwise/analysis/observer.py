@@ -1,0 +1,65 @@
+"""Observers: per-site callables that turn each batch's attention maps into accumulated sums.
+
+The driver (``analyze``) fills a ``BatchContext`` before each forward; the runtime then calls every site's
+observer with ``probs[B, H, T, T]``, ``keep[B|1, 1|H, T, T] | None`` and ``out[B, T, H, d]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..sites import AttentionSite
+from .attach import layer_of
+from .metrics import batch_sums, histogram_edges
+from .stats import HeadStats
+
+
+@dataclass
+class BatchContext:
+    """What observers need to know about the batch in flight: ``real`` and ``special`` token masks ``[B, T]``."""
+
+    real: torch.Tensor | None = None
+    special: torch.Tensor | None = None
+
+    def set(self, real: torch.Tensor, special: torch.Tensor) -> None:
+        self.real, self.special = real.bool(), special.bool() & real.bool()
+
+
+class StatsObserver:
+    """Adds the statistics of every call into ``stats`` at row ``first_row + layer``."""
+
+    def __init__(self, stats: HeadStats, context: BatchContext, first_row: int, n_layers: int) -> None:
+        self.stats, self.context = stats, context
+        self.first_row, self.n_layers = first_row, n_layers
+        self.edges = histogram_edges()
+        self.calls = 0
+
+    def __call__(self, probs: torch.Tensor, keep: torch.Tensor | None, out: torch.Tensor) -> None:
+        row = self.first_row + layer_of(self, self.n_layers)
+        ctx = self.context
+        if ctx.real is None or ctx.real.shape != (probs.shape[0], probs.shape[-1]):
+            raise RuntimeError("analysis observer called without a matching BatchContext (set it before forward)")
+        with torch.no_grad():
+            self.stats.add_(row, batch_sums(probs, keep, out, ctx.real, ctx.special, self.stats.thresholds,
+                                            self.edges))
+
+
+@dataclass
+class MapRecorder:
+    """Keeps the full maps of a one-sentence, unpadded forward: ``maps[row] = probs[0]`` (``[H, T, T]``)."""
+
+    first_row: int
+    n_layers: int
+    maps: dict[int, torch.Tensor] = field(default_factory=dict)
+    calls: int = 0
+
+    @classmethod
+    def build(cls, maps: dict[int, torch.Tensor]):
+        def make(site: AttentionSite, first_row: int, n_layers: int) -> "MapRecorder":
+            return cls(first_row, n_layers, maps)
+        return make
+
+    def __call__(self, probs: torch.Tensor, keep: torch.Tensor | None, out: torch.Tensor) -> None:
+        self.maps[self.first_row + layer_of(self, self.n_layers)] = probs[0].detach().float().cpu()
