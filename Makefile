@@ -24,6 +24,8 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/headwise sites
 	$(BIN)/headwise eval stsb --split dev
+	$(BIN)/headwise analyze --limit 1000 --ablation-texts 128 --out $(DEMO_OUT) --force
+	@echo "open $(DEMO_OUT)/report.html in a browser"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

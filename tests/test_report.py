@@ -156,6 +156,10 @@ def test_number_formatting_and_ticks():
     assert svg.fmt(None) == "n/a" and svg.fmt(0) == "0" and svg.fmt(0.12345) == "0.123" and svg.fmt(2e-6) == "2e-6"
     assert svg.nice_ticks(0, 1) == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert [label for _, label in svg.log_ticks(1e-8, 1)] == ["10⁻⁸", "10⁻⁶", "10⁻⁴", "10⁻²", "1"]
+    assert [label for _, label in svg.log_ticks(1, 8)] == ["1", "2", "5"]
+    assert [svg.short(v) for v in (0.0021, -0.17, 12.34, 345.6, 0, 2e5, None)] == \
+        ["2e-3", "-0.17", "12.3", "346", "0", "2e5", ""]
+    assert all(len(svg.short(v)) <= 5 for v in (0.000123, -0.00999, 99.99, -12345.0, 0.5))
 
 
 # ---------------------------------------------------------------------------------------------- builder
@@ -210,9 +214,12 @@ def test_analysis_report_has_every_section_and_metric():
         assert f'aria-label="{label} ({metric})"' in html, metric  # one heatmap per metric
         assert f"<code>{metric}</code>" in html  # explained in the reading guide
     assert "L0 H1" in html and "previous token" in html  # the positional head
-    assert "L2 H0" in html and "share on special tokens" in html  # the attention sink
+    assert "L2 H0 (0.81)" in html and "special tokens" in html  # the attention sink
     assert "tiny-bert &lt;test&gt;" in html and "synthetic &amp; random" in html
     assert "&lt;b&gt;bold&lt;/b&gt; &amp; risky" in html and "<b>bold" not in html
+    maps = html[html.index('id="attention-maps"'):]
+    assert all(f"most confident in L{r} (Confidence no special" in maps for r in range(3))
+    assert "among the 3 most important (Importance ablation" in maps
     n_heat = html.count('class="hw-fig hw-heatmap"')
     # metrics + 2 similarity maps per layer + attention maps (>= one per layer per sentence)
     assert n_heat >= len(METRICS) + 2 * 3 + 2 * 3
@@ -221,8 +228,14 @@ def test_analysis_report_has_every_section_and_metric():
 
 def test_analysis_report_handles_ragged_and_minimal_stats(tmp_path):
     stats = make_stats(ragged=True)
-    html = analysis_report(stats).render()
-    assert "L1, H3: no head here" in html
+    stats["heads"]["entropy"][0][2] = None  # a head without data (NaN written as null)
+    stats["histogram"]["counts"][0][2] = [None] * 100
+    stats["model"] = "/home/me/checkpoints/run-7/model"
+    rep = analysis_report(stats)
+    html = rep.render()
+    assert "L1, H3: no head here" in html and "L0, H2: n/a" in html
+    assert rep.title == "Attention heads of run-7/model" and "/home/me/checkpoints/run-7/model" in html
+    assert "L0: 3 heads" in html  # the histogram skipped the head without data
     minimal = {k: stats[k] for k in ("headwise_stats", "model", "data", "sentences", "tokens", "sites")}
     minimal["heads"] = {"entropy": stats["heads"]["entropy"]}
     rep = analysis_report(minimal)

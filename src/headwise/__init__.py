@@ -1,5 +1,6 @@
 """headwise: find, measure and edit the attention heads of transformers models."""
 
+from .analysis import HeadStats, analyze
 from .errors import HeadwiseError
 from .evaluation import evaluate_stsb, fidelity
 from .io import from_pretrained, save_pretrained
@@ -11,6 +12,7 @@ from .sites import AttentionSite, find_sites
 __version__ = "0.1.0"
 
 __all__ = [
+    "HeadStats", "analyze",
     "HeadwiseError", "evaluate_stsb", "fidelity", "from_pretrained", "save_pretrained", "load_model", "prune_heads",
     "add_gates", "enable", "AttentionSite", "find_sites", "__version__",
 ]

@@ -21,9 +21,13 @@ class AnalysisConfig:
     - ``thresholds``: sparsity thresholds ``t`` (one ``sparsity@t`` table each).
     - ``examples``: how many of the first texts get their full attention maps stored (0: none).
     - ``importance``: which head-importance tables to compute: any of ``"gradient"``, ``"ablation"``.
-    - ``abs_scope``: gradient importance takes ``|∂L/∂g|`` per ``"batch"`` (default) or per ``"example"``.
+    - ``abs_scope``: gradient importance takes ``|∂L/∂g|`` per ``"example"`` (default; the paper's definition) or per
+      ``"batch"`` (bertology, with gradients zeroed per batch). On MiniLM / 100 STS-B dev sentences the per-example
+      ranking agrees better with ablation (Spearman 0.69 vs 0.37).
     - ``normalize_importance``: divide each row of the gradient importance by its L2 norm (Michel; D.2).
     - ``sweep_batch``: most sequences per forward pass in the batched ablation sweep.
+    - ``ablation_texts``: ablation uses only the first N texts (None: all); it costs one pass per head, so on
+      a CPU the default keeps it to about a minute for MiniLM.
     - ``seed``: seed of the random projections used by the default gradient objective.
     - ``model_name`` / ``data_name``: free text recorded in the statistics.
     """
@@ -33,9 +37,10 @@ class AnalysisConfig:
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     examples: int = 3
     importance: tuple[str, ...] = IMPORTANCE_KINDS
-    abs_scope: str = "batch"
+    abs_scope: str = "example"
     normalize_importance: bool = True
     sweep_batch: int = 256
+    ablation_texts: int | None = 256
     seed: int = 0
     model_name: str = ""
     data_name: str = ""
@@ -54,5 +59,7 @@ class AnalysisConfig:
             raise HeadwiseError("batch_size and sweep_batch must be at least 1")
         if any(not 0 <= t <= 1 for t in self.thresholds):
             raise HeadwiseError(f"sparsity thresholds must lie in [0, 1], got {self.thresholds}")
+        if self.ablation_texts is not None and self.ablation_texts < 1:
+            raise HeadwiseError("ablation_texts must be at least 1 (or None for all texts)")
         if self.examples < 0:
             raise HeadwiseError("examples must be >= 0")

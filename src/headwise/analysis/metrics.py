@@ -10,7 +10,19 @@ Notation (one attention site, one layer, one batch):
 
 Every per-head metric is a mean over valid query rows of a per-row value computed on the valid entries of the
 row (entries outside ``V`` count as 0; no renormalisation), except the ``mhr_*`` ones, which are per-sentence
-means, and ``sparsity@t``, a ratio of entry counts. Exact definitions are in ``METRIC_INFO``.
+means, and ``sparsity@t``, a ratio of entry counts. Exact definitions are in ``METRIC_INFO``. Differences from
+the reference code (docs/reference-methods.md):
+
+- ``mhr_base``/``mhr_advanced`` (B.4) use only the valid block and do not zero the last query → last key entry
+  (fairseq's EOS); ``mhr_advanced`` divides by the number of real keys ``n`` rather than ``Tk − 1``.
+- ``confidence_no_special`` (A.7) drops special tokens both as queries and as keys, without renormalising.
+- ``sparsity@t`` (C.2) counts valid entries ``≤ t`` over all valid entries; for encoders that is SPIQA's
+  ``n × n`` block, for causal models its lower triangle.
+- The histogram (C.3): per valid query row, the row's valid entries (``+1e-8``) are binned and the row's
+  counts normalised to sum 1; rows are summed and each head normalised at the end. Values above the last edge
+  (``1 + 1e-8``) count in the last bin.
+- Similarity (B.6): plain cosine in ``[-1, 1]`` (not ``1 + cos``) and L2, between heads' flattened valid
+  attention blocks and between their outputs Z over real positions; per sentence, then averaged over sentences.
 """
 
 from __future__ import annotations
@@ -70,7 +82,7 @@ METRIC_INFO: dict[str, dict] = {
                   0.0, 1.0, "specialised"),
     "importance_gradient": _info(
         "gradient importance", "Michel et al. head importance E|dL/dg_h| at gates g = 1, each row divided by its "
-        "L2 norm unless normalisation was turned off.", None, None, "important"),
+        "L2 norm.", 0.0, 1.0, "important"),
     "importance_ablation": _info(
         "ablation importance", "Drop of the metric when the head alone is zeroed; by default 1 - mean cosine "
         "between pooled embeddings with and without the head.", None, None, "important"),

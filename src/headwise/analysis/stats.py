@@ -49,7 +49,8 @@ class HeadStats:
     ``sites``: one ``Row.describe()`` dict per table row; ``thresholds``: the sparsity thresholds;
     ``acc``: the accumulators (name → float64 tensor, see ``_accumulators``); ``examples``: a few full maps
     (JSON-ready, not summed: merging concatenates them). ``normalize_importance``: divide each row of the
-    gradient importance by its L2 norm in ``finalize``.
+    gradient importance by its L2 norm in ``finalize``. ``metric_info``: entries that replace the built-in
+    descriptions in ``to_dict`` (``from_dict`` keeps the file's).
     """
 
     sites: list[dict]
@@ -59,6 +60,7 @@ class HeadStats:
     data: str = ""
     examples: list[dict] = field(default_factory=list)
     normalize_importance: bool = True
+    metric_info: dict[str, dict] = field(default_factory=dict)  # overrides of METRIC_INFO (kept from a loaded file)
 
     @classmethod
     def empty(cls, sites: list[dict], thresholds: tuple[float, ...], device: torch.device | str = "cpu",
@@ -122,14 +124,14 @@ class HeadStats:
     def finalize(self) -> dict[str, Any]:
         """The final tables (float64, CPU): ``{"heads": {metric: [rows, H]}, "histogram": [rows, H, 100]
         (each head's distribution sums to 1), "similarity": {name: [rows, H, H]}}``; missing heads are NaN."""
-        a = {k: v.detach().cpu() for k, v in self.acc.items()}
-        div = lambda s, n: s / n  # noqa: E731  (0/0 → NaN: a row that saw no data)
-        heads = {"confidence": div(a["confidence"], a["n_rows"][:, None]),
-                 "confidence_no_special": div(a["confidence_no_special"], a["n_rows_no_special"][:, None])}
-        heads.update({m: div(a[m], a["n_sentences"][:, None]) for m in SENTENCE_METRICS})
-        heads.update({m: div(a[m], a["n_rows"][:, None]) for m in ROW_METRICS[1:]})
+        a = {k: v.detach().cpu() for k, v in self.acc.items()}  # divisions below: 0/0 = NaN for a row without data
+        per_row, per_sentence = a["n_rows"][:, None], a["n_sentences"][:, None]
+        heads = {"confidence": a["confidence"] / per_row,
+                 "confidence_no_special": a["confidence_no_special"] / a["n_rows_no_special"][:, None]}
+        heads.update({m: a[m] / per_sentence for m in SENTENCE_METRICS})
+        heads.update({m: a[m] / per_row for m in ROW_METRICS[1:]})
         for k, t in enumerate(self.thresholds):
-            heads[sparsity_name(t)] = div(a["sparsity"][:, k], a["entries"])
+            heads[sparsity_name(t)] = a["sparsity"][:, k] / a["entries"]
         if "importance_gradient" in a:
             table = a["importance_gradient"] / a["importance_gradient_n"]
             if self.normalize_importance:
@@ -138,7 +140,7 @@ class HeadStats:
         if "importance_ablation" in a:
             heads["importance_ablation"] = a["importance_ablation"] / a["importance_ablation_n"]
         hist = a["histogram"] / a["histogram"].sum(-1, keepdim=True)
-        sim = {name: div(a["similarity"][:, k], a["n_sentences"][:, None, None]) for k, name in enumerate(SIMILARITIES)}
+        sim = {name: a["similarity"][:, k] / per_sentence[..., None] for k, name in enumerate(SIMILARITIES)}
         missing = torch.arange(a["confidence"].shape[1])[None, :] >= torch.tensor(self.num_heads)[:, None]
         for table in heads.values():
             table[missing] = float("nan")
@@ -161,8 +163,9 @@ class HeadStats:
         per_pair = lambda t: [_nan_to_none(t[r, : h[r], : h[r]].tolist()) for r in range(len(h))]  # noqa: E731
         info = {m: METRIC_INFO.get(m) or sparsity_info(float(m.split("@")[1])) for m in final["heads"]}
         if "importance_gradient" in info and not self.normalize_importance:
-            info["importance_gradient"] = {**info["importance_gradient"], "description": info[
-                "importance_gradient"]["description"].split(",")[0] + " (rows not normalised)."}
+            info["importance_gradient"] = {**info["importance_gradient"], "range": None,
+                                           "description": "Michel et al. head importance E|dL/dg_h| at gates g = 1."}
+        info.update({m: dict(v) for m, v in self.metric_info.items() if m in info})
         return {
             "headwise_stats": SCHEMA_VERSION,
             "model": self.model,
@@ -197,7 +200,8 @@ class HeadStats:
         names = list(doc["heads"])
         thresholds = tuple(float(n.split("@", 1)[1]) for n in names if n.startswith("sparsity@"))
         stats = cls.empty(doc["sites"], thresholds, model=doc.get("model", ""), data=doc.get("data", ""),
-                          examples=list(doc.get("examples", [])), normalize_importance=False)
+                          examples=list(doc.get("examples", [])), normalize_importance=False,
+                          metric_info=dict(doc.get("metric_info", {})))
         acc, tokens, sentences = stats.acc, float(doc["tokens"]), float(doc["sentences"])
         acc["tokens"] += tokens
         acc["sentences"] += sentences

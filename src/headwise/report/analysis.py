@@ -28,8 +28,9 @@ FAMILIES: list[tuple[str, str]] = [
                    "(a sharp, often specialised head); low = attention spread over many tokens. The *no special* "
                    "variant ignores special tokens such as [CLS], [SEP] or <s>, where many heads park attention "
                    "when they have nothing to do."),
-    ("mhr", "**MHR** scores are per-head ranking scores computed by the analysis; the descriptions below say "
-            "exactly what each variant measures and which direction is better."),
+    ("mhr", "**MHR** scores look at a head's strongest links. *Base*: the single largest attention weight in the "
+            "head's whole map for a sentence. *Advanced*: for each token, the most attention any other token pays "
+            "to it, averaged over tokens. High = the head forms a few very strong links (specialised)."),
     ("entropy", "**Entropy** measures how spread out a head's attention is. Low = focused on few tokens; "
                 "high = smeared across the sentence (averaging heads)."),
     ("distance", "**Distance** is how far away, in tokens, a head looks on average (attention-weighted distance "
@@ -61,6 +62,14 @@ def metric_family(name: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- input
+
+
+def short_model_name(name: str) -> str:
+    """A model name for titles: hub names as they are, local paths cut to their last two parts."""
+    if name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1:
+        parts = [p for p in name.replace("\\", "/").split("/") if p]
+        return "/".join(parts[-2:]) or name
+    return name
 
 
 def check_stats(stats: dict) -> None:
@@ -179,7 +188,8 @@ def _metric_heatmap(ctx: _Context, name: str, max_width: float = 560) -> tuple[s
         lo, hi, cmap = -bound, bound, "diverging"
     higher = ctx.higher(name)
     legend = f"higher = more {higher}" if higher else ctx.label(name)
-    title = ctx.label(name) if ctx.label(name) == name else f"{ctx.label(name)} ({name})"
+    label = ctx.label(name)
+    title = label[:1].upper() + label[1:] + ("" if label == name else f" ({name})")
     figure = svg.heatmap(table, ctx.labels, [f"H{h}" for h in range(ctx.max_heads())], title, lo, hi, cmap,
                          xlabel="head", ylabel="layer", legend=legend, max_width=max_width)
     scale = "blue = negative, red = positive" if cmap == "diverging" else "dark = low, yellow = high"
@@ -205,13 +215,19 @@ def _overview(report: Report, ctx: _Context) -> None:
             hint = f" Higher = more {ctx.higher(name)}." if ctx.higher(name) else ""
             details.append(f"- `{name}` ({ctx.label(name)}): {desc}{rng}{hint}".rstrip())
         sec.text(text + "\n\n" + "\n".join(details))
-    rows = []
+    groups: list[tuple[list[str], tuple]] = []  # consecutive rows with the same shape collapse into one line
     for site, label in zip(ctx.sites, ctx.labels):
-        rows.append([label, str(site.get("name", "")), str(site.get("kind", "")), int(site.get("num_heads", 0)),
-                     int(site.get("num_kv_heads", 0)), int(site.get("head_dim", 0)), str(site.get("positions", "")),
-                     "yes" if site.get("causal") else "no", "; ".join(site.get("notes") or [])])
+        key = (str(site.get("kind", "")), int(site.get("num_heads", 0)), int(site.get("num_kv_heads", 0)),
+               int(site.get("head_dim", 0)), str(site.get("positions", "")), "yes" if site.get("causal") else "no",
+               "; ".join(site.get("notes") or []))
+        if groups and groups[-1][1] == key:
+            groups[-1][0].append(label)
+        else:
+            groups.append(([label], key))
+    rows = [[labels[0] if len(labels) == 1 else f"{labels[0]} – {labels[-1]} ({len(labels)})", *key]
+            for labels, key in groups]
     sec.heading("Model layout")
-    sec.table(rows, ["row", "site", "kind", "heads", "kv heads", "head dim", "positions", "causal", "notes"])
+    sec.table(rows, ["rows", "kind", "heads", "kv heads", "head dim", "positions", "causal", "notes"])
 
 
 def _heatmaps(report: Report, ctx: _Context) -> None:
@@ -258,33 +274,30 @@ def _extremes(report: Report, ctx: _Context, k: int = 5) -> None:
     sec.table(rows, ["metric", "key", f"highest {k}", f"lowest {k}"])
 
 
+def _head_list(items: Sequence[tuple[str, float]]) -> str:
+    return ", ".join(f"{lab} ({svg.fmt(v, 2)})" for lab, v in items)
+
+
 def _positional(report: Report, ctx: _Context, threshold: float = 0.5) -> None:
     sec = report.add_section("Positional heads", intro=(
         f"Heads that send more than {threshold:.0%} of their attention to one fixed position relative to the "
         "token: the previous token, the next token or the token itself. Such heads are simple, recognisable "
-        "and often cheap to replace with a fixed pattern."))
-    rows = [(v, lab, POSITION_WORDS[m]) for m in ("prev", "next", "self") if m in ctx.heads
-            for lab, v, *_ in _ranked(ctx.heads[m], ctx.labels) if v > threshold]
-    if not any(m in ctx.heads for m in ("prev", "next", "self")):
-        sec.text("The stats file has no positional shares (`prev`, `next`, `self`).")
-    elif rows:
-        sec.table([[lab, where, v] for v, lab, where in sorted(rows, reverse=True)],
-                  ["head", "attends mostly to", "share of attention"])
-    else:
-        sec.text(f"No head sends more than {threshold:.0%} of its attention to the previous token, the next token "
-                 "or itself.")
+        "and often cheap to replace with a fixed pattern. Heads are listed strongest first, with their share."))
+    patterns = [m for m in ("prev", "next", "self", "special") if m in ctx.heads]
+    if not patterns:
+        sec.text("The stats file has no positional shares (`prev`, `next`, `self`, `special`).")
+        return
+    rows = []
+    for m in patterns:
+        found = [(lab, v) for lab, v, *_ in _ranked(ctx.heads[m], ctx.labels) if v > threshold]
+        rows.append([POSITION_WORDS[m], len(found), _head_list(found) or "none"])
+    sec.table(rows, ["attends mostly to", "heads", f"heads with more than {threshold:.0%} of their attention there"])
     if "special" in ctx.heads:
-        sinks = [(lab, v) for lab, v, *_ in _ranked(ctx.heads["special"], ctx.labels) if v > threshold]
-        sec.heading("Heads that mostly attend to special tokens")
-        if sinks:
-            sec.text(f"{len(sinks)} heads put more than {threshold:.0%} of their attention on special tokens "
-                     "([CLS], [SEP], <s>, ...), usually a sign that they are idle for most inputs.")
-            sec.table([[lab, v] for lab, v in sinks], ["head", "share on special tokens"])
-        else:
-            sec.text(f"No head puts more than {threshold:.0%} of its attention on special tokens.")
+        sec.text("Heads that mostly attend to **special tokens** ([CLS], [SEP], <s>, ...) use them as a parking "
+                 "spot when they have nothing to do; they are usually idle for most inputs.")
 
 
-def _histograms(report: Report, ctx: _Context) -> None:
+def _histograms(report: Report, ctx: _Context, max_lines: int = 16) -> None:
     hist = ctx.stats.get("histogram")
     if not hist or not hist.get("counts"):
         return
@@ -292,33 +305,44 @@ def _histograms(report: Report, ctx: _Context) -> None:
     counts = hist["counts"]
     sec = report.add_section("Attention weight distributions", intro=(
         "How large the individual attention weights are. The x axis is the weight on a log scale (10⁻⁸ to 1); "
-        "the y axis is the share of all weights falling in each bin. A head whose mass sits near 1 puts nearly "
-        "all attention on one token; mass at tiny weights means most tokens are ignored. Bold lines are the "
-        "median over a layer's heads, shaded bands span the 10th to 90th percentile of heads."))
+        "the y axis is the share of all weights falling in each bin. A head with mass near 1 puts nearly all of "
+        "its attention on one token; mass at tiny weights means most tokens are ignored."))
     n_bins = len(edges) - 1
     medians, figures = {}, []
-    for r, layer in enumerate(counts):
-        heads = [[float(v) for v in h] for h in layer if len(h) == n_bins]
+    for r, layer in enumerate(counts[:len(ctx.labels)]):
+        heads = {h: [_num(v) for v in c] for h, c in enumerate(layer) if c and len(c) == n_bins}
+        heads = {h: c for h, c in heads.items() if None not in c}  # a head without data has no distribution
         if not heads:
             continue
-        per_bin = list(zip(*heads))
+        per_bin = list(zip(*heads.values()))
         median = [_quantile(b, 0.5) for b in per_bin]
-        band = ([_quantile(b, 0.1) for b in per_bin], [_quantile(b, 0.9) for b in per_bin])
         medians[ctx.labels[r]] = median
-        figures.append(svg.histogram_lines(edges, {"median": median}, f"{ctx.labels[r]}: {len(heads)} heads",
-                                           bands={"10–90% of heads": band},
-                                           colors={"median": "#0b3d91", "10–90% of heads": "#0072B2"}))
+        title = f"{ctx.labels[r]}: {len(heads)} heads"
+        if len(heads) <= max_lines:
+            curves = {f"{ctx.labels[r]} H{h}": c for h, c in heads.items()}
+            colors = {name: "#8fb8de" for name in curves}
+            widths = {name: 1.0 for name in curves}
+            figures.append(svg.histogram_lines(edges, {**curves, "median": median}, title, legend=False,
+                                               colors={**colors, "median": "#0b3d91"},
+                                               widths={**widths, "median": 2.5}, width=300, height=220))
+        else:
+            band = ([_quantile(b, 0.1) for b in per_bin], [_quantile(b, 0.9) for b in per_bin])
+            figures.append(svg.histogram_lines(edges, {"median": median}, title, bands={"10–90% of heads": band},
+                                               colors={"median": "#0b3d91", "10–90% of heads": "#0072B2"},
+                                               widths={"median": 2.5}, legend=False, width=300, height=220))
     if not medians:
         return
     shown = list(medians)
-    step = max(1, math.ceil(len(shown) / 12))
-    shown = shown[::step]
+    shown = shown[::max(1, math.ceil(len(shown) / 12))]
     cm = svg.colormap("viridis")
     colors = {lab: cm(0.88 * i / max(len(shown) - 1, 1)) for i, lab in enumerate(shown)}
     sec.figure(svg.histogram_lines(edges, {lab: medians[lab] for lab in shown}, "Median head per layer",
                                    colors=colors, width=640, height=330),
-               "Colour runs from the first layer (dark violet) to the last (yellow-green).")
+               "Bin by bin, the median over a layer's heads. Colour runs from the first layer (dark violet) to the "
+               "last (yellow-green).")
     sec.heading("Per layer")
+    sec.text(f"Thin lines are individual heads (hover one to see which), the bold line their median; layers with "
+             f"more than {max_lines} heads show the 10th to 90th percentile of heads as a shaded band instead.")
     sec.grid(figures)
 
 
@@ -331,38 +355,37 @@ def _similarity(report: Report, ctx: _Context, top_pairs: int = 10) -> None:
         "Cosine similarity between the heads of one layer. *Attention* similarity compares where two heads look; "
         "*output* similarity compares what they write into the residual stream. Values near 1 mean two heads are "
         "nearly redundant (candidates for merging); the diagonal is each head with itself."))
-    pairs = []
-    for key, word in kinds:
-        for r, matrix in enumerate(sim[key]):
-            m = _clean(matrix)
-            for i in range(len(m)):
-                for j in range(i + 1, len(m[i])):
-                    if m[i][j] is not None:
-                        pairs.append((m[i][j], f"{ctx.labels[r]} H{i}", f"{ctx.labels[r]} H{j}", word))
     best = []
     for key, word in kinds:
-        best += sorted((p for p in pairs if p[3] == word), reverse=True)[:top_pairs]
+        pairs = []
+        for r, matrix in enumerate(sim[key][:len(ctx.labels)]):
+            m = _clean(matrix)
+            pairs += [(m[i][j], f"{ctx.labels[r]} H{i}", f"{ctx.labels[r]} H{j}", word)
+                      for i in range(len(m)) for j in range(i + 1, len(m[i])) if m[i][j] is not None]
+        best += sorted(pairs, reverse=True)[:top_pairs]
     if best:
         sec.table([[a, b, word, v] for v, a, b, word in best], ["head", "head", "similarity of", "cosine"],
-                  caption=f"The {top_pairs} most similar head pairs by each measure.")
-    for r, label in enumerate(ctx.labels):
+                  caption=f"The {top_pairs} most similar pairs of heads by each measure.")
+    for key, word in kinds:
+        lo, cmap = (0.0, "viridis") if key == "attention_cosine" else (-1.0, "diverging")
+        sec.heading(f"{word.capitalize()} cosine, per layer")
         figs = []
-        for key, word in kinds:
-            if r >= len(sim[key]):
-                continue
-            m = _clean(sim[key][r])
+        for r, matrix in enumerate(sim[key][:len(ctx.labels)]):
+            m = _clean(matrix)
             names = [f"H{h}" for h in range(max((len(x) for x in m), default=0))]
-            lo, cmap = (0.0, "viridis") if key == "attention_cosine" else (-1.0, "diverging")
-            figs.append(svg.heatmap(m, names, names, f"{label}: {word} cosine", lo, 1.0, cmap, xlabel="head",
-                                    ylabel="head", legend="cosine", max_width=330))
+            figs.append(svg.heatmap(m, names, names, f"{ctx.labels[r]}: {word} cosine", lo, 1.0, cmap,
+                                    xlabel="head", ylabel="head", legend="cosine", max_width=300))
         sec.grid(figs)
 
 
-def _example_heads(ctx: _Context) -> list[tuple[int, int, str]]:
-    """``(row, head, why)`` for the attention maps: the most confident head per layer, then the most important."""
+def _example_heads(ctx: _Context, max_layers: int = 12) -> list[tuple[int, int, str]]:
+    """``(row, head, why)`` for the attention maps: the most confident head per layer (of at most ``max_layers``
+    evenly spaced layers), then the three most important heads."""
     chosen: dict[tuple[int, int], str] = {}
     conf = ctx.confidence_metric()
-    for r in range(len(ctx.sites)):
+    n = len(ctx.sites)
+    rows = range(n) if n <= max_layers else sorted({round(i * (n - 1) / (max_layers - 1)) for i in range(max_layers)})
+    for r in rows:
         row = ctx.heads[conf][r] if conf else []
         valid = [(v, h) for h, v in enumerate(row) if v is not None]
         if valid:
@@ -418,12 +441,12 @@ def analysis_report(stats: dict, *, max_examples: int = 2, max_tokens: int = 32)
     n_heads = sum(len(row) for row in next(iter(ctx.heads.values()), []))
     n_heads = n_heads or sum(int(s.get("num_heads", 0)) for s in ctx.sites)
     kinds = sorted({str(s.get("kind", "")) for s in ctx.sites})
-    meta = {"model": stats.get("model", "?"), "data": stats.get("data", "?"),
+    meta = {"model": stats.get("model") or "?", "data": stats.get("data") or "(not recorded)",
             "sentences": f"{int(stats.get('sentences', 0)):,}", "tokens": f"{int(stats.get('tokens', 0)):,}",
             "layers": len(ctx.sites), "heads": n_heads, "attention": ", ".join(kinds)}
     from .. import __version__
 
-    report = Report(f"Attention heads of {stats.get('model', 'a model')}",
+    report = Report(f"Attention heads of {short_model_name(str(stats.get('model') or 'a model'))}",
                     subtitle="Which heads matter, what they do, and which ones look redundant.", meta=meta,
                     footer=f"Generated by headwise {__version__} from a stats file (format 1).")
     _overview(report, ctx)

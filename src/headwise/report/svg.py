@@ -58,6 +58,24 @@ def fmt(value: Number, digits: int = 3) -> str:
     return f"{v:.{digits}g}".replace("e-0", "e-").replace("e+0", "e+")
 
 
+def short(value: Number) -> str:
+    """At most five characters for a value printed inside a heatmap cell: ``0.67``, ``12.3``, ``2e-3``."""
+    if is_missing(value):
+        return ""
+    v = float(value)
+    a = abs(v)
+    if a == 0:
+        return "0"
+    if a >= 1e4 or a < 0.01:
+        mant, exp = f"{v:.0e}".split("e")
+        return f"{mant}e{int(exp)}"
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
+
+
 def _rgb_hex(rgb: RGB) -> str:
     return "#" + "".join(f"{max(0, min(255, round(c * 255))):02x}" for c in rgb)
 
@@ -115,12 +133,13 @@ def _clip_label(label: str, n: int) -> str:
 
 def _text(x: float, y: float, s: str, *, size: float = 11, anchor: str = "start", weight: str = "normal",
           fill: str = "#222", extra: str = "") -> str:
-    return (f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" text-anchor="{anchor}" font-weight="{weight}" '
-            f'fill="{fill}"{extra}>{escape(s)}</text>')
+    attrs = f' text-anchor="{anchor}"' if anchor != "start" else ""
+    attrs += f' font-weight="{weight}"' if weight != "normal" else ""
+    return f'<text x="{x:.1f}" y="{y:.1f}" font-size="{size}" fill="{fill}"{attrs}{extra}>{escape(s)}</text>'
 
 
 def _svg(cls: str, width: float, height: float, title: str, body: list[str]) -> str:
-    w, h = math.ceil(max(width)), math.ceil(height)
+    w, h = math.ceil(max(width, len(title) * TITLE_W + 10)), math.ceil(height)
     return (f'<svg xmlns="http://www.w3.org/2000/svg" class="hw-fig {cls}" width="{w}" height="{h}" '
             f'viewBox="0 0 {w} {h}" role="img" aria-label="{escape(title)}" font-family="{escape(FONT)}">'
             f"<title>{escape(title)}</title>" + "".join(body) + "</svg>")
@@ -166,8 +185,12 @@ def log_ticks(lo: float, hi: float, max_ticks: int = 6) -> list[tuple[float, str
     if lo <= 0 or hi <= 0 or not (math.isfinite(lo) and math.isfinite(hi)):
         return []
     a, b = math.ceil(math.log10(lo) - 1e-9), math.floor(math.log10(hi) + 1e-9)
-    every = max(1, math.ceil((b - a + 1) / max_ticks))
-    return [(10.0 ** e, _pow10_label(e)) for e in range(b, a - 1, -every)][::-1]
+    if b - a + 1 >= 3:
+        every = max(1, math.ceil((b - a + 1) / max_ticks))
+        return [(10.0 ** e, _pow10_label(e)) for e in range(b, a - 1, -every)][::-1]
+    # Less than three decades: add 2x and 5x steps, labelled as plain numbers.
+    ticks = [m * 10.0 ** e for e in range(a - 1, b + 1) for m in (1, 2, 5)]
+    return [(t, fmt(t)) for t in ticks if lo * (1 - 1e-9) <= t <= hi * (1 + 1e-9)]
 
 
 # ---------------------------------------------------------------------------------------------- heatmap
@@ -242,7 +265,7 @@ def heatmap(matrix: Sequence[Sequence[Number]], row_labels: Sequence[str], col_l
                         f'height="{cell + 0.3:.1f}" fill="{fill}"><title>{escape(tip)}</title></rect>')
             if annotate and not is_missing(v):
                 ink = "#111" if luminance(fill) > 0.35 else "#fff"
-                body.append(_text(x + cell / 2, y + cell / 2 + 3.5, fmt(v, 2), size=9, anchor="middle", fill=ink,
+                body.append(_text(x + cell / 2, y + cell / 2 + 3.5, short(v), size=9, anchor="middle", fill=ink,
                                   extra=' pointer-events="none"'))
     body.append(f'<rect x="{left:.1f}" y="{top}" width="{grid_w:.1f}" height="{grid_h:.1f}" fill="none" '
                 f'stroke="#999" stroke-width="0.6"/>')
@@ -285,6 +308,9 @@ def bars(values: Sequence[Number], labels: Sequence[str], title: str, *, sort: b
     lo, hi = min(vals + [0.0]), max(vals + [0.0])
     if hi == lo:
         hi = lo + 1
+    ticks = nice_ticks(lo, hi, 5)
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else hi - lo
+    lo, hi = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step  # end on round ticks
     bar_h, gap, font = 16, 4, 11
     left = max((len(_clip_label(s, 24)) for s, _ in items), default=4) * CHAR_W + 12
     right = 56
@@ -327,7 +353,7 @@ def _xy_plot(cls: str, series: Mapping[str, tuple[Sequence[Number], Sequence[Num
              ylabel: str, *, logx: bool, logy: bool, bands: Mapping[str, tuple[Sequence[Number], Sequence[Number],
              Sequence[Number]]] | None, colors: Mapping[str, str] | None, markers: bool, width: float,
              height: float, ylim: tuple[float | None, float | None], widths: Mapping[str, float] | None,
-             xlim: tuple[float | None, float | None] = (None, None)) -> str:
+             xlim: tuple[float | None, float | None] = (None, None), legend: bool = True) -> str:
     """Shared machinery of :func:`lines` and :func:`histogram_lines`."""
     colors = dict(colors or {})
     names = list(series) + [n for n in (bands or {}) if n not in series]
@@ -354,8 +380,14 @@ def _xy_plot(cls: str, series: Mapping[str, tuple[Sequence[Number], Sequence[Num
         x0, x1 = (x0 / 2, x0 * 2) if logx else (x0 - 1, x1 + 1)
     if y1 == y0:
         y0, y1 = (y0 / 2, y0 * 2) if logy else (y0 - 1, y1 + 1)
+    # A little air around the data so end points and markers are not cut by the frame.
+    if xlim == (None, None):
+        x0, x1 = _pad(x0, x1, logx)
+    if ylim[1] is None:
+        y0, y1 = _pad(y0, y1, logy, lower=ylim[0] is None)
 
-    legend_w = max((len(n) for n in names), default=0) * CHAR_W + 34 if len(names) > 1 or bands else 0
+    show_legend = legend and (len(names) > 1 or bool(bands))
+    legend_w = max((len(n) for n in names), default=0) * CHAR_W * 10 / 11 + 34 if show_legend else 0
     left, right, top, bottom = 56, 14 + legend_w, 30, 44
     pw, ph = width - left - right, height - top - bottom
     tx = (lambda v: math.log10(v)) if logx else float
@@ -423,22 +455,32 @@ def _xy_plot(cls: str, series: Mapping[str, tuple[Sequence[Number], Sequence[Num
     return _svg(cls, width, height, title, body)
 
 
+def _pad(lo: float, hi: float, log: bool, frac: float = 0.04, lower: bool = True) -> tuple[float, float]:
+    if log:
+        f = (hi / lo) ** frac
+        return (lo / f if lower else lo), hi * f
+    d = (hi - lo) * frac
+    return (lo - d if lower else lo), hi + d
+
+
 def lines(series: Mapping[str, tuple[Sequence[Number], Sequence[Number]]], xlabel: str, ylabel: str, title: str, *,
           logx: bool = False, logy: bool = False, colors: Mapping[str, str] | None = None, markers: bool = True,
-          ylim: tuple[float | None, float | None] = (None, None), width: float = 560, height: float = 320) -> str:
+          ylim: tuple[float | None, float | None] = (None, None), legend: bool = True, width: float = 560,
+          height: float = 320) -> str:
     """Line plot of named ``(xs, ys)`` series, e.g. a quality-versus-heads-removed trade-off curve per method.
 
-    Points with missing coordinates (or non-positive ones on a log axis) are skipped.
+    Points with missing coordinates (or non-positive ones on a log axis) are skipped. ``legend=False`` drops
+    the legend (each line still names itself in a tooltip).
     """
     return _xy_plot("hw-lines", series, title, xlabel, ylabel, logx=logx, logy=logy, bands=None, colors=colors,
-                    markers=markers, width=width, height=height, ylim=ylim, widths=None)
+                    markers=markers, width=width, height=height, ylim=ylim, widths=None, legend=legend)
 
 
 def histogram_lines(edges: Sequence[float], curves: Mapping[str, Sequence[Number]], title: str, *,
                     log_x: bool = True, bands: Mapping[str, tuple[Sequence[Number], Sequence[Number]]] | None = None,
                     xlabel: str = "attention weight", ylabel: str = "share of weights",
                     colors: Mapping[str, str] | None = None, widths: Mapping[str, float] | None = None,
-                    width: float = 380, height: float = 250) -> str:
+                    legend: bool = True, width: float = 380, height: float = 250) -> str:
     """Histograms drawn as curves over bin centres (geometric centres on a log x axis).
 
     ``curves`` maps a name to one value per bin (``len(edges) - 1``); ``bands`` maps a name to a
@@ -455,4 +497,4 @@ def histogram_lines(edges: Sequence[float], curves: Mapping[str, Sequence[Number
     band_xy = {name: (centres, lo, hi) for name, (lo, hi) in (bands or {}).items()}
     return _xy_plot("hw-hist", series, title, xlabel, ylabel, logx=log_x, logy=False, bands=band_xy, colors=colors,
                     markers=False, width=width, height=height, ylim=(0.0, None), widths=widths,
-                    xlim=(edges[0] if edges[0] > 0 or not log_x else None, edges[-1]))
+                    xlim=(edges[0] if edges[0] > 0 or not log_x else None, edges[-1]), legend=legend)

@@ -1,0 +1,112 @@
+"""``analyze``: one observed pass over a corpus (plus the importance passes asked for) → ``HeadStats``."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import HeadwiseError
+from .attach import headwise_attention, per_site
+from .config import AnalysisConfig
+from .importance import Pairs, ablation_sums, eval_mode, gradient_sums
+from .inputs import batches, resolve_max_length
+from .observer import BatchContext, MapRecorder, StatsObserver
+from .rows import Row, rows_of
+from .stats import HeadStats
+
+
+def _rank_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+@torch.no_grad()
+def observe(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[Row], stats: HeadStats,
+            batch_size: int, max_length: int, progress: bool | None = None) -> None:
+    """Run ``texts`` through ``model`` with statistics observers attached, adding into ``stats``."""
+    context = BatchContext()
+    device = next(model.parameters()).device
+    bar = tqdm(total=len(texts), desc="analysing heads", unit="sent", disable=None if progress is None else not progress)
+    with per_site(model, rows, lambda site, first, n: StatsObserver(stats, context, first, n)):
+        for batch in batches(tokenizer, texts, batch_size, max_length, device):
+            context.set(batch.real, batch.special)
+            model(**batch.inputs)
+            stats.acc["sentences"] += len(batch.index)
+            stats.acc["tokens"] += batch.real.sum().item()
+            bar.update(len(batch.index))
+    bar.close()
+
+
+@torch.no_grad()
+def record_examples(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[Row],
+                    max_length: int) -> list[dict]:
+    """Full maps of a few sentences, each run alone (no padding): ``maps[row][head][i][j]`` = A(query i → key j)."""
+    device = next(model.parameters()).device
+    examples = []
+    for text in texts:
+        maps: dict[int, torch.Tensor] = {}
+        with per_site(model, rows, MapRecorder.build(maps)):
+            batch = next(batches(tokenizer, [text], 1, max_length, device), None)
+            if batch is None:
+                continue
+            model(**batch.inputs)
+        tokens = tokenizer.convert_ids_to_tokens(batch.input_ids[0].tolist())
+        examples.append({"text": text, "tokens": tokens,
+                         "maps": [maps[r.index][: r.site.num_heads].round(decimals=5).tolist() for r in rows]})
+    return examples
+
+
+def analyze(
+    model: nn.Module,
+    tokenizer: Any,
+    texts: Sequence[str],
+    config: AnalysisConfig | None = None,
+    *,
+    pairs: Pairs | None = None,
+    progress: bool | None = None,
+    **options: Any,
+) -> HeadStats:
+    """Per-head statistics of ``model`` over ``texts`` (encoders and causal decoders; base models).
+
+    ``config``/``options``: ``AnalysisConfig`` fields (``batch_size=32``, ``max_length=None``, ``thresholds``,
+    ``examples=3``, ``importance=("gradient", "ablation")``, ...); options override the config. ``pairs``
+    ``(first, second, scores)``: train-objective data for gradient importance (STS-B objective instead of the
+    label-free default). Under ``torch.distributed`` process ``r`` of ``n`` takes ``texts[r::n]`` (and pairs
+    alike) and the accumulators are summed over processes, so every process returns the same statistics.
+    The model is put in eval mode and gets the ``headwise`` attention implementation for the call; all observers
+    and gates are detached afterwards, also on error.
+    """
+    cfg = replace(config or AnalysisConfig(), **options) if options else (config or AnalysisConfig())
+    texts = list(texts)
+    if not texts:
+        raise HeadwiseError("no texts to analyse")
+    rank, world = _rank_world()
+    shard = list(range(rank, len(texts), world))
+    rows = rows_of(model)
+    max_length = resolve_max_length(model, tokenizer, cfg.max_length)
+    name = cfg.model_name or str(getattr(model.config, "_name_or_path", "") or model.config.model_type)
+    stats = HeadStats.empty([r.describe() for r in rows], cfg.thresholds, next(model.parameters()).device,
+                            model=name, data=cfg.data_name, normalize_importance=cfg.normalize_importance)
+    mine = [texts[i] for i in shard]
+    with headwise_attention(model), eval_mode(model):
+        observe(model, tokenizer, mine, rows, stats, cfg.batch_size, max_length, progress)
+        if cfg.examples:
+            stats.examples = record_examples(model, tokenizer, texts[: cfg.examples], rows, max_length)
+        if "gradient" in cfg.importance:
+            my_pairs = None if pairs is None else tuple([p[i] for i in range(rank, len(p), world)] for p in pairs)
+            stats.add_importance_("gradient", *gradient_sums(
+                model, tokenizer, mine, index=shard, pairs=my_pairs, batch_size=cfg.batch_size, max_length=max_length,
+                abs_scope=cfg.abs_scope, seed=cfg.seed, progress=progress))
+        if "ablation" in cfg.importance:
+            limit = len(texts) if cfg.ablation_texts is None else cfg.ablation_texts
+            stats.add_importance_("ablation", *ablation_sums(
+                model, tokenizer, [texts[i] for i in shard if i < limit], batch_size=cfg.batch_size, sweep_batch=cfg.sweep_batch,
+                max_length=max_length, progress=progress))
+    return stats.all_reduce_()
