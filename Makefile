@@ -32,6 +32,7 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime_overhead.py
+	$(BIN)/python benchmarks/analysis_cost.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) build src/*.egg-info
