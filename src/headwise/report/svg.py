@@ -215,6 +215,17 @@ def _colorbar(x: float, y: float, height: float, vmin: float, vmax: float, cmap:
     return out
 
 
+def _axis_labels(xlabel: str, ylabel: str, x_at: tuple[float, float], y_at: tuple[float, float]) -> list[str]:
+    """Axis titles: ``xlabel`` centred at ``x_at``, ``ylabel`` rotated at ``y_at``."""
+    out = []
+    if xlabel:
+        out.append(_text(*x_at, xlabel, size=11, anchor="middle", fill="#555"))
+    if ylabel:
+        out.append(_text(*y_at, ylabel, size=11, anchor="middle", fill="#555",
+                         extra=f' transform="rotate(-90 {y_at[0]} {y_at[1]:.1f})"'))
+    return out
+
+
 def heatmap(matrix: Sequence[Sequence[Number]], row_labels: Sequence[str], col_labels: Sequence[str],
             title: str, vmin: float | None = None, vmax: float | None = None, cmap: str = "viridis", *,
             xlabel: str = "", ylabel: str = "", legend: str = "", cell: float | None = None,
@@ -279,12 +290,7 @@ def heatmap(matrix: Sequence[Sequence[Number]], row_labels: Sequence[str], col_l
                               extra=f' transform="rotate(-90 {cx + font * 0.35:.1f} {ly:.1f})"'))
         else:
             body.append(_text(cx, top + grid_h + font + 3, s, size=font, anchor="middle"))
-    if xlabel:
-        body.append(_text(left + grid_w / 2, bottom - 4, xlabel, size=11, anchor="middle", fill="#555"))
-    if ylabel:
-        cy = top + grid_h / 2
-        body.append(_text(12, cy, ylabel, size=11, anchor="middle", fill="#555",
-                          extra=f' transform="rotate(-90 12 {cy:.1f})"'))
+    body += _axis_labels(xlabel, ylabel, (left + grid_w / 2, bottom - 4), (12, top + grid_h / 2))
     body += _colorbar(legend_x, top, max(min(grid_h, 220), 80), lo, hi, cmap, legend)
     return _svg("hw-heatmap", width, height, title, body)
 
@@ -435,12 +441,7 @@ def _xy_plot(cls: str, series: Mapping[str, tuple[Sequence[Number], Sequence[Num
                 body.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="3" fill="{colors[name]}">'
                             f'<title>{escape(f"{name}: x={fmt(x, 4)}, y={fmt(y, 4)}")}</title></circle>')
     body.append("</svg>")
-    if xlabel:
-        body.append(_text(left + pw / 2, height - 8, xlabel, size=11, anchor="middle", fill="#555"))
-    if ylabel:
-        cy = top + ph / 2
-        body.append(_text(13, cy, ylabel, size=11, anchor="middle", fill="#555",
-                          extra=f' transform="rotate(-90 13 {cy:.1f})"'))
+    body += _axis_labels(xlabel, ylabel, (left + pw / 2, height - 8), (13, top + ph / 2))
     if legend_w:
         lx, ly = left + pw + 12, top + 6
         for i, name in enumerate(names):
