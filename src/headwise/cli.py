@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from typing import Callable
@@ -11,8 +12,11 @@ from .errors import HeadwiseError
 
 Command = Callable[[argparse.Namespace], int]
 
+# Method packages that add verbs: each module has ``register(verbs, parents)`` and imports heavy code lazily.
+PLUGINS: tuple[str, ...] = ()
 
-def _model_args(parser: argparse.ArgumentParser) -> None:
+
+def model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
                         help="hub name or local folder (default: the packaged all-MiniLM-L6-v2)")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
@@ -116,12 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     sites = verbs.add_parser("sites", parents=[common], help="list a model's attention sites")
-    _model_args(sites)
+    model_args(sites)
     sites.set_defaults(run=cmd_sites)
 
     analysis = verbs.add_parser("analyze", parents=[common],
                                 help="per-head statistics and importance, as report.html + stats.json")
-    _model_args(analysis)
+    model_args(analysis)
     analysis.add_argument("--data", default=None,
                           help="STS-B .tsv file or folder (default: shared/data/stsb), or a .txt file, one text a line")
     analysis.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="STS-B split")
@@ -140,11 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = verbs.add_parser("eval", parents=[common], help="evaluate a model")
     tasks = evaluate.add_subparsers(dest="task", required=True, metavar="TASK")
     stsb = tasks.add_parser("stsb", parents=[common], help="STS Benchmark Spearman (mean pooling, cosine)")
-    _model_args(stsb)
+    model_args(stsb)
     stsb.add_argument("--split", default="dev", choices=["train", "dev", "test"])
     stsb.add_argument("--data", default=None, help="the STS-B .tsv file or its folder (default: shared/data/stsb)")
     stsb.add_argument("--batch-size", type=int, default=64)
     stsb.set_defaults(run=cmd_eval_stsb)
+
+    for plugin in PLUGINS:
+        importlib.import_module(plugin).register(verbs, [common])
     return parser
 
 
