@@ -1,0 +1,90 @@
+"""``HeadwiseTrainer``: a ``transformers.Trainer`` that adds head penalties to the loss, gives head parameters
+their own learning rate, logs head statistics, and scales the loss right under gradient accumulation.
+
+Gradient accumulation: transformers decides from the model's ``forward`` signature whether the loss is already
+normalised by the number of items in the batch, and models whose forward takes ``**kwargs`` are assumed to do
+it themselves (transformers issue #47688), so their loss is not divided by the accumulation steps. Our losses
+are batch means plus penalties, so this trainer always says so (``loss_is_scaled_for_ga = False``): each
+micro-batch's loss is divided by the number of micro-batches, and the penalty counts once per update.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import torch
+from torch import nn
+from transformers import Trainer, TrainerCallback
+
+from ..runtime.ops import ATTR
+
+
+class Penalty(Protocol):
+    """A term added to the training loss: ``penalty(model) -> scalar``; ``metrics()`` are logged; ``step()``
+    runs after every optimizer update (e.g. to adapt a coefficient)."""
+
+    def __call__(self, model: nn.Module) -> torch.Tensor: ...
+
+    def metrics(self) -> dict[str, float]: ...
+
+    def step(self) -> None: ...
+
+
+def is_head_parameter(name: str) -> bool:
+    """Parameters of ops attached to attention sites (gates, mixers) live under ``<attention>.headwise.``."""
+    return f".{ATTR}." in f".{name}"
+
+
+class _PenaltySteps(TrainerCallback):
+    def __init__(self, penalties: Sequence[Penalty]) -> None:
+        self.penalties = penalties
+
+    def on_step_end(self, args, state, control, **kwargs):
+        for penalty in self.penalties:
+            penalty.step()
+
+
+class HeadwiseTrainer(Trainer):
+    """``Trainer(model, args, ..., penalties=[...], head_learning_rate=1e-2)``.
+
+    The model's forward must return a mapping (or ModelOutput) with a ``loss`` that is a mean over the batch.
+    """
+
+    loss_is_scaled_for_ga = False
+
+    def __init__(self, *args: Any, penalties: Sequence[Penalty] = (), head_learning_rate: float | None = None,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.penalties = list(penalties)
+        self.head_learning_rate = head_learning_rate
+        if self.penalties:
+            self.add_callback(_PenaltySteps(self.penalties))
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        loss = outputs["loss"]
+        for penalty in self.penalties:
+            loss = loss + penalty(self.model)
+        return (loss, outputs) if return_outputs else loss
+
+    def create_optimizer(self, model=None):
+        if self.optimizer is None and self.head_learning_rate is not None:
+            opt_model = self.model if model is None else model
+            decay = set(self.get_decay_parameter_names(opt_model))
+            groups: dict[str, dict] = {
+                "head": {"params": [], "weight_decay": 0.0, "lr": self.head_learning_rate},
+                "decay": {"params": [], "weight_decay": self.args.weight_decay},
+                "no_decay": {"params": [], "weight_decay": 0.0},
+            }
+            for name, p in opt_model.named_parameters():
+                if p.requires_grad:
+                    key = "head" if is_head_parameter(name) else "decay" if name in decay else "no_decay"
+                    groups[key]["params"].append(p)
+            optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
+            self.optimizer = optimizer_cls([g for g in groups.values() if g["params"]], **optimizer_kwargs)
+        return super().create_optimizer(model)
+
+    def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
+        for penalty in self.penalties:
+            logs.update(penalty.metrics())
+        super().log(logs, *args, **kwargs)
