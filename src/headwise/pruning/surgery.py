@@ -57,20 +57,24 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
                 setattr(parent, name, new)
 
 
-def _validate(site: AttentionSite, heads: Sequence[int]) -> tuple[list[int], list[int]]:
-    """Check a removal request; return (query heads kept, kv heads kept)."""
+def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: bool = False) -> tuple[list[int], list[int]]:
+    """Check a removal request; return (query heads kept, kv heads kept). Removing every head keeps the first
+    key/value group physically (its output columns are zeroed by the caller)."""
     bad = [h for h in heads if not 0 <= int(h) < site.num_heads]
     if bad:
         raise HeadwiseError(f"{site.name}: head index {bad[0]} out of range; it has heads 0..{site.num_heads - 1}")
     if len(set(heads)) != len(heads):
         raise HeadwiseError(f"{site.name}: head list {list(heads)} repeats a head")
     removed = set(map(int, heads))
-    if len(removed) == site.num_heads:
-        raise HeadwiseError(
-            f"{site.name}: removing all {site.num_heads} heads would leave the layer with no attention; "
-            "keep at least one head (whole-layer removal is not supported by surgery yet; use a gate of 0 instead)"
-        )
     g = site.group_size
+    if len(removed) == site.num_heads:
+        if not allow_empty:
+            raise HeadwiseError(
+                f"{site.name}: removing all {site.num_heads} heads removes the whole attention sublayer (its output "
+                "becomes the output-projection bias, added to the residual stream); pass allow_empty_layers=True "
+                "(CLI: --allow-empty-layers) if that is what you want"
+            )
+        removed -= set(range(g))
     kv_removed = {h // g for h in removed}
     partial = sorted(kv for kv in kv_removed if not all(kv * g + i in removed for i in range(g)))
     if partial:
@@ -124,26 +128,39 @@ def _resolve(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[int]
     return plan
 
 
-def prune_heads(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[int]]) -> nn.Module:
+def prune_heads(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[int]],
+                allow_empty_layers: bool = False) -> nn.Module:
     """Physically remove heads: ``{site (object, path or name like "enc-self.3"): [head indices]}``.
 
     Indices refer to the site's current heads. Attached gates are sliced along. Validates everything before
     changing anything, so a bad request leaves the model untouched. Returns the model.
+
+    Removing every head of a site is refused unless ``allow_empty_layers``: then the attention sublayer only
+    adds its output-projection bias to the residual stream. Transformers modules cannot run with zero heads, so
+    the first head (key/value group) stays in the weights with its output-projection columns zeroed.
     """
     plan = _resolve(model, heads)
     sites = {s.path: s for s in find_sites(model)}
-    kept = {path: _validate(sites[path], hs) for path, hs in plan.items() if hs}
+    kept = {path: validate_removal(sites[path], hs, allow_empty_layers) for path, hs in plan.items() if hs}
     for path, (keep, keep_kv) in kept.items():
         _prune_site(model, sites[path], keep, keep_kv)
+    emptied = [path for path in kept if len(plan[path]) == sites[path].num_heads]
+    for site in find_sites(model):
+        if site.path in emptied:
+            with torch.no_grad():
+                site.o.weight.zero_()
     if kept:
-        record_edit(model, {"kind": EDIT_KIND, "heads": {p: plan[p] for p in kept}})
+        record = {"kind": EDIT_KIND, "heads": {p: plan[p] for p in kept}}
+        if emptied:
+            record["allow_empty_layers"] = True
+        record_edit(model, record)
     return model
 
 
 def _replay(model: nn.Module, record: dict) -> None:
     sites = {s.path: s for s in find_sites(model)}
     for path, hs in record["heads"].items():
-        keep, keep_kv = _validate(sites[path], hs)
+        keep, keep_kv = validate_removal(sites[path], hs, record.get("allow_empty_layers", False))
         _prune_site(model, sites[path], keep, keep_kv)
 
 

@@ -84,6 +84,8 @@ def attach(site: AttentionSite, slot: str, name: str, op: nn.Module, replace: bo
     ref = next(iter(site.module.parameters()), None)
     if ref is not None and isinstance(op, nn.Module):
         op.to(device=ref.device)
+    if isinstance(op, nn.Module):
+        op.train(site.module.training)  # follow the model's mode (stochastic ops sample only in training)
     table[name] = op
     return op
 

@@ -1,0 +1,144 @@
+"""L0 head pruning (Voita et al.): Hard-Concrete gates on chosen sites and the expected-L0 penalty.
+
+``L_C = Σ_h P_open(h)``; ``reduction="sum"`` is the paper's form (sum over every gated head),
+``"mean_over_modules"`` divides by the number of gated modules, as the reference code does (so its λ values,
+e.g. 0.1, transfer). With ``target_heads`` the coefficient is not fixed: after every optimizer step it follows
+dual ascent on the constraint ``E[open heads] ≤ target``, ``λ ← max(0, λ + lambda_lr·(E[open] − target)/N)``,
+so it rises while too many heads are expected open and relaxes once the target is met; ``finalize_l0`` then
+keeps exactly the ``target`` heads with the largest ``log α``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..errors import HeadwiseError
+from ..runtime.ops import attach, ops_of
+from ..sites import AttentionSite, find_sites
+from .hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
+
+REDUCTIONS = ("sum", "mean_over_modules")
+GATE_NAME = "l0"
+
+
+@dataclass
+class L0Config:
+    """What ``add_l0_gates`` / ``L0Penalty`` do. ``kinds``: restrict gates to these attention kinds (Voita's
+    ``concrete_heads``); ``None`` gates every site."""
+
+    lam: float = 0.1
+    reduction: str = "sum"
+    target_heads: int | None = None
+    lambda_lr: float = 1.0
+    kinds: Sequence[str] | None = None
+    temperature: float = TEMPERATURE
+    stretch: tuple[float, float] = STRETCH
+    eps: float = EPS
+    init: str | float = "voita"
+
+    def __post_init__(self) -> None:
+        if self.lam < 0:
+            raise HeadwiseError(f"the L0 coefficient λ must be ≥ 0, got {self.lam}")
+        if self.reduction not in REDUCTIONS:
+            raise HeadwiseError(f"unknown reduction {self.reduction!r}; use one of {', '.join(REDUCTIONS)}")
+        if self.target_heads is not None and self.target_heads < 1:
+            raise HeadwiseError(f"target_heads must be ≥ 1, got {self.target_heads}")
+        if self.lambda_lr <= 0:
+            raise HeadwiseError(f"lambda_lr must be > 0, got {self.lambda_lr}")
+
+
+def select_sites(model: nn.Module, kinds: Sequence[str] | None) -> list[AttentionSite]:
+    """The sites of ``kinds`` (all sites for ``None``); an unknown kind names the kinds the model has."""
+    sites = find_sites(model)
+    if kinds is None:
+        return sites
+    have = sorted({s.kind for s in sites})
+    missing = [k for k in kinds if k not in have]
+    if missing:
+        raise HeadwiseError(f"{type(model).__name__} has no {missing[0]!r} attention; its kinds: {', '.join(have)}")
+    return [s for s in sites if s.kind in kinds]
+
+
+def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, HardConcreteGate]:
+    """Attach a ``HardConcreteGate`` (named ``"l0"``) to each selected site; returns ``{site path: gate}``."""
+    config = config or L0Config()
+    sites = select_sites(model, config.kinds)
+    if config.target_heads is not None and config.target_heads > sum(s.num_heads for s in sites):
+        raise HeadwiseError(f"target_heads={config.target_heads} exceeds the {sum(s.num_heads for s in sites)} "
+                            "gated heads")
+    return {s.path: attach(s, "output", GATE_NAME, HardConcreteGate(
+        s.num_heads, config.temperature, config.stretch, config.eps, config.init)) for s in sites}
+
+
+def l0_gates(model: nn.Module) -> dict[str, HardConcreteGate]:
+    """The attached L0 gates, ``{site path: gate}``."""
+    found = {}
+    for s in find_sites(model):
+        ops = ops_of(s)
+        if ops is not None and GATE_NAME in ops.output:
+            found[s.path] = ops.output[GATE_NAME]
+    return found
+
+
+def gate_table(model: nn.Module) -> dict[str, list[float]]:
+    """Evaluation-time gate values per gated site, ``{site name: [H]}`` (a head is dead iff its value is 0)."""
+    names = {s.path: s.name for s in find_sites(model)}
+    return {names[p]: g.eval_gates().tolist() for p, g in l0_gates(model).items()}
+
+
+class L0Penalty:
+    """``λ · L_C`` over the model's L0 gates (a ``headwise.training.Penalty``)."""
+
+    def __init__(self, model: nn.Module, config: L0Config) -> None:
+        self.gates = list(l0_gates(model).values())
+        if not self.gates:
+            raise HeadwiseError("the model has no L0 gates; call headwise.pruning.add_l0_gates(model, config) first")
+        self.config, self.lam = config, float(config.lam)
+        self.total = sum(g.log_alpha.numel() for g in self.gates)
+
+    def expected_open(self) -> torch.Tensor:
+        return sum(g.p_open().sum() for g in self.gates)
+
+    def __call__(self, model: nn.Module | None = None) -> torch.Tensor:
+        l_c = self.expected_open()
+        if self.config.reduction == "mean_over_modules":
+            l_c = l_c / len(self.gates)
+        return self.lam * l_c
+
+    @torch.no_grad()
+    def step(self) -> None:
+        target = self.config.target_heads
+        if target is not None:
+            gap = (float(self.expected_open()) - target) / self.total
+            self.lam = max(0.0, self.lam + self.config.lambda_lr * gap)
+
+    @torch.no_grad()
+    def metrics(self) -> dict[str, float]:
+        open_now = sum(int((g.eval_gates() > 0).sum()) for g in self.gates)
+        return {"l0_lambda": self.lam, "l0_expected_open": float(self.expected_open()), "l0_open_heads": open_now}
+
+
+@torch.no_grad()
+def l0_keep(model: nn.Module, keep: int | None = None) -> dict[str, list[float]]:
+    """0/1 masks from the L0 gates: heads whose eval gate is open, or with ``keep``, exactly the ``keep`` heads
+    of largest ``log α`` (ties broken by site order)."""
+    gates = l0_gates(model)
+    if not gates:
+        raise HeadwiseError("the model has no L0 gates")
+    if keep is None:
+        return {p: (g.eval_gates() > 0).float().tolist() for p, g in gates.items()}
+    flat = torch.cat([g.log_alpha.detach().float().cpu() for g in gates.values()])
+    if not 1 <= keep <= flat.numel():
+        raise HeadwiseError(f"keep must be between 1 and {flat.numel()} gated heads, got {keep}")
+    chosen = torch.zeros_like(flat)
+    chosen[flat.topk(keep).indices] = 1.0
+    masks, start = {}, 0
+    for p, g in gates.items():
+        n = g.log_alpha.numel()
+        masks[p] = chosen[start : start + n].tolist()
+        start += n
+    return masks

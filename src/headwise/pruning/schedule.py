@@ -1,0 +1,132 @@
+"""Importance-based pruning (Michel et al. §D.3): rank heads by gradient importance and mask the least
+important ones, either all at once from one ranking (one-shot) or a fraction at a time with the importance
+recomputed under the current mask (iterative, as bertology's ``mask_heads``), evaluating a metric at every step.
+
+A site shared by several layers (ALBERT) is one set of weights: its heads are ranked by the sum of their
+importance over the layers it serves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..analysis.importance import Pairs, gradient_importance
+from ..analysis.rows import rows_of
+from ..errors import HeadwiseError
+from ..sites import find_sites
+from .masks import apply_masks
+
+Metric = Callable[[nn.Module], float]
+
+
+@dataclass
+class PruningStep:
+    kept: int
+    metric: float | None
+    masks: dict[str, list[float]]  # site path -> 0/1 per head
+
+
+@dataclass
+class PruningCurve:
+    method: str
+    steps: list[PruningStep] = field(default_factory=list)
+
+    def best_within(self, floor: float) -> PruningStep | None:
+        """The step with the fewest heads whose metric is ≥ ``floor``."""
+        ok = [s for s in self.steps if s.metric is not None and s.metric >= floor]
+        return min(ok, key=lambda s: s.kept) if ok else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "steps": [s.__dict__ for s in self.steps]}
+
+
+def site_importance(model: nn.Module, table: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Fold a ``[rows, H]`` importance table into ``{site path: [H]}`` (summing the layers of shared sites)."""
+    out: dict[str, torch.Tensor] = {}
+    for row in rows_of(model):
+        score = table[row.index, : row.site.num_heads].nan_to_num(0.0)
+        out[row.site.path] = out.get(row.site.path, 0) + score
+    return out
+
+
+def _lowest(scores: dict[str, torch.Tensor], masks: dict[str, list[float]], n: int, min_per_site: int
+            ) -> list[tuple[str, int]]:
+    """The ``n`` lowest-scoring heads still open, never leaving a site with fewer than ``min_per_site``."""
+    candidates = sorted((float(s[h]), path, h) for path, s in scores.items() for h in range(len(s)) if masks[path][h])
+    open_left = {path: int(sum(m)) for path, m in masks.items()}
+    chosen = []
+    for _, path, h in candidates:
+        if len(chosen) == n:
+            break
+        if open_left[path] > min_per_site:
+            chosen.append((path, h))
+            open_left[path] -= 1
+    return chosen
+
+
+def importance_pruning(
+    model: nn.Module,
+    tokenizer: Any,
+    texts: Sequence[str] | None = None,
+    *,
+    pairs: Pairs | None = None,
+    keep: Sequence[int],
+    iterative: bool = False,
+    metric: Metric | None = None,
+    floor: float | None = None,
+    min_per_site: int = 1,
+    batch_size: int = 32,
+    abs_scope: str = "example",
+    progress: bool | None = None,
+) -> PruningCurve:
+    """Mask heads down to each count in ``keep`` (descending), evaluating ``metric(model)`` at every step.
+
+    One-shot ranks once on the intact model; ``iterative`` recomputes gradient importance with the current mask
+    applied before each step. With ``floor`` the schedule stops after the first step whose metric falls below
+    it. The model keeps ``HeadMask`` ops named ``"mask"`` set to the last step's mask (call
+    ``headwise.pruning.apply_masks`` with another step's ``masks`` to pick one, then ``prune_masked``).
+    """
+    sites = find_sites(model)
+    total = sum(s.num_heads for s in sites)
+    counts = sorted({int(k) for k in keep}, reverse=True)
+    if not counts or counts[-1] < min_per_site * len(sites) or counts[0] > total:
+        raise HeadwiseError(f"keep counts must lie between {min_per_site * len(sites)} (min_per_site={min_per_site} "
+                            f"for each of {len(sites)} sites) and {total}, got {list(keep)}")
+    if floor is not None and metric is None:
+        raise HeadwiseError("a metric floor needs a metric callable")
+    masks = {s.path: [1.0] * s.num_heads for s in sites}
+    apply_masks(model, masks)
+
+    def rank() -> dict[str, torch.Tensor]:
+        table = gradient_importance(model, tokenizer, texts, pairs=pairs, batch_size=batch_size,
+                                    abs_scope=abs_scope, progress=progress)
+        return site_importance(model, table)
+
+    curve = PruningCurve("iterative importance" if iterative else "one-shot importance")
+    scores = rank()
+    for kept in tqdm(counts, desc=curve.method, unit="step", disable=None if progress is None else not progress):
+        open_now = sum(int(sum(m)) for m in masks.values())
+        if iterative and open_now < total:
+            scores = rank()
+        for path, h in _lowest(scores, masks, open_now - kept, min_per_site):
+            masks[path][h] = 0.0
+        apply_masks(model, masks)
+        value = None if metric is None else float(metric(model))
+        curve.steps.append(PruningStep(kept, value, {p: list(m) for p, m in masks.items()}))
+        if floor is not None and value is not None and value < floor:
+            break
+    return curve
+
+
+def keep_counts(total: int, lowest: int, step: float) -> list[int]:
+    """``total``, then ``step`` of the heads fewer each time, down to ``lowest`` (bertology's 10% steps)."""
+    if not 0 < step < 1:
+        raise HeadwiseError(f"step must be a fraction in (0, 1), got {step}")
+    size = max(1, math.floor(total * step))
+    return sorted({*range(total, lowest, -size), lowest}, reverse=True)
