@@ -1,0 +1,95 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers as tf
+from torch.utils.data import Dataset
+
+from headwise.runtime import add_gates, enable
+from headwise.training import CosineRegression, HeadwiseTrainer, is_head_parameter
+
+
+class Pairs(Dataset):
+    def __init__(self, n=8, length=6):
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(2, 90, (n, 2, length), generator=g)
+        self.labels = torch.rand(n, generator=g)
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        mask = torch.ones_like(self.ids[i, 0])
+        return {"input_ids_a": self.ids[i, 0], "attention_mask_a": mask, "input_ids_b": self.ids[i, 1],
+                "attention_mask_b": mask, "labels": self.labels[i]}
+
+
+class GateSum:
+    """A penalty that must count once per update: 0.3 · Σ gate weights."""
+
+    def __init__(self, gates):
+        self.gates = list(gates.values())
+
+    def __call__(self, model):
+        return 0.3 * sum(g.weight.sum() for g in self.gates)
+
+    def metrics(self):
+        return {"gate_sum": float(sum(g.weight.detach().sum() for g in self.gates))}
+
+    def step(self):
+        pass
+
+
+def _train(tmp_path, batch, accumulation, head_lr=None):
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=97, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=37, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    encoder = enable(tf.BertModel(cfg, add_pooling_layer=False))
+    gates = add_gates(encoder)
+    args = tf.TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=batch, max_steps=1,
+                                gradient_accumulation_steps=accumulation, learning_rate=0.1, optim="sgd",
+                                lr_scheduler_type="constant", max_grad_norm=0.0, report_to="none", save_strategy="no", use_cpu=True,
+                                remove_unused_columns=False, disable_tqdm=True, data_seed=0, seed=0)
+    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=args, train_dataset=Pairs(),
+                              penalties=[GateSum(gates)], head_learning_rate=head_lr)
+    trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(trainer.train_dataset)
+    trainer.train()
+    return encoder, gates, trainer
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+    big, big_gates, _ = _train(tmp_path / "a", batch=8, accumulation=1)
+    acc, acc_gates, _ = _train(tmp_path / "b", batch=4, accumulation=2)
+    for (name, p), q in zip(big.named_parameters(), acc.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5, msg=name)
+    # the penalty gradient is 0.3 per gate weight: one SGD step at lr 0.1 moves it by 0.03 plus the task part
+    untouched = torch.ones(4)
+    assert all(not torch.allclose(g.weight, untouched) for g in big_gates.values())
+
+
+def test_head_parameters_get_their_own_learning_rate(tmp_path):
+    _, _, trainer = _train(tmp_path, batch=8, accumulation=1, head_lr=0.5)
+    groups = trainer.optimizer.param_groups
+    head = [g for g in groups if g["lr"] == 0.5]
+    assert len(head) == 1 and len(head[0]["params"]) == 2 and head[0]["weight_decay"] == 0.0
+    assert all(g["lr"] == 0.1 for g in groups if g is not head[0])
+    assert is_head_parameter("encoder.layer.0.attention.self.headwise.output.gate.weight")
+    assert not is_head_parameter("encoder.layer.0.attention.self.query.weight")
+
+
+@pytest.mark.slow
+def test_two_process_training_keeps_gates_identical(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    script = Path(__file__).parent / "scripts" / "train_l0_distributed.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+         str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert a.keys() == b.keys() and len(a) == 6
+    for path in a:
+        assert torch.equal(a[path], b[path]), path
+        assert not torch.allclose(a[path], torch.full_like(a[path], 0.5))  # the gates did train
