@@ -1,0 +1,48 @@
+"""End-to-end pruning recipes on a sentence encoder and STS-B (what ``headwise prune`` runs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from ..evaluation import read_stsb
+from ..errors import HeadwiseError
+from ..sites import find_sites
+from ..training import finetune_stsb
+from .finalize import prune_masked
+from .l0 import L0Config, L0Penalty, add_l0_gates, l0_keep
+from .masks import apply_masks
+from .schedule import Metric, PruningCurve, importance_pruning
+
+
+def l0_prune(model: nn.Module, tokenizer: Any, keep: int, *, config: L0Config | None = None, epochs: float = 1.0,
+             head_learning_rate: float = 0.1, data: str | None = None, progress: bool = True,
+             **train: Any) -> dict[str, list[int]]:
+    """Train L0 gates toward ``keep`` open heads while fine-tuning on STS-B train, keep exactly the ``keep``
+    heads of largest ``log α``, fold their gate values and remove the rest. Returns ``{site: removed heads}``."""
+    config = config or L0Config(lam=0.0, target_heads=keep, lambda_lr=0.05, init=3.0)
+    if config.target_heads != keep:
+        raise HeadwiseError(f"config.target_heads ({config.target_heads}) differs from keep ({keep})")
+    add_l0_gates(model, config)
+    finetune_stsb(model, tokenizer, epochs=epochs, penalties=[L0Penalty(model, config)],
+                  head_learning_rate=head_learning_rate, data=data, progress=progress, **train)
+    apply_masks(model, l0_keep(model, keep))
+    return prune_masked(model)
+
+
+def importance_prune(model: nn.Module, tokenizer: Any, keep: int, *, iterative: bool = False, step: int | None = None,
+                     importance_pairs: int = 256, metric: Metric | None = None, data: str | None = None,
+                     progress: bool = True) -> PruningCurve:
+    """Mask heads by gradient importance (STS-B train objective on ``importance_pairs`` pairs) down to ``keep``,
+    ``step`` heads at a time (default 10%; ``iterative`` recomputes importance each time), evaluating
+    ``metric`` at each step, then remove the masked heads physically."""
+    total = sum(s.num_heads for s in find_sites(model))
+    train = read_stsb("train", data)
+    pairs = tuple(x[:importance_pairs] for x in (train.first, train.second, train.scores))
+    step = step or max(1, total // 10)
+    counts = list(range(total, keep, -step)) + [keep]
+    curve = importance_pruning(model, tokenizer, pairs=pairs, keep=counts, iterative=iterative, metric=metric,
+                               progress=progress)
+    prune_masked(model)
+    return curve
