@@ -184,3 +184,39 @@ def test_whole_layer_removal_needs_the_flag():
         got = model(**inputs).last_hidden_state
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
     assert [s.num_heads for s in find_sites(model)] == [1, 3]
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_uniformly_pruned_llama_family_exports_a_plain_checkpoint(family, tmp_path):
+    import transformers as tf
+
+    from headwise.pruning import export_plain
+
+    model = tiny_model(family)
+    gates = add_l0_gates(model, L0Config(init=0.0))  # fractional gates get folded, closed groups removed
+    with torch.no_grad():
+        for g in gates.values():
+            g.log_alpha.copy_(torch.tensor([1.0, 0.5, 4.0, 2.0] if family == "qwen2" else [1.0, 0.5, -9.0, -9.0]))
+    inputs, real = tiny_inputs(family)
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+    prune_masked(model)
+    export_plain(model, tmp_path / "plain")
+    plain = tf.AutoModel.from_pretrained(tmp_path / "plain").eval()  # no headwise involved
+    assert plain.config.num_attention_heads == (4 if family == "qwen2" else 2)
+    assert not hasattr(plain.config, "headwise")
+    with torch.no_grad():
+        got = plain(**inputs).last_hidden_state
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
+
+
+def test_plain_export_refuses_non_uniform_or_unsupported_models(tmp_path):
+    from headwise.pruning import export_plain
+
+    model = tiny_model("llama")
+    headwise.prune_heads(model, {"dec-self.0": [2, 3]})
+    with pytest.raises(headwise.HeadwiseError, match="same head counts"):
+        export_plain(model, tmp_path / "a")
+    with pytest.raises(headwise.HeadwiseError, match="supports llama"):
+        export_plain(tiny_model("bert"), tmp_path / "b")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

@@ -1,0 +1,53 @@
+"""Export a uniformly pruned Llama-family model as a plain transformers checkpoint (no headwise needed).
+
+Llama, Mistral and Qwen2 configs carry ``head_dim`` explicitly, so fewer heads of the same size is a standard
+architecture: ``num_attention_heads`` and ``num_key_value_heads`` shrink, ``hidden_size`` stays.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+from torch import nn
+
+from ..errors import HeadwiseError
+from ..io import atomic_dir, check_writable_dir
+from ..runtime.ops import ops_of
+from ..sites import find_sites
+
+PLAIN_FAMILIES = ("llama", "mistral", "qwen2")
+
+
+def export_plain(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Save ``model`` with ``transformers``' own ``save_pretrained`` and a config that states the pruned head
+    counts; ``AutoModel.from_pretrained(path)`` then loads it without headwise. Requires every layer to keep
+    the same number of query and key/value heads and no attached headwise ops (``prune_masked`` folds gates)."""
+    config = model.config
+    if config.model_type not in PLAIN_FAMILIES:
+        raise HeadwiseError(f"plain export supports {', '.join(PLAIN_FAMILIES)} (configs with head_dim); "
+                            f"{config.model_type} models are saved with headwise.save_pretrained instead")
+    sites = find_sites(model)
+    shapes = {(s.num_heads, s.num_kv_heads) for s in sites}
+    if len(shapes) != 1:
+        raise HeadwiseError(f"plain export needs the same head counts in every layer, got {sorted(shapes)} "
+                            "(query, key/value); prune uniformly or use headwise.save_pretrained")
+    attached = [s.name for s in sites if ops_of(s) is not None]
+    if attached:
+        raise HeadwiseError(f"sites {attached} still carry headwise ops; fold gates with "
+                            "headwise.pruning.prune_masked(model) or detach them before a plain export")
+    check_writable_dir(path, overwrite)
+    (heads, kv_heads), = shapes
+    plain = copy.deepcopy(config)
+    plain.num_attention_heads, plain.num_key_value_heads = heads, kv_heads
+    plain.head_dim = sites[0].head_dim
+    if hasattr(plain, "headwise"):
+        del plain.headwise
+    original, model.config = model.config, plain
+    try:
+        with atomic_dir(path, overwrite=overwrite) as tmp:
+            model.save_pretrained(tmp)
+    finally:
+        model.config = original
+    return Path(path)
