@@ -116,6 +116,34 @@ Baselines: zero-shot **{r.get("zero-shot", float("nan")):.2f}**, fine-tuned with
 ![Spearman vs heads kept](pruning-curves.svg)
 
 {table}
+
+## Using it
+
+```bash
+headwise prune --method l0 --keep 36 --out minilm-36            # L0 gates + 1 epoch on STS-B train
+headwise prune --method importance --keep 36 --iterative --finetune 1 --out minilm-36i
+headwise prune --method mask --mask alive_heads.yaml --out minilm-masked   # {{"enc-self": [[1, 0, ...], ...]}}
+```
+
+Each writes `model/` (reload with `headwise.from_pretrained`), `pruning.json` and `report.html` (metric vs.
+heads kept, the layer × head grid of survivors). In Python:
+
+```python
+import headwise
+from headwise.pruning import L0Config, L0Penalty, add_l0_gates, l0_keep
+from headwise.training import finetune_stsb
+
+model, tokenizer = headwise.load_model()
+config = L0Config(target_heads=36, lam=0.0, lambda_lr=0.05, init=3.0)  # or a fixed lam=0.1, reduction="mean_over_modules"
+add_l0_gates(model, config)
+finetune_stsb(model, tokenizer, penalties=[L0Penalty(model, config)], head_learning_rate=0.1)
+headwise.apply_masks(model, l0_keep(model, keep=36))   # exactly 36 heads
+headwise.prune_masked(model)                            # remove closed heads, fold the open gates' values
+```
+
+`HeadwiseTrainer` (a `transformers.Trainer`) takes `penalties=[...]` and `head_learning_rate=`; it divides
+the loss by the accumulation steps itself (transformers #47688) and runs unchanged under `torchrun`.
+Plain export for uniformly pruned Llama / Mistral / Qwen2: `headwise.pruning.export_plain(model, path)`.
 """
     atomic_write_text(DOCS / "pruning.md", text)
 

@@ -28,7 +28,7 @@ def add_pruning_section(report: Report, result: dict) -> None:
     width = max(len(row) for row in survivors.values())
     section.figure(
         svg.heatmap([row for row in survivors.values()], list(survivors), [str(h) for h in range(width)],
-                    "heads kept (1) and removed (0)", vmin=0, vmax=1, cmap="viridis", xlabel="head",
+                    "heads kept (1) and removed (0)", vmin=0, vmax=1, cmap="viridis", xlabel="head", annotate=False,
                     ylabel="site", legend="kept"),
         "Rows are attention sites (kind.layer); heads are numbered as in the original model.",
     )
