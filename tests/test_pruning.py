@@ -72,6 +72,13 @@ def test_penalty_reductions_and_target_mode():
     assert penalty.lam == 0.0  # relaxed once under target, never negative
     assert penalty.metrics()["l0_open_heads"] == 0
 
+    ramp = L0Penalty(model, L0Config(lam=0.0, target_heads=2, target_warmup=4))
+    assert ramp.target() == 8.0
+    ramp.step(), ramp.step()
+    assert ramp.target() == 5.0 and ramp.metrics()["l0_target"] == 5.0
+    ramp.step(), ramp.step(), ramp.step()
+    assert ramp.target() == 2.0
+
 
 @pytest.mark.parametrize("kwargs,message", [
     (dict(lam=-0.1), "λ must be ≥ 0"), (dict(reduction="mean"), "unknown reduction"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from torch import nn
@@ -20,8 +21,17 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, *, config: L0Config | 
              head_learning_rate: float = 0.1, data: str | None = None, progress: bool = True,
              **train: Any) -> dict[str, list[int]]:
     """Train L0 gates toward ``keep`` open heads while fine-tuning on STS-B train, keep exactly the ``keep``
-    heads of largest ``log α``, fold their gate values and remove the rest. Returns ``{site: removed heads}``."""
-    config = config or L0Config(lam=0.0, target_heads=keep, lambda_lr=0.05, init=3.0)
+    heads of largest ``log α``, fold their gate values and remove the rest. Returns ``{site: removed heads}``.
+
+    Default config: λ from 0 by dual ascent (``lambda_lr=0.01``), the target reached linearly over the first
+    half of training, gates starting open (``log α = 3``)."""
+    if config is None:
+        pairs = len(read_stsb("train", data))
+        steps = train.get("max_steps", -1)
+        if steps is None or steps <= 0:
+            steps = math.ceil(math.ceil(pairs / train.get("batch_size", 16)) * epochs
+                              / train.get("gradient_accumulation_steps", 1))
+        config = L0Config(lam=0.0, target_heads=keep, lambda_lr=0.01, target_warmup=steps // 2, init=3.0)
     if config.target_heads != keep:
         raise HeadwiseError(f"config.target_heads ({config.target_heads}) differs from keep ({keep})")
     add_l0_gates(model, config)
