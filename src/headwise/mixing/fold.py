@@ -1,0 +1,54 @@
+"""Fold alpha matrices into the output projection after training: a plain model, no extra cost at inference.
+
+``y = Σ_i W^O_i Z'_i = Σ_i W^O_i Σ_j α_ij Z_j = Σ_j (Σ_i α_ij W^O_i) Z_j``, so ``W^O_j ← Σ_i α_ij W^O_i``
+(``site.o.weight [H, out, d]``), the mixer is detached, and a ``fold_mixing`` record goes into
+``config.headwise`` (its replay on reload only checks that the sites exist: the folded weights are in the file).
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import einsum
+from torch import nn
+
+from ..errors import HeadwiseError
+from ..io import record_edit, register_edit
+from ..runtime.ops import detach, ops_of
+from ..sites import find_sites
+from .alpha import MIXER_NAME, mixers_of
+
+EDIT_KIND = "fold_mixing"
+
+
+@torch.no_grad()
+def fold_mixing(model: nn.Module) -> nn.Module:
+    """Fold every attached ``HeadMixer`` into its site's output projection and detach it; returns the model.
+
+    The mixer must be the last output op of its site (an op after it would act on mixed heads).
+    """
+    found = mixers_of(model)
+    if not found:
+        raise HeadwiseError("the model has no alpha mixers to fold")
+    for site, _ in found:
+        names = list(ops_of(site).output)
+        if names[-1] != MIXER_NAME:
+            raise HeadwiseError(f"{site.name}: output op {names[-1]!r} runs after the mixer; fold or detach it first")
+    norms = {}
+    for site, mixer in found:
+        alpha = mixer.alpha.detach().double()
+        o = site.o.weight
+        o.copy_(einsum(alpha, o.double(), "i j, i o d -> j o d").to(o.dtype))
+        norms[site.path] = round(float(torch.linalg.matrix_norm(alpha, ord="nuc")), 6)
+        detach(site, MIXER_NAME)
+    record_edit(model, {"kind": EDIT_KIND, "sites": list(norms), "nuclear_norms": norms})
+    return model
+
+
+def _replay(model: nn.Module, record: dict) -> None:
+    paths = {s.path for s in find_sites(model)}
+    missing = [p for p in record["sites"] if p not in paths]
+    if missing:
+        raise HeadwiseError(f"fold_mixing record names site {missing[0]!r}, absent from the model")
+
+
+register_edit(EDIT_KIND, _replay)
