@@ -227,3 +227,15 @@ def test_plain_export_refuses_non_uniform_or_unsupported_models(tmp_path):
     with pytest.raises(headwise.HeadwiseError, match="supports llama"):
         export_plain(tiny_model("bert"), tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_l0_keep_never_empties_a_site():
+    model = tiny_model("bert")
+    gates = add_l0_gates(model, L0Config(init=0.0))
+    with torch.no_grad():
+        list(gates.values())[0].log_alpha.copy_(torch.tensor([-9.0, -8.0, -7.0, -6.0]))
+    masks = list(l0_keep(model, keep=2).values())
+    assert masks[0] == [0.0, 0.0, 0.0, 1.0] and sum(masks[1]) == 1  # the best closed head of site 0 stays
+    assert list(l0_keep(model, keep=2, min_per_site=0).values())[0] == [0.0, 0.0, 0.0, 0.0]
+    with pytest.raises(headwise.HeadwiseError, match="between 2"):
+        l0_keep(model, keep=1)

@@ -140,22 +140,25 @@ class L0Penalty:
 
 
 @torch.no_grad()
-def l0_keep(model: nn.Module, keep: int | None = None) -> dict[str, list[float]]:
-    """0/1 masks from the L0 gates: heads whose eval gate is open, or with ``keep``, exactly the ``keep`` heads
-    of largest ``log α`` (ties broken by site order)."""
+def l0_keep(model: nn.Module, keep: int | None = None, min_per_site: int = 1) -> dict[str, list[float]]:
+    """0/1 masks from the L0 gates: heads whose eval gate is open, or with ``keep``, exactly ``keep`` heads: the
+    ``min_per_site`` best of every gated site first (so no layer is emptied), then the largest ``log α``."""
     gates = l0_gates(model)
     if not gates:
         raise HeadwiseError("the model has no L0 gates")
     if keep is None:
         return {p: (g.eval_gates() > 0).float().tolist() for p, g in gates.items()}
-    flat = torch.cat([g.log_alpha.detach().float().cpu() for g in gates.values()])
-    if not 1 <= keep <= flat.numel():
-        raise HeadwiseError(f"keep must be between 1 and {flat.numel()} gated heads, got {keep}")
-    chosen = torch.zeros_like(flat)
-    chosen[flat.topk(keep).indices] = 1.0
-    masks, start = {}, 0
-    for p, g in gates.items():
-        n = g.log_alpha.numel()
-        masks[p] = chosen[start : start + n].tolist()
-        start += n
-    return masks
+    scores = {p: g.log_alpha.detach().float().cpu() for p, g in gates.items()}
+    floor = sum(min(min_per_site, s.numel()) for s in scores.values())
+    total = sum(s.numel() for s in scores.values())
+    if not max(floor, 1) <= keep <= total:
+        raise HeadwiseError(f"keep must be between {max(floor, 1)} (min_per_site={min_per_site} per gated site) "
+                            f"and {total} gated heads, got {keep}")
+    masks = {p: torch.zeros_like(s) for p, s in scores.items()}
+    for p, s in scores.items():
+        masks[p][s.topk(min(min_per_site, s.numel())).indices] = 1.0
+    rest = sorted(((float(s[h]), p, h) for p, s in scores.items() for h in range(s.numel()) if not masks[p][h]),
+                  reverse=True)
+    for _, p, h in rest[: keep - floor]:
+        masks[p][h] = 1.0
+    return {p: m.tolist() for p, m in masks.items()}
