@@ -1,0 +1,191 @@
+"""Efficient attention vs. SDPA: forward and forward+backward latency and peak memory, sequence 512 → 16384.
+
+Standalone modules (``build_attention``: q/k/v/o projections included), embed dim 512, 8 heads, batch 1, fp32,
+on this CPU. Times are interleaved medians (all mechanisms of one length and mode in one round-robin); ratios are
+to softmax (SDPA) in the same run, causal mechanisms to causal SDPA. Peak memory is measured in a fresh process
+per (mechanism, length): peak RSS above the RSS before the call. Writes the ``mechanisms`` section of
+docs/benchmarks.md.
+
+    python benchmarks/mechanisms_speed.py [--sizes 512,1024,...] [--memory-sizes 2048,8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+
+import torch
+from common import interleaved, machine, median, update_section
+
+from headwise.mechanisms import build_attention
+
+DIM, HEADS = 512, 8
+CONFIGS = {  # label -> (mechanism, causal, args)
+    "softmax (SDPA)": ("softmax", False, {}),
+    "local w=128": ("local", False, {"window": 128}),
+    "performer m=64": ("performer", False, {"features": 64}),
+    "linear": ("linear", False, {}),
+    "nystrom m=64": ("nystrom", False, {"landmarks": 64}),
+    "lara C=64": ("lara", False, {"num_landmarks": 64}),
+    "eva w=128 C=64": ("eva", False, {"window": 128, "num_chunks": 64}),
+    "scatterbrain w=64 m=64": ("scatterbrain", False, {"window": 64, "features": 64}),
+    "causal softmax (SDPA)": ("softmax", True, {}),
+    "causal local w=128": ("local", True, {"window": 128}),
+    "causal performer m=64": ("performer", True, {"features": 64}),
+    "causal eva w=128 c=8": ("eva", True, {"window": 128, "chunk_size": 8}),
+    "causal eva w=128 C=64": ("eva", True, {"window": 128, "num_chunks": 64}),
+}
+
+
+def module(label: str) -> torch.nn.Module:
+    name, causal, args = CONFIGS[label]
+    torch.manual_seed(0)
+    return build_attention(name, dim=DIM, num_heads=HEADS, causal=causal, **args)
+
+
+def forward(m: torch.nn.Module, x: torch.Tensor):
+    def run():
+        with torch.no_grad():
+            m(x)
+    return run
+
+
+def forward_backward(m: torch.nn.Module, x: torch.Tensor):
+    def run():
+        xg = x.detach().requires_grad_()
+        m(xg).sum().backward()
+        m.zero_grad(set_to_none=True)
+    return run
+
+
+def repeats_for(n: int) -> tuple[int, int]:
+    """(repeats, warmup): fewer at the largest lengths (SDPA forward+backward at 16384 takes tens of seconds)."""
+    return (7, 2) if n <= 2048 else (5, 1) if n <= 4096 else (3, 1) if n <= 8192 else (2, 1)
+
+
+def time_all(sizes: list[int]) -> dict:
+    results = {}
+    for n in sizes:
+        x = torch.randn(1, n, DIM)
+        repeats, warmup = repeats_for(n)
+        for mode, make in (("fwd", forward), ("fwd+bwd", forward_backward)):
+            fns = {label: make(module(label), x) for label in CONFIGS}
+            times = interleaved(fns, repeats=repeats, warmup=warmup)
+            for label, ts in times.items():
+                results.setdefault(label, {}).setdefault(mode, {})[n] = median(ts)
+            print(n, mode, {k: round(median(v), 4) for k, v in times.items()}, flush=True)
+    return results
+
+
+PROBE = """
+import resource, sys, json, torch
+sys.path.insert(0, "benchmarks")
+from mechanisms_speed import module
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+label, n = sys.argv[1], int(sys.argv[2])
+m, x = module(label), torch.randn(1, n, 512)
+m(torch.randn(1, 64, 512, requires_grad=True)).sum().backward()  # library start-up allocations happen here
+m.zero_grad(set_to_none=True)
+out = {}
+base = rss()
+with torch.no_grad():
+    m(x)
+out["fwd"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+xg = x.clone().requires_grad_()
+base2 = rss()
+m(xg).sum().backward()
+out["fwd+bwd"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base2
+print(json.dumps(out))
+"""
+
+
+def memory_all(sizes: list[int]) -> dict:
+    results = {}
+    for n in sizes:
+        for label in CONFIGS:
+            proc = subprocess.run([sys.executable, "-c", PROBE, label, str(n)], capture_output=True, text=True,
+                                  check=True)
+            results.setdefault(label, {})[n] = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(n, label, results[label][n], flush=True)
+    return results
+
+
+def crossover(ratios: dict[int, float]) -> str:
+    """First length from which the mechanism stays faster than SDPA (log-linear interpolation between sizes)."""
+    sizes = sorted(ratios)
+    if all(ratios[n] >= 1 for n in sizes[-1:]):
+        return f"> {sizes[-1]}"
+    first = next(i for i in range(len(sizes)) if all(ratios[n] < 1 for n in sizes[i:]))
+    if first == 0:
+        return f"≤ {sizes[0]}"
+    a, b = sizes[first - 1], sizes[first]
+    ra, rb = math.log(ratios[a]), math.log(ratios[b])
+    return f"≈ {round(math.exp(math.log(a) + (math.log(b) - math.log(a)) * ra / (ra - rb)))}"
+
+
+ANCHOR = {"local w=128": (0.13, 0.13), "performer m=64": (0.15, 0.15), "eva w=128 C=64": (0.20, 0.18),
+          "lara C=64": (0.18, 0.16),
+          "scatterbrain w=64 m=64": (0.25, 0.21), "causal eva w=128 c=8": (1.78, 1.25)}
+
+
+def report(times: dict, memory: dict, sizes: list[int], memory_sizes: list[int]) -> str:
+    lines = [
+        "## Efficient attention mechanisms vs. SDPA",
+        "",
+        f"Standalone modules (`build_attention`, q/k/v/o projections included), dim {DIM}, {HEADS} heads, batch 1, "
+        f"fp32. Interleaved medians of {', '.join(f'{repeats_for(n)[0]}' for n in sizes)} runs at "
+        f"N = {', '.join(map(str, sizes))}. Causal mechanisms are compared with causal SDPA. Machine: {machine()}; "
+        "the CPU was shared with other jobs, so single numbers are noisy — compare ratios. Reproduce: "
+        "`python benchmarks/mechanisms_speed.py`.",
+        "",
+    ]
+    for mode in ("fwd", "fwd+bwd"):
+        lines += [f"### {mode}: time ratio to SDPA (SDPA itself in seconds)", "",
+                  "| mechanism | " + " | ".join(f"N={n}" for n in sizes) + " | crossover N | anchor @8192 |",
+                  "|---|" + "---|" * (len(sizes) + 2)]
+        for label in CONFIGS:
+            base = "causal softmax (SDPA)" if CONFIGS[label][1] else "softmax (SDPA)"
+            if label == base:
+                cells = [f"{times[label][mode][n]:.3f} s" for n in sizes]
+                lines.append(f"| {label} | " + " | ".join(cells) + " | – | – |")
+                continue
+            ratios = {n: times[label][mode][n] / times[base][mode][n] for n in sizes}
+            anchor = ANCHOR.get(label)
+            lines.append(f"| {label} | " + " | ".join(f"{ratios[n]:.2f}" for n in sizes)
+                         + f" | {crossover(ratios)} | {anchor[mode == 'fwd+bwd'] if anchor else '–'} |")
+        lines.append("")
+    if memory:
+        lines += ["### Peak memory above the input (MB, fresh process per cell)", "",
+                  "| mechanism | " + " | ".join(f"fwd N={n} | fwd+bwd N={n}" for n in memory_sizes) + " |",
+                  "|---|" + "---|---|" * len(memory_sizes)]
+        for label in CONFIGS:
+            cells = [f"{memory[label][n][m] / 2**20:.0f}" for n in memory_sizes for m in ("fwd", "fwd+bwd")]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="512,1024,2048,4096,8192,16384")
+    parser.add_argument("--memory-sizes", default="8192")
+    parser.add_argument("--json", default=None, help="also write the raw numbers here")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    memory_sizes = [int(s) for s in args.memory_sizes.split(",")] if args.memory_sizes else []
+    times = time_all(sizes)
+    memory = memory_all(memory_sizes) if memory_sizes else {}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"times": times, "memory": memory}, f)
+    text = report(times, memory, sizes, memory_sizes)
+    print(text)
+    update_section("mechanisms", text)
+
+
+if __name__ == "__main__":
+    main()

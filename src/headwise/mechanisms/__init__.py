@@ -1,0 +1,20 @@
+"""Efficient attention mechanisms: one registry, standalone modules and drop-in replacements in transformers models.
+
+- ``build_attention(name, dim=..., num_heads=..., causal=False, **args)``: a self-attention ``nn.Module``;
+- ``add_args(parser, name, prefix=...)`` + ``NestedNamespace``: the mechanism's arguments on the command line;
+- ``list_mechanisms()``: names, arguments, complexity and causal support;
+- ``apply(model, name, **args)``: the mechanism at every (or selected) attention site of a transformers model;
+- ``build_core(name, num_heads, head_dim, **args)``: the core on projected ``q, k, v [B, H, T, d]``.
+"""
+
+from . import eva, lara, linear, local, local2d, nystrom, performer, ra, rfa, scatterbrain, softmax  # noqa: F401
+from .base import MECHANISMS, Mechanism, MechanismConfig, register
+from .dropin import SiteMechanism, apply, mechanisms_of, remove
+from .factory import NestedNamespace, add_args, build_attention, build_core, list_mechanisms, mechanism_args
+from .module import DecodingCache, EfficientAttention
+
+__all__ = [
+    "MECHANISMS", "Mechanism", "MechanismConfig", "register", "SiteMechanism", "apply", "mechanisms_of", "remove",
+    "NestedNamespace", "add_args", "build_attention", "build_core", "list_mechanisms", "mechanism_args",
+    "DecodingCache", "EfficientAttention",
+]

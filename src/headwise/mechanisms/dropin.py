@@ -1,0 +1,130 @@
+"""Drop-in use inside transformers models: a mechanism core attached to attention sites.
+
+The runtime hands the site op the model's own projected (and rotated) ``q, k, v``; the op expands GQA key/value
+heads, turns the runtime's ``keep [B|1, 1, Tq, Tk]`` mask into a key padding vector (refusing masks that carry
+more structure, e.g. sliding windows) and runs the core. Parameters and buffers of the core live on the site,
+so they train, save and reload with the model (``headwise.save_pretrained`` / ``from_pretrained``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers.integrations.sdpa_attention import repeat_kv
+
+from ..errors import HeadwiseError
+from ..runtime import enable
+from ..runtime.ops import HeadOp, attach, detach, ops_of
+from ..sites import AttentionSite, find_sites
+from .base import Mechanism, get_mechanism
+from .factory import build_core
+
+SLOT_NAME = "mechanism"
+
+
+def key_keep(keep: torch.Tensor | None, batch: int, q_len: int, causal: bool) -> torch.Tensor | None:
+    """The ``[B, Tk]`` key mask that, with causality, reproduces ``keep`` on every real query row."""
+    if keep is None:
+        return None
+    full = keep[:, 0]  # [B|1, Tq, Tk]
+    vec = (full[:, -1] if causal else full.any(1)).expand(batch, -1)
+    k_len = vec.shape[1]
+    expected = vec[:, None, :].expand(batch, q_len, k_len)
+    if causal:
+        rows = torch.arange(q_len, device=keep.device)[:, None] + k_len - q_len
+        expected = expected & (torch.arange(k_len, device=keep.device)[None] <= rows)
+    agree = (expected == full) | ~vec[:, k_len - q_len:, None]  # rows of padded queries do not matter
+    if not bool(agree.all()) or (keep.shape[1] > 1 and not bool((keep == keep[:, :1]).all())):
+        raise HeadwiseError(
+            "this attention mask is more than key padding" + (" and causality" if causal else "")
+            + " (e.g. a sliding window or a custom 4D mask); efficient mechanisms cannot express it"
+        )
+    return vec
+
+
+class SiteMechanism(HeadOp):
+    """The op the runtime calls at a site: ``(module, q, k, v, keep, scaling, dropout, causal) -> [B, Tq, H, d]``.
+
+    Attention dropout is not applied (mechanisms have no probability matrix to drop from).
+    """
+
+    op_type = "mechanism"
+
+    def __init__(self, mechanism: str, num_heads: int, head_dim: int, args: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.core: Mechanism = build_core(mechanism, num_heads, head_dim, **(args or {}))
+
+    def spec(self) -> dict[str, Any]:
+        return {"mechanism": self.core.name, "num_heads": self.core.num_heads, "head_dim": self.core.head_dim,
+                "args": asdict(self.core.config)}
+
+    def forward(self, module: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                keep: torch.Tensor | None, scaling: float, dropout: float, causal: bool) -> torch.Tensor:
+        groups = q.shape[1] // k.shape[1]
+        k, v = repeat_kv(k, groups), repeat_kv(v, groups)
+        self.core.check_causal(causal)
+        q_len, k_len = q.shape[2], k.shape[2]
+        if keep is None and causal and k_len > q_len:  # an empty static cache: only the first q_len keys exist
+            k, v, k_len = k[:, :, :q_len], v[:, :, :q_len], q_len
+        vec = key_keep(keep, q.shape[0], q_len, causal)
+        if q_len != k_len:
+            if not causal:
+                raise HeadwiseError(f"mechanism {self.core.name!r} supports self-attention only "
+                                    f"({q_len} queries, {k_len} keys)")
+            # cached generation: earlier queries are gone; they are stand-ins whose outputs are dropped
+            q = F.pad(q, (0, 0, k_len - q_len, 0))
+        out = self.core.attend(q, k, v, vec, causal, scaling)[:, :, k_len - q_len:]
+        return out.transpose(1, 2)
+
+
+def _select(model: nn.Module, sites: Iterable[AttentionSite | str] | None) -> list[AttentionSite]:
+    found = find_sites(model)
+    if sites is None:
+        return found
+    by_key = {s.name: s for s in found} | {s.path: s for s in found}
+    chosen = []
+    for s in sites:
+        if isinstance(s, AttentionSite):
+            chosen.append(s)
+        elif s in by_key:
+            chosen.append(by_key[s])
+        else:
+            raise HeadwiseError(f"no attention site {s!r}; sites: {', '.join(x.name for x in found)}")
+    return chosen
+
+
+def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | None = None, replace: bool = False,
+          **args: Any) -> dict[str, SiteMechanism]:
+    """Run mechanism ``name`` (with ``args``) at every site of ``model`` (or the given sites: objects, names such as
+    ``enc-self.3`` or paths), reusing the pretrained q/k/v/o weights. Selects the ``headwise`` implementation.
+    Returns ``{site.path: op}``; ``op.core`` is the mechanism.
+    """
+    cls = get_mechanism(name)
+    chosen = _select(model, sites)
+    for site in chosen:
+        if site.causal and not cls.can_be_causal:
+            cls(site.num_heads, site.head_dim, **args).check_causal(True)
+    ops = {s.path: attach(s, "mechanism", SLOT_NAME, SiteMechanism(name, s.num_heads, s.head_dim, args), replace)
+           for s in chosen}
+    enable(model)
+    return ops
+
+
+def remove(model: nn.Module, sites: Iterable[AttentionSite | str] | None = None) -> None:
+    """Detach the mechanism from every (or the given) site: softmax attention again."""
+    for site in _select(model, sites):
+        detach(site, SLOT_NAME)
+
+
+def mechanisms_of(model: nn.Module) -> dict[str, SiteMechanism]:
+    """The attached mechanism ops, keyed by site path."""
+    found = {}
+    for site in find_sites(model):
+        ops = ops_of(site)
+        if ops is not None and SLOT_NAME in ops.mechanism:
+            found[site.path] = ops.mechanism[SLOT_NAME]
+    return found

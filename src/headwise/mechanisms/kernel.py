@@ -1,0 +1,65 @@
+"""Kernelised attention ``φ(q)ᵀ Σ φ(k) vᵀ / φ(q)ᵀ Σ φ(k)``: the shared engine of linear, Performer and RFA.
+
+Non-causal: one ``[m, d]`` summary per head. Causal: chunks of ``CHUNK`` tokens, exact (masked) inside a chunk and
+an exclusive prefix sum of chunk summaries across chunks, so time and memory stay linear and backward is cheap.
+Decoding keeps the running sums ``S [B, H, m, d]`` and ``z [B, H, m]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+
+from .base import Mechanism, State, keep_or_ones, pad_to
+
+CHUNK = 64
+
+
+def linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, ...]:
+    """Numerator ``[B, H, T, d]`` and denominator ``[B, H, T]`` from features ``qf, kf [B, H, T, m]``
+    (padded keys already zeroed)."""
+    if not causal:
+        kv = torch.einsum("bhtm,bhtd->bhmd", kf, v)
+        return qf @ kv, (qf @ kf.sum(2)[..., None])[..., 0]
+    t = qf.shape[2]
+    c = min(CHUNK, t)
+    qf_, kf_, v_ = (rearrange(pad_to(x, c, 2), "b h (n c) e -> b h n c e", c=c) for x in (qf, kf, v))
+    intra = (qf_ @ kf_.transpose(-1, -2)).tril()
+    kv = torch.einsum("bhncm,bhncd->bhnmd", kf_, v_)
+    z = kf_.sum(3)
+    num = intra @ v_ + qf_ @ (kv.cumsum(2) - kv)
+    den = intra.sum(-1) + torch.einsum("bhncm,bhnm->bhnc", qf_, z.cumsum(2) - z)
+    return (rearrange(num, "b h n c d -> b h (n c) d")[:, :, :t], rearrange(den, "b h n c -> b h (n c)")[:, :, :t])
+
+
+class KernelMechanism(Mechanism):
+    """Base of feature-map mechanisms: subclasses implement ``features(q, k, keep, causal, scale)``."""
+
+    complexity = "O(T m d)"
+
+    def features(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, causal: bool,
+                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def divide(self, num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+        """``num / den`` for non-negative features (a row with no visible key gives 0)."""
+        return num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
+
+    def attend(self, q, k, v, keep, causal, scale):
+        keep = keep_or_ones(keep, q)
+        qf, kf = self.features(q, k, keep, causal, scale)
+        kf = kf * keep[:, None, :, None].to(kf.dtype)
+        return self.divide(*linear_attention(qf, kf, v, causal))
+
+    def decode(self, q, k, v, keep, state: State, scale):
+        keep = keep_or_ones(keep, q)
+        qf, kf = self.features(q, k, keep, True, scale)
+        kf = kf * keep[:, None, :, None].to(kf.dtype)
+        intra = (qf @ kf.transpose(-1, -2)).tril()
+        num, den = intra @ v, intra.sum(-1)
+        if "S" in state:
+            num, den = num + qf @ state["S"], den + (qf @ state["z"][..., None])[..., 0]
+            state["S"], state["z"] = state["S"] + kf.transpose(-1, -2) @ v, state["z"] + kf.sum(2)
+        else:
+            state["S"], state["z"] = kf.transpose(-1, -2) @ v, kf.sum(2)
+        return self.divide(num, den)
