@@ -108,3 +108,17 @@ def test_gated_minilm_reloads_bit_identical_in_a_fresh_process(minilm, tmp_path)
     subprocess.run([sys.executable, "-c", FRESH_PROCESS, str(tmp_path / "gated"), str(tmp_path / "out.pt")],
                    check=True)
     assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
+
+
+def test_ops_of_packages_not_imported_yet_reload_in_a_fresh_process(tmp_path):
+    import headwise.mechanisms
+
+    model = tiny_model("bert")
+    headwise.mechanisms.apply(model, "linear")
+    headwise.save_pretrained(model, tmp_path / "m")
+    code = ("import sys, headwise; m = headwise.from_pretrained(sys.argv[1]); "
+            "assert 'headwise.mechanisms' in sys.modules; print(type(m).__name__)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "m")], capture_output=True, text=True,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "BertModel"
