@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..evaluation import read_stsb
@@ -12,9 +13,11 @@ from ..errors import HeadwiseError
 from ..sites import find_sites
 from ..training import finetune_stsb
 from .finalize import prune_masked
-from .l0 import L0Config, L0Penalty, add_l0_gates, l0_keep
+from .l0 import L0Config, L0Penalty, add_l0_gates, l0_gates, l0_keep
 from .masks import apply_masks
 from .schedule import Metric, PruningCurve, importance_pruning
+
+OPEN_LOG_ALPHA = 10.0  # eval gate exactly 1
 
 
 def l0_prune(model: nn.Module, tokenizer: Any, keep: int, *, config: L0Config | None = None, epochs: float = 1.0,
@@ -24,7 +27,8 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, *, config: L0Config | 
     heads of largest ``log α``, fold their gate values and remove the rest. Returns ``{site: removed heads}``.
 
     Default config: λ from 0 by dual ascent (``lambda_lr=0.01``), the target reached linearly over the first
-    half of training, gates starting open (``log α = 3``)."""
+    half of training, gates starting open (``log α = 3``). ``l0_keep`` keeps the best head of every layer; if
+    training shut every gate of a layer, that head comes back with gate 1 (fine-tune afterwards to adapt)."""
     if config is None:
         pairs = len(read_stsb("train", data))
         steps = train.get("max_steps", -1)
@@ -37,7 +41,12 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, *, config: L0Config | 
     add_l0_gates(model, config)
     finetune_stsb(model, tokenizer, epochs=epochs, penalties=[L0Penalty(model, config)],
                   head_learning_rate=head_learning_rate, data=data, progress=progress, **train)
-    apply_masks(model, l0_keep(model, keep))
+    masks = l0_keep(model, keep)
+    with torch.no_grad():  # a kept head whose gate closed (the best of an emptied layer) is reopened at gate 1
+        for path, gate in l0_gates(model).items():
+            shut = torch.tensor(masks[path], device=gate.log_alpha.device).bool() & (gate.eval_gates() == 0)
+            gate.log_alpha[shut] = OPEN_LOG_ALPHA
+    apply_masks(model, masks)
     return prune_masked(model)
 
 
