@@ -60,6 +60,8 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
 def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: bool = False) -> tuple[list[int], list[int]]:
     """Check a removal request; return (query heads kept, kv heads kept). Removing every head keeps the first
     key/value group physically (its output columns are zeroed by the caller)."""
+    if any(c.__name__ == "CollaborativeAttention" for c in type(site.module).__mro__):
+        raise HeadwiseError(f"{site.name} holds collaborative heads (shared query/key); prune before compressing")
     bad = [h for h in heads if not 0 <= int(h) < site.num_heads]
     if bad:
         raise HeadwiseError(f"{site.name}: head index {bad[0]} out of range; it has heads 0..{site.num_heads - 1}")

@@ -1,0 +1,15 @@
+"""Collaborative heads (Cordonnier, Loukas, Jaggi 2020): heads share one query and one key projection.
+
+``compress(model, dk=192, calibration=texts, tokenizer=tok)`` converts a pretrained model in place;
+``CollaborativeAttention`` is the layer for new models. Math and design: docs/collaborative.md.
+"""
+
+from .apply import Compression, SiteCompression, compress, tradeoff
+from .calibration import input_moments
+from .config import CollaborativeConfig
+from .decompose import Decomposition, Factors, decompose
+from .families import is_collaborative
+from .layer import CollaborativeAttention
+
+__all__ = ["compress", "tradeoff", "input_moments", "Compression", "SiteCompression", "CollaborativeConfig",
+           "CollaborativeAttention", "Decomposition", "Factors", "decompose", "is_collaborative"]

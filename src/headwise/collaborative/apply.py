@@ -1,0 +1,185 @@
+"""``compress(model, dk=...)``: decompose every site, then swap in collaborative scoring, recorded for reload."""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Sequence
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import HeadwiseError
+from ..io import record_edit, register_edit
+from ..runtime.ops import ops_of
+from ..sites import AttentionSite, find_sites
+from .calibration import input_moments
+from .config import CollaborativeConfig
+from .decompose import decompose, relative_error
+from .families import LAYOUTS, install, is_collaborative
+
+EDIT_KIND = "collaborative"
+
+
+@dataclass
+class SiteCompression:
+    path: str
+    name: str
+    dk: int
+    weight_error: float  # ‖T − T̂‖ / ‖T‖ of the stacked W_q^hᵀ W_k^h
+    score_error: float | None  # the same in the calibration metric (data-aware objective only)
+    params_before: int  # query/key parameters (weights and biases)
+    params_after: int  # shared W~q, W~k, mixing, content bias
+    seconds: float
+
+
+@dataclass
+class Compression:
+    dk: int
+    objective: str  # "weights" or "scores"
+    sites: list[SiteCompression] = field(default_factory=list)
+
+    @property
+    def params_before(self) -> int:
+        return sum(s.params_before for s in self.sites)
+
+    @property
+    def params_after(self) -> int:
+        return sum(s.params_after for s in self.sites)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"dk": self.dk, "objective": self.objective, "params_before": self.params_before,
+                "params_after": self.params_after, "sites": [asdict(s) for s in self.sites]}
+
+
+def exact_rank(site: AttentionSite) -> int:
+    return site.num_heads * site.head_dim
+
+
+def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object) -> None:
+    """Raise ``HeadwiseError`` (naming the problem and the fix) unless every site can become collaborative."""
+    if isinstance(dk, bool) or not isinstance(dk, int) or dk <= 0:
+        raise HeadwiseError(f"dk must be a positive integer (the width of the shared query/key space), got {dk!r}; "
+                            f"the exact form of this model is dk={max(exact_rank(s) for s in sites)}")
+    for site in sites:
+        if site.family not in LAYOUTS:
+            why = (" Under rotary positions W_q W_kᵀ is not position-free (scores are q_iᵀ R_(j−i) k_j), so a "
+                   "position-independent decomposition changes the model" if site.positions == "rotary" else "")
+            raise HeadwiseError(f"collaborative heads do not support {site.family} ({type(model).__name__}).{why} "
+                                f"Supported: {', '.join(sorted(LAYOUTS))}")
+        if site.positions != "absolute":
+            raise HeadwiseError(f"{site.name}: {site.positions} position scores depend on per-head queries and keys, "
+                                "which collaborative heads replace; only absolute positions are supported")
+        if site.kind == "dec-enc":
+            raise HeadwiseError(f"{site.name} is cross-attention; collaborative heads convert self-attention only")
+        if is_collaborative(site.module):
+            raise HeadwiseError(f"{site.name} is already collaborative; compress the original model to change dk")
+        ops = ops_of(site)
+        if ops is not None and len(ops.mechanism):
+            raise HeadwiseError(f"{site.name} runs a mechanism ({next(iter(ops.mechanism))}); "
+                                "detach it before compressing")
+
+
+def _count(site: AttentionSite, rank: int) -> tuple[int, int]:
+    H, d, D = site.num_heads, site.head_dim, site.hidden_size
+    biases = sum(b.numel() for b in (site.q.bias, site.k.bias) if b is not None)
+    return 2 * H * d * D + biases, 2 * D * rank + H * rank + H * D + (rank if site.family == "gpt2" else 0)
+
+
+def content_bias(site: AttentionSite) -> torch.Tensor:
+    """``c_h = W_k^hᵀ b_q^h`` ``[H, D]``: the key-dependent score term of the biases (the rest cancels)."""
+    bias = site.q.bias
+    K = site.k.weight.detach().double()
+    return torch.zeros(K.shape[0], K.shape[2], dtype=K.dtype) if bias is None else \
+        torch.einsum("hdj,hd->hj", K, bias.detach().double())
+
+
+def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, moments,
+                     progress) -> tuple[Compression, list]:
+    """Decompose every site at ``config.dk`` (the model is not changed); returns the stats and what to install."""
+    exact = max(exact_rank(s) for s in sites)
+    result = Compression(min(config.dk, exact), "scores" if moments else "weights")
+    plan = []
+    for site in tqdm(sites, desc=f"decomposing (dk={result.dk})", unit="site",
+                     disable=None if progress is None else not progress):
+        start = time.perf_counter()
+        rank = min(config.dk, exact_rank(site))
+        P, K = site.q.weight.detach().float(), site.k.weight.detach().float()
+        cov = moments[site.path] if moments else None
+        dec = decompose(P, K, rank, init=config.init, iterations=config.iterations, tol=config.tol,
+                        solver=config.solver, covariance=cov, ridge=config.ridge)
+        seconds = time.perf_counter() - start
+        weight_error = relative_error(P, K, dec.factors) if rank < exact_rank(site) else 0.0
+        before, after = _count(site, rank)
+        result.sites.append(SiteCompression(site.path, site.name, rank, weight_error,
+                                            dec.error if cov is not None else None, before, after, seconds))
+        plan.append((site, rank, dec.factors, content_bias(site)))
+    return result, plan
+
+
+def _prepare(model, dk, config, calibration, tokenizer, progress, moments):
+    config = replace(config, dk=dk) if config is not None and dk is not None else config or CollaborativeConfig(dk=dk)
+    sites = find_sites(model)
+    check_compressible(model, sites, config.dk)
+    if calibration is not None and moments is None:
+        moments = input_moments(model, sites, calibration, tokenizer, config.batch_size, config.max_length, progress)
+    return config, sites, moments
+
+
+def compress(
+    model: nn.Module,
+    dk: int | None = None,
+    config: CollaborativeConfig | None = None,
+    calibration: Sequence[str] | Iterable[dict] | None = None,
+    tokenizer: Any = None,
+    progress: bool | None = None,
+    moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> Compression:
+    """Make every attention site of ``model`` collaborative with a shared query/key width ``dk`` (in place).
+
+    ``calibration`` (texts with ``tokenizer``, or model-input dicts) selects the data-aware objective: the error of
+    the attention scores on those inputs instead of the weights. ``dk ≥ H·d`` is exact (a larger ``dk`` warns and
+    uses ``H·d``). ``moments`` (from ``input_moments``) reuses calibration statistics across several calls.
+    Everything is checked and decomposed before the model changes, so an error leaves it untouched.
+    The edit is recorded in ``config.headwise``: ``headwise.save_pretrained`` / ``from_pretrained`` round-trip it.
+    """
+    config, sites, moments = _prepare(model, dk, config, calibration, tokenizer, progress, moments)
+    exact = max(exact_rank(s) for s in sites)
+    if config.dk > exact:
+        warnings.warn(f"dk={config.dk} is more than the exact form needs ({exact} = heads × head_dim); using the "
+                      f"exact form, dk={exact}", stacklevel=2)
+    result, plan = _decompose_sites(sites, config, moments, progress)
+    for site, rank, factors, content in plan:
+        install(site, rank, factors, content)
+    record_edit(model, {"kind": EDIT_KIND, "dk": {s.path: s.dk for s in result.sites}})
+    return result
+
+
+def tradeoff(
+    model: nn.Module,
+    dks: Sequence[int],
+    config: CollaborativeConfig | None = None,
+    calibration: Sequence[str] | Iterable[dict] | None = None,
+    tokenizer: Any = None,
+    moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+) -> list[Compression]:
+    """What ``compress`` would give at each of ``dks`` (errors, parameters), without changing the model."""
+    if not dks:
+        return []
+    config, sites, moments = _prepare(model, dks[0], config, calibration, tokenizer, False, moments)
+    for dk in dks:
+        check_compressible(model, sites, dk)
+    return [_decompose_sites(sites, replace(config, dk=dk), moments, False)[0] for dk in dks]
+
+
+def _replay(model: nn.Module, record: dict) -> None:
+    by_path = {s.path: s for s in find_sites(model)}
+    for path, rank in record["dk"].items():
+        if path not in by_path:
+            raise HeadwiseError(f"checkpoint makes {path!r} collaborative, but the model has no such site")
+        install(by_path[path], int(rank))
+
+
+register_edit(EDIT_KIND, _replay)

@@ -1,0 +1,29 @@
+"""What ``compress`` does, as one dataclass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+
+@dataclass
+class CollaborativeConfig:
+    """Options of :func:`headwise.collaborative.compress`.
+
+    ``dk``: width of the shared query/key space (``≥ H·d`` is the exact reparametrisation).
+    ``init``: ``"block"`` (best form where every shared dimension serves one head: per-head SVD, global
+    truncation), ``"hosvd"`` (top singular subspaces of the unfoldings) or ``"auto"`` (block with a calibration
+    set, hosvd without: what converged best on MiniLM). ``iterations`` of ALS follow
+    (``solver="als"``: factored, ``O(H·d·D·R)`` per sweep; ``"tensorly"``: ``tensorly.parafac`` on the dense tensor).
+    With a calibration set the objective is the attention-score error on its tokens (``ridge`` regularises the
+    input covariances, relative to their mean eigenvalue); without, the weight error.
+    """
+
+    dk: int
+    init: Literal["auto", "block", "hosvd"] = "auto"
+    iterations: int = 20
+    tol: float = 1e-6
+    solver: Literal["als", "tensorly"] = "als"
+    ridge: float = 1e-2
+    batch_size: int = 32
+    max_length: int = 128

@@ -1,0 +1,149 @@
+"""Converting a family's attention module into a collaborative one, in place.
+
+The module object stays (its hooks, its place in the model, ``isinstance`` checks such as transformers'
+``output_attentions`` recorder all keep working); its query/key projections are replaced by the shared
+``W~q``/``W~k`` of width ``R`` under the same attribute names, ``mixing`` and ``content_bias`` are added, and
+its class becomes a subclass of both ``CollaborativeAttention`` and the family class whose ``forward`` (same
+signature as the family's) scores collaboratively. The subclass keeps the family class name, which is how the
+site adapters recognise ALBERT, GPT-2 and ViT modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from einops import rearrange
+from torch import nn
+from transformers.cache_utils import EncoderDecoderCache
+from transformers.pytorch_utils import Conv1D
+
+from ..errors import HeadwiseError
+from ..sites import AttentionSite
+from .decompose import Factors
+from .layer import CollaborativeAttention
+
+
+def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    return rearrange(x, "b t (h d) -> b h t d", h=heads)
+
+
+def _self_cache(cache):
+    return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+
+
+def _bert_forward(self, hidden_states, attention_mask=None, past_key_values=None, **kwargs):
+    query, key = self.collaborative_qk(self.query(hidden_states), self.key(hidden_states), hidden_states)
+    value = _heads(self.value(hidden_states), self.mixing.shape[0])
+    if past_key_values is not None:
+        key, value = _self_cache(past_key_values).update(key, value, self.layer_idx)
+    return self.attend(query, key, value, attention_mask, self.dropout.p if self.training else 0.0, **kwargs)
+
+
+def _albert_forward(self, hidden_states, attention_mask=None, **kwargs):
+    query, key = self.collaborative_qk(self.query(hidden_states), self.key(hidden_states), hidden_states)
+    value = _heads(self.value(hidden_states), self.mixing.shape[0])
+    out, probs = self.attend(query, key, value, attention_mask,
+                             self.attention_dropout.p if self.training else 0.0, **kwargs)
+    return self.LayerNorm(hidden_states + self.output_dropout(self.dense(out))), probs
+
+
+def _distilbert_forward(self, hidden_states, attention_mask=None, **kwargs):
+    query, key = self.collaborative_qk(self.q_lin(hidden_states), self.k_lin(hidden_states), hidden_states)
+    value = _heads(self.v_lin(hidden_states), self.mixing.shape[0])
+    out, probs = self.attend(query, key, value, attention_mask, self.dropout.p if self.training else 0.0, **kwargs)
+    return self.out_lin(out), probs
+
+
+def _vit_forward(self, hidden_states, attention_mask=None, **kwargs):
+    query, key = self.collaborative_qk(self.q_proj(hidden_states), self.k_proj(hidden_states), hidden_states)
+    value = _heads(self.v_proj(hidden_states), self.mixing.shape[0])
+    out, probs = self.attend(query, key, value, attention_mask, self.attention_dropout if self.training else 0.0,
+                             **kwargs)
+    return self.o_proj(out), probs
+
+
+def _gpt2_forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
+                  encoder_attention_mask=None, output_attentions=False, **kwargs):
+    if encoder_hidden_states is not None:
+        raise HeadwiseError("collaborative GPT-2 attention is self-attention only; cross-attention was not converted")
+    rank = self.mixing.shape[1]
+    q, k, v = self.c_attn(hidden_states).split([rank, rank, v_width(self)], dim=2)
+    query, key = self.collaborative_qk(q, k, hidden_states)
+    value = _heads(v, self.mixing.shape[0])
+    if past_key_values is not None:
+        key, value = _self_cache(past_key_values).update(key, value, self.layer_idx)
+    out, probs = self.attend(query, key, value, attention_mask, self.attn_dropout.p if self.training else 0.0,
+                             output_attentions=output_attentions, **kwargs)
+    return self.resid_dropout(self.c_proj(out)), probs
+
+
+def v_width(module: nn.Module) -> int:
+    """Width of GPT-2's value section in the fused ``c_attn`` ``[q̃ (R) | k̃ (R) | v (H·d)]``."""
+    return module.c_attn.nf - 2 * module.mixing.shape[1]
+
+
+@dataclass(frozen=True)
+class Layout:
+    query: str | None  # attribute names of the query / key projections (None: fused in GPT-2's c_attn)
+    key: str | None
+    forward: Callable
+
+
+LAYOUTS = {
+    **dict.fromkeys(["bert", "roberta", "xlm-roberta", "electra"], Layout("query", "key", _bert_forward)),
+    "albert": Layout("query", "key", _albert_forward),
+    "distilbert": Layout("q_lin", "k_lin", _distilbert_forward),
+    "vit": Layout("q_proj", "k_proj", _vit_forward),
+    "gpt2": Layout(None, None, _gpt2_forward),
+}
+_CLASSES: dict[type, type] = {}
+
+
+def collaborative_class(base: type, forward: Callable) -> type:
+    """``CollaborativeAttention`` × ``base`` with the family's ``forward`` (one class per family class)."""
+    if base not in _CLASSES:
+        _CLASSES[base] = type(base.__name__, (CollaborativeAttention, base), {
+            "forward": forward, "family_class": base, "__module__": __name__,
+            "__qualname__": f"Collaborative{base.__name__}", "__doc__": CollaborativeAttention.__doc__,
+        })
+    return _CLASSES[base]
+
+
+def is_collaborative(module: nn.Module) -> bool:
+    return isinstance(module, CollaborativeAttention)
+
+
+def _linear(weight: torch.Tensor) -> nn.Linear:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        layer.weight.copy_(weight)
+    return layer
+
+
+def install(site: AttentionSite, rank: int, factors: Factors | None = None,
+            content: torch.Tensor | None = None) -> None:
+    """Make ``site.module`` collaborative with width ``rank``. ``factors``/``content`` (``[H, D]``) give the
+    weights; without them (replaying a checkpoint) the new parameters are left for the state dict."""
+    layout = LAYOUTS[site.family]
+    module, heads, dim = site.module, site.num_heads, site.hidden_size
+    ref = site.v.module.weight
+    like = {"dtype": ref.dtype, "device": ref.device}
+    if factors is None:
+        factors = Factors(torch.zeros(heads, rank), torch.zeros(dim, rank), torch.zeros(dim, rank))
+        content = torch.zeros(heads, dim)
+    query, key = factors.query.T.to(**like), factors.key.T.to(**like)  # [R, D]
+    if layout.query is None:  # GPT-2: c_attn becomes [q̃ | k̃ | v]; the query bias starts at 0 (the key bias cancels)
+        value_w, value_b = site.v.weight.detach().flatten(0, 1), site.v.bias.detach().flatten()
+        fused = Conv1D(2 * rank + value_w.shape[0], dim).to(**like)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([query, key, value_w]).T)
+            fused.bias.copy_(torch.cat([torch.zeros(2 * rank, **like), value_b]))
+        module.c_attn = fused.train(module.training)
+    else:
+        setattr(module, layout.query, _linear(query).train(module.training))
+        setattr(module, layout.key, _linear(key).train(module.training))
+    module.mixing = nn.Parameter(factors.mixing.to(**like))
+    module.content_bias = _linear(content.to(**like)).train(module.training)
+    module.__class__ = collaborative_class(type(module), layout.forward)
