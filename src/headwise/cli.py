@@ -13,7 +13,8 @@ from .errors import HeadwiseError
 Command = Callable[[argparse.Namespace], int]
 
 # Method packages that add verbs: each module has ``register(verbs, parents)`` and imports heavy code lazily.
-PLUGINS: tuple[str, ...] = ("headwise.pruning.command", "headwise.mechanisms.command", "headwise.collaborative.command")
+PLUGINS: tuple[str, ...] = ("headwise.pruning.command", "headwise.quantization.command",
+                           "headwise.mechanisms.command", "headwise.collaborative.command",)
 
 
 def model_args(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,108 @@
+"""``headwise quantize``: sweep pruning thresholds and quantizers × bits, write results.json and report.html."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import HeadwiseError
+
+
+def parse_bits(text: str) -> tuple[int, ...]:
+    """``"1..8"``, ``"2,3,8"`` or ``"3"`` → bit widths (each checked later, 1..16)."""
+    out: list[int] = []
+    try:
+        for part in (p.strip() for p in text.split(",") if p.strip()):
+            lo, _, hi = part.partition("..")
+            out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise HeadwiseError(f"--bits {text!r}: give a range such as 1..8 or a list such as 2,3,8") from None
+    if not out:
+        raise HeadwiseError("--bits is empty; give e.g. 1..8")
+    bad = [b for b in out if not 1 <= b <= 16]
+    if bad:
+        raise HeadwiseError(f"--bits {text!r}: bits must be from 1 to 16, got {bad[0]}")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_floats(text: str, flag: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise HeadwiseError(f"{flag} {text!r}: give comma-separated numbers such as 0.001,0.01,0.1") from None
+
+
+def parse_methods(text: str) -> tuple[str, ...]:
+    from .functional import METHODS
+
+    return tuple(METHODS) if text.strip() in ("all", "") else tuple(m.strip() for m in text.split(",") if m.strip())
+
+
+def cmd_quantize(args: argparse.Namespace) -> int:
+    from ..io import atomic_dir, check_writable_dir
+    from ..models import load_model
+    from ..report.quantization import write_quantization_report
+    from .config import QuantizationConfig
+    from .sweep import SweepConfig, stsb_metric, sweep
+
+    base = QuantizationConfig(threshold=args.threshold, renormalize=args.renormalize, floor=args.floor,
+                              top_edge=args.top_edge, scope=args.scope, zeros=args.zeros, bin_value=args.bin_value)
+    thresholds = () if args.thresholds.strip() == "none" else parse_floats(args.thresholds, "--thresholds")
+    config = SweepConfig(methods=parse_methods(args.methods), bits=parse_bits(args.bits), thresholds=thresholds,
+                         base=base, tolerance=args.tolerance)
+    if args.limit is not None and args.limit < 1:
+        raise HeadwiseError(f"--limit must be at least 1, got {args.limit}")
+    check_writable_dir(args.out, args.force)  # before any slow work
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    metric = stsb_metric(tokenizer, args.split, args.data, args.batch_size, args.limit)
+    result = sweep(model, tokenizer, config, metric=metric).to_dict()
+    result["model"] = args.model or "all-MiniLM-L6-v2 (packaged)"
+    with atomic_dir(args.out, overwrite=args.force) as tmp:
+        (tmp / "results.json").write_text(json.dumps(result, indent=1))
+        write_quantization_report(result, tmp)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"{result['metric_name']}: baseline {result['baseline']:.2f}, {len(result['rows'])} settings; "
+          f"within {100 * args.tolerance:g}% means >= {result['baseline'] * (1 - args.tolerance):.2f}")
+    print(f"{'method':32} {'fewest bits':>11} {'max pruned':>10}  at")
+    for s in result["summary"]:
+        fewest = "-" if s["fewest_bits"] is None else str(s["fewest_bits"])
+        pruned = "-" if s["max_sparsity"] is None else f"{100 * s['max_sparsity']:.1f}%"
+        print(f"{s['method']:32} {fewest:>11} {pruned:>10}  {s['max_sparsity_setting'] or ''}")
+    print(f"report: {args.out}/report.html, numbers: {args.out}/results.json")
+    return 0
+
+
+def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    from ..cli import model_args
+
+    p = verbs.add_parser("quantize", parents=parents,
+                         help="attention pruning/quantization (SPIQA) against STS-B: report.html + results.json")
+    model_args(p)
+    p.add_argument("--methods", default="all",
+                   help="comma-separated quantizers, or all (default); see docs/quantization.md")
+    p.add_argument("--bits", default="1..8", help="bit widths: a range 1..8 (default) or a list 2,3,8 (1 to 16)")
+    p.add_argument("--thresholds", default="1e-4,1e-3,3e-3,0.01,0.02,0.03,0.05,0.1,0.2",
+                   help="pruning-only thresholds in [0, 1), comma-separated, or none")
+    p.add_argument("--threshold", type=float, default=0.0,
+                   help="pruning threshold applied before every quantizer (default 0: none)")
+    p.add_argument("--renormalize", action="store_true", help="renormalise rows after pruning (off in the seed)")
+    p.add_argument("--floor", type=float, default=1e-3, help="pruning floor of the quantizers with pruning")
+    p.add_argument("--top-edge", default="reference", choices=["reference", "clamp"],
+                   help="inputs of exactly 1.0: as published (reference) or the top level (clamp)")
+    p.add_argument("--scope", default="tensor", choices=["tensor", "example", "row"],
+                   help="population of data-dependent bins: the layer's batch (tensor, published), each example; "
+                        "row: binarization per row")
+    p.add_argument("--zeros", default="reference", choices=["reference", "keep"],
+                   help="uniform_slog_mean: exact zeros take the lowest level (reference) or stay 0 (keep)")
+    p.add_argument("--bin-value", default="reference", choices=["reference", "mean"],
+                   help="uniform_slinear_clamped_mean: bin midpoints (reference) or bin means")
+    p.add_argument("--tolerance", type=float, default=0.01, help="relative metric drop allowed (default 0.01)")
+    p.add_argument("--data", default=None, help="the STS-B .tsv file or its folder (default: shared/data/stsb)")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="STS-B split")
+    p.add_argument("--limit", type=int, default=None, help="use only the first N sentence pairs (quick looks)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--out", default="headwise-quantization", help="output folder (default: headwise-quantization)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    p.set_defaults(run=cmd_quantize)

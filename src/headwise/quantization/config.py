@@ -1,0 +1,83 @@
+"""``QuantizationConfig``: what a quantizer op does, in one validated dataclass (peft-style)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..errors import HeadwiseError
+from .functional import FLOOR, METHODS
+
+NONE = "none"  # threshold pruning only
+METHOD_NAMES: tuple[str, ...] = (*METHODS, NONE)
+CHOICES = {"top_edge": ("reference", "clamp"), "scope": ("tensor", "example", "row"),
+           "zeros": ("reference", "keep"), "bin_value": ("reference", "mean")}
+
+
+@dataclass
+class QuantizationConfig:
+    """Options of the attention-probability quantizer attached by ``quantize_attention``.
+
+    Per forward, on every attached site: ``A ← A·1[A > threshold]`` (if ``threshold > 0``), then row
+    renormalisation (if ``renormalize``), then the quantizer ``method`` with ``bits``; keys that may not be attended
+    (padding, causal mask) stay exactly 0.
+
+    - ``method``: a name of ``METHODS`` (SPIQA's quantizers, README order) or ``"none"`` (pruning only). Default: the
+      one hard-wired in the published code, 3-bit log scale with pruning below 1e-3.
+    - ``bits``: 1..16 (ignored by ``binarization``).
+    - ``threshold``: pruning threshold in [0, 1), strict (values ``≤ threshold`` become 0); 0 = off.
+    - ``renormalize``: after pruning, divide each row by its new sum (off in the seed). A row pruned to nothing
+      stays 0.
+    - ``floor``: the pruning floor ``p_min`` of the quantizers with pruning and of ``linear_slog`` (1e-3).
+    - ``top_edge``: ``"reference"`` (an input of exactly 1.0 becomes ``> 1`` in the midpoint quantizers and 0 in
+      the data-dependent ones, as published) or ``"clamp"`` (the top level).
+    - ``scope``: population of the data-dependent quantizers: ``"tensor"`` (the layer's whole probability tensor
+      of the forward, batch included, as published), ``"example"`` (each sequence alone, so results do not depend
+      on batching), or ``"row"`` (``binarization`` only: 1/n per row, so rows sum to 1).
+    - ``zeros``: ``uniform_slog_mean`` maps exact zeros to its lowest level (``"reference"``) or keeps them
+      (``"keep"``). Padding is never a value in any case.
+    - ``bin_value``: ``uniform_slinear_clamped_mean`` outputs bin midpoints (``"reference"``, despite its name)
+      or bin means (``"mean"``).
+    """
+
+    method: str = "linear_slog_clamped_midval"
+    bits: int = 3
+    threshold: float = 0.0
+    renormalize: bool = False
+    floor: float = FLOOR
+    top_edge: str = "reference"
+    scope: str = "tensor"
+    zeros: str = "reference"
+    bin_value: str = "reference"
+
+    def __post_init__(self) -> None:
+        if self.method not in METHOD_NAMES:
+            raise HeadwiseError(f"unknown quantization method {self.method!r}; valid: {', '.join(METHOD_NAMES)}")
+        if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 1 <= self.bits <= 16:
+            raise HeadwiseError(f"bits must be an integer from 1 to 16, got {self.bits!r}")
+        if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \
+                or not 0 <= self.threshold < 1:
+            raise HeadwiseError(f"threshold must lie in [0, 1) (0 = no pruning), got {self.threshold!r}")
+        self.threshold = float(self.threshold)
+        if not isinstance(self.floor, (int, float)) or not 0 < self.floor < 1:
+            raise HeadwiseError(f"floor must lie in (0, 1), got {self.floor!r}")
+        self.floor = float(self.floor)
+        for name, allowed in CHOICES.items():
+            if getattr(self, name) not in allowed:
+                raise HeadwiseError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        if self.scope == "row" and self.method in METHODS and METHODS[self.method].data_dependent \
+                and self.method != "binarization":
+            raise HeadwiseError(f"scope='row' applies to binarization only; use 'tensor' or 'example' for "
+                                f"{self.method}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def label(self) -> str:
+        """Short description, e.g. ``linear_slog_clamped_midval 3b`` or ``prune >0.01``."""
+        parts = [] if self.method == NONE else [self.method if self.method == "binarization"
+                                                 else f"{self.method} {self.bits}b"]
+        if self.threshold:
+            parts.append(f"prune >{self.threshold:g}")
+        return ", ".join(parts) or "unchanged"
