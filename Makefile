@@ -33,6 +33,10 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime_overhead.py
 	$(BIN)/python benchmarks/analysis_cost.py
+	$(BIN)/python benchmarks/pruned_latency.py
+	$(BIN)/python benchmarks/quantization_cost.py
+	$(BIN)/python benchmarks/mechanisms_speed.py
+	$(BIN)/python benchmarks/collaborative_decomposition.py
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) build src/*.egg-info
