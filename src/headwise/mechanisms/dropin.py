@@ -18,7 +18,7 @@ from transformers.integrations.sdpa_attention import repeat_kv
 
 from ..errors import HeadwiseError
 from ..runtime import enable
-from ..runtime.ops import HeadOp, attach, detach, ops_of
+from ..runtime.ops import HeadOp, attach, attached, detach
 from ..sites import AttentionSite, find_sites
 from .base import Mechanism, get_mechanism
 from .factory import build_core
@@ -122,9 +122,4 @@ def remove(model: nn.Module, sites: Iterable[AttentionSite | str] | None = None)
 
 def mechanisms_of(model: nn.Module) -> dict[str, SiteMechanism]:
     """The attached mechanism ops, keyed by site path."""
-    found = {}
-    for site in find_sites(model):
-        ops = ops_of(site)
-        if ops is not None and SLOT_NAME in ops.mechanism:
-            found[site.path] = ops.mechanism[SLOT_NAME]
-    return found
+    return attached(model, "mechanism", SLOT_NAME)

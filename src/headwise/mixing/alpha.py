@@ -8,7 +8,7 @@ from einops import einsum
 from torch import nn
 
 from ..runtime.ops import HeadOp, attach, ops_of
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, find_sites, select_sites
 from .config import MixingConfig
 
 MIXER_NAME = "mixer"
@@ -44,8 +44,6 @@ class HeadMixer(HeadOp):
 def add_mixers(model: nn.Module, config: MixingConfig | None = None) -> dict[str, HeadMixer]:
     """Attach an identity ``HeadMixer`` (named ``"mixer"``) to every site of ``config.kinds``; returns
     ``{site path: mixer}``. Remember ``headwise.enable(model)`` so the ``headwise`` implementation runs them."""
-    from ..pruning.l0 import select_sites
-
     config = config or MixingConfig()
     return {s.path: attach(s, "output", MIXER_NAME, HeadMixer(s.num_heads)) for s in select_sites(model, config.kinds)}
 

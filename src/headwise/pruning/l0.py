@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..runtime.ops import attach, ops_of
-from ..sites import AttentionSite, find_sites
+from ..runtime.ops import attach, attached
+from ..sites import find_sites, select_sites
 from .hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
 
 REDUCTIONS = ("sum", "mean_over_modules")
@@ -57,18 +57,6 @@ class L0Config:
             raise HeadwiseError(f"target_warmup must be ≥ 0 steps, got {self.target_warmup}")
 
 
-def select_sites(model: nn.Module, kinds: Sequence[str] | None) -> list[AttentionSite]:
-    """The sites of ``kinds`` (all sites for ``None``); an unknown kind names the kinds the model has."""
-    sites = find_sites(model)
-    if kinds is None:
-        return sites
-    have = sorted({s.kind for s in sites})
-    missing = [k for k in kinds if k not in have]
-    if missing:
-        raise HeadwiseError(f"{type(model).__name__} has no {missing[0]!r} attention; its kinds: {', '.join(have)}")
-    return [s for s in sites if s.kind in kinds]
-
-
 def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, HardConcreteGate]:
     """Attach a ``HardConcreteGate`` (named ``"l0"``) to each selected site; returns ``{site path: gate}``."""
     config = config or L0Config()
@@ -82,12 +70,7 @@ def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, 
 
 def l0_gates(model: nn.Module) -> dict[str, HardConcreteGate]:
     """The attached L0 gates, ``{site path: gate}``."""
-    found = {}
-    for s in find_sites(model):
-        ops = ops_of(s)
-        if ops is not None and GATE_NAME in ops.output:
-            found[s.path] = ops.output[GATE_NAME]
-    return found
+    return attached(model, "output", GATE_NAME)
 
 
 def gate_table(model: nn.Module) -> dict[str, list[float]]:

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..runtime import attach, detach, enable, ops_of
+from ..runtime import attach, detach, enable
+from ..runtime.ops import attached
 from ..sites import AttentionSite, find_sites
 from .config import QuantizationConfig
 from .layer import DISTINCT_CAP, AttentionQuantizer, QuantMeter
@@ -35,12 +36,7 @@ def quantize_attention(model: nn.Module, config: QuantizationConfig | None = Non
 
 def quantizers_of(model: nn.Module, name: str = NAME) -> dict[str, AttentionQuantizer]:
     """The quantizers called ``name`` currently attached, keyed by site path."""
-    found = {}
-    for s in find_sites(model):
-        ops = ops_of(s)
-        if ops is not None and name in ops.prob:
-            found[s.path] = ops.prob[name]
-    return found
+    return attached(model, "prob", name)
 
 
 def remove_quantization(model: nn.Module, name: str = NAME) -> None:

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..sites import AttentionSite, find_sites
-from .ops import HeadOp, attach, ops_of
+from .ops import HeadOp, attach, attached
 
 
 class HeadGate(HeadOp):
@@ -42,9 +42,4 @@ def add_gates(model: nn.Module, sites: list[AttentionSite] | None = None, name: 
 
 def gates_of(model: nn.Module, name: str = "gate") -> dict[str, HeadGate]:
     """The gates called ``name`` currently attached, keyed by site path."""
-    found = {}
-    for s in find_sites(model):
-        ops = ops_of(s)
-        if ops is not None and name in ops.output:
-            found[s.path] = ops.output[name]
-    return found
+    return attached(model, "output", name)

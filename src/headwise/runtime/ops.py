@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..sites import AttentionSite
+from ..sites import AttentionSite, find_sites
 
 ATTR = "headwise"  # attribute name on the attention module; appears in state_dict keys
 SLOTS = ("output", "prob", "mechanism")
@@ -105,6 +105,16 @@ def detach(site: AttentionSite, name: str) -> None:
     ops.observers.pop(name, None)
     if ops.is_empty():
         delattr(site.module, ATTR)
+
+
+def attached(model: nn.Module, slot: str, name: str) -> dict[str, nn.Module]:
+    """The ops called ``name`` in ``slot`` across ``model``'s sites, keyed by site path."""
+    found = {}
+    for site in find_sites(model):
+        ops = ops_of(site)
+        if ops is not None and name in getattr(ops, slot):
+            found[site.path] = getattr(ops, slot)[name]
+    return found
 
 
 def add_observer(site: AttentionSite, name: str, observer: Observer) -> None:

@@ -2,6 +2,7 @@
 
 from . import families as _families  # noqa: F401  (registers the built-in adapters)
 from .base import AttentionSite, HeadProjection
-from .registry import find_sites, register_adapter, site_by_path, supported_families
+from .registry import find_sites, register_adapter, select_sites, site_by_path, supported_families
 
-__all__ = ["AttentionSite", "HeadProjection", "find_sites", "register_adapter", "site_by_path", "supported_families"]
+__all__ = ["AttentionSite", "HeadProjection", "find_sites", "register_adapter", "select_sites", "site_by_path",
+           "supported_families"]

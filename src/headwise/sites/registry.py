@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from torch import nn
 
 from ..errors import HeadwiseError
@@ -52,3 +54,15 @@ def site_by_path(model: nn.Module, path: str) -> AttentionSite:
         if site.path == path or site.name == path:
             return site
     raise HeadwiseError(f"No attention site {path!r}. Sites: {', '.join(s.name for s in sites)}")
+
+
+def select_sites(model: nn.Module, kinds: Sequence[str] | None) -> list[AttentionSite]:
+    """The sites of ``kinds`` (all sites for ``None``); an unknown kind names the kinds the model has."""
+    sites = find_sites(model)
+    if kinds is None:
+        return sites
+    have = sorted({s.kind for s in sites})
+    missing = [k for k in kinds if k not in have]
+    if missing:
+        raise HeadwiseError(f"{type(model).__name__} has no {missing[0]!r} attention; its kinds: {', '.join(have)}")
+    return [s for s in sites if s.kind in kinds]
