@@ -5,26 +5,12 @@ import random
 
 import torch
 import transformers as tf
+from tiny import RandomPairs
 from torch.utils.data import Dataset
 
 from headwise.mixing import (MixingConfig, NuclearNormPenalty, SwapSchedule, add_mixers, fold_mixing, mixers_of)
 from headwise.runtime import enable
 from headwise.training import CosineRegression, HeadwiseTrainer
-
-
-class Pairs(Dataset):
-    def __init__(self, n=16, length=6):
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(2, 90, (n, 2, length), generator=g)
-        self.labels = torch.rand(n, generator=g)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        mask = torch.ones_like(self.ids[i, 0])
-        return {"input_ids_a": self.ids[i, 0], "attention_mask_a": mask, "input_ids_b": self.ids[i, 1],
-                "attention_mask_b": mask, "labels": self.labels[i]}
 
 
 def _args(tmp_path, steps, **kw):
@@ -49,7 +35,8 @@ def _train_mixing(tmp_path, config, steps=8, callbacks=()):
     encoder = _encoder()
     add_mixers(encoder, config)
     term = NuclearNormPenalty(encoder, config)
-    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=_args(tmp_path, steps), train_dataset=Pairs(),
+    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=_args(tmp_path, steps),
+                              train_dataset=RandomPairs(16),
                               penalties=[term], callbacks=[term, *callbacks], head_learning_rate=1e-2)
     trainer.train()
     return encoder, term
@@ -69,7 +56,8 @@ def test_nuclear_norm_moves_the_asked_way_and_waits_for_start(tmp_path):
 def test_swap_schedule_runs_at_its_steps(tmp_path):
     encoder = _encoder()
     schedule = SwapSchedule(encoder, {"1": ["enc-self.0:0 <-> enc-self.1:3"], "2.5": ["enc-self.0:1 <-> enc-self.1:1"]})
-    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=_args(tmp_path, 12), train_dataset=Pairs(),
+    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=_args(tmp_path, 12),
+                              train_dataset=RandomPairs(16),
                               callbacks=[schedule])
     trainer.train()  # 4 steps per epoch: epoch 1 → step 0, epoch 2.5 → step 6
     assert [(step, str(s)) for step, s in schedule.applied] == [

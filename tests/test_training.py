@@ -6,25 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as tf
-from torch.utils.data import Dataset
+from tiny import RandomPairs
 
 from headwise.runtime import add_gates, enable
 from headwise.training import CosineRegression, HeadwiseTrainer, is_head_parameter
-
-
-class Pairs(Dataset):
-    def __init__(self, n=8, length=6):
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(2, 90, (n, 2, length), generator=g)
-        self.labels = torch.rand(n, generator=g)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        mask = torch.ones_like(self.ids[i, 0])
-        return {"input_ids_a": self.ids[i, 0], "attention_mask_a": mask, "input_ids_b": self.ids[i, 1],
-                "attention_mask_b": mask, "labels": self.labels[i]}
 
 
 class GateSum:
@@ -53,7 +38,7 @@ def _train(tmp_path, batch, accumulation, head_lr=None):
                                 gradient_accumulation_steps=accumulation, learning_rate=0.1, optim="sgd",
                                 lr_scheduler_type="constant", max_grad_norm=0.0, report_to="none", save_strategy="no", use_cpu=True,
                                 remove_unused_columns=False, disable_tqdm=True, data_seed=0, seed=0)
-    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=args, train_dataset=Pairs(),
+    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=args, train_dataset=RandomPairs(8),
                               penalties=[GateSum(gates)], head_learning_rate=head_lr)
     trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(trainer.train_dataset)
     trainer.train()

@@ -69,3 +69,21 @@ def tiny_inputs(family: str, batch: int = 3, length: int = 7, seed: int = 1) -> 
     if family in CAUSAL and batch > 2:
         real[2, :2] = False
     return {"input_ids": ids, "attention_mask": real.long()}, real
+
+
+class RandomPairs(torch.utils.data.Dataset):
+    """``n`` random token-id sentence pairs of ``length`` tokens with random labels, in the
+    ``CosineRegression`` input format (for Trainer tests on tiny models)."""
+
+    def __init__(self, n: int = 8, length: int = 6) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(2, 90, (n, 2, length), generator=g)
+        self.labels = torch.rand(n, generator=g)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> dict:
+        mask = torch.ones_like(self.ids[i, 0])
+        return {"input_ids_a": self.ids[i, 0], "attention_mask_a": mask, "input_ids_b": self.ids[i, 1],
+                "attention_mask_b": mask, "labels": self.labels[i]}
