@@ -38,11 +38,11 @@ def machine() -> str:
     return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
-def update_section(name: str, markdown: str) -> None:
-    """Replace (or append) the section between ``<!-- bench:name -->`` markers in docs/benchmarks.md."""
+def update_section(name: str, markdown: str, doc: Path = DOC) -> None:
+    """Replace (or append) the section between ``<!-- bench:name -->`` markers in ``doc`` (docs/benchmarks.md)."""
     start, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
     block = f"{start}\n{markdown.strip()}\n{end}"
-    text = DOC.read_text() if DOC.exists() else "# Benchmarks\n"
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     pattern = re.compile(re.escape(start) + r".*?" + re.escape(end), re.S)
     text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    atomic_write_text(DOC, text)
+    atomic_write_text(doc, text)

@@ -87,3 +87,66 @@ class RandomPairs(torch.utils.data.Dataset):
         mask = torch.ones_like(self.ids[i, 0])
         return {"input_ids_a": self.ids[i, 0], "attention_mask_a": mask, "input_ids_b": self.ids[i, 1],
                 "attention_mask_b": mask, "labels": self.labels[i]}
+
+
+# --- encoder-decoder families -------------------------------------------------------------------------------
+
+SEQ2SEQ = ["bart", "marian", "t5"]
+PAD = 1  # pad id of the tiny BART/Marian configs (T5 pads with 0)
+
+
+def seq2seq_config(family: str, **overrides):
+    """Tiny ``family`` config; ``overrides`` change fields (e.g. ``decoder_attention_heads=2`` for BART)."""
+    if family in ("bart", "marian"):
+        cls = tf.BartConfig if family == "bart" else tf.MarianConfig
+        fields = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                      decoder_attention_heads=4, encoder_ffn_dim=37, decoder_ffn_dim=37, max_position_embeddings=64,
+                      pad_token_id=PAD, bos_token_id=0, eos_token_id=2, decoder_start_token_id=PAD if family == "marian"
+                      else 2, forced_eos_token_id=None, dropout=0.0, attention_dropout=0.0)
+        return cls(**(fields | overrides))
+    if family == "t5":
+        fields = dict(vocab_size=VOCAB, d_model=32, d_kv=6, num_heads=4, num_layers=2, num_decoder_layers=2, d_ff=37,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=16, dropout_rate=0.0,
+                      pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
+        return tf.T5Config(**(fields | overrides))
+    raise KeyError(family)
+
+
+def tiny_seq2seq(family: str, attn: str = "headwise", seed: int = 0, **overrides):
+    """A random-initialised ``…ForConditionalGeneration`` of ``family`` in eval mode."""
+    torch.manual_seed(seed)
+    config = seq2seq_config(family, **overrides)
+    model = tf.AutoModelForSeq2SeqLM.from_config(config, attn_implementation=attn).eval()
+    # Default inits give near-uniform maps and input-blind generations; these do not. A random T5 otherwise
+    # repeats one token per sentence: its embeddings are kept small and its feed-forward weights large.
+    embedding_std, ff_gain = (0.1, 3.0) if family == "t5" else (1.0, 1.0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("q_proj.weight", "k_proj.weight", ".q.weight", ".k.weight")):
+                p.normal_(0.0, 0.3)
+            elif "embed" in name or "shared" in name:
+                p.normal_(0.0, embedding_std)
+            elif p.dim() == 2:
+                p.normal_(0.0, p.shape[1] ** -0.5 * (ff_gain if "DenseReluDense" in name else 1.0))
+    return model
+
+
+def seq2seq_inputs(family: str, batch: int = 3, src_len: int = 7, tgt_len: int = 5,
+                   seed: int = 1) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Inputs with padding on both sides, plus the ``[B, S]`` and ``[B, T]`` bool masks of real positions.
+
+    Source: row 1 right-padded, row 2 left-padded. Target: row 2 right-padded, row 0 left-padded.
+    """
+    g = torch.Generator().manual_seed(seed)
+    pad = 0 if family == "t5" else PAD
+    src = torch.randint(3, VOCAB, (batch, src_len), generator=g)
+    tgt = torch.randint(3, VOCAB, (batch, tgt_len), generator=g)
+    src_real = torch.ones(batch, src_len, dtype=torch.bool)
+    tgt_real = torch.ones(batch, tgt_len, dtype=torch.bool)
+    src_real[1, src_len - 3:] = False
+    src_real[2, :2] = False
+    tgt_real[2, tgt_len - 2:] = False
+    tgt_real[0, :1] = False
+    inputs = {"input_ids": src.masked_fill(~src_real, pad), "attention_mask": src_real.long(),
+              "decoder_input_ids": tgt.masked_fill(~tgt_real, pad), "decoder_attention_mask": tgt_real.long()}
+    return inputs, src_real, tgt_real

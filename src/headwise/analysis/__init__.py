@@ -20,16 +20,20 @@ several layers (ALBERT) gives one row per layer.
 Metrics: ``confidence``, ``confidence_no_special``, ``mhr_base``, ``mhr_advanced``, ``entropy``, ``distance``,
 ``special``, ``self``, ``prev``, ``next``, ``sparsity@<t>`` per threshold, and ``importance_gradient`` /
 ``importance_ablation`` when computed (definitions: ``metrics.METRIC_INFO`` and ``importance``).
+
+``head_roles(model, batches)`` finds Voita's positional, rare-token and (cross-attention) alignment-like heads
+in every attention kind, encoder-decoders included (``roles``).
 """
 
 from .analyze import analyze
 from .config import DEFAULT_THRESHOLDS, AnalysisConfig
 from .importance import ablation_importance, gradient_importance
 from .metrics import METRIC_INFO
+from .roles import HeadRoles, RoleConfig, head_roles
 from .rows import Row, rows_of
 from .stats import HeadStats
 
 __all__ = [
     "analyze", "AnalysisConfig", "DEFAULT_THRESHOLDS", "HeadStats", "gradient_importance", "ablation_importance",
-    "METRIC_INFO", "Row", "rows_of",
+    "METRIC_INFO", "Row", "rows_of", "head_roles", "HeadRoles", "RoleConfig",
 ]

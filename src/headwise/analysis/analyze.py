@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -83,6 +84,11 @@ def analyze(
     The model is put in eval mode and gets the ``headwise`` attention implementation for the call; all observers
     and gates are detached afterwards, also on error.
     """
+    if "decoder_input_ids" in inspect.signature(model.forward).parameters:
+        raise HeadwiseError(
+            f"analyze runs one text input, but {type(model).__name__} is an encoder-decoder: analyse its encoder "
+            "with analyze(model.get_encoder(), ...), and every kind (enc-self, dec-self, dec-enc) with "
+            "headwise.analysis.head_roles(model, batches)")
     cfg = replace(config or AnalysisConfig(), **options) if options else (config or AnalysisConfig())
     texts = list(texts)
     if not texts:

@@ -14,11 +14,11 @@ from tqdm.auto import tqdm
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
 from ..runtime.ops import ops_of
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, find_sites, select_sites
 from .calibration import input_moments
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
-from .families import LAYOUTS, install, is_collaborative
+from .families import ADDITIVE_POSITION_BIAS, LAYOUTS, install, is_collaborative
 
 EDIT_KIND = "collaborative"
 
@@ -69,11 +69,12 @@ def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object)
                    "position-independent decomposition changes the model" if site.positions == "rotary" else "")
             raise HeadwiseError(f"collaborative heads do not support {site.family} ({type(model).__name__}).{why} "
                                 f"Supported: {', '.join(sorted(LAYOUTS))}")
-        if site.positions != "absolute":
+        if site.positions != "absolute" and site.family not in ADDITIVE_POSITION_BIAS:
             raise HeadwiseError(f"{site.name}: {site.positions} position scores depend on per-head queries and keys, "
                                 "which collaborative heads replace; only absolute positions are supported")
         if site.kind == "dec-enc":
-            raise HeadwiseError(f"{site.name} is cross-attention; collaborative heads convert self-attention only")
+            raise HeadwiseError(f"{site.name} is cross-attention; collaborative heads convert self-attention only "
+                                "(in an encoder-decoder pass kinds=['enc-self', 'dec-self'])")
         if is_collaborative(site.module):
             raise HeadwiseError(f"{site.name} is already collaborative; compress the original model to change dk")
         ops = ops_of(site)
@@ -121,7 +122,7 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
 
 def _prepare(model, dk, config, calibration, tokenizer, progress, moments):
     config = replace(config, dk=dk) if config is not None and dk is not None else config or CollaborativeConfig(dk=dk)
-    sites = find_sites(model)
+    sites = select_sites(model, config.kinds)
     check_compressible(model, sites, config.dk)
     if calibration is not None and moments is None:
         moments = input_moments(model, sites, calibration, tokenizer, config.batch_size, config.max_length, progress)

@@ -2,7 +2,8 @@
 
 For the scores ``S_h = X A_h Xᵀ`` the error a softmax sees is ``Σ ‖X (A_h − Â_h) (X − 1 x̄ᵀ)ᵀ‖²`` (terms
 constant over keys cancel), i.e. ``tr(Eᵀ C_q E C_k)`` with ``C_q = Σ x xᵀ`` over query tokens and ``C_k`` the
-covariance of key tokens centred per sequence. Padding is excluded; a shared module (ALBERT) pools every layer.
+covariance of key tokens centred per sequence. Padding is excluded (decoder sites of an encoder-decoder use the
+``decoder_attention_mask``); a shared module (ALBERT) pools every layer.
 """
 
 from __future__ import annotations
@@ -54,16 +55,18 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
     if calibration is None or (isinstance(calibration, (list, tuple)) and not len(calibration)):
         raise HeadwiseError("the calibration set is empty; pass texts (or model-input batches) the model will see")
     moments = {s.path: _Moments(s.hidden_size) for s in sites}
-    real: list[torch.Tensor] = []
+    real: dict[str, torch.Tensor] = {}  # real tokens of the encoder ("source") and decoder ("target") inputs
 
-    def hook(path):
+    def hook(site: AttentionSite):
+        side = "source" if site.kind == "enc-self" else "target"
+
         def capture(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
-            mask = real[0] if real[0].shape == x.shape[:2] else torch.ones(x.shape[:2], dtype=torch.bool)
-            moments[path].add(x, mask)
+            mask = real[side] if real[side].shape == x.shape[:2] else torch.ones(x.shape[:2], dtype=torch.bool)
+            moments[site.path].add(x, mask)
         return capture
 
-    handles = [s.module.register_forward_pre_hook(hook(s.path), with_kwargs=True) for s in sites]
+    handles = [s.module.register_forward_pre_hook(hook(s), with_kwargs=True) for s in sites]
     device = next(model.parameters()).device
     bar = tqdm(desc="calibration", unit="batch", disable=None if progress is None else not progress)
     try:
@@ -71,7 +74,12 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             first = next(v for v in batch.values() if torch.is_tensor(v))
             mask = batch.get("attention_mask")
-            real[:] = [mask.bool().cpu() if mask is not None else torch.ones(first.shape[:2], dtype=torch.bool)]
+            real["source"] = mask.bool().cpu() if mask is not None else torch.ones(first.shape[:2], dtype=torch.bool)
+            real["target"] = real["source"]
+            if "decoder_input_ids" in batch:  # an encoder-decoder: decoder sites see the target side
+                target = batch.get("decoder_attention_mask")
+                real["target"] = target.bool().cpu() if target is not None else \
+                    torch.ones(batch["decoder_input_ids"].shape[:2], dtype=torch.bool)
             model(**batch)
             bar.update()
     finally:

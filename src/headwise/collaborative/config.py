@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 
 @dataclass
@@ -16,10 +16,13 @@ class CollaborativeConfig:
     set, hosvd without: what converged best on MiniLM). ``iterations`` of ALS follow
     (``solver="als"``: factored, ``O(H·d·D·R)`` per sweep; ``"tensorly"``: ``tensorly.parafac`` on the dense tensor).
     With a calibration set the objective is the attention-score error on its tokens (``ridge`` regularises the
-    input covariances, relative to their mean eigenvalue); without, the weight error.
+    input covariances, relative to their mean eigenvalue); without, the weight error. ``kinds``: convert only
+    the sites of these attention kinds (None: every site), e.g. ``["enc-self", "dec-self"]`` in an encoder-decoder,
+    whose cross-attention cannot be converted.
     """
 
     dk: int
+    kinds: Sequence[str] | None = None
     init: Literal["auto", "block", "hosvd"] = "auto"
     iterations: int = 20
     tol: float = 1e-6

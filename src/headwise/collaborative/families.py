@@ -79,6 +79,41 @@ def _gpt2_forward(self, hidden_states, past_key_values=None, attention_mask=None
     return self.resid_dropout(self.c_proj(out)), probs
 
 
+def _bart_forward(self, hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
+    if key_value_states is not None:
+        raise HeadwiseError("collaborative BART/Marian attention is self-attention only; cross-attention was not "
+                            "converted")
+    query, key = self.collaborative_qk(self.q_proj(hidden_states), self.k_proj(hidden_states), hidden_states)
+    value = _heads(self.v_proj(hidden_states), self.mixing.shape[0])
+    if past_key_values is not None:
+        key, value = _self_cache(past_key_values).update(key, value, self.layer_idx)
+    out, probs = self.attend(query, key, value, attention_mask, self.dropout if self.training else 0.0, **kwargs)
+    return self.out_proj(out), probs
+
+
+def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, past_key_values=None,
+                **kwargs):
+    """T5: as the family's forward, the position bias is computed here when the stack has not passed one yet
+    (layer 0) and returned, so the next layers reuse it; the bias is additive and content-free, so the
+    collaborative scores plus the bias equal the original scores plus the bias."""
+    if key_value_states is not None:
+        raise HeadwiseError("collaborative T5 attention is self-attention only; cross-attention was not converted")
+    query, key = self.collaborative_qk(self.q(hidden_states), self.k(hidden_states), hidden_states)
+    value = _heads(self.v(hidden_states), self.mixing.shape[0])
+    past = 0
+    if past_key_values is not None:
+        past = past_key_values.get_seq_length(self.layer_idx)
+        past = past.clone() if isinstance(past, torch.Tensor) else past
+        key, value = _self_cache(past_key_values).update(key, value, self.layer_idx)
+    if position_bias is None:
+        q_len, k_len = hidden_states.shape[1], key.shape[2]
+        position_bias = self.compute_bias(q_len, k_len, query.device, past) if self.has_relative_attention_bias \
+            else torch.zeros(1, self.n_heads, q_len, k_len, device=query.device, dtype=query.dtype)
+    out, probs = self.attend(query, key, value, mask, self.dropout if self.training else 0.0,
+                             position_bias=position_bias, **kwargs)
+    return self.o(out), position_bias, probs
+
+
 def v_width(module: nn.Module) -> int:
     """Width of GPT-2's value section in the fused ``c_attn`` ``[q̃ (R) | k̃ (R) | v (H·d)]``."""
     return module.c_attn.nf - 2 * module.mixing.shape[1]
@@ -97,7 +132,12 @@ LAYOUTS = {
     "distilbert": Layout("q_lin", "k_lin", _distilbert_forward),
     "vit": Layout("q_proj", "k_proj", _vit_forward),
     "gpt2": Layout(None, None, _gpt2_forward),
+    **dict.fromkeys(["bart", "marian"], Layout("q_proj", "k_proj", _bart_forward)),
+    "t5": Layout("q", "k", _t5_forward),
 }
+# Families whose relative positions enter the scores as an additive, content-free bias: W_q W_kᵀ stays
+# position-free there, so the decomposition is exact as for absolute positions.
+ADDITIVE_POSITION_BIAS = {"t5"}
 _CLASSES: dict[type, type] = {}
 
 

@@ -9,7 +9,7 @@ so they train, save and reload with the model (``headwise.save_pretrained`` / ``
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,7 @@ from transformers.integrations.sdpa_attention import repeat_kv
 from ..errors import HeadwiseError
 from ..runtime import enable
 from ..runtime.ops import HeadOp, attach, attached, detach
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, find_sites, select_sites
 from .base import Mechanism, get_mechanism
 from .factory import build_core
 
@@ -68,8 +68,8 @@ class SiteMechanism(HeadOp):
         k, v = repeat_kv(k, groups), repeat_kv(v, groups)
         self.core.check_causal(causal)
         q_len, k_len = q.shape[2], k.shape[2]
-        if keep is None and causal and k_len > q_len:  # an empty static cache: only the first q_len keys exist
-            k, v, k_len = k[:, :, :q_len], v[:, :, :q_len], q_len
+        if keep is None and causal and 1 < q_len < k_len:  # an empty static cache: only the first q_len keys exist
+            k, v, k_len = k[:, :, :q_len], v[:, :, :q_len], q_len  # (as SDPA; one query without a mask sees all)
         vec = key_keep(keep, q.shape[0], q_len, causal)
         if q_len != k_len:
             if not causal:
@@ -98,14 +98,22 @@ def _select(model: nn.Module, sites: Iterable[AttentionSite | str] | None) -> li
 
 
 def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | None = None, replace: bool = False,
-          **args: Any) -> dict[str, SiteMechanism]:
+          kinds: Sequence[str] | None = None, **args: Any) -> dict[str, SiteMechanism]:
     """Run mechanism ``name`` (with ``args``) at every site of ``model`` (or the given sites: objects, names such as
-    ``enc-self.3`` or paths), reusing the pretrained q/k/v/o weights. Selects the ``headwise`` implementation.
-    Returns ``{site.path: op}``; ``op.core`` is the mechanism.
+    ``enc-self.3`` or paths; or every site of the given ``kinds``), reusing the pretrained q/k/v/o weights. Selects
+    the ``headwise`` implementation. Returns ``{site.path: op}``; ``op.core`` is the mechanism.
     """
     cls = get_mechanism(name)
-    chosen = _select(model, sites)
+    if sites is not None and kinds is not None:
+        raise HeadwiseError("give sites= or kinds=, not both")
+    chosen = select_sites(model, kinds) if kinds is not None else _select(model, sites)
     for site in chosen:
+        if site.kind == "dec-enc":
+            raise HeadwiseError(f"{site.name} is cross-attention (queries from the decoder, keys from the encoder); "
+                                f"mechanism {name!r} runs in self-attention sites only: pass sites=[...] without it")
+        if site.positions == "relative":
+            raise HeadwiseError(f"{site.name}: {site.family} adds a relative position bias to its attention scores, "
+                                f"which mechanism {name!r} cannot add; mechanisms need absolute or rotary positions")
         if site.causal and not cls.can_be_causal:
             cls(site.num_heads, site.head_dim, **args).check_causal(True)
     ops = {s.path: attach(s, "mechanism", SLOT_NAME, SiteMechanism(name, s.num_heads, s.head_dim, args), replace)

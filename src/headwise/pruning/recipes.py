@@ -41,11 +41,17 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, *, config: L0Config | 
     add_l0_gates(model, config)
     finetune_stsb(model, tokenizer, epochs=epochs, penalties=[L0Penalty(model, config)],
                   head_learning_rate=head_learning_rate, data=data, progress=progress, **train)
+    return keep_l0_heads(model, keep)
+
+
+@torch.no_grad()
+def keep_l0_heads(model: nn.Module, keep: int) -> dict[str, list[int]]:
+    """After L0 training: keep exactly ``keep`` heads (``l0_keep``), fold their gate values and remove the rest.
+    A kept head whose gate closed (the best of an emptied layer) is reopened at gate 1. Returns ``{site: removed}``."""
     masks = l0_keep(model, keep)
-    with torch.no_grad():  # a kept head whose gate closed (the best of an emptied layer) is reopened at gate 1
-        for path, gate in l0_gates(model).items():
-            shut = torch.tensor(masks[path], device=gate.log_alpha.device).bool() & (gate.eval_gates() == 0)
-            gate.log_alpha[shut] = OPEN_LOG_ALPHA
+    for path, gate in l0_gates(model).items():
+        shut = torch.tensor(masks[path], device=gate.log_alpha.device).bool() & (gate.eval_gates() == 0)
+        gate.log_alpha[shut] = OPEN_LOG_ALPHA
     apply_masks(model, masks)
     return prune_masked(model)
 

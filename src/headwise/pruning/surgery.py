@@ -2,6 +2,12 @@
 
 transformers 5 removed ``prune_heads``; this is its replacement for every supported family, recorded in
 ``config.headwise`` so ``headwise.from_pretrained`` rebuilds the pruned shapes before loading weights.
+
+T5 computes its relative position bias ``[1, H, Tq, Tk]`` in layer 0 of a stack (``relative_attention_bias``,
+``[buckets, H]``) and hands that one tensor to every layer, so the bias table cannot be sliced for one layer.
+A pruned T5 module instead keeps ``n_heads`` (the width of that shared tensor and of its zero bias) and lists
+in ``BIAS_HEADS`` the original head index of each remaining head; the ``headwise`` attention reads those columns.
+Pruned T5 models therefore run under the ``headwise`` implementation (which ``headwise.from_pretrained`` selects).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from transformers.pytorch_utils import Conv1D
 
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
+from ..runtime.attention import BIAS_HEADS
 from ..runtime.ops import SLOTS, ops_of
 from ..sites import AttentionSite, HeadProjection, find_sites
 
@@ -103,9 +110,13 @@ def _prune_site(model: nn.Module, site: AttentionSite, keep: list[int], keep_kv:
     for module, axis, parts in per_module.values():
         _replace(model, module, _sliced(module, axis, torch.cat(parts)))
     attn = site.module
-    for attr in _HEAD_COUNT_ATTRS:
-        if isinstance(getattr(attn, attr, None), int):
-            setattr(attn, attr, len(keep))
+    if hasattr(attn, "compute_bias"):  # T5: the stack's shared position bias keeps its original heads
+        read = getattr(attn, BIAS_HEADS, tuple(range(attn.n_heads)))
+        setattr(attn, BIAS_HEADS, tuple(read[h] for h in keep))
+    else:
+        for attr in _HEAD_COUNT_ATTRS:
+            if isinstance(getattr(attn, attr, None), int):
+                setattr(attn, attr, len(keep))
     if hasattr(attn, "all_head_size"):
         attn.all_head_size = len(keep) * site.head_dim
     if hasattr(attn, "split_size"):  # GPT-2 splits the fused c_attn output by this size

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+from html import escape
 from pathlib import Path
 from typing import Sequence
 
@@ -430,12 +431,85 @@ def _examples(report: Report, ctx: _Context, max_examples: int, max_tokens: int)
         sec.grid(figs)
 
 
+ROLE_COLOURS = {"positional:prev": svg.PALETTE[0], "positional:next": svg.PALETTE[5], "rare": svg.PALETTE[1],
+                "alignment": svg.PALETTE[2], "several": svg.PALETTE[4]}
+ROLE_WORDS = {"positional:prev": "positional (previous token)", "positional:next": "positional (next token)",
+              "rare": "rare tokens", "alignment": "alignment-like", "several": "several roles"}
+KIND_SCORES = {"enc-self": ("prev", "next", "rare"), "dec-self": ("prev", "rare"),
+               "dec-enc": ("alignment", "confidence", "rare")}
+SCORE_TITLES = {"prev": "argmax on previous token", "next": "argmax on next token", "rare": "argmax on rarest token",
+                "alignment": "argmax aligned", "confidence": "mean largest weight"}
+
+
+def _role_grid(roles: Sequence[Sequence[Sequence[str]]], labels: Sequence[str], title: str, cell: float = 26) -> str:
+    """Layers × heads, each cell coloured by the head's role (a categorical heatmap, class ``hw-roles``)."""
+    n_cols = max((len(r) for r in roles), default=0)
+    left, top = max((len(s) for s in labels), default=1) * svg.CHAR_W + 12, 30
+    body = [svg._text(4, 18, title, size=13, weight="600")]
+    for i, (row, label) in enumerate(zip(roles, labels)):
+        y = top + i * cell
+        body.append(svg._text(left - 5, y + cell / 2 + 4, label, anchor="end"))
+        for h, found in enumerate(row):
+            key = found[0] if len(found) == 1 else ("several" if found else None)
+            fill = ROLE_COLOURS.get(key, "#f2f2f2")
+            tip = f"{label} H{h}: {', '.join(ROLE_WORDS[f] for f in found) or 'no role'}"
+            body.append(f'<rect x="{left + h * cell:.1f}" y="{y:.1f}" width="{cell - 1:.1f}" height="{cell - 1:.1f}" '
+                        f'fill="{fill}"><title>{escape(tip)}</title></rect>')
+    bottom = top + len(roles) * cell
+    for h in range(n_cols):
+        body.append(svg._text(left + h * cell + cell / 2, bottom + 12, f"H{h}", size=9, anchor="middle"))
+    legend_x = left + n_cols * cell + 14
+    for k, (key, colour) in enumerate(ROLE_COLOURS.items()):
+        body.append(f'<rect x="{legend_x:.1f}" y="{top + 16 * k:.1f}" width="11" height="11" fill="{colour}"/>')
+        body.append(svg._text(legend_x + 16, top + 16 * k + 10, ROLE_WORDS[key], size=10))
+    width = legend_x + 16 + max(len(w) for w in ROLE_WORDS.values()) * svg.CHAR_W
+    return svg._svg("hw-roles", width, max(bottom + 20, top + 16 * len(ROLE_COLOURS)) + 4, title, body)
+
+
+def add_roles_section(report: Report, roles: dict) -> None:
+    """Voita's head roles per attention kind (``roles``: ``headwise.analysis.roles.HeadRoles.to_dict()``): for each
+    kind a table of the heads holding each role, a layer × head grid coloured by role and the role scores."""
+    if roles.get("headwise_roles") != 1:
+        raise HeadwiseError("not a head-roles result (expected \"headwise_roles\": 1); compute one with "
+                            "headwise.analysis.roles.head_roles")
+    cfg = roles["config"]
+    sec = report.add_section("Head roles", intro=(
+        "Roles after Voita et al. (2019), from the key each token gives its largest weight (its argmax). "
+        f"**Positional**: the argmax is the previous (or next) token for at least {cfg['positional_threshold']:.0%} "
+        f"of the tokens. **Rare tokens**: the argmax is the sentence's least frequent token for at least "
+        f"{cfg['rare_threshold']:.0%} of the tokens (frequencies: {roles['frequency_source']}). **Alignment-like** "
+        f"(decoder→encoder only, {roles['alignment_source']}): the argmax is the aligned source token — or, "
+        f"without an alignment, lies within {cfg['diagonal_window']} token(s) of the diagonal — for at least "
+        f"{cfg['alignment_threshold']:.0%} of the target tokens"
+        + ("" if roles["alignment_source"] == "given alignment" else
+           f", with a mean largest weight of at least {cfg['alignment_confidence']:.0%}") + "."))
+    by_kind = roles.get("by_kind") or {}
+    for kind in ("enc-self", "dec-self", "dec-enc"):
+        index = [i for i, s in enumerate(roles["sites"]) if s["kind"] == kind]
+        if not index:
+            continue
+        labels = [f"L{roles['sites'][i]['layers'][0]}" for i in index]
+        sec.heading(f"{kind} ({len(index)} layers)")
+        found = by_kind.get(kind, {})
+        found = {role: found[role] for role in ROLE_WORDS if role in found}
+        sec.table([[ROLE_WORDS[role], len(heads), ", ".join(heads)] for role, heads in found.items()]
+                  or [["none", 0, "no head reaches a role threshold"]], ["role", "heads", "which"])
+        figures = [(_role_grid([roles["roles"][i] for i in index], labels, f"{kind}: roles"), None)]
+        for name in KIND_SCORES[kind]:
+            table = _clean([roles["scores"][name][i] for i in index])
+            figures.append(svg.heatmap(table, labels, [f"H{h}" for h in range(max(len(r) for r in table))],
+                                       f"{kind}: {SCORE_TITLES[name]}", 0.0, 1.0, xlabel="head", ylabel="layer",
+                                       legend="share of tokens", max_width=360))
+        sec.grid(figures)
+
+
 def analysis_report(stats: dict, *, max_examples: int = 2, max_tokens: int = 32) -> Report:
     """Build the standard per-head analysis report from a stats dict (the contents of ``stats.json``).
 
     Sections: how to read the page, a heatmap of every metric, importance rankings, top/bottom heads,
     positional heads, attention-weight histograms, head similarity and example attention maps (the last
-    three only when the stats contain them). Raises :class:`HeadwiseError` for malformed stats.
+    three only when the stats contain them), and head roles per kind when ``stats["roles"]`` holds a
+    ``HeadRoles.to_dict()``. Raises :class:`HeadwiseError` for malformed stats.
     """
     ctx = _Context(stats)
     n_heads = sum(len(row) for row in next(iter(ctx.heads.values()), []))
@@ -457,6 +531,8 @@ def analysis_report(stats: dict, *, max_examples: int = 2, max_tokens: int = 32)
     _histograms(report, ctx)
     _similarity(report, ctx)
     _examples(report, ctx, max_examples, max_tokens)
+    if stats.get("roles"):
+        add_roles_section(report, stats["roles"])
     return report
 
 

@@ -15,9 +15,13 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ..errors import HeadwiseError
 from .ops import ATTR, HeadOps
 
 NAME = "headwise"
+# T5 passes one ``position_bias[1, H0, Tq, Tk]`` to every layer of a stack (H0: the stack's original head count).
+# After surgery a module lists here the bias columns its remaining heads read (see ``pruning.surgery``).
+BIAS_HEADS = "headwise_bias_heads"
 
 try:  # transformers 5 records `output_attentions` through hooks and does not always pass the flag down
     from transformers.utils.output_capturing import _active_collector
@@ -102,8 +106,14 @@ def headwise_attention(
     is_causal = kwargs.pop("is_causal", None)
     causal = bool(getattr(module, "is_causal", False) if is_causal is None else is_causal)
     want_probs = _attentions_requested(kwargs)
+    bias_heads = getattr(module, BIAS_HEADS, None)
+    if bias_heads is not None and kwargs.get("position_bias") is not None:
+        kwargs["position_bias"] = kwargs["position_bias"][:, list(bias_heads)]
     probs = None
     if ops is not None and len(ops.mechanism):
+        if kwargs.get("position_bias") is not None:
+            raise HeadwiseError(f"{type(module).__name__} adds a position bias to its attention scores; attention "
+                                "mechanisms cannot add it, so they cannot run here (detach the mechanism)")
         mechanism = next(iter(ops.mechanism.values()))
         out = mechanism(module, query, key, value, keep_mask(attention_mask, query.shape[2], key.shape[2], causal,
                         query.device), scaling, dropout, causal)

@@ -1,6 +1,7 @@
 """Attention sites: where heads become visible. ``find_sites(model)`` works for every registered family."""
 
 from . import families as _families  # noqa: F401  (registers the built-in adapters)
+from . import seq2seq as _seq2seq  # noqa: F401  (encoder-decoder adapters)
 from .base import AttentionSite, HeadProjection
 from .registry import find_sites, register_adapter, select_sites, site_by_path, supported_families
 

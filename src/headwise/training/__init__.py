@@ -1,7 +1,10 @@
-"""Training with head penalties through the HF Trainer (one recipe for pruning, compression and mixing)."""
+"""Training with head penalties through the HF Trainer and Seq2SeqTrainer (one recipe for pruning, compression and
+mixing; translation for encoder-decoder models)."""
 
 from .stsb import CosineRegression, PairCollator, PairDataset, finetune_stsb
-from .trainer import HeadwiseTrainer, Penalty, is_head_parameter
+from .seq2seq import HeadwiseSeq2SeqTrainer, TranslationDataset, train_translation
+from .trainer import HeadwiseTrainer, Penalty, PenaltyTraining, is_head_parameter
 
-__all__ = ["HeadwiseTrainer", "Penalty", "is_head_parameter", "finetune_stsb", "CosineRegression", "PairCollator",
-           "PairDataset"]
+__all__ = ["HeadwiseTrainer", "HeadwiseSeq2SeqTrainer", "Penalty", "PenaltyTraining", "is_head_parameter",
+           "finetune_stsb", "CosineRegression", "PairCollator", "PairDataset", "TranslationDataset",
+           "train_translation"]

@@ -1,5 +1,6 @@
-"""``HeadwiseTrainer``: a ``transformers.Trainer`` that adds head penalties to the loss, gives head parameters
-their own learning rate, logs head statistics, and scales the loss right under gradient accumulation.
+"""``PenaltyTraining``, the mixin behind ``HeadwiseTrainer`` (and ``HeadwiseSeq2SeqTrainer``): adds head penalties
+to the loss, gives head parameters their own learning rate, logs head statistics, and scales the loss right under
+gradient accumulation.
 
 Gradient accumulation: transformers decides from the model's ``forward`` signature whether the loss is already
 normalised by the number of items in the batch, and models whose forward takes ``**kwargs`` are assumed to do
@@ -44,11 +45,10 @@ class _PenaltySteps(TrainerCallback):
             penalty.step()
 
 
-class HeadwiseTrainer(Trainer):
-    """``Trainer(model, args, ..., penalties=[...], head_learning_rate=1e-2)``.
-
-    The model's forward must return a mapping (or ModelOutput) with a ``loss`` that is a mean over the batch.
-    """
+class PenaltyTraining:
+    """Mixin for ``transformers.Trainer`` subclasses: ``penalties=[...]`` and ``head_learning_rate=`` keyword
+    arguments, penalties added to the loss (once per update under gradient accumulation, see the module docstring),
+    their ``step()`` after every update and their ``metrics()`` in the logs. Put it first in the bases."""
 
     loss_is_scaled_for_ga = False
 
@@ -61,8 +61,14 @@ class HeadwiseTrainer(Trainer):
             self.add_callback(_PenaltySteps(self.penalties))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        outputs = model(**inputs)
-        loss = outputs["loss"]
+        if self.label_smoother is not None and "labels" in inputs:
+            inputs = dict(inputs)
+            labels = inputs.pop("labels")
+            outputs = model(**inputs)
+            loss = self.label_smoother(outputs, labels)
+        else:
+            outputs = model(**inputs)
+            loss = outputs["loss"]
         for penalty in self.penalties:
             loss = loss + penalty(self.model)
         return (loss, outputs) if return_outputs else loss
@@ -88,3 +94,11 @@ class HeadwiseTrainer(Trainer):
         for penalty in self.penalties:
             logs.update(penalty.metrics())
         super().log(logs, *args, **kwargs)
+
+
+class HeadwiseTrainer(PenaltyTraining, Trainer):
+    """``HeadwiseTrainer(model, args, ..., penalties=[...], head_learning_rate=1e-2)``.
+
+    The model's forward must return a mapping (or ModelOutput) with a ``loss`` that is a mean over the batch
+    (or, with ``label_smoothing_factor``, logits the Trainer's label smoother reads).
+    """
