@@ -3,6 +3,7 @@ import random
 import pytest
 import torch
 import transformers as tf
+from tiny import GateSum
 
 from headwise import HeadwiseError, add_gates, enable
 from headwise.evaluation import BleuMetric, ParallelCorpus, SyntheticGrammar, corpus_bleu, read_corpus, write_corpus
@@ -183,22 +184,6 @@ def test_l0_on_one_kind_trains_and_steps_the_dual_ascent(tmp_path, data):
     assert penalty.steps == 3 and penalty.lam > 0  # 8 expected open heads > target 2: λ rose
     assert all(not torch.equal(before[p], g.log_alpha) for p, g in l0_gates(model).items())
     assert any("l0_lambda" in row for row in trainer.state.log_history)
-
-
-class GateSum:
-    """A penalty that must count once per update: 0.3 · Σ gate weights."""
-
-    def __init__(self, gates):
-        self.gates = list(gates.values())
-
-    def __call__(self, model):
-        return 0.3 * sum(g.weight.sum() for g in self.gates)
-
-    def metrics(self):
-        return {}
-
-    def step(self):
-        pass
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path, data):

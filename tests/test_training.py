@@ -6,26 +6,10 @@ from pathlib import Path
 import pytest
 import torch
 import transformers as tf
-from tiny import RandomPairs
+from tiny import GateSum, RandomPairs
 
 from headwise.runtime import add_gates, enable
 from headwise.training import CosineRegression, HeadwiseTrainer, is_head_parameter
-
-
-class GateSum:
-    """A penalty that must count once per update: 0.3 · Σ gate weights."""
-
-    def __init__(self, gates):
-        self.gates = list(gates.values())
-
-    def __call__(self, model):
-        return 0.3 * sum(g.weight.sum() for g in self.gates)
-
-    def metrics(self):
-        return {"gate_sum": float(sum(g.weight.detach().sum() for g in self.gates))}
-
-    def step(self):
-        pass
 
 
 def _train(tmp_path, batch, accumulation, head_lr=None):

@@ -1,4 +1,4 @@
-"""Tiny random-initialised models of every supported family, and inputs with padding."""
+"""Tiny random-initialised models of every supported family, inputs with padding, and a test penalty."""
 
 from __future__ import annotations
 
@@ -150,3 +150,19 @@ def seq2seq_inputs(family: str, batch: int = 3, src_len: int = 7, tgt_len: int =
     inputs = {"input_ids": src.masked_fill(~src_real, pad), "attention_mask": src_real.long(),
               "decoder_input_ids": tgt.masked_fill(~tgt_real, pad), "decoder_attention_mask": tgt_real.long()}
     return inputs, src_real, tgt_real
+
+
+class GateSum:
+    """A penalty that must count once per update: 0.3 · Σ gate weights."""
+
+    def __init__(self, gates):
+        self.gates = list(gates.values())
+
+    def __call__(self, model):
+        return 0.3 * sum(g.weight.sum() for g in self.gates)
+
+    def metrics(self):
+        return {"gate_sum": float(sum(g.weight.detach().sum() for g in self.gates))}
+
+    def step(self):
+        pass

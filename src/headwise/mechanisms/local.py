@@ -68,9 +68,9 @@ class Local(Mechanism):
         kk = F.pad(keep, (w, n * w - t + (0 if causal else w))).unfold(1, kw, w)  # [b, n, kw]
         rel, inside = band(self.config.window, w, causal, q.device)
         allowed = (inside & kk[:, :, None, :]) | (rel == 0)  # own position: no row is empty
-        mask = rearrange(allowed, "b n q k -> (b n) q k")[:, None]
-        if self.bias is not None:
-            mask = self._bias(rel, inside)[None].masked_fill(~mask, float("-inf"))
+        allowed = rearrange(allowed, "b n q k -> (b n) q k")[:, None]
+        bias = self._bias(rel, inside)[None] if self.bias is not None else q.new_zeros(())
+        mask = torch.where(allowed, bias, float("-inf"))  # additive: SDPA's CPU kernel is ~30% faster than with bool
         queries = rearrange(pad_to(q, w, 2), "b h (n w) d -> (b n) h w d", w=w)
         out = F.scaled_dot_product_attention(queries, windows(k), windows(v), attn_mask=mask, scale=scale)
         return rearrange(out, "(b n) h w d -> b h (n w) d", b=b)[:, :, :t]
