@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 from pathlib import Path
 
 from ..errors import HeadwiseError
@@ -19,7 +20,7 @@ def register(verbs, parents) -> None:
     p.add_argument("--calibration", default=None,
                    help="STS-B .tsv file or folder, or a .txt file (one text a line): minimise the attention-score "
                         "error on these inputs instead of the weight error")
-    p.add_argument("--limit", type=int, default=2000, help="calibration texts used (default: 2000)")
+    p.add_argument("--limit", type=int, default=2000, help="calibration texts used, a seeded random sample when the file holds more (default: 2000)")
     p.add_argument("--iterations", type=int, default=20, help="ALS sweeps after the closed-form start (default: 20)")
     p.add_argument("--init", choices=["auto", "block", "hosvd"], default="auto",
                    help="closed-form start (default: auto = block with --calibration, hosvd without)")
@@ -44,7 +45,8 @@ def _calibration_texts(path: str, limit: int) -> list[str]:
         texts = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
     else:
         texts = read_stsb("train", path).sentences() if file.is_dir() else read_stsb("dev", path).sentences()
-    return texts[:limit]
+    # a sample, not the first rows: files are often sorted by source (STS-B train: its first 2000 are captions)
+    return random.Random(0).sample(texts, limit) if len(texts) > limit else texts
 
 
 def _curve_dks(spec: str, dk: int, exact: int) -> list[int]:
