@@ -3,7 +3,8 @@
 Standalone modules (``build_attention``: q/k/v/o projections included), embed dim 512, 8 heads, batch 1, fp32,
 on this CPU. Times are interleaved medians (all mechanisms of one length and mode in one round-robin); ratios are
 to softmax (SDPA) in the same run, causal mechanisms to causal SDPA. Peak memory is measured in a fresh process
-per (mechanism, length): peak RSS above the RSS before the call. Writes the ``mechanisms`` section of
+per (mechanism, length): peak RSS (``VmHWM``, reset just before the call) above the RSS before it. ``ru_maxrss``
+would not do: Linux carries it across ``exec``, so a child started by a big parent reports the parent's peak. Writes the ``mechanisms`` section of
 docs/benchmarks.md.
 
     python benchmarks/mechanisms_speed.py [--sizes 512,1024,...] [--memory-sizes 2048,8192]
@@ -81,25 +82,33 @@ def time_all(sizes: list[int]) -> dict:
 
 
 PROBE = """
-import resource, sys, json, torch
+import sys, json, torch
 sys.path.insert(0, "benchmarks")
 from mechanisms_speed import module
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
+def peak_since_reset():  # VmHWM of this process's memory map, reset by writing 5 to clear_refs
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmHWM"))
+def reset_peak():
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
 label, n = sys.argv[1], int(sys.argv[2])
 m, x = module(label), torch.randn(1, n, 512)
 m(torch.randn(1, 64, 512, requires_grad=True)).sum().backward()  # library start-up allocations happen here
 m.zero_grad(set_to_none=True)
 out = {}
 base = rss()
+reset_peak()
 with torch.no_grad():
     m(x)
-out["fwd"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+out["fwd"] = peak_since_reset() - base
 xg = x.clone().requires_grad_()
-base2 = rss()
+base = rss()
+reset_peak()
 m(xg).sum().backward()
-out["fwd+bwd"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base2
+out["fwd+bwd"] = peak_since_reset() - base
 print(json.dumps(out))
 """
 
@@ -173,11 +182,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--memory-sizes", default="8192")
+    parser.add_argument("--memory-only", action="store_true",
+                        help="re-measure memory only, reusing the timings saved in --json by an earlier run")
     parser.add_argument("--json", default=None, help="also write the raw numbers here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     memory_sizes = [int(s) for s in args.memory_sizes.split(",")] if args.memory_sizes else []
-    times = time_all(sizes)
+    if args.memory_only:
+        if not args.json:
+            parser.error("--memory-only reads the timings from --json")
+        with open(args.json) as f:
+            saved = json.load(f)["times"]
+        times = {label: {mode: {int(n): t for n, t in per.items()} for mode, per in modes.items()}
+                 for label, modes in saved.items()}
+    else:
+        times = time_all(sizes)
     memory = memory_all(memory_sizes) if memory_sizes else {}
     if args.json:
         with open(args.json, "w") as f:
