@@ -5,7 +5,7 @@ Settings are chosen for STS-B's short sentences (median ~13 tokens) so that ever
 regression on STS-B train, batch 16, lr 2e-5) for the same fixed number of steps for every row, the plain softmax
 baseline included. Writes the ``mechanisms-stsb`` section of docs/benchmarks.md.
 
-    python benchmarks/mechanisms_stsb.py [--steps 80] [--only zero-shot]
+    python benchmarks/mechanisms_stsb.py [--steps 60] [--only zero-shot]
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def fresh(label: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--only", choices=["zero-shot", "all"], default="all")
     parser.add_argument("--out", default="/tmp/mechanisms_stsb.json")
     args = parser.parse_args()
