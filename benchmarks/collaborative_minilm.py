@@ -7,7 +7,7 @@
 Calibration: 2000 distinct STS-B *train* sentences sampled with seed 0 (the file is sorted by genre: its first 2000
 are all image captions, which under-represent the longer news and forum sentences of dev and cost 0.005 of cosine at
 D~k = 192); cosine and Spearman on STS-B dev. Results are kept in
-benchmarks/.collaborative_minilm.json between phases and rendered into docs/benchmarks.md.
+docs/collaborative-minilm-results.json between phases and rendered into docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from headwise.evaluation import encode, read_stsb
 from headwise.training import finetune_stsb
 
 DKS = [384, 256, 192, 128, 64]
-CACHE = Path(__file__).with_name(".collaborative_minilm.json")
+CACHE = Path(__file__).parent.parent / "docs" / "collaborative-minilm-results.json"
 STEPS = int(os.environ.get("STEPS", -1))  # -1: one epoch
 
 
