@@ -80,16 +80,19 @@ def main() -> None:
                 results[f"{dk}/{objective}"] = row
                 print(dk, objective, row, flush=True)
     else:
-        for arg in sys.argv[2:]:
+        dks = sys.argv[2:]
+        if any(arg != "none" for arg in dks):
+            moments = input_moments(model, headwise.find_sites(model), calibration, tokenizer, progress=False)
+        for arg in dks:
             m = copy.deepcopy(model)
             if arg != "none":
-                moments = input_moments(m, headwise.find_sites(m), calibration, tokenizer, progress=False)
                 compress_1t(m, dk=int(arg), moments=moments, progress=False)
             start = time.perf_counter()
             finetune_stsb(m, tokenizer, epochs=1, max_steps=STEPS, progress=False)
             row = {"finetune_seconds": time.perf_counter() - start, **measure(m, tokenizer, dev, reference)}
             results[f"finetuned/{arg}"] = row
             print(arg, row, flush=True)
+            CACHE.write_text(json.dumps(results, indent=1))  # after every run: a killed job keeps what it finished
     CACHE.write_text(json.dumps(results, indent=1))
     if "original" in results:
         render(results)
