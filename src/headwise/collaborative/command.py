@@ -64,7 +64,7 @@ def _curve_dks(spec: str, dk: int, exact: int) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
-    from ..io import atomic_dir, check_writable_dir, save_pretrained
+    from ..io import check_writable_dir, save_run
     from ..models import load_model, load_tokenizer
     from ..report import Report
     from ..training import finetune_stsb
@@ -108,12 +108,9 @@ def run(args: argparse.Namespace) -> int:
         "metric_finetuned": metric_finetuned, "finetune_epochs": args.finetune,
         "curve": [c.as_dict() for c in curve],
     }
-    with atomic_dir(args.out, overwrite=args.force) as tmp:
-        save_pretrained(model, tmp / "model", tokenizer=tokenizer)
-        (tmp / "compression.json").write_text(json.dumps(summary, indent=1))
-        report = Report("headwise compression report", f"{summary['model']}: collaborative heads, dk={result.dk}")
-        add_compression_section(report, summary)
-        report.write(tmp)
+    report = Report("headwise compression report", f"{summary['model']}: collaborative heads, dk={result.dk}")
+    add_compression_section(report, summary)
+    save_run(args.out, model, tokenizer, "compression.json", summary, report, overwrite=args.force)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -47,7 +47,7 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
-    from ..io import atomic_dir, check_writable_dir, save_pretrained
+    from ..io import check_writable_dir, save_run
     from ..models import load_model
     from ..report import Report
     from ..report.pruning import add_pruning_section
@@ -99,12 +99,9 @@ def run(args: argparse.Namespace) -> int:
         "metric_name": "STS-B dev Spearman ×100", "metric_before": metric_before,
         "metric_after": None if args.no_eval else metric(model), "curve": curve,
     }
-    with atomic_dir(args.out, overwrite=args.force) as tmp:
-        save_pretrained(model, tmp / "model", tokenizer=tokenizer)
-        (tmp / "pruning.json").write_text(json.dumps(result, indent=1))
-        report = Report("headwise pruning report", f"{result['model']}: {result['method']} pruning")
-        add_pruning_section(report, result)
-        report.write(tmp)
+    report = Report("headwise pruning report", f"{result['model']}: {result['method']} pruning")
+    add_pruning_section(report, result)
+    save_run(args.out, model, tokenizer, "pruning.json", result, report, overwrite=args.force)
     if args.json:
         print(json.dumps(result))
     else:
