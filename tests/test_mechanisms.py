@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from headwise.errors import HeadwiseError
 from headwise.mechanisms import MECHANISMS, NestedNamespace, add_args, build_attention, build_core, list_mechanisms
+from mechanism_cases import CAUSAL_CASES, case_id
 
 H, D = 2, 8
 # small settings so that every mechanism approximates (windows and chunks shorter than the sequences)
@@ -15,6 +16,7 @@ SMALL = {
     "softmax": {}, "linear": {}, "local": {"window": 3}, "performer": {"features": 16}, "rfa": {"features": 16},
     "nystrom": {"landmarks": 4}, "eva": {"window": 4, "chunk_size": 2}, "scatterbrain": {"window": 3, "features": 16},
     "local2d": {"window": 2, "grid": 4, "prefix_tokens": 1}, "lara": {"num_landmarks": 4}, "ra": {},
+    "cosformer": {"max_length": 40},
 }
 CAUSAL_ONES = sorted(n for n, c in MECHANISMS.items() if c.can_be_causal)
 T2D = 1 + 4 * 5  # local2d: [CLS] + a 5 × 4 grid
@@ -92,7 +94,8 @@ def test_changing_future_tokens_leaves_past_outputs_unchanged(name):
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
         x[:, :, 12:] = torch.randn_like(x[:, :, 12:]) * 3
-    torch.testing.assert_close(core(q2, k2, v2, causal=True)[:, :, :12], ref[:, :, :12], atol=1e-5, rtol=0)
+    # exponential features share one per-head stabiliser (a constant that cancels): only rounding may change
+    torch.testing.assert_close(core(q2, k2, v2, causal=True)[:, :, :12], ref[:, :, :12], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -107,7 +110,7 @@ def test_changing_padded_tokens_leaves_real_outputs_unchanged(name, causal):
     pad = torch.zeros(2, t, dtype=torch.bool)
     pad[1, :3] = True  # left padding (generation batches) ...
     pad[0, -2:] = True  # ... and right padding
-    core = build_core(name, H, D, **SMALL[name])
+    core = build_core(name, H, D, **SMALL[name]).eval()  # evaluation: random mechanisms are deterministic
     ref = core(q, k, v, pad, causal)
     q2, k2, v2 = (x.clone() for x in (q, k, v))
     for x in (q2, k2, v2):
@@ -172,10 +175,10 @@ def test_ra_is_unbiased_its_error_falls_with_samples():
     assert errors[0] > errors[1] > errors[2] and errors[2] < 0.4 * errors[0], errors
 
 
-@pytest.mark.parametrize("name", CAUSAL_ONES)
-def test_incremental_decoding_equals_the_full_forward(name):
+@pytest.mark.parametrize("case", CAUSAL_CASES, ids=case_id)
+def test_incremental_decoding_equals_the_full_forward(case):
+    name, args = case
     torch.manual_seed(0)
-    args = dict(SMALL[name])
     attn = build_attention(name, dim=16, num_heads=2, causal=True, **args).eval()
     x = torch.randn(2, 21, 16)
     pad = torch.zeros(2, 21, dtype=torch.bool)
@@ -189,20 +192,22 @@ def test_incremental_decoding_equals_the_full_forward(name):
     assert cache.length == 21
 
 
+def test_performer_decoding_rescales_its_sums_when_a_larger_key_arrives():
+    """A late key far larger than the early ones moves the running stabiliser; outputs still match."""
+    core = build_core("performer", H, D, features=16).eval()
+    q, k, v = qkv()
+    k[:, :, 15:] *= 6
+    full = core(q, k, v, causal=True)
+    state = {}
+    steps = [core.step(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], None, state, D ** -0.5)
+             for a, b in [(0, 5), (5, 15), (15, 16), (16, 21)]]
+    torch.testing.assert_close(torch.cat(steps, dim=2), full, atol=1e-5, rtol=1e-4)
+
+
 def test_eva_default_arguments_work_at_any_length():
     attn = build_attention("eva", dim=32, num_heads=4)
     for t in (512, 509, 77, 1):
         assert attn(torch.randn(1, t, 32)).shape == (1, t, 32)
-
-
-def test_performer_redraw_changes_features_only_in_training():
-    core = build_core("performer", H, D, features=8, redraw_interval=1)
-    before = core.projection.omega.clone()
-    q, k, v = qkv()
-    core.eval()(q, k, v)
-    assert torch.equal(core.projection.omega, before)
-    core.train()(q, k, v)
-    assert not torch.equal(core.projection.omega, before)
 
 
 def test_argparse_with_prefix_and_nested_namespace():
@@ -220,9 +225,9 @@ def test_argparse_with_prefix_and_nested_namespace():
 
 
 def test_bad_input_gives_clear_errors():
-    with pytest.raises(HeadwiseError, match="unknown attention mechanism 'flash'.*available: eva"):
+    with pytest.raises(HeadwiseError, match="unknown attention mechanism 'flash'.*available: cosformer, eva"):
         build_attention("flash", dim=16, num_heads=2)
-    with pytest.raises(HeadwiseError, match="cannot be causal.*causal mechanisms: eva"):
+    with pytest.raises(HeadwiseError, match="cannot be causal.*causal mechanisms: cosformer, eva"):
         build_attention("nystrom", dim=16, num_heads=2, causal=True)
     with pytest.raises(HeadwiseError, match="cannot be causal"):
         build_core("local2d", H, D)(*qkv(T2D), causal=True)

@@ -88,7 +88,7 @@ def test_mechanism_parameters_train_save_and_reload(tmp_path):
 
 def test_random_features_reload_exactly(tmp_path):
     model = tiny_model("gpt2")
-    apply(model, "performer", features=8, seed=3, redraw_interval=1)
+    apply(model, "performer", features=8, seed=3, redraw="every_step")
     model.train()
     model(**tiny_inputs("gpt2")[0])  # redraws: the saved features are no longer the seed's first draw
     model.eval()

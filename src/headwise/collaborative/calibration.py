@@ -18,20 +18,32 @@ from ..errors import HeadwiseError
 from ..sites import AttentionSite
 
 
+def moment_dtype(device: torch.device) -> torch.dtype:
+    """float64 where the device has it (MPS has no float64: float32 there)."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 class _Moments:
+    """Running ``Σ x xᵀ`` of query tokens and of per-sequence centred key tokens, kept on the inputs' device."""
+
     def __init__(self, dim: int) -> None:
-        self.query = torch.zeros(dim, dim, dtype=torch.float64)
-        self.key = torch.zeros(dim, dim, dtype=torch.float64)
+        self.dim = dim
+        self.query: torch.Tensor | None = None
+        self.key: torch.Tensor | None = None
         self.tokens = 0
 
     def add(self, x: torch.Tensor, real: torch.Tensor) -> None:
-        """``x[B, T, D]``, ``real[B, T]`` bool."""
-        x, w = x.detach().double().cpu(), real.double().cpu()[..., None]
+        """``x[B, T, D]``, ``real[B, T]`` bool (any device: moved to ``x``'s)."""
+        dtype = moment_dtype(x.device)
+        if self.query is None:
+            self.query = torch.zeros(self.dim, self.dim, dtype=dtype, device=x.device)
+            self.key = torch.zeros(self.dim, self.dim, dtype=dtype, device=x.device)
+        x, w = x.detach().to(dtype), real.to(device=x.device, dtype=dtype)[..., None]
         xr = x * w
         self.query += xr.flatten(0, 1).T @ xr.flatten(0, 1)
         centred = (x - xr.sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)) * w
         self.key += centred.flatten(0, 1).T @ centred.flatten(0, 1)
-        self.tokens += int(real.sum())
+        self.tokens += int(real.sum()) if real.device.type != "meta" else real.numel()
 
 
 def _batches(calibration: Sequence[str] | Iterable[dict], tokenizer: Any, batch_size: int, max_length: int):
@@ -49,9 +61,9 @@ def _batches(calibration: Sequence[str] | Iterable[dict], tokenizer: Any, batch_
 def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Sequence[str] | Iterable[dict],
                   tokenizer: Any = None, batch_size: int = 32, max_length: int = 128,
                   progress: bool | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """``{site.path: (C_q, C_k)}`` (float64, averaged per token) from running ``model`` on ``calibration``:
-    texts (with ``tokenizer``) or an iterable of model-input dicts. Raises if it holds fewer tokens than the
-    hidden size (the covariances would be singular)."""
+    """``{site.path: (C_q, C_k)}`` (float64, on the model's device, averaged per token) from running ``model`` on
+    ``calibration``: texts (with ``tokenizer``) or an iterable of model-input dicts. Raises if it holds fewer tokens
+    than the hidden size (the covariances would be singular)."""
     if calibration is None or (isinstance(calibration, (list, tuple)) and not len(calibration)):
         raise HeadwiseError("the calibration set is empty; pass texts (or model-input batches) the model will see")
     moments = {s.path: _Moments(s.hidden_size) for s in sites}
@@ -62,7 +74,8 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
 
         def capture(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
-            mask = real[side] if real[side].shape == x.shape[:2] else torch.ones(x.shape[:2], dtype=torch.bool)
+            mask = real[side] if real[side].shape == x.shape[:2] else \
+                torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
             moments[site.path].add(x, mask)
         return capture
 
@@ -74,12 +87,13 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             first = next(v for v in batch.values() if torch.is_tensor(v))
             mask = batch.get("attention_mask")
-            real["source"] = mask.bool().cpu() if mask is not None else torch.ones(first.shape[:2], dtype=torch.bool)
+            real["source"] = mask.bool() if mask is not None else \
+                torch.ones(first.shape[:2], dtype=torch.bool, device=first.device)
             real["target"] = real["source"]
             if "decoder_input_ids" in batch:  # an encoder-decoder: decoder sites see the target side
                 target = batch.get("decoder_attention_mask")
-                real["target"] = target.bool().cpu() if target is not None else \
-                    torch.ones(batch["decoder_input_ids"].shape[:2], dtype=torch.bool)
+                real["target"] = target.bool() if target is not None else \
+                    torch.ones(batch["decoder_input_ids"].shape[:2], dtype=torch.bool, device=first.device)
             model(**batch)
             bar.update()
     finally:
@@ -92,4 +106,7 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
         raise HeadwiseError(f"the calibration set is too short: {tokens} tokens, but the data-aware objective needs "
                             f"at least {dim} (the hidden size) to estimate input covariances; pass more text "
                             "(a few hundred sentences is plenty), or drop the calibration set for the weight objective")
+    for m in moments.values():
+        if m.query is None:  # a site the calibration never reached: zero moments, as an empty sum
+            m.add(torch.zeros(1, 1, m.dim, device=device), torch.zeros(1, 1, dtype=torch.bool, device=device))
     return {p: (m.query / max(m.tokens, 1), m.key / max(m.tokens, 1)) for p, m in moments.items()}

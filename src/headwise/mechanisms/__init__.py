@@ -7,7 +7,9 @@
 - ``build_core(name, num_heads, head_dim, **args)``: the core on projected ``q, k, v [B, H, T, d]``.
 """
 
-from . import eva, lara, linear, local, local2d, nystrom, performer, ra, rfa, scatterbrain, softmax  # noqa: F401
+from . import (  # noqa: F401
+    cosformer, eva, lara, linear, local, local2d, nystrom, performer, ra, rfa, scatterbrain, softmax,
+)
 from .base import MECHANISMS, Mechanism, MechanismConfig, register
 from .dropin import SiteMechanism, apply, mechanisms_of, remove
 from .factory import NestedNamespace, add_args, build_attention, build_core, list_mechanisms, mechanism_args

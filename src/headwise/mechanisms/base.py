@@ -48,6 +48,9 @@ class Mechanism(nn.Module):
     config_class: ClassVar[type[MechanismConfig]] = MechanismConfig
     complexity: ClassVar[str] = ""
     can_be_causal: ClassVar[bool] = True
+    #: dtype of feature maps, normalisers and running sums for half-precision inputs (``None``: the input dtype,
+    #: for cores that only call SDPA, which accumulates in float32 itself). Outputs always have the input dtype.
+    compute_dtype: ClassVar[torch.dtype | None] = torch.float32
 
     def __init__(self, num_heads: int, head_dim: int, **args: Any) -> None:
         super().__init__()
@@ -94,7 +97,23 @@ class Mechanism(nn.Module):
             raise HeadwiseError(f"mechanism {self.name!r} is self-attention: got {q.shape[-2]} queries, "
                                 f"{k.shape[-2]} keys")
         keep = None if key_padding_mask is None else ~key_padding_mask.to(torch.bool)
-        return self.attend(q, k, v, keep, causal, q.shape[-1] ** -0.5 if scale is None else scale)
+        return self.run(q, k, v, keep, causal, q.shape[-1] ** -0.5 if scale is None else scale)
+
+    def _upcast(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+        if self.compute_dtype is None or not xs[0].is_floating_point():
+            return list(xs)
+        dtype = torch.promote_types(xs[0].dtype, self.compute_dtype)  # float64 stays float64 (gradcheck)
+        return [x.to(dtype) for x in xs]
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, causal: bool,
+            scale: float) -> torch.Tensor:
+        """``attend`` in ``compute_dtype``, returned in the input dtype (what ``forward`` and the drop-in call)."""
+        return self.attend(*self._upcast(q, k, v), keep, causal, scale).to(q.dtype)
+
+    def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, state: State,
+             scale: float) -> torch.Tensor:
+        """``decode`` in ``compute_dtype`` (the state keeps that dtype), returned in the input dtype."""
+        return self.decode(*self._upcast(q, k, v), keep, state, scale).to(q.dtype)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, causal: bool,
                scale: float) -> torch.Tensor:

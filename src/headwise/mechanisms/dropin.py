@@ -77,7 +77,7 @@ class SiteMechanism(HeadOp):
                                     f"({q_len} queries, {k_len} keys)")
             # cached generation: earlier queries are gone; they are stand-ins whose outputs are dropped
             q = F.pad(q, (0, 0, k_len - q_len, 0))
-        out = self.core.attend(q, k, v, vec, causal, scaling)[:, :, k_len - q_len:]
+        out = self.core.run(q, k, v, vec, causal, scaling)[:, :, k_len - q_len:]
         return out.transpose(1, 2)
 
 

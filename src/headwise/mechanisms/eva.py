@@ -27,6 +27,7 @@ from .base import Mechanism, MechanismConfig, State, ceil_div, keep_or_ones, neg
 
 
 BIAS_BUDGET = 1 << 24  # elements of the additive bias built per fused call (64 MB in float32)
+EXTRA = 8  # extra key dimensions that carry the chunk offsets H into SDPA
 
 
 @dataclass
@@ -60,9 +61,11 @@ def summarise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Ten
         logits = torch.einsum("bhncd,bhnd->bhnc", k, omega)
     logits = logits.masked_fill(~keep, neg_fill(q.dtype))
     p = logits.softmax(-1)
-    entropy = torch.logsumexp(logits, -1) - (p * logits).sum(-1)
-    return (torch.einsum("bhnc,bhncd->bhnd", p, k), torch.einsum("bhnc,bhncd->bhnd", p, v), entropy,
-            count > 0)
+    valid = count > 0
+    # padded entries contribute p·logit = 0 (0 · the mask fill would give NaN gradients); empty chunks get H = 0
+    entropy = torch.logsumexp(logits, -1) - (p * logits.masked_fill(~keep, 0)).sum(-1)
+    entropy = entropy.masked_fill(~valid, 0)
+    return torch.einsum("bhnc,bhncd->bhnd", p, k), torch.einsum("bhnc,bhncd->bhnd", p, v), entropy, valid
 
 
 def mix(local_scores: torch.Tensor, local_values: torch.Tensor, chunk_scores: torch.Tensor,
@@ -107,12 +110,17 @@ class EVA(Mechanism):
         owner = torch.arange(n, device=q.device) // per  # block of each chunk
         here = torch.arange(blocks, device=q.device)[:, None]
         chunk_ok = valid[:, 0, None, :] & (owner[None] < here if causal else owner[None] != here)  # [b, blocks, n]
-        # H enters as an additive mask; a mask that needs gradients would push SDPA off its fused kernel, so the
-        # gradient reaches the summaries through k̃ and β only (H is held constant in backward)
-        chunk_bias = entropy.detach()[:, None].masked_fill(~chunk_ok[:, :, None], float("-inf"))[..., None, :]
+        chunk_bias = torch.zeros((), dtype=q.dtype, device=q.device).masked_fill(~chunk_ok, float("-inf"))
+        chunk_bias = chunk_bias[:, :, None, None, :]  # [b, blocks, 1, 1, n]
+        # H enters through one extra key dimension (queries carry a 1 there, window keys a 0, summaries H), so its
+        # gradient is exact and the mask stays constant (SDPA keeps its fused kernel); 8 extra dims keep alignment
+        extra = torch.zeros(*q.shape[:-1], EXTRA, dtype=q.dtype, device=q.device)
+        q_aug = torch.cat([q * scale, extra[..., :1] + 1, extra[..., 1:]], dim=-1)
+        k_aug = torch.cat([k, extra], dim=-1)
+        kt_aug = torch.cat([kt, entropy[..., None], extra[:, :, :n, 1:]], dim=-1)
 
-        # one fused softmax per block over [its own keys, the chunk summaries it may see], H as an additive bias;
-        # blocks go in groups so the bias tensor stays small, and causal groups stop at the last summary they use
+        # one fused softmax per block over [its own keys, the chunk summaries it may see];
+        # blocks go in groups so the mask stays small, and causal groups stop at the last summary they use
         group = max(1, BIAS_BUDGET // (h * big * (big + n)))
         outs = []
         for start in range(0, blocks, group):
@@ -121,11 +129,12 @@ class EVA(Mechanism):
             g = stop - start
             span = slice(start * big, stop * big)
             flat = lambda x: rearrange(x[:, :, span], "b h (g w) e -> (b g) h w e", w=big)  # noqa: E731
-            keys = torch.cat([flat(k), kt[:, None, :, :m].expand(b, g, h, m, d).flatten(0, 1)], dim=2)
+            keys = torch.cat([flat(k_aug), kt_aug[:, None, :, :m].expand(b, g, h, m, d + EXTRA).flatten(0, 1)],
+                             dim=2)
             values = torch.cat([flat(v), beta[:, None, :, :m].expand(b, g, h, m, d).flatten(0, 1)], dim=2)
-            bias = torch.cat([local_bias[:, start:stop].expand(b, g, h, big, big),
-                              chunk_bias[:, start:stop, :, :, :m].expand(b, g, h, big, m)], dim=-1)
-            out = F.scaled_dot_product_attention(flat(q), keys, values, attn_mask=bias.flatten(0, 1), scale=scale)
+            bias = torch.cat([local_bias[:, start:stop].expand(b, g, 1, big, big),
+                              chunk_bias[:, start:stop, :, :, :m].expand(b, g, 1, big, m)], dim=-1)
+            out = F.scaled_dot_product_attention(flat(q_aug), keys, values, attn_mask=bias.flatten(0, 1), scale=1.0)
             outs.append(rearrange(out, "(b g) h w e -> b h (g w) e", b=b))
         return torch.cat(outs, dim=2)[:, :, :t]
 

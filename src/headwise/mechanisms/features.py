@@ -1,46 +1,56 @@
-"""Random projections shared by Performer, RFA and Scatterbrain: orthogonal Gaussian blocks from a seed."""
+"""Random projections shared by Performer, RFA and Scatterbrain: orthogonal Gaussian blocks, redrawn by policy."""
 
 from __future__ import annotations
 
 import torch
+from torch import nn
+
+from ..errors import HeadwiseError
+from .randomness import Draws, RandomConfig
 
 
-def orthogonal_gaussian(heads: int, features: int, dim: int, generator: torch.Generator) -> torch.Tensor:
-    """``[heads, features, dim]``: rows orthogonal within blocks of ``dim`` and with chi-distributed norms, so each
-    row is marginally ``N(0, I)`` (Choromanski et al., 2021)."""
+def orthogonal_gaussian(heads: int, features: int, dim: int, generator: torch.Generator,
+                        device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[heads, features, dim]`` float32 on ``device``: rows orthogonal within blocks of ``dim`` and with
+    chi-distributed norms, so each row is marginally ``N(0, I)`` (Choromanski et al., 2021)."""
     out = []
     for _ in range(heads):
         blocks, left = [], features
         while left > 0:
-            qmat, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator))
+            qmat, r = torch.linalg.qr(torch.randn(dim, dim, generator=generator, device=device))
             qmat = qmat * torch.sign(torch.diagonal(r))  # Haar-distributed (QR alone biases the signs)
             blocks.append(qmat.T[: min(left, dim)])
             left -= dim
-        norms = torch.randn(features, dim, generator=generator).norm(dim=1, keepdim=True)
+        norms = torch.randn(features, dim, generator=generator, device=device).norm(dim=1, keepdim=True)
         out.append(torch.cat(blocks) * norms)
     return torch.stack(out)
 
 
-class RandomProjection(torch.nn.Module):
-    """Holds ``omega [H, m, d]`` as a buffer (saved, so a reload is exact) and redraws it on request.
+class RandomProjection(nn.Module):
+    """Holds ``omega [H, m, d]`` (float32; a buffer, or a parameter when ``learn``) and redraws it by the policy.
 
-    ``redraw_interval > 0``: draw fresh features every that many training forwards (Performer's redrawing).
+    Saved with the model, so a reload is exact. Learned features start from the seed's draw and never redraw.
     """
 
-    def __init__(self, heads: int, features: int, dim: int, seed: int, redraw_interval: int = 0) -> None:
+    def __init__(self, heads: int, features: int, dim: int, config: RandomConfig, learn: bool = False) -> None:
         super().__init__()
-        self.heads, self.features, self.dim, self.seed = heads, features, dim, seed
-        self.redraw_interval, self.calls, self.draws = redraw_interval, 0, 0
-        self.register_buffer("omega", self._draw())
+        if learn and config.redraw != "fixed":
+            raise HeadwiseError(f"learned random features cannot be redrawn: use redraw='fixed' "
+                                f"(got redraw={config.redraw!r}) or learn_features=False")
+        self.heads, self.features, self.dim = heads, features, dim
+        self.draws = Draws(config)
+        omega = self._draw(torch.device("cpu"))
+        if learn:
+            self.omega = nn.Parameter(omega)
+        else:
+            self.register_buffer("omega", omega)
 
-    def _draw(self) -> torch.Tensor:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.draws)
-        return orthogonal_gaussian(self.heads, self.features, self.dim, generator)
+    def _draw(self, device: torch.device) -> torch.Tensor:
+        return orthogonal_gaussian(self.heads, self.features, self.dim, self.draws.generator(device), device)
 
     def get(self, training: bool) -> torch.Tensor:
-        if training and self.redraw_interval:
-            self.calls += 1
-            if self.calls % self.redraw_interval == 0:
-                self.draws += 1
-                self.omega.copy_(self._draw().to(self.omega))
+        """The current ``omega`` (redrawn on its own device when the policy says so)."""
+        if self.draws.step(training):
+            with torch.no_grad():
+                self.omega.copy_(self._draw(self.omega.device))
         return self.omega

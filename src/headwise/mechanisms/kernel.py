@@ -1,11 +1,14 @@
-"""Kernelised attention ``φ(q)ᵀ Σ φ(k) vᵀ / φ(q)ᵀ Σ φ(k)``: the shared engine of linear, Performer and RFA.
+"""Kernelised attention ``φ(q)ᵀ Σ φ(k) vᵀ / φ(q)ᵀ Σ φ(k)``: the shared engine of the feature-map mechanisms.
 
 Non-causal: one ``[m, d]`` summary per head. Causal: chunks of ``CHUNK`` tokens, exact (masked) inside a chunk and
 an exclusive prefix sum of chunk summaries across chunks, so time and memory stay linear and backward is cheap.
-Decoding keeps the running sums ``S [B, H, m, d]`` and ``z [B, H, m]``.
+Decoding keeps the running sums ``S [B, H, m, d]`` and ``z [B, H, m]`` (float32 for half inputs) and, for
+exponential features, the log-scale ``M [B, H, 1, 1]`` they are stored at (rescaled when a larger key arrives).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from einops import rearrange
@@ -13,6 +16,15 @@ from einops import rearrange
 from .base import Mechanism, State, keep_or_ones, pad_to
 
 CHUNK = 64
+
+
+class Features(NamedTuple):
+    """``qf, kf [B, H, T, m]``; ``k_shift [B, H, 1, 1]`` or None: the true key features are ``kf · exp(k_shift)``
+    (a per-head constant removed so the exponentials stay in range; it cancels in the ratio)."""
+
+    qf: torch.Tensor
+    kf: torch.Tensor
+    k_shift: torch.Tensor | None = None
 
 
 def linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, ...]:
@@ -33,12 +45,13 @@ def linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, causal
 
 
 class KernelMechanism(Mechanism):
-    """Base of feature-map mechanisms: subclasses implement ``features(q, k, keep, causal, scale)``."""
+    """Base of feature-map mechanisms: subclasses implement ``features(q, k, keep, causal, scale, start)``
+    (``start``: position of the first token, for position-aware maps such as cosFormer)."""
 
     complexity = "O(T m d)"
 
-    def features(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, causal: bool,
-                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    def features(self, q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, causal: bool, scale: float,
+                 start: int = 0) -> Features:
         raise NotImplementedError
 
     def divide(self, num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -47,14 +60,22 @@ class KernelMechanism(Mechanism):
 
     def attend(self, q, k, v, keep, causal, scale):
         keep = keep_or_ones(keep, q)
-        qf, kf = self.features(q, k, keep, causal, scale)
+        qf, kf, _ = self.features(q, k, keep, causal, scale)
         kf = kf * keep[:, None, :, None].to(kf.dtype)
         return self.divide(*linear_attention(qf, kf, v, causal))
 
     def decode(self, q, k, v, keep, state: State, scale):
         keep = keep_or_ones(keep, q)
-        qf, kf = self.features(q, k, keep, True, scale)
+        qf, kf, shift = self.features(q, k, keep, True, scale, start=state.get("seen", 0))
+        state["seen"] = state.get("seen", 0) + q.shape[2]
         kf = kf * keep[:, None, :, None].to(kf.dtype)
+        if shift is not None:  # bring the stored sums and the new keys to a common log-scale
+            old = state.get("M", shift)
+            new = torch.maximum(old, shift)
+            kf = kf * (shift - new).exp()
+            if "S" in state:
+                state["S"], state["z"] = state["S"] * (old - new).exp(), state["z"] * (old - new)[..., 0].exp()
+            state["M"] = new
         intra = (qf @ kf.transpose(-1, -2)).tril()
         num, den = intra @ v, intra.sum(-1)
         if "S" in state:

@@ -1,12 +1,17 @@
 """LARA (Zheng et al., ICML 2022): randomized attention made linear with multiple importance sampling.
 
 Softmax attention is an expectation over ``ω`` of ``f(ω) = Σ_m ξ(ω, k_m) v_m / Σ_m ξ(ω, k_m)`` with positive
-features ``ξ(ω, x) = exp(ωᵀx − |x|²/2)``. LARA draws one ``ω_c ~ N(μ_c, I)`` from each of ``C`` proposals centred at
-``μ_c = q̃_c + k̃_c`` (segment means of scaled queries and keys, real tokens only) and combines them with the
-balance heuristic. Written in log space this is a softmax over proposals:
-``out(q) = Σ_c softmax_c(ω_cᵀq + a_c + log z_c) β_c`` with ``β_c = Σ_m softmax_m(ω_cᵀk_m − |k_m|²/2) v_m``,
-``log z_c = logsumexp_m(ω_cᵀk_m − |k_m|²/2)`` and ``a_c = −|ω_c|²/2 − logsumexp_c'(−|ω_c − μ_c'|²/2)``.
-Noise comes from a generator seeded by ``seed`` (deterministic); ``sample=False`` uses ``ω_c = μ_c``. Not causal.
+features ``ξ(ω, x) = exp(ωᵀx − |x|²/2)``. LARA takes one ``ω_c`` from each of ``C`` proposals ``N(μ_c, I)`` centred
+at ``μ_c = q̄_c + k̄_c`` (segment means of scaled queries and keys, real tokens only; ``proposal="learned"`` first
+maps queries and keys through a trained Linear + LayerNorm, the paper's ``adaptive-1d``) and combines the samples
+with self-normalised weights, a softmax over proposals:
+``out(q) = Σ_c softmax_c(log α_c(q) + ω_cᵀq + log Σ_m ξ(ω_c, k_m) − log q_c(ω_c)) β_c``,
+``β_c = Σ_m softmax_m(ω_cᵀk_m − |k_m|²/2) v_m``. ``mis="bh"``: balance heuristic (``α = 1``,
+``q_c`` the mixture of all proposals). ``mis="opt"`` (the paper's default): ``q_c = N(μ_c, I)`` and
+``α_c(q) = bh_c + a·(t_c(q) − mean_c t_c(q))`` with ``bh_c`` the balance-heuristic weight of ``ω_c``,
+``t_c(q) = softmax_c(q̄_cᵀq)`` and ``a = alpha_coeff`` (2.0 in the paper), clamped at 1e-8.
+Training samples ``ω_c = μ_c + ε`` (``redraw`` policy, generator on the input's device); evaluation uses
+``ω_c = μ_c`` as the paper does (``eval_noise=True``: the latest draw instead). Not causal.
 """
 
 from __future__ import annotations
@@ -14,25 +19,50 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
-from .base import Mechanism, MechanismConfig, keep_or_ones, neg_fill, positive, register
+from ..errors import HeadwiseError
+from .base import Mechanism, keep_or_ones, neg_fill, positive, register
 from .nystrom import segment_means
+from .randomness import POLICIES, Draws, RandomConfig
 
 
 @dataclass
-class LARAConfig(MechanismConfig):
+class LARAConfig(RandomConfig):
+    redraw: str = field(default="every_step", metadata={"help": "when training draws fresh proposal samples",
+                                                                "choices": POLICIES})
     num_landmarks: int = field(default=64, metadata={"help": "number of proposals C (segment landmarks)"})
-    sample: bool = field(default=True, metadata={"help": "draw ω_c ~ N(μ_c, I) (False: use the means)"})
-    seed: int = field(default=0, metadata={"help": "seed of the proposal samples"})
+    mis: str = field(default="opt", metadata={"help": "multiple importance sampling weights: opt (the paper's "
+                                                      "default) or bh (balance heuristic)", "choices": ("opt", "bh")})
+    alpha_coeff: float = field(default=2.0, metadata={"help": "mis=opt: weight a of the query-dependent term"})
+    proposal: str = field(default="mean", metadata={"help": "proposal means: mean (segment means, no parameters) or "
+                                                            "learned (Linear + LayerNorm, adaptive-1d)",
+                                                    "choices": ("mean", "learned")})
+    eval_noise: bool = field(default=False, metadata={"help": "sample ω in evaluation too (default: ω = μ)"})
 
     def check(self) -> None:
+        super().check()
         positive("num_landmarks", self.num_landmarks)
+        if self.mis not in ("opt", "bh"):
+            raise HeadwiseError(f"lara: mis must be 'opt' or 'bh', got {self.mis!r}")
+        if self.proposal not in ("mean", "learned"):
+            raise HeadwiseError(f"lara: proposal must be 'mean' or 'learned', got {self.proposal!r}")
 
 
-def seeded_normal(shape: tuple[int, ...], seed: int, like: torch.Tensor) -> torch.Tensor:
-    """Standard normal noise from a fixed seed (the same every call: outputs are deterministic)."""
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=generator).to(like)
+class Adaptive(nn.Module):
+    """Linear (identity at start) + LayerNorm over the head dimension: the trained map of queries or keys before
+    pooling; runs in the dtype of its input (float32 for half models)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.linear, self.norm = nn.Linear(dim, dim), nn.LayerNorm(dim)
+        nn.init.eye_(self.linear.weight)
+        nn.init.zeros_(self.linear.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.linear(x, self.linear.weight.to(x.dtype), self.linear.bias.to(x.dtype))
+        return F.layer_norm(x, x.shape[-1:], self.norm.weight.to(x.dtype), self.norm.bias.to(x.dtype))
 
 
 @register
@@ -44,20 +74,40 @@ class LARA(Mechanism):
     complexity = "O(T C d)"
     can_be_causal = False
 
+    def __init__(self, num_heads: int, head_dim: int, **args) -> None:
+        super().__init__(num_heads, head_dim, **args)
+        self.draws = Draws(self.config)
+        learned = self.config.proposal == "learned"
+        self.q_map, self.k_map = (Adaptive(head_dim), Adaptive(head_dim)) if learned else (None, None)
+
     def attend(self, q, k, v, keep, causal, scale):
+        cfg = self.config
         keep = keep_or_ones(keep, q)
+        self.draws.step(self.training)
         q, k = q * scale ** 0.5, k * scale ** 0.5
-        c = min(self.config.num_landmarks, q.shape[2])
-        ql, valid = segment_means(q, keep, c)
-        kl, _ = segment_means(k, keep, c)
+        c = min(cfg.num_landmarks, q.shape[2])
+        qm, km = (q, k) if self.q_map is None else (self.q_map(q), self.k_map(k))
+        ql, valid = segment_means(qm, keep, c)
+        kl, _ = segment_means(km, keep, c)
         mu = ql + kl  # [b, h, C, d]
-        omega = mu + seeded_normal(mu.shape, self.config.seed, mu) if self.config.sample else mu
+        omega = mu
+        if self.training or cfg.eval_noise:
+            omega = mu + torch.randn(mu.shape, generator=self.draws.generator(mu.device), device=mu.device,
+                                     dtype=mu.dtype)
         fill = neg_fill(q.dtype)
         ok = valid[:, None, None, :]  # proposals of segments with real tokens
-        cross = -(omega[..., :, None, :] - mu[..., None, :, :]).pow(2).sum(-1) / 2  # [b, h, C, C']
-        a = -omega.pow(2).sum(-1) / 2 - torch.logsumexp(cross.masked_fill(~ok, fill), -1)
+        log_proj_mu = omega @ mu.transpose(-1, -2) - mu.pow(2).sum(-1)[..., None, :] / 2  # [b, h, C(ω), C'(μ)]
+        log_mix = torch.logsumexp(log_proj_mu.masked_fill(~ok, fill), -1)  # [b, h, C]
         logits = omega @ k.transpose(-1, -2) - k.pow(2).sum(-1)[:, :, None, :] / 2  # [b, h, C, T]
         logits = logits.masked_fill(~keep[:, None, None, :], fill)
         beta = logits.softmax(-1) @ v
-        scores = q @ omega.transpose(-1, -2) + (a + torch.logsumexp(logits, -1))[:, :, None, :]
+        log_target = q @ omega.transpose(-1, -2) + torch.logsumexp(logits, -1)[:, :, None, :]  # [b, h, T, C]
+        if cfg.mis == "bh":
+            scores = log_target - log_mix[:, :, None, :]
+        else:
+            log_own = torch.diagonal(log_proj_mu, dim1=-2, dim2=-1)  # [b, h, C]
+            t = (q @ ql.transpose(-1, -2)).masked_fill(~ok, fill).softmax(-1)  # [b, h, T, C]
+            t_mean = (t * ok).sum(-1, keepdim=True) / ok.sum(-1, keepdim=True).clamp_min(1)
+            alpha = (log_own - log_mix).exp()[:, :, None, :] + cfg.alpha_coeff * (t - t_mean)
+            scores = alpha.clamp_min(1e-8).log() + log_target - log_own[:, :, None, :]
         return scores.masked_fill(~ok, fill).softmax(-1) @ beta

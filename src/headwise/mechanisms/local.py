@@ -42,6 +42,7 @@ class Local(Mechanism):
     name = "local"
     config_class = LocalConfig
     complexity = "O(T w d)"
+    compute_dtype = None  # SDPA accumulates in float32 itself
 
     def __init__(self, num_heads: int, head_dim: int, **args) -> None:
         super().__init__(num_heads, head_dim, **args)
@@ -69,7 +70,7 @@ class Local(Mechanism):
         rel, inside = band(self.config.window, w, causal, q.device)
         allowed = (inside & kk[:, :, None, :]) | (rel == 0)  # own position: no row is empty
         allowed = rearrange(allowed, "b n q k -> (b n) q k")[:, None]
-        bias = self._bias(rel, inside)[None] if self.bias is not None else q.new_zeros(())
+        bias = self._bias(rel, inside)[None].to(q.dtype) if self.bias is not None else q.new_zeros(())
         mask = torch.where(allowed, bias, float("-inf"))  # additive: SDPA's CPU kernel is ~30% faster than with bool
         queries = rearrange(pad_to(q, w, 2), "b h (n w) d -> (b n) h w d", w=w)
         out = F.scaled_dot_product_attention(queries, windows(k), windows(v), attn_mask=mask, scale=scale)
@@ -86,11 +87,11 @@ class Local(Mechanism):
         t, total = q.shape[2], k.shape[2]
         rel = torch.arange(total, device=q.device)[None, :] - (total - t) - torch.arange(t, device=q.device)[:, None]
         inside = (rel <= 0) & (rel > -self.config.window)
-        scores = (q * scale) @ k.transpose(-1, -2)
+        scores = (q.float() * scale) @ k.float().transpose(-1, -2)  # float32 softmax (SDPA's accumulation)
         if self.bias is not None:
             scores = scores + self._bias(rel, inside)[None]
         allowed = (inside & keep_all[:, None, None, :]) | (rel == 0)
-        out = scores.masked_fill(~allowed, neg_fill(scores.dtype)).softmax(-1) @ v
+        out = scores.masked_fill(~allowed, neg_fill(scores.dtype)).softmax(-1).to(v.dtype) @ v
         kept = self.config.window - 1
         state["k"], state["v"] = k[:, :, total - kept:], v[:, :, total - kept:]
         state["keep"] = keep_all[:, total - kept:]

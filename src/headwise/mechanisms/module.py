@@ -51,7 +51,7 @@ class EfficientAttention(nn.Module):
                 raise HeadwiseError("a decoding cache needs causal attention")
             self.core.check_causal(True)
             keep = None if key_padding_mask is None else ~key_padding_mask.to(torch.bool)
-            out = self.core.decode(q, k, v, keep, cache.state, q.shape[-1] ** -0.5)
+            out = self.core.step(q, k, v, keep, cache.state, q.shape[-1] ** -0.5)
             cache.length += x.shape[1]
         else:
             out = self.core(q, k, v, key_padding_mask, causal)

@@ -15,24 +15,23 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .base import Mechanism, MechanismConfig, keep_or_ones, pad_to, positive, register
+from .base import Mechanism, keep_or_ones, pad_to, positive, register
 from .features import RandomProjection
 from .kernel import linear_attention
 from .local import band
 from .performer import favor_features
+from .randomness import RandomConfig
 
 
 @dataclass
-class ScatterbrainConfig(MechanismConfig):
+class ScatterbrainConfig(RandomConfig):
     window: int = field(default=64, metadata={"help": "sliding window attended exactly (as in local)"})
     features: int = field(default=64, metadata={"help": "Performer random features for the rest"})
-    redraw_interval: int = field(default=0, metadata={"help": "redraw every N training forwards (0: never)"})
-    seed: int = field(default=0, metadata={"help": "seed of the random features"})
 
     def check(self) -> None:
+        super().check()
         positive("window", self.window)
         positive("features", self.features)
-        positive("redraw_interval", self.redraw_interval, 0)
 
 
 @register
@@ -46,14 +45,14 @@ class Scatterbrain(Mechanism):
     def __init__(self, num_heads: int, head_dim: int, **args) -> None:
         super().__init__(num_heads, head_dim, **args)
         c = self.config
-        self.projection = RandomProjection(num_heads, c.features, head_dim, c.seed, c.redraw_interval)
+        self.projection = RandomProjection(num_heads, c.features, head_dim, c)
 
     def attend(self, q, k, v, keep, causal, scale):
         t = q.shape[2]
         keep = keep_or_ones(keep, q)
-        omega = self.projection.get(self.training).to(q.dtype)
-        qf, kf, offset = favor_features(q, k, keep, causal, scale, omega)
-        log_scale = offset - q.pow(2).sum(-1, keepdim=True) * (scale / 2) - math.log(omega.shape[1])
+        omega = self.projection.get(self.training)
+        qf, kf, q_stab, k_stab = favor_features(q, k, keep, scale, omega)
+        log_scale = q_stab + k_stab - q.pow(2).sum(-1, keepdim=True) * (scale / 2) - math.log(omega.shape[1])
         num_lr, den_lr = linear_attention(qf, kf, v, causal)
 
         w = min(self.config.window, t)

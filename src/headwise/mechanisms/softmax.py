@@ -42,6 +42,7 @@ class Softmax(Mechanism):
     name = "softmax"
     config_class = SoftmaxConfig
     complexity = "O(T² d) time (exact)"
+    compute_dtype = None  # SDPA accumulates in float32 itself
 
     def attend(self, q, k, v, keep, causal, scale):
         return sdpa(q, k, v, keep, causal, scale)
