@@ -75,6 +75,19 @@ def test_local_matches_a_dense_banded_softmax(causal):
     torch.testing.assert_close(build_core("local", H, D, window=4)(q, k, v, causal=causal), ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("overlap", [0, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_local_matches_a_dense_block_mask(causal, overlap):
+    q, k, v = qkv()
+    i, j = torch.arange(21)[:, None], torch.arange(21)[None]
+    start = i // 5 * 5  # blocks of 5 tokens, each seeing `overlap` more on each side
+    mask = (j >= start - overlap) & (j < start + 5 + overlap)
+    mask = mask & (j <= i) if causal else mask
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = build_core("local", H, D, window=5, mode="block", overlap=overlap)(q, k, v, causal=causal)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
 def test_local2d_matches_a_dense_neighbourhood_mask_and_covers_the_image():
     q, k, v = qkv(T2D)
     y, x = torch.arange(20) // 4, torch.arange(20) % 4

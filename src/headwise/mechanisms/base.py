@@ -74,6 +74,11 @@ class Mechanism(nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.spec().items())
 
+    def uses_past_queries(self) -> bool:
+        """True when causal outputs depend on earlier queries (not only keys and values): a model's cached
+        generation, which keeps keys and values only, cannot run such a core."""
+        return False
+
     def check_causal(self, causal: bool) -> None:
         if causal and not self.can_be_causal:
             causal_ones = ", ".join(sorted(n for n, c in MECHANISMS.items() if c.can_be_causal))
