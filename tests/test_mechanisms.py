@@ -16,7 +16,7 @@ SMALL = {
     "softmax": {}, "linear": {}, "local": {"window": 3}, "performer": {"features": 16}, "rfa": {"features": 16},
     "nystrom": {"landmarks": 4}, "eva": {"window": 4, "chunk_size": 2}, "scatterbrain": {"window": 3, "features": 16},
     "local2d": {"window": 2, "grid": 4, "prefix_tokens": 1}, "lara": {"num_landmarks": 4}, "ra": {},
-    "cosformer": {"max_length": 40},
+    "cosformer": {"max_length": 40}, "eva-paper": {"window": 4, "overlap": 1, "num_landmarks": 5},
 }
 CAUSAL_ONES = sorted(n for n, c in MECHANISMS.items() if c.can_be_causal)
 T2D = 1 + 4 * 5  # local2d: [CLS] + a 5 × 4 grid
@@ -248,10 +248,23 @@ def test_bad_input_gives_clear_errors():
                       ("performer", "features"), ("rfa", "features"), ("scatterbrain", "features")]:
         with pytest.raises(HeadwiseError, match=f"{arg} must be >= 1, got 0"):
             build_attention(name, dim=16, num_heads=2, **{arg: 0})
-    with pytest.raises(HeadwiseError, match="has no argument.*windw.*arguments are: rel_pos_bias, window"):
+    with pytest.raises(HeadwiseError, match="has no argument.*windw.*arguments are: mode, overlap, rel_pos_bias, window"):
         build_attention("local", dim=16, num_heads=2, windw=3)
     with pytest.raises(HeadwiseError, match="decoding needs a fixed chunk_size"):
         attn = build_attention("eva", dim=16, num_heads=2, causal=True)
         attn(torch.randn(1, 3, 16), cache=attn.new_cache())
+    with pytest.raises(HeadwiseError, match="local: mode must be 'sliding' or 'block', got 'blocks'"):
+        build_core("local", H, D, mode="blocks")
+    with pytest.raises(HeadwiseError, match="overlap applies to mode='block' only"):
+        build_core("local", H, D, overlap=2)
+    with pytest.raises(HeadwiseError, match="linear: feature_map must be one of elu, relu, dpfp, got 'exp'"):
+        build_core("linear", H, D, feature_map="exp")
+    with pytest.raises(HeadwiseError, match="cosformer: decoding needs a fixed max_length"):
+        attn = build_attention("cosformer", dim=16, num_heads=2, causal=True)
+        attn(torch.randn(1, 3, 16), cache=attn.new_cache())
+    with pytest.raises(HeadwiseError, match="eva-paper: 20 tokens do not form a 6-wide grid"):
+        build_core("eva-paper", H, D, grid=6)(*qkv(20))
+    with pytest.raises(HeadwiseError, match="lara: mis must be 'opt' or 'bh'"):
+        build_core("lara", H, D, mis="mis-opt")
     with pytest.raises(HeadwiseError, match="needs a causal module"):
         build_attention("local", dim=16, num_heads=2).new_cache()
