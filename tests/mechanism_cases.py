@@ -14,7 +14,7 @@ CASES = [
     ("local", {"window": 4, "mode": "block", "overlap": 2, "rel_pos_bias": True}),
     ("performer", {"features": 16}), ("performer", {"features": 16, "learn_features": True}),
     ("rfa", {"features": 16}),
-    ("scatterbrain", {"window": 3, "features": 16}),
+    ("scatterbrain", {"window": 3, "features": 16}), ("scatterbrain", {"window": 3, "features": 16, "mode": "sliding"}),
     ("eva", {"window": 4, "chunk_size": 2}), ("eva", {"window": 4, "chunk_size": 2, "proposal": "uniform"}),
     ("eva", {"window": 4, "chunk_size": 2, "proposal": "key"}),
     ("eva-paper", {"window": 4, "num_landmarks": 5}),

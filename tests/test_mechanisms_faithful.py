@@ -109,3 +109,24 @@ def test_gradients_match_finite_differences(name, args, causal):
     real = ~pad[0]
     assert torch.autograd.gradcheck(lambda a, b, c: core(a, b, c, pad, causal)[:, :, real], (q, k, v),
                                     eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["block", "sliding"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_scatterbrain_matches_the_dense_sparse_plus_low_rank_matrix(mode, causal):
+    """Exact ``exp(s_ij)`` inside the window, the Performer kernel estimate outside, normalised per row."""
+    q, k, v = qkv(21, s=0.7)
+    pad = torch.zeros(2, 21, dtype=torch.bool)
+    pad[1, -3:] = True
+    core = build_core("scatterbrain", H, D, window=4, features=32, mode=mode).eval()
+    omega, scale = core.projection.omega, D ** -0.5
+    feat = lambda x: (torch.einsum("bhtd,hmd->bhtm", x * scale ** 0.5, omega)  # noqa: E731
+                      - x.pow(2).sum(-1, keepdim=True) * scale / 2).exp() / 32 ** 0.5
+    i, j = torch.arange(21)[:, None], torch.arange(21)[None]
+    near = (i // 4 == j // 4) if mode == "block" else (i - j).abs() < 4
+    weights = torch.where(near, (q @ k.transpose(-1, -2) * scale).exp(), feat(q) @ feat(k).transpose(-1, -2))
+    weights = weights * ~pad[:, None, None, :] * ((j <= i) if causal else True)
+    ref = weights @ v / weights.sum(-1, keepdim=True)
+    got = core(q, k, v, pad, causal)
+    torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[1, :, :18], ref[1, :, :18], atol=1e-5, rtol=1e-4)

@@ -4,7 +4,8 @@
 ``mode="block"`` (the HKUNLP reference's local attention): the sequence is cut into blocks of ``window`` tokens and
 a query sees its own block plus ``overlap`` tokens on each side (causal: the ``overlap`` tokens before the block and
 its block up to itself). Both run as one SDPA call over query blocks against an unfolded key span (views, no copy of
-the keys per block) with a band mask. Optional learned relative position bias per head and offset.
+the keys per block) with a band mask; blocks cost ``window (1 + 2·overlap/window)`` scores per query, sliding
+windows about ``2.5·window``. Optional learned relative position bias per head and offset.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from einops import rearrange
 from torch import nn
 
 from ..errors import HeadwiseError
-from .base import Mechanism, MechanismConfig, State, keep_or_ones, neg_fill, pad_to, positive, register
+from .base import Mechanism, MechanismConfig, State, ceil_div, keep_or_ones, neg_fill, pad_to, positive, register
 
 MODES = ("sliding", "block")
 
@@ -73,22 +74,33 @@ class Local(Mechanism):
         index = (rel.clamp(-(r - 1), r - 1) + r - 1).masked_fill(~inside, 0)
         return self.bias[:, index] * inside
 
-    def _span(self, w: int, causal: bool, device: torch.device) -> tuple[int, int, torch.Tensor, torch.Tensor]:
-        """Keys before / after each query block, relative offsets ``[w, kw]`` and the allowed mask."""
-        if self.config.mode == "sliding":
-            rel, inside = band(self.config.window, w, causal, device)
-            return w, 0 if causal else w, rel, inside
-        left = self.config.overlap
-        right = 0 if causal else left
-        rel = torch.arange(w + left + right, device=device)[None, :] - left - torch.arange(w, device=device)[:, None]
-        return left, right, rel, rel <= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
+    def _span(self, t: int, causal: bool, device: torch.device
+              ) -> tuple[int, int, int, torch.Tensor, torch.Tensor]:
+        """Query block length, keys before / after each block, relative offsets ``j - i`` ``[block, kw]`` and the
+        allowed mask. Sliding windows use blocks of ``window / 2`` (``window`` below 64 tokens) and a key span of
+        ``block + 2 (window - 1)``: 2.5 windows of scores per query, where blocks of ``window`` would need 3."""
+        cfg = self.config
+        if cfg.mode == "sliding":
+            block = min(t, cfg.window // 2 if cfg.window >= 64 else cfg.window)
+            n = ceil_div(t, block)
+            left = min(cfg.window - 1, (n - 1) * block)
+            right = 0 if causal else left
+        else:
+            block, left = min(t, cfg.window), cfg.overlap
+            right = 0 if causal else left
+        rel = torch.arange(block + left + right, device=device)[None, :] - left \
+            - torch.arange(block, device=device)[:, None]
+        if cfg.mode == "sliding":
+            inside = (rel <= 0) & (rel > -cfg.window) if causal else rel.abs() < cfg.window
+        else:
+            inside = rel <= 0 if causal else torch.ones_like(rel, dtype=torch.bool)
+        return block, left, right, rel, inside
 
     def attend(self, q, k, v, keep, causal, scale):
         b, h, t, d = q.shape
-        w = min(self.config.window, t)  # a window as long as the sequence is one block
         keep = keep_or_ones(keep, q)
-        n = -(-t // w)
-        left, right, rel, inside = self._span(w, causal, q.device)
+        w, left, right, rel, inside = self._span(t, causal, q.device)
+        n = ceil_div(t, w)
         kw = w + left + right
 
         def windows(x: torch.Tensor) -> torch.Tensor:  # [b, h, T, e] -> [(b n), h, kw, e]: overlapping views
