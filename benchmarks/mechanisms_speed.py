@@ -1,11 +1,12 @@
 """Efficient attention vs. SDPA: forward and forward+backward latency and peak memory, sequence 512 → 16384.
 
 Standalone modules (``build_attention``: q/k/v/o projections included), embed dim 512, 8 heads, batch 1, fp32 on
-the CPU by default (``--device cuda --dtype float16`` for a GPU; CUDA timings synchronise around every call). Times are interleaved medians (all mechanisms of one length and mode in one round-robin); ratios are
-to softmax (SDPA) in the same run, causal mechanisms to causal SDPA. Peak memory is measured in a fresh process
-per (mechanism, length): peak RSS (``VmHWM``, reset just before the call) above the RSS before it. ``ru_maxrss``
-would not do: Linux carries it across ``exec``, so a child started by a big parent reports the parent's peak. Writes the ``mechanisms`` section of
-docs/benchmarks.md.
+the CPU by default (``--device cuda --dtype float16`` for a GPU; CUDA timings synchronise around every call).
+Times are interleaved medians (all mechanisms of one length and mode in one round-robin); ratios are to softmax
+(SDPA) in the same run, causal mechanisms to causal SDPA. Peak memory is measured in a fresh process per
+(mechanism, length): peak RSS (``VmHWM``, reset just before the call) above the RSS before it. ``ru_maxrss`` would
+not do: Linux carries it across ``exec``, so a child started by a big parent reports the parent's peak. Writes the
+``mechanisms`` section of docs/benchmarks.md.
 
     python benchmarks/mechanisms_speed.py [--sizes 512,1024,...] [--memory-sizes 2048,8192]
 """
@@ -165,7 +166,8 @@ def report(times: dict, memory: dict, sizes: list[int], memory_sizes: list[int])
         "## Efficient attention mechanisms vs. SDPA",
         "",
         f"Standalone modules (`build_attention`, q/k/v/o projections included), dim {DIM}, {HEADS} heads, batch 1, "
-        f"{str(DTYPE).removeprefix('torch.')} on {DEVICE}. Interleaved medians of {', '.join(f'{repeats_for(n)[0]}' for n in sizes)} runs at "
+        f"{str(DTYPE).removeprefix('torch.')} on {DEVICE}. Interleaved medians of "
+        f"{', '.join(f'{repeats_for(n)[0]}' for n in sizes)} runs at "
         f"N = {', '.join(map(str, sizes))}. Causal mechanisms are compared with causal SDPA. Machine: {machine()}; "
         "single numbers are noisy on a shared machine — compare ratios. Reproduce: "
         "`python benchmarks/mechanisms_speed.py`.",

@@ -5,10 +5,10 @@ import argparse
 import pytest
 import torch
 import torch.nn.functional as F
+from mechanism_cases import CAUSAL_CASES, case_id
 
 from headwise.errors import HeadwiseError
 from headwise.mechanisms import MECHANISMS, NestedNamespace, add_args, build_attention, build_core, list_mechanisms
-from mechanism_cases import CAUSAL_CASES, case_id
 
 H, D = 2, 8
 # small settings so that every mechanism approximates (windows and chunks shorter than the sequences)
@@ -248,7 +248,8 @@ def test_bad_input_gives_clear_errors():
                       ("performer", "features"), ("rfa", "features"), ("scatterbrain", "features")]:
         with pytest.raises(HeadwiseError, match=f"{arg} must be >= 1, got 0"):
             build_attention(name, dim=16, num_heads=2, **{arg: 0})
-    with pytest.raises(HeadwiseError, match="has no argument.*windw.*arguments are: mode, overlap, rel_pos_bias, window"):
+    with pytest.raises(HeadwiseError,
+                       match="has no argument.*windw.*arguments are: mode, overlap, rel_pos_bias, window"):
         build_attention("local", dim=16, num_heads=2, windw=3)
     with pytest.raises(HeadwiseError, match="decoding needs a fixed chunk_size"):
         attn = build_attention("eva", dim=16, num_heads=2, causal=True)

@@ -3,10 +3,10 @@
 Keys outside a query's window block are grouped into chunks of ``c`` tokens. Chunk ``j`` is summarised with
 self-normalised importance weights ``p_m ∝ exp(ω_jᵀk_m)`` (proposal ``ω_j``: the mean scaled query of the chunk,
 the mean scaled key for ``proposal="key"`` (what cached generation in a model can rebuild: it keeps no past
-queries), or 0 for ``proposal="uniform"``) into a key ``k̃_j = Σ p_m k_m``, a value ``β_j = Σ p_m v_m`` and a log-mass offset
-``H_j = logsumexp(ω_jᵀk) − Σ p_m ω_jᵀk_m`` (the entropy of ``p``), so that ``log Σ_m exp(sᵀk_m)`` is estimated by
-``sᵀk̃_j + H_j`` (exact when ``ω_j`` equals the query). Each query takes one softmax over its window keys and the
-chunk scores, and mixes window values and ``β``.
+queries), or 0 for ``proposal="uniform"``) into a key ``k̃_j = Σ p_m k_m``, a value ``β_j = Σ p_m v_m`` and a
+log-mass offset ``H_j = logsumexp(ω_jᵀk) − Σ p_m ω_jᵀk_m`` (the entropy of ``p``), so that
+``log Σ_m exp(sᵀk_m)`` is estimated by ``sᵀk̃_j + H_j`` (exact when ``ω_j`` equals the query). Each query takes
+one softmax over its window keys and the chunk scores, and mixes window values and ``β``.
 
 The window is counted in whole chunks (``window`` rounded up to a multiple of ``c``); blocks of that
 many tokens attend to themselves exactly (causal: to earlier tokens of the block) and to the summaries of the chunks
