@@ -45,6 +45,19 @@ def test_half_precision_agrees_with_float32(case, causal, dtype):
     assert (got.float() - ref)[real].abs().max().item() < 4 * TOLERANCE[dtype] + 0.02 * (name in ("ra",))
 
 
+@pytest.mark.parametrize("name,args", [("performer", {"features": 16}), ("scatterbrain", {"window": 3}),
+                                       ("eva", {"window": 4, "chunk_size": 2})])
+def test_autocast_does_not_pull_features_back_to_half_precision(name, args):
+    """Under autocast the core still computes in float32: the same answer as without autocast, bit for bit."""
+    q, k, v = (x.mul(2.5).to(torch.bfloat16) for x in qkv())
+    core = _core(name, args)
+    ref = core(q, k, v, causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = core(q, k, v, causal=True)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, ref, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("case,causal", MODES, ids=lambda x: case_id(x) if isinstance(x, tuple) else f"causal={x}")
 def test_every_mechanism_runs_on_the_meta_device(case, causal):
     name, args = case
