@@ -3,8 +3,8 @@ estimates for every other key.
 
 ``num_i = Σ_{j∉W(i)} φ(q_i)ᵀφ(k_j) v_j + Σ_{j∈W(i)} exp(s_ij) v_j`` (and the same without ``v`` for the
 denominator). ``mode="block"`` (default, as the HKUNLP reference): ``W(i)`` is the block of ``window`` tokens of
-``i`` (causal: up to ``i``), and the low-rank sum over the other keys is the sum over all keys (causal: earlier
-blocks, an exclusive prefix sum) minus the block's own ``[m, d]`` summary, so nothing of size ``T × window × m`` is
+``i`` (causal: up to ``i``), and the low-rank sum over the other keys adds the ``[m, d]`` summaries of the other
+blocks (exclusive prefix and suffix sums; causal: the prefix only), so nothing of size ``T × window × m`` is
 formed. ``mode="sliding"``: ``W(i) = {|i − j| < window}`` (as ``local``), the low-rank sum minus its per-entry window
 part. Everything is kept relative to a per-query reference ``max(log-scale of the features, max_j s_ij)``, so no
 exponential overflows; features and sums are float32 for half inputs.
@@ -22,7 +22,7 @@ from einops import rearrange
 from ..errors import HeadwiseError
 from .base import Mechanism, ceil_div, keep_or_ones, pad_to, positive, register
 from .features import RandomProjection
-from .kernel import linear_attention
+from .kernel import exclusive_cumsum, linear_attention
 from .local import band
 from .performer import favor_features
 from .randomness import RandomConfig
@@ -73,10 +73,9 @@ class Scatterbrain(Mechanism):
         qb, kb, vb, qfb, kfb = (blocks(x) for x in (q * scale, k, v, qf, kf))
         kv = torch.einsum("bhnwm,bhnwd->bhnmd", kfb, vb)  # low-rank summary of each block
         z = kfb.sum(3)
-        if causal:
-            other_kv, other_z = kv.cumsum(2) - kv, z.cumsum(2) - z  # earlier blocks only
-        else:
-            other_kv, other_z = kv.sum(2, keepdim=True) - kv, z.sum(2, keepdim=True) - z  # every other block
+        other_kv, other_z = exclusive_cumsum(kv, 2), exclusive_cumsum(z, 2)  # earlier blocks
+        if not causal:  # and later ones (sums of positive terms: no cancellation against the own block)
+            other_kv, other_z = other_kv + exclusive_cumsum(kv, 2, True), other_z + exclusive_cumsum(z, 2, True)
         allowed = rearrange(pad_to(keep, w, 1), "b (n w) -> b n w", w=w)[:, None, :, None, :]
         if causal:
             allowed = allowed & torch.ones(w, w, dtype=torch.bool, device=q.device).tril()
