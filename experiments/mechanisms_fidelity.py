@@ -4,10 +4,12 @@ Queries, keys and values (after the model's own projections and rotary embedding
 the packaged MiniLM (bidirectional, WikiText-2 validation text) and of SmolLM2-135M (causal, same text) by
 attaching the exact ``softmax`` mechanism and hooking its op. Each mechanism then runs on the captured tensors in
 evaluation mode (random ones at their seed's draw) and the error ``‖out − softmax‖_F / ‖softmax‖_F`` over real query
-rows is averaged over the captured layers. Writes ``experiments/mechanisms_fidelity.json`` and prints a markdown
-table (the one in docs/mechanisms.md).
+rows is averaged over the captured layers. With ``--perplexity``, every causal mechanism is also swapped into all
+30 sites of SmolLM2 (its pretrained weights, no training) and the language-model perplexity on the same tokens is
+reported next to softmax's (``--perplexity N``: on the first N sequences). Writes ``experiments/mechanisms_fidelity.json`` and prints markdown tables (the ones in
+docs/mechanisms.md).
 
-    python experiments/mechanisms_fidelity.py [--tokens 256] [--sequences 2] [--no-causal]
+    python experiments/mechanisms_fidelity.py [--tokens 256] [--sequences 2] [--no-causal] [--perplexity SEQUENCES]
 """
 
 from __future__ import annotations
@@ -129,6 +131,27 @@ def evaluate(model_name: str, configs: list, sequences: int, tokens: int) -> dic
     return results
 
 
+@torch.no_grad()
+def perplexities(configs: list, sequences: int, tokens: int) -> dict:
+    """Zero-shot perplexity of SmolLM2 with each causal mechanism at every site (softmax first)."""
+    from transformers import AutoModelForCausalLM
+
+    from headwise.models import load_tokenizer, resolve_model
+    from headwise.runtime.attention import NAME
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m"), attn_implementation=NAME).eval()
+    inputs = texts(load_tokenizer("smollm2-135m"), sequences, tokens)
+    out = {}
+    for label, name, args in tqdm([("softmax", "softmax", {})] + configs, desc="perplexity", unit="mechanism"):
+        torch.manual_seed(0)
+        apply(model, name, replace=True, **args)
+        model.eval()
+        loss = model(**inputs, labels=inputs["input_ids"]).loss.item()
+        out[label] = {"mechanism": name, "args": args, "perplexity": float(torch.tensor(loss).exp())}
+        remove(model)
+    return out
+
+
 def table(runs: list[dict]) -> str:
     lines = []
     for run in runs:
@@ -148,16 +171,22 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--sequences", type=int, default=2)
     parser.add_argument("--no-causal", action="store_true", help="skip SmolLM2 (the causal model)")
+    parser.add_argument("--perplexity", type=int, default=0, metavar="SEQUENCES",
+                        help="also SmolLM2's perplexity with each mechanism, on this many sequences (0: skip)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
     start = time.time()
     runs = [evaluate("minilm", BIDIRECTIONAL, args.sequences, args.tokens)]
     if not args.no_causal:
         runs.append(evaluate("smollm2-135m", CAUSAL, args.sequences, args.tokens))
+    ppl = perplexities(CAUSAL, args.perplexity, args.tokens) if args.perplexity and not args.no_causal else None
     payload = {"script": "experiments/mechanisms_fidelity.py", "args": vars(args), "torch": torch.__version__,
-               "seconds": round(time.time() - start, 1), "runs": runs}
+               "seconds": round(time.time() - start, 1), "runs": runs, "perplexity": ppl}
     atomic_write_text(OUT, json.dumps(payload, indent=1) + "\n")
     print(table(runs))
+    if ppl:
+        print("| mechanism in all SmolLM2 sites | perplexity |\n|---|---|")
+        print("\n".join(f"| {label} | {rec['perplexity']:.2f} |" for label, rec in ppl.items()))
 
 
 if __name__ == "__main__":
