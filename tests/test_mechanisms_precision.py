@@ -45,6 +45,17 @@ def test_half_precision_agrees_with_float32(case, causal, dtype):
     assert (got.float() - ref)[real].abs().max().item() < 4 * TOLERANCE[dtype] + 0.02 * (name in ("ra",))
 
 
+def test_drawn_projections_stay_float32_in_a_half_model():
+    core = _core("performer", {"features": 16})
+    omega = core.projection.omega.clone()
+    core.to(torch.bfloat16)
+    assert core.projection.omega.dtype == torch.float32 and torch.equal(core.projection.omega, omega)
+    core.to("meta")
+    assert core.projection.omega.device.type == "meta"
+    learned = _core("performer", {"features": 16, "learn_features": True}).to(torch.bfloat16)
+    assert learned.projection.omega.dtype == torch.bfloat16  # a parameter follows the model
+
+
 @pytest.mark.parametrize("name,args", [("performer", {"features": 16}), ("scatterbrain", {"window": 3}),
                                        ("eva", {"window": 4, "chunk_size": 2})])
 def test_autocast_does_not_pull_features_back_to_half_precision(name, args):
