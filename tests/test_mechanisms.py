@@ -5,10 +5,10 @@ import argparse
 import pytest
 import torch
 import torch.nn.functional as F
+from mechanism_cases import CAUSAL_CASES, case_id
 
 from headwise.errors import HeadwiseError
 from headwise.mechanisms import MECHANISMS, NestedNamespace, add_args, build_attention, build_core, list_mechanisms
-from mechanism_cases import CAUSAL_CASES, case_id
 
 H, D = 2, 8
 # small settings so that every mechanism approximates (windows and chunks shorter than the sequences)
@@ -16,7 +16,7 @@ SMALL = {
     "softmax": {}, "linear": {}, "local": {"window": 3}, "performer": {"features": 16}, "rfa": {"features": 16},
     "nystrom": {"landmarks": 4}, "eva": {"window": 4, "chunk_size": 2}, "scatterbrain": {"window": 3, "features": 16},
     "local2d": {"window": 2, "grid": 4, "prefix_tokens": 1}, "lara": {"num_landmarks": 4}, "ra": {},
-    "cosformer": {"max_length": 40},
+    "cosformer": {"max_length": 40}, "eva-paper": {"window": 4, "overlap": 1, "num_landmarks": 5},
 }
 CAUSAL_ONES = sorted(n for n, c in MECHANISMS.items() if c.can_be_causal)
 T2D = 1 + 4 * 5  # local2d: [CLS] + a 5 × 4 grid
@@ -73,6 +73,19 @@ def test_local_matches_a_dense_banded_softmax(causal):
     band = ((i - j >= 0) & (i - j < 4)) if causal else ((i - j).abs() < 4)
     ref = F.scaled_dot_product_attention(q, k, v, attn_mask=band)
     torch.testing.assert_close(build_core("local", H, D, window=4)(q, k, v, causal=causal), ref, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("overlap", [0, 2])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_local_matches_a_dense_block_mask(causal, overlap):
+    q, k, v = qkv()
+    i, j = torch.arange(21)[:, None], torch.arange(21)[None]
+    start = i // 5 * 5  # blocks of 5 tokens, each seeing `overlap` more on each side
+    mask = (j >= start - overlap) & (j < start + 5 + overlap)
+    mask = mask & (j <= i) if causal else mask
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    got = build_core("local", H, D, window=5, mode="block", overlap=overlap)(q, k, v, causal=causal)
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
 
 
 def test_local2d_matches_a_dense_neighbourhood_mask_and_covers_the_image():
@@ -235,10 +248,24 @@ def test_bad_input_gives_clear_errors():
                       ("performer", "features"), ("rfa", "features"), ("scatterbrain", "features")]:
         with pytest.raises(HeadwiseError, match=f"{arg} must be >= 1, got 0"):
             build_attention(name, dim=16, num_heads=2, **{arg: 0})
-    with pytest.raises(HeadwiseError, match="has no argument.*windw.*arguments are: rel_pos_bias, window"):
+    with pytest.raises(HeadwiseError,
+                       match="has no argument.*windw.*arguments are: mode, overlap, rel_pos_bias, window"):
         build_attention("local", dim=16, num_heads=2, windw=3)
     with pytest.raises(HeadwiseError, match="decoding needs a fixed chunk_size"):
         attn = build_attention("eva", dim=16, num_heads=2, causal=True)
         attn(torch.randn(1, 3, 16), cache=attn.new_cache())
+    with pytest.raises(HeadwiseError, match="local: mode must be 'sliding' or 'block', got 'blocks'"):
+        build_core("local", H, D, mode="blocks")
+    with pytest.raises(HeadwiseError, match="overlap applies to mode='block' only"):
+        build_core("local", H, D, overlap=2)
+    with pytest.raises(HeadwiseError, match="linear: feature_map must be one of elu, relu, dpfp, got 'exp'"):
+        build_core("linear", H, D, feature_map="exp")
+    with pytest.raises(HeadwiseError, match="cosformer: decoding needs a fixed max_length"):
+        attn = build_attention("cosformer", dim=16, num_heads=2, causal=True)
+        attn(torch.randn(1, 3, 16), cache=attn.new_cache())
+    with pytest.raises(HeadwiseError, match="eva-paper: 20 tokens do not form a 6-wide grid"):
+        build_core("eva-paper", H, D, grid=6)(*qkv(20))
+    with pytest.raises(HeadwiseError, match="lara: mis must be 'opt' or 'bh'"):
+        build_core("lara", H, D, mis="mis-opt")
     with pytest.raises(HeadwiseError, match="needs a causal module"):
         build_attention("local", dim=16, num_heads=2).new_cache()

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from mechanism_cases import CAUSAL_CASES, case_id
 from tiny import CAUSAL, FAMILIES, tiny_inputs, tiny_model
 
 import headwise
@@ -57,15 +58,32 @@ def test_sliding_window_masks_are_refused():
         model(input_ids=torch.randint(2, 97, (1, 9)))
 
 
-def test_cached_generation_matches_the_full_forward():
+@pytest.mark.parametrize("case", [c for c in CAUSAL_CASES if c[0] != "eva"]
+                         + [("eva", {"window": 4, "chunk_size": 2, "proposal": "key"}),
+                            ("eva", {"window": 4, "chunk_size": 2, "proposal": "uniform"})], ids=case_id)
+def test_cached_generation_matches_the_full_forward(case):
+    name, args = case
+    torch.manual_seed(0)
     model = tiny_model("llama")
-    apply(model, "local", window=3)
-    ids = torch.randint(2, 97, (1, 9))
+    apply(model, name, **args)
+    model.eval()
+    ids = torch.randint(2, 97, (1, 13))
     with torch.no_grad():
         full = model(input_ids=ids).last_hidden_state
         past = model(input_ids=ids[:, :6], use_cache=True).past_key_values
-        step = model(input_ids=ids[:, 6:], past_key_values=past, use_cache=True).last_hidden_state
-    torch.testing.assert_close(step, full[:, 6:], atol=1e-5, rtol=0)
+        step = model(input_ids=ids[:, 6:9], past_key_values=past, use_cache=True)
+        last = model(input_ids=ids[:, 9:], past_key_values=step.past_key_values, use_cache=True).last_hidden_state
+    torch.testing.assert_close(torch.cat([step.last_hidden_state, last], 1), full[:, 6:], atol=1e-5, rtol=1e-4)
+
+
+def test_cached_generation_refuses_query_summaries():
+    model = tiny_model("llama")
+    apply(model, "eva", window=4, chunk_size=2, proposal="query")
+    ids = torch.randint(2, 97, (1, 9))
+    with torch.no_grad():
+        past = model(input_ids=ids[:, :6], use_cache=True).past_key_values
+        with pytest.raises(HeadwiseError, match="summarises past queries.*proposal='key'"):
+            model(input_ids=ids[:, 6:], past_key_values=past, use_cache=True)
 
 
 def test_mechanism_parameters_train_save_and_reload(tmp_path):

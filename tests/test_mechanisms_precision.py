@@ -9,7 +9,8 @@ from headwise.mechanisms import MECHANISMS, build_core
 
 # outputs are O(1) weighted means of values; half-precision inputs and parameters round at 2^-11 / 2^-8
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 6e-2}
-MODES = [(case, causal) for case in CASES for causal in (False, True) if not causal or MECHANISMS[case[0]].can_be_causal]
+MODES = [(case, causal) for case in CASES for causal in (False, True)
+         if not causal or MECHANISMS[case[0]].can_be_causal]
 
 
 def _core(name, args, dtype=torch.float32, device="cpu"):
@@ -42,6 +43,30 @@ def test_half_precision_agrees_with_float32(case, causal, dtype):
     assert err < TOLERANCE[dtype], err
     # and the same mechanism on rounded inputs stays close to the full float32 answer
     assert (got.float() - ref)[real].abs().max().item() < 4 * TOLERANCE[dtype] + 0.02 * (name in ("ra",))
+
+
+def test_drawn_projections_stay_float32_in_a_half_model():
+    core = _core("performer", {"features": 16})
+    omega = core.projection.omega.clone()
+    core.to(torch.bfloat16)
+    assert core.projection.omega.dtype == torch.float32 and torch.equal(core.projection.omega, omega)
+    core.to("meta")
+    assert core.projection.omega.device.type == "meta"
+    learned = _core("performer", {"features": 16, "learn_features": True}).to(torch.bfloat16)
+    assert learned.projection.omega.dtype == torch.bfloat16  # a parameter follows the model
+
+
+@pytest.mark.parametrize("name,args", [("performer", {"features": 16}), ("scatterbrain", {"window": 3}),
+                                       ("eva", {"window": 4, "chunk_size": 2})])
+def test_autocast_does_not_pull_features_back_to_half_precision(name, args):
+    """Under autocast the core still computes in float32: the same answer as without autocast, bit for bit."""
+    q, k, v = (x.mul(2.5).to(torch.bfloat16) for x in qkv())
+    core = _core(name, args)
+    ref = core(q, k, v, causal=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = core(q, k, v, causal=True)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, ref, atol=0, rtol=0)
 
 
 @pytest.mark.parametrize("case,causal", MODES, ids=lambda x: case_id(x) if isinstance(x, tuple) else f"causal={x}")

@@ -84,3 +84,16 @@ def test_bad_redraw_arguments_are_refused():
         build_core("rfa", H, D, redraw="every_n_steps", redraw_steps=0)
     with pytest.raises(HeadwiseError, match="learned random features cannot be redrawn"):
         build_core("performer", H, D, learn_features=True, redraw="every_step")
+
+
+def test_the_current_draw_is_saved_and_reloaded():
+    """RA evaluates with the latest training draw; a reloaded state dict gives the same outputs."""
+    q, k, v = qkv()
+    core = build_core("ra", H, D).train()
+    for _ in range(3):
+        core(q, k, v)
+    out = core.eval()(q, k, v)
+    again = build_core("ra", H, D).eval()
+    assert not torch.equal(again(q, k, v), out)  # a fresh core is at draw 0
+    again.load_state_dict(core.state_dict())
+    torch.testing.assert_close(again(q, k, v), out, atol=0, rtol=0)

@@ -8,7 +8,7 @@
 """
 
 from . import (  # noqa: F401
-    cosformer, eva, lara, linear, local, local2d, nystrom, performer, ra, rfa, scatterbrain, softmax,
+    cosformer, eva, eva_paper, lara, linear, local, local2d, nystrom, performer, ra, rfa, scatterbrain, softmax,
 )
 from .base import MECHANISMS, Mechanism, MechanismConfig, register
 from .dropin import SiteMechanism, apply, mechanisms_of, remove

@@ -11,6 +11,7 @@ padded keys get zero weight and padded queries produce unspecified (finite) rows
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar
 
@@ -20,6 +21,7 @@ from torch import nn
 from ..errors import HeadwiseError
 
 State = dict[str, Any]
+AUTOCAST_DEVICES = ("cuda", "cpu", "xpu", "mps")
 
 
 @dataclass
@@ -74,6 +76,11 @@ class Mechanism(nn.Module):
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.spec().items())
 
+    def uses_past_queries(self) -> bool:
+        """True when causal outputs depend on earlier queries (not only keys and values): a model's cached
+        generation, which keeps keys and values only, cannot run such a core."""
+        return False
+
     def check_causal(self, causal: bool) -> None:
         if causal and not self.can_be_causal:
             causal_ones = ", ".join(sorted(n for n, c in MECHANISMS.items() if c.can_be_causal))
@@ -105,15 +112,23 @@ class Mechanism(nn.Module):
         dtype = torch.promote_types(xs[0].dtype, self.compute_dtype)  # float64 stays float64 (gradcheck)
         return [x.to(dtype) for x in xs]
 
+    def _precise(self, device: torch.device) -> contextlib.AbstractContextManager:
+        """Autocast off while a core computes in ``compute_dtype`` (it would cast the matmuls back to half)."""
+        if self.compute_dtype is None or device.type not in AUTOCAST_DEVICES:
+            return contextlib.nullcontext()
+        return torch.autocast(device.type, enabled=False)
+
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, causal: bool,
             scale: float) -> torch.Tensor:
         """``attend`` in ``compute_dtype``, returned in the input dtype (what ``forward`` and the drop-in call)."""
-        return self.attend(*self._upcast(q, k, v), keep, causal, scale).to(q.dtype)
+        with self._precise(q.device):
+            return self.attend(*self._upcast(q, k, v), keep, causal, scale).to(q.dtype)
 
     def step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, state: State,
              scale: float) -> torch.Tensor:
         """``decode`` in ``compute_dtype`` (the state keeps that dtype), returned in the input dtype."""
-        return self.decode(*self._upcast(q, k, v), keep, state, scale).to(q.dtype)
+        with self._precise(q.device):
+            return self.decode(*self._upcast(q, k, v), keep, state, scale).to(q.dtype)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None, causal: bool,
                scale: float) -> torch.Tensor:

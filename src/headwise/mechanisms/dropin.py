@@ -75,6 +75,11 @@ class SiteMechanism(HeadOp):
             if not causal:
                 raise HeadwiseError(f"mechanism {self.core.name!r} supports self-attention only "
                                     f"({q_len} queries, {k_len} keys)")
+            if self.core.uses_past_queries():
+                raise HeadwiseError(
+                    f"mechanism {self.core.name!r} with {self.core.spec()} summarises past queries, which cached "
+                    f"generation does not keep; use a key-based option (eva: proposal='key' or 'uniform') or "
+                    f"generate with use_cache=False")
             # cached generation: earlier queries are gone; they are stand-ins whose outputs are dropped
             q = F.pad(q, (0, 0, k_len - q_len, 0))
         out = self.core.run(q, k, v, vec, causal, scaling)[:, :, k_len - q_len:]

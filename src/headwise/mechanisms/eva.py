@@ -2,10 +2,11 @@
 
 Keys outside a query's window block are grouped into chunks of ``c`` tokens. Chunk ``j`` is summarised with
 self-normalised importance weights ``p_m ∝ exp(ω_jᵀk_m)`` (proposal ``ω_j``: the mean scaled query of the chunk,
-or 0 for ``proposal="uniform"``) into a key ``k̃_j = Σ p_m k_m``, a value ``β_j = Σ p_m v_m`` and a log-mass offset
-``H_j = logsumexp(ω_jᵀk) − Σ p_m ω_jᵀk_m`` (the entropy of ``p``), so that ``log Σ_m exp(sᵀk_m)`` is estimated by
-``sᵀk̃_j + H_j`` (exact when ``ω_j`` equals the query). Each query takes one softmax over its window keys and the
-chunk scores, and mixes window values and ``β``.
+the mean scaled key for ``proposal="key"`` (what cached generation in a model can rebuild: it keeps no past
+queries), or 0 for ``proposal="uniform"``) into a key ``k̃_j = Σ p_m k_m``, a value ``β_j = Σ p_m v_m`` and a
+log-mass offset ``H_j = logsumexp(ω_jᵀk) − Σ p_m ω_jᵀk_m`` (the entropy of ``p``), so that
+``log Σ_m exp(sᵀk_m)`` is estimated by ``sᵀk̃_j + H_j`` (exact when ``ω_j`` equals the query). Each query takes
+one softmax over its window keys and the chunk scores, and mixes window values and ``β``.
 
 The window is counted in whole chunks (``window`` rounded up to a multiple of ``c``); blocks of that
 many tokens attend to themselves exactly (causal: to earlier tokens of the block) and to the summaries of the chunks
@@ -27,6 +28,7 @@ from .base import Mechanism, MechanismConfig, State, ceil_div, keep_or_ones, neg
 
 
 BIAS_BUDGET = 1 << 24  # elements of the additive bias built per fused call (64 MB in float32)
+PROPOSALS = ("query", "key", "uniform")
 EXTRA = 8  # extra key dimensions that carry the chunk offsets H into SDPA
 
 
@@ -35,29 +37,30 @@ class EVAConfig(MechanismConfig):
     window: int = field(default=128, metadata={"help": "tokens attended exactly (rounded up to whole chunks)"})
     num_chunks: int = field(default=64, metadata={"help": "number of chunks C (used when chunk_size is 0)"})
     chunk_size: int = field(default=0, metadata={"help": "tokens per chunk c (0: ceil(T / num_chunks))"})
-    proposal: str = field(default="query", metadata={"help": "chunk proposal: query (mean chunk query) or uniform",
-                                                     "choices": ("query", "uniform")})
+    proposal: str = field(default="query", metadata={"help": "chunk proposal: query (mean chunk query), key (mean "
+                                                             "chunk key) or uniform", "choices": PROPOSALS})
 
     def check(self) -> None:
         positive("window", self.window)
         positive("num_chunks", self.num_chunks)
         positive("chunk_size", self.chunk_size, 0)
-        if self.proposal not in ("query", "uniform"):
-            raise HeadwiseError(f"eva: proposal must be 'query' or 'uniform', got {self.proposal!r}")
+        if self.proposal not in PROPOSALS:
+            raise HeadwiseError(f"eva: proposal must be one of {', '.join(PROPOSALS)}, got {self.proposal!r}")
 
 
 def summarise(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
-              uniform: bool) -> tuple[torch.Tensor, ...]:
+              proposal: str, scale: float) -> tuple[torch.Tensor, ...]:
     """Chunk summaries from ``[B, H, n, c, d]`` chunks (``q`` already scaled) and ``keep [B, 1, n, c]``.
 
     Returns ``k̃ [B, H, n, d]``, ``β [B, H, n, d]``, ``H [B, H, n]`` and chunk validity ``[B, 1, n]``.
     """
     w = keep.to(q.dtype)
     count = w.sum(-1)
-    if uniform:
+    if proposal == "uniform":
         logits = torch.zeros_like(k[..., 0])
     else:
-        omega = (q * w[..., None]).sum(-2) / count.clamp_min(1)[..., None]
+        source = q if proposal == "query" else k * scale
+        omega = (source * w[..., None]).sum(-2) / count.clamp_min(1)[..., None]
         logits = torch.einsum("bhncd,bhnd->bhnc", k, omega)
     logits = logits.masked_fill(~keep, neg_fill(q.dtype))
     p = logits.softmax(-1)
@@ -85,6 +88,9 @@ class EVA(Mechanism):
     config_class = EVAConfig
     complexity = "O(T (w + C) d); chunk_size c: O(T (w + T/c) d)"
 
+    def uses_past_queries(self) -> bool:
+        return self.config.proposal == "query"
+
     def sizes(self, t: int) -> tuple[int, int]:
         """Chunk size ``c`` and window block ``W`` (a multiple of ``c``) for length ``t``."""
         c = self.config.chunk_size or ceil_div(t, self.config.num_chunks)
@@ -100,7 +106,7 @@ class EVA(Mechanism):
 
         chunks = (rearrange(x, "b h (n c) d -> b h n c d", c=c) for x in (q * scale, k, v))
         kt, beta, entropy, valid = summarise(*chunks, rearrange(keep, "b (n c) -> b n c", c=c)[:, None],
-                                             self.config.proposal == "uniform")
+                                             self.config.proposal, scale)
         n = kt.shape[2]
         rows = torch.arange(big, device=q.device)
         local_ok = rearrange(keep, "b (n w) -> b n w", w=big)[:, :, None, None, :] | (rows[:, None] == rows[None])
@@ -149,11 +155,11 @@ class EVA(Mechanism):
             held = state["k"].shape[2] if "k" in state else 0
             stop = min(q.shape[2], start + big - held)
             outs.append(self._decode_piece(q[:, :, start:stop] * scale, k[:, :, start:stop], v[:, :, start:stop],
-                                           keep[:, start:stop], state, c, big))
+                                           keep[:, start:stop], state, c, big, scale))
             start = stop
         return torch.cat(outs, dim=2)
 
-    def _decode_piece(self, q, k, v, keep, state: State, c: int, big: int) -> torch.Tensor:
+    def _decode_piece(self, q, k, v, keep, state: State, c: int, big: int, scale: float) -> torch.Tensor:
         for name, new in (("q", q), ("k", k), ("v", v), ("keep", keep)):
             state[name] = new if name not in state else torch.cat([state[name], new], dim=2 if name != "keep" else 1)
         t, held = q.shape[2], state["k"].shape[2]
@@ -171,7 +177,7 @@ class EVA(Mechanism):
         if held == big:  # the block is complete: summarise its chunks and start a new one
             parts = [rearrange(state[n], "b h (n c) d -> b h n c d", c=c) for n in ("q", "k", "v")]
             kt, beta, entropy, valid = summarise(*parts, rearrange(state["keep"], "b (n c) -> b n c", c=c)[:, None],
-                                                 self.config.proposal == "uniform")
+                                                 self.config.proposal, scale)
             for name, new in (("kt", kt), ("beta", beta), ("entropy", entropy), ("valid", valid)):
                 state[name] = new if name not in state else torch.cat([state[name], new], dim=2)
             for name in ("q", "k", "v", "keep"):

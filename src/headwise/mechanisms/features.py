@@ -45,6 +45,15 @@ class RandomProjection(nn.Module):
         else:
             self.register_buffer("omega", omega)
 
+    def _apply(self, fn, recurse=True):
+        """``model.half()`` / ``.to(dtype)`` move a drawn (buffer) ``ω`` but keep it float32: features are computed
+        in float32 anyway, and a rounded projection would be a different draw. Learned ``ω`` follows the model."""
+        drawn = self._buffers.get("omega")
+        super()._apply(fn, recurse)
+        if drawn is not None and self._buffers["omega"].dtype != drawn.dtype:
+            self._buffers["omega"] = drawn.to(self._buffers["omega"].device)
+        return self
+
     def _draw(self, device: torch.device) -> torch.Tensor:
         return orthogonal_gaussian(self.heads, self.features, self.dim, self.draws.generator(device), device)
 

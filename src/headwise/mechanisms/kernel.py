@@ -27,6 +27,14 @@ class Features(NamedTuple):
     k_shift: torch.Tensor | None = None
 
 
+def exclusive_cumsum(x: torch.Tensor, dim: int, reverse: bool = False) -> torch.Tensor:
+    """Sums of the entries strictly before (``reverse``: after) each index along ``dim``, with no subtraction (no
+    cancellation when one entry dominates)."""
+    x = x.flip(dim) if reverse else x
+    out = torch.cat([torch.zeros_like(x.narrow(dim, 0, 1)), x.narrow(dim, 0, x.shape[dim] - 1).cumsum(dim)], dim)
+    return out.flip(dim) if reverse else out
+
+
 def linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, causal: bool) -> tuple[torch.Tensor, ...]:
     """Numerator ``[B, H, T, d]`` and denominator ``[B, H, T]`` from features ``qf, kf [B, H, T, m]``
     (padded keys already zeroed)."""
@@ -39,8 +47,8 @@ def linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, causal
     intra = (qf_ @ kf_.transpose(-1, -2)).tril()
     kv = torch.einsum("bhncm,bhncd->bhnmd", kf_, v_)
     z = kf_.sum(3)
-    num = intra @ v_ + qf_ @ (kv.cumsum(2) - kv)
-    den = intra.sum(-1) + torch.einsum("bhncm,bhnm->bhnc", qf_, z.cumsum(2) - z)
+    num = intra @ v_ + qf_ @ exclusive_cumsum(kv, 2)
+    den = intra.sum(-1) + torch.einsum("bhncm,bhnm->bhnc", qf_, exclusive_cumsum(z, 2))
     return (rearrange(num, "b h n c d -> b h (n c) d")[:, :, :t], rearrange(den, "b h n c -> b h (n c)")[:, :, :t])
 
 

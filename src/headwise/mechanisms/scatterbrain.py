@@ -1,9 +1,13 @@
-"""Scatterbrain (Chen et al., 2021): sparse + low-rank. Exact softmax weights inside a sliding window, Performer
-(FAVOR+) estimates for every other key.
+"""Scatterbrain (Chen et al., 2021): sparse + low-rank. Exact softmax weights for nearby keys, Performer (FAVOR+)
+estimates for every other key.
 
 ``num_i = Σ_{j∉W(i)} φ(q_i)ᵀφ(k_j) v_j + Σ_{j∈W(i)} exp(s_ij) v_j`` (and the same without ``v`` for the
-denominator), computed as the full low-rank sum minus its window part plus the exact window part. Everything is
-kept relative to a per-query reference ``max(log-scale of the features, max_j s_ij)``, so no exponential overflows.
+denominator). ``mode="block"`` (default, as the HKUNLP reference): ``W(i)`` is the block of ``window`` tokens of
+``i`` (causal: up to ``i``), and the low-rank sum over the other keys adds the ``[m, d]`` summaries of the other
+blocks (exclusive prefix and suffix sums; causal: the prefix only), so nothing of size ``T × window × m`` is
+formed. ``mode="sliding"``: ``W(i) = {|i − j| < window}`` (as ``local``), the low-rank sum minus its per-entry window
+part. Everything is kept relative to a per-query reference ``max(log-scale of the features, max_j s_ij)``, so no
+exponential overflows; features and sums are float32 for half inputs.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 
-from .base import Mechanism, keep_or_ones, pad_to, positive, register
+from ..errors import HeadwiseError
+from .base import Mechanism, ceil_div, keep_or_ones, pad_to, positive, register
 from .features import RandomProjection
-from .kernel import linear_attention
+from .kernel import exclusive_cumsum, linear_attention
 from .local import band
 from .performer import favor_features
 from .randomness import RandomConfig
@@ -25,18 +30,22 @@ from .randomness import RandomConfig
 
 @dataclass
 class ScatterbrainConfig(RandomConfig):
-    window: int = field(default=64, metadata={"help": "sliding window attended exactly (as in local)"})
+    window: int = field(default=64, metadata={"help": "block length (block mode) or sliding window attended exactly"})
     features: int = field(default=64, metadata={"help": "Performer random features for the rest"})
+    mode: str = field(default="block", metadata={"help": "exact part: block (the reference's) or sliding window",
+                                                 "choices": ("block", "sliding")})
 
     def check(self) -> None:
         super().check()
         positive("window", self.window)
         positive("features", self.features)
+        if self.mode not in ("block", "sliding"):
+            raise HeadwiseError(f"scatterbrain: mode must be 'block' or 'sliding', got {self.mode!r}")
 
 
 @register
 class Scatterbrain(Mechanism):
-    """Sliding-window softmax + Performer for the remainder; O(T (w + m) d)."""
+    """Local softmax (blocks or sliding windows) + Performer for the remainder; O(T (w + m) d)."""
 
     name = "scatterbrain"
     config_class = ScatterbrainConfig
@@ -48,15 +57,43 @@ class Scatterbrain(Mechanism):
         self.projection = RandomProjection(num_heads, c.features, head_dim, c)
 
     def attend(self, q, k, v, keep, causal, scale):
-        t = q.shape[2]
         keep = keep_or_ones(keep, q)
         omega = self.projection.get(self.training)
         qf, kf, q_stab, k_stab = favor_features(q, k, keep, scale, omega)
+        kf = kf * keep[:, None, :, None].to(kf.dtype)
         log_scale = q_stab + k_stab - q.pow(2).sum(-1, keepdim=True) * (scale / 2) - math.log(omega.shape[1])
-        num_lr, den_lr = linear_attention(qf, kf, v, causal)
+        if self.config.mode == "block":
+            return self._blocks(q, k, v, keep, causal, scale, qf, kf, log_scale)
+        return self._sliding(q, k, v, keep, causal, scale, qf, kf, log_scale)
 
+    def _blocks(self, q, k, v, keep, causal, scale, qf, kf, log_scale):
+        t = q.shape[2]
         w = min(self.config.window, t)
-        n = -(-t // w)
+        blocks = lambda x: rearrange(pad_to(x, w, 2), "b h (n w) e -> b h n w e", w=w)  # noqa: E731
+        qb, kb, vb, qfb, kfb = (blocks(x) for x in (q * scale, k, v, qf, kf))
+        kv = torch.einsum("bhnwm,bhnwd->bhnmd", kfb, vb)  # low-rank summary of each block
+        z = kfb.sum(3)
+        other_kv, other_z = exclusive_cumsum(kv, 2), exclusive_cumsum(z, 2)  # earlier blocks
+        if not causal:  # and later ones (sums of positive terms: no cancellation against the own block)
+            other_kv, other_z = other_kv + exclusive_cumsum(kv, 2, True), other_z + exclusive_cumsum(z, 2, True)
+        allowed = rearrange(pad_to(keep, w, 1), "b (n w) -> b n w", w=w)[:, None, :, None, :]
+        if causal:
+            allowed = allowed & torch.ones(w, w, dtype=torch.bool, device=q.device).tril()
+        scores = (qb @ kb.transpose(-1, -2)).masked_fill(~allowed, -math.inf)  # [b, h, n, w, w]
+        log_scale = blocks(log_scale)[..., 0]
+        ref = torch.maximum(log_scale, scores.amax(-1)).detach()
+        low = (log_scale - ref).exp()[..., None]
+        weights = (scores - ref[..., None]).exp()
+        num = weights @ vb + low * (qfb @ other_kv)
+        den = weights.sum(-1) + low[..., 0] * torch.einsum("bhnwm,bhnm->bhnw", qfb, other_z)
+        out = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
+        return rearrange(out, "b h n w d -> b h (n w) d")[:, :, :t]
+
+    def _sliding(self, q, k, v, keep, causal, scale, qf, kf, log_scale):
+        t = q.shape[2]
+        num_lr, den_lr = linear_attention(qf, kf, v, causal)
+        w = min(self.config.window, t)
+        n = ceil_div(t, w)
         kw = 2 * w if causal else 3 * w
         right = n * w - t + (0 if causal else w)
         windows = lambda x: F.pad(x, (0, 0, w, right)).unfold(2, kw, w)  # noqa: E731 - [b, h, n, e, kw] views
@@ -65,7 +102,6 @@ class Scatterbrain(Mechanism):
         allowed = inside & F.pad(keep, (w, right)).unfold(1, kw, w)[:, None, :, None, :]  # [b, 1, n, w, kw]
         scores = torch.einsum("bhnqd,bhndk->bhnqk", blocks(q * scale), windows(k)).masked_fill_(~allowed, -math.inf)
         approx = torch.einsum("bhnqm,bhnmk->bhnqk", blocks(qf), windows(kf)).mul_(allowed)
-
         log_scale = blocks(log_scale)[..., 0]  # [b, h, n, w]
         ref = torch.maximum(log_scale, scores.amax(-1)).detach()
         low = (log_scale - ref).exp()[..., None]
