@@ -9,8 +9,7 @@ from .models import load_model
 from .pruning import L0Config, add_l0_gates, apply_masks, prune_heads, prune_masked
 from .runtime import add_gates, enable
 from .sites import AttentionSite, find_sites
-
-__version__ = "0.1.0"
+from .version import __version__
 
 __all__ = [
     "HeadStats", "analyze",

@@ -13,7 +13,7 @@ from typing import Callable, Iterator, Protocol
 
 from torch import nn
 
-from ..runtime import NAME, add_observer, attach, detach, enable
+from ..runtime import add_observer, attach, detach
 from ..sites import AttentionSite
 from .rows import Row, rows_by_site
 
@@ -64,17 +64,3 @@ def per_site(
         hook.remove()
         for site in sites:
             detach(site, name)
-
-
-@contextmanager
-def headwise_attention(model: nn.Module) -> Iterator[None]:
-    """Select the ``headwise`` attention implementation for the block (the previous one is restored after)."""
-    previous = model.config._attn_implementation
-    if previous == NAME:
-        yield
-        return
-    enable(model)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)

@@ -3,8 +3,9 @@
 from .attention import NAME, enable, headwise_attention
 from .gates import HeadGate, add_gates, gates_of
 from .ops import HeadOp, HeadOps, add_observer, attach, detach, ops_of
+from .scope import eval_mode, using_headwise
 
 __all__ = [
     "NAME", "enable", "headwise_attention", "HeadGate", "add_gates", "gates_of",
-    "HeadOp", "HeadOps", "add_observer", "attach", "detach", "ops_of",
+    "HeadOp", "HeadOps", "add_observer", "attach", "detach", "ops_of", "eval_mode", "using_headwise",
 ]
