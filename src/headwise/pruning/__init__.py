@@ -2,10 +2,10 @@
 
 from .export import export_plain
 from .finalize import head_factors, prune_masked
-from .hard_concrete import HardConcreteGate
 from .l0 import L0Config, L0Penalty, add_l0_gates, gate_table, l0_gates, l0_keep
 from .keep import keep_l0_heads
-from .masks import HeadMask, apply_masks, load_masks, resolve_masks
+from .masks import apply_masks, load_masks, resolve_masks
+from ..runtime import HardConcreteGate, HeadMask
 from .schedule import PruningCurve, PruningStep, importance_pruning, keep_counts, site_importance
 from .surgery import prune_heads
 

@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..runtime.ops import attach, attached
 from ..sites import find_sites, select_sites
-from .hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
+from ..runtime.hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
 
 REDUCTIONS = ("sum", "mean_over_modules")
 GATE_NAME = "l0"

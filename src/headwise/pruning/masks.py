@@ -20,29 +20,11 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..runtime.ops import HeadOp, attach, ops_of
+from ..runtime.gates import HeadMask
+from ..runtime.ops import attach, ops_of
 from ..sites import AttentionSite, find_sites
 
 MaskSpec = Mapping[Any, Sequence]
-
-
-class HeadMask(HeadOp):
-    """A fixed per-head 0/1 factor (a buffer, not trained). ``forward(out[B, T, H, d])``."""
-
-    op_type = "mask"
-
-    def __init__(self, num_heads: int) -> None:
-        super().__init__()
-        self.register_buffer("mask", torch.ones(num_heads))
-
-    def spec(self) -> dict:
-        return {"num_heads": self.mask.numel()}
-
-    def select_heads(self, keep: torch.Tensor) -> None:
-        self.mask = self.mask[keep.to(self.mask.device)].clone()
-
-    def forward(self, out: torch.Tensor) -> torch.Tensor:
-        return out * self.mask.to(out.dtype)[:, None]
 
 
 def _as_row(site: AttentionSite, values: Sequence, where: str) -> list[float]:

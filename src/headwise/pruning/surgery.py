@@ -64,9 +64,11 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
                 setattr(parent, name, new)
 
 
-def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: bool = False) -> tuple[list[int], list[int]]:
+def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: bool = False,
+                     folding: Sequence[str] = ()) -> tuple[list[int], list[int]]:
     """Check a removal request; return (query heads kept, kv heads kept). Removing every head keeps the first
-    key/value group physically (its output columns are zeroed by the caller)."""
+    key/value group physically (its output columns are zeroed by the caller). ``folding``: names of ops that are
+    folded and detached before the removal (they need not follow it)."""
     if any(c.__name__ == "CollaborativeAttention" for c in type(site.module).__mro__):
         raise HeadwiseError(f"{site.name} holds collaborative heads (shared query/key); prune before compressing")
     bad = [h for h in heads if not 0 <= int(h) < site.num_heads]
@@ -95,7 +97,7 @@ def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: boo
     ops = ops_of(site)
     for slot in SLOTS if ops is not None else ():
         for name, op in getattr(ops, slot).items():
-            if not hasattr(op, "select_heads"):
+            if name not in folding and not hasattr(op, "select_heads"):
                 raise HeadwiseError(f"{site.name}: op {name!r} ({type(op).__name__}) cannot follow a head removal; "
                                     "detach it first")
     keep = [h for h in range(site.num_heads) if h not in removed]

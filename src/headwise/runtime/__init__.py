@@ -1,11 +1,13 @@
 """The headwise attention runtime: ops attached to attention modules, run by one registered function."""
 
 from .attention import NAME, enable, headwise_attention
-from .gates import HeadGate, add_gates, gates_of
+from .gates import Gate, HeadGate, HeadMask, RowGate, add_gates, gates_of
+from .hard_concrete import HardConcreteGate
 from .ops import HeadOp, HeadOps, add_observer, attach, detach, ops_of
 from .scope import eval_mode, using_headwise
 
 __all__ = [
-    "NAME", "enable", "headwise_attention", "HeadGate", "add_gates", "gates_of",
+    "NAME", "enable", "headwise_attention", "Gate", "HeadGate", "HeadMask", "HardConcreteGate", "RowGate",
+    "add_gates", "gates_of",
     "HeadOp", "HeadOps", "add_observer", "attach", "detach", "ops_of", "eval_mode", "using_headwise",
 ]
