@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from ..runtime.attention import enable
 from ..runtime.ops import attach, attached
 from ..sites import find_sites, select_sites
 from ..runtime.hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
@@ -58,14 +59,17 @@ class L0Config:
 
 
 def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, HardConcreteGate]:
-    """Attach a ``HardConcreteGate`` (named ``"l0"``) to each selected site; returns ``{site path: gate}``."""
+    """Attach a ``HardConcreteGate`` (named ``"l0"``) to each selected site and select the ``headwise``
+    implementation; returns ``{site path: gate}``."""
     config = config or L0Config()
     sites = select_sites(model, config.kinds)
     if config.target_heads is not None and config.target_heads > sum(s.num_heads for s in sites):
         raise HeadwiseError(f"target_heads={config.target_heads} exceeds the {sum(s.num_heads for s in sites)} "
                             "gated heads")
-    return {s.path: attach(s, "output", GATE_NAME, HardConcreteGate(
+    gates = {s.path: attach(s, "output", GATE_NAME, HardConcreteGate(
         s.num_heads, config.temperature, config.stretch, config.eps, config.init)) for s in sites}
+    enable(model)
+    return gates
 
 
 def l0_gates(model: nn.Module) -> dict[str, HardConcreteGate]:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from ..runtime.attention import enable
 from ..runtime.gates import HeadMask
 from ..runtime.ops import attach, ops_of
 from ..sites import AttentionSite, find_sites
@@ -72,8 +73,8 @@ def resolve_masks(model: nn.Module, spec: MaskSpec) -> dict[str, list[float]]:
 def apply_masks(model: nn.Module, spec: MaskSpec, name: str = "mask") -> dict[str, HeadMask]:
     """Attach (or update) a ``HeadMask`` per site named in ``spec``; returns ``{site path: mask}``.
 
-    Validates everything first: a bad spec leaves the model untouched. Call ``headwise.enable(model)``
-    (or load through headwise) so the masks run.
+    Validates everything first: a bad spec leaves the model untouched. Selects the ``headwise`` implementation
+    so the masks run.
     """
     plan = resolve_masks(model, spec)
     sites = {s.path: s for s in find_sites(model)}
@@ -84,6 +85,7 @@ def apply_masks(model: nn.Module, spec: MaskSpec, name: str = "mask") -> dict[st
             sites[path], "output", name, HeadMask(sites[path].num_heads))
         op.mask.copy_(torch.tensor(row))
         masks[path] = op
+    enable(model)
     return masks
 
 

@@ -19,7 +19,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, select_sites
+from .attention import enable
 from .ops import HeadOp, attach, attached
 
 
@@ -131,9 +132,14 @@ class RowGate(Gate):
         return out * w.to(device=out.device, dtype=out.dtype)[..., None]
 
 
-def add_gates(model: nn.Module, sites: list[AttentionSite] | None = None, name: str = "gate") -> dict[str, HeadGate]:
-    """Attach a ``HeadGate`` to each site (all sites by default); returns ``{site.path: gate}``."""
-    return {s.path: attach(s, "output", name, HeadGate(s.num_heads)) for s in sites or find_sites(model)}
+def add_gates(model: nn.Module, sites: "list[AttentionSite | str] | None" = None, name: str = "gate", *,
+              kinds: list[str] | None = None, layers: list[int] | None = None) -> dict[str, HeadGate]:
+    """Attach a ``HeadGate`` to each selected site (``select_sites``: all by default) and select the ``headwise``
+    implementation; returns ``{site.path: gate}``."""
+    chosen = select_sites(model, kinds, layers=layers, names=sites)
+    gates = {s.path: attach(s, "output", name, HeadGate(s.num_heads)) for s in chosen}
+    enable(model)
+    return gates
 
 
 def gates_of(model: nn.Module, name: str = "gate") -> dict[str, HeadGate]:
