@@ -7,16 +7,24 @@ from typing import Sequence
 from torch import nn
 
 from ..errors import HeadwiseError
-from .base import Adapter, AttentionSite
+from .base import Adapter, AttentionSite, FamilyLayout
 
 _ADAPTERS: dict[str, Adapter] = {}
+_LAYOUTS: dict[str, FamilyLayout] = {}
 _KIND_ORDER = {"enc-self": 0, "dec-self": 1, "dec-enc": 2}
 
 
-def register_adapter(model_types: list[str] | str, adapter: Adapter) -> None:
-    """Teach headwise a new family: ``adapter(model) -> [AttentionSite]`` for these ``config.model_type`` values."""
+def register_adapter(model_types: list[str] | str, adapter: Adapter, layout: FamilyLayout | None = None) -> None:
+    """Teach headwise a new family: ``adapter(model) -> [AttentionSite]`` for these ``config.model_type`` values,
+    and its ``layout`` (what surgery and collaborative conversion need; default: the common attribute names)."""
     for model_type in [model_types] if isinstance(model_types, str) else model_types:
         _ADAPTERS[model_type] = adapter
+        _LAYOUTS[model_type] = layout or FamilyLayout()
+
+
+def family_layout(family: str) -> FamilyLayout:
+    """The registered layout of ``family`` (a ``config.model_type``)."""
+    return _LAYOUTS.get(family) or FamilyLayout()
 
 
 def supported_families() -> list[str]:
