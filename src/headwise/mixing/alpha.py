@@ -8,7 +8,7 @@ from einops import einsum
 from torch import nn
 
 from ..runtime.attention import enable
-from ..runtime.ops import HeadOp, attach, ops_of
+from ..runtime.ops import HeadOp, attach, detach_all, ops_of
 from ..sites import AttentionSite, find_sites, select_sites
 from .config import MixingConfig
 
@@ -49,6 +49,11 @@ def add_mixers(model: nn.Module, config: MixingConfig | None = None) -> dict[str
     mixers = {s.path: attach(s, "output", MIXER_NAME, HeadMixer(s.num_heads)) for s in select_sites(model, config.kinds)}
     enable(model)
     return mixers
+
+
+def remove_mixers(model: nn.Module) -> None:
+    """Detach the mixers (undoes ``add_mixers``; ``fold_mixing`` keeps their effect in the weights instead)."""
+    detach_all(model, MIXER_NAME)
 
 
 def mixers_of(model: nn.Module) -> list[tuple[AttentionSite, HeadMixer]]:

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..runtime.attention import enable
-from ..runtime.ops import attach, attached
+from ..runtime.ops import attach, attached, detach_all
 from ..sites import find_sites, select_sites
 from ..runtime.hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
 
@@ -70,6 +70,11 @@ def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, 
         s.num_heads, config.temperature, config.stretch, config.eps, config.init)) for s in sites}
     enable(model)
     return gates
+
+
+def remove_l0_gates(model: nn.Module) -> None:
+    """Detach the L0 gates (undoes ``add_l0_gates``; ``prune_masked`` folds them into a smaller model instead)."""
+    detach_all(model, GATE_NAME)
 
 
 def l0_gates(model: nn.Module) -> dict[str, HardConcreteGate]:

@@ -22,7 +22,7 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..runtime.attention import enable
 from ..runtime.gates import HeadMask
-from ..runtime.ops import attach, ops_of
+from ..runtime.ops import attach, detach_all, ops_of
 from ..sites import AttentionSite, find_sites
 
 MaskSpec = Mapping[Any, Sequence]
@@ -87,6 +87,11 @@ def apply_masks(model: nn.Module, spec: MaskSpec, name: str = "mask") -> dict[st
         masks[path] = op
     enable(model)
     return masks
+
+
+def remove_masks(model: nn.Module, name: str = "mask") -> None:
+    """Detach the masks called ``name`` from every site (undoes ``apply_masks``)."""
+    detach_all(model, name)
 
 
 def load_masks(path: str | Path) -> dict[str, Any]:

@@ -13,13 +13,13 @@ Methods (``METHODS``; pure functions in :mod:`.functional`): ``linear_slinear``,
 
 from . import functional
 from .apply import NAME, Measurement, measuring, quantize_attention, quantizers_of, remove_quantization
-from .config import METHOD_NAMES, QuantizationConfig
+from .config import ALIASES, METHOD_NAMES, QuantizationConfig
 from .functional import METHODS, prune
 from .layer import AttentionQuantizer, population, transform
 from .sweep import SweepConfig, SweepResult, sweep
 
 __all__ = [
     "functional", "NAME", "Measurement", "measuring", "quantize_attention", "quantizers_of", "remove_quantization",
-    "METHOD_NAMES", "QuantizationConfig", "METHODS", "prune", "AttentionQuantizer", "population", "transform",
+    "ALIASES", "METHOD_NAMES", "QuantizationConfig", "METHODS", "prune", "AttentionQuantizer", "population", "transform",
     "SweepConfig", "SweepResult", "sweep",
 ]

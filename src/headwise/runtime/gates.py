@@ -21,7 +21,7 @@ from torch import nn
 
 from ..sites import AttentionSite, select_sites
 from .attention import enable
-from .ops import HeadOp, attach, attached
+from .ops import HeadOp, attach, attached, detach_all
 
 
 class Gate(nn.Module):
@@ -140,6 +140,11 @@ def add_gates(model: nn.Module, sites: "list[AttentionSite | str] | None" = None
     gates = {s.path: attach(s, "output", name, HeadGate(s.num_heads)) for s in chosen}
     enable(model)
     return gates
+
+
+def remove_gates(model: nn.Module, name: str = "gate") -> None:
+    """Detach the gates called ``name`` (the model computes what it did before ``add_gates``)."""
+    detach_all(model, name)
 
 
 def gates_of(model: nn.Module, name: str = "gate") -> dict[str, HeadGate]:
