@@ -18,7 +18,8 @@ from common import DOC, machine
 import headwise
 from headwise.evaluation import evaluate_stsb, read_stsb
 from headwise.io import atomic_write_text
-from headwise.pruning import apply_masks, importance_pruning, l0_prune, prune_masked
+from headwise.pruning import apply_masks, importance_pruning, prune_masked
+from headwise.training import l0_prune
 from headwise.report import svg
 from headwise.training import finetune_stsb
 

@@ -63,14 +63,15 @@ def _curve_dks(spec: str, dk: int, exact: int) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
-    from ..io import check_writable_dir, save_run
+    from ..io import check_writable_dir
     from ..models import load_model, load_tokenizer
     from ..report import Report
+    from .output import save_run
     from ..training import finetune_stsb
     from ..sites import find_sites
     from ..collaborative import CollaborativeConfig, compress, input_moments, tradeoff
     from ..collaborative.apply import check_compressible, exact_rank
-    from ..collaborative.report import add_compression_section
+    from ..report.compression import add_compression_section
 
     if args.dk <= 0:
         raise HeadwiseError(f"--dk must be a positive integer, got {args.dk}")

@@ -46,13 +46,14 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
-    from ..io import check_writable_dir, save_run
+    from ..io import check_writable_dir
     from ..models import load_model
     from ..report import Report
+    from .output import save_run
     from ..report.pruning import add_pruning_section
     from ..sites import find_sites
-    from ..training import finetune_stsb
-    from ..pruning import apply_masks, importance_prune, l0_prune, load_masks, prune_masked
+    from ..pruning import apply_masks, load_masks, prune_masked
+    from ..training import finetune_stsb, importance_prune, l0_prune
 
     _check(args)
     check_writable_dir(args.out, args.force)

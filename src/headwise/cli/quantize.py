@@ -44,7 +44,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ..models import load_model
     from ..report.quantization import write_quantization_report
     from ..quantization.config import QuantizationConfig
-    from ..quantization.sweep import SweepConfig, stsb_metric, sweep
+    from ..evaluation import stsb_metric
+    from ..quantization.sweep import SweepConfig, sweep
 
     base = QuantizationConfig(threshold=args.threshold, renormalize=args.renormalize, floor=args.floor,
                               top_edge=args.top_edge, scope=args.scope, zeros=args.zeros, bin_value=args.bin_value)
@@ -56,7 +57,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, args.force)  # before any slow work
     model, tokenizer = load_model(args.model, args.device, args.dtype)
     metric = stsb_metric(tokenizer, args.split, args.data, args.batch_size, args.limit)
-    result = sweep(model, tokenizer, config, metric=metric).to_dict()
+    result = sweep(model, config, metric=metric).to_dict()
     result["model"] = args.model or "all-MiniLM-L6-v2 (packaged)"
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "results.json").write_text(json.dumps(result, indent=1))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch.nn.functional as F
 from scipy.stats import pearsonr, spearmanr
@@ -45,3 +45,17 @@ def evaluate_stsb(
     pairs = read_stsb(split, data)
     spearman, pearson = stsb_scores(model, tokenizer, pairs, batch_size)
     return StsbResult(spearman, pearson, len(pairs), split, str(stsb_file(split, data)))
+
+
+def stsb_metric(tokenizer: Any, split: str = "dev", data: str | os.PathLike | None = None, batch_size: int = 64,
+                limit: int | None = None) -> Callable[[nn.Module], float]:
+    """STS-B Spearman ×100 of a model (mean pooling, cosine), on the first ``limit`` pairs if given."""
+    pairs = read_stsb(split, data)
+    if limit:
+        pairs = StsbPairs(pairs.first[:limit], pairs.second[:limit], pairs.scores[:limit])
+
+    def score(model: nn.Module) -> float:
+        return stsb_scores(model, tokenizer, pairs, batch_size)[0]
+
+    score.__name__ = f"STS-B {split} Spearman x100" + (f" (first {limit} pairs)" if limit else "")
+    return score

@@ -1,23 +1,20 @@
-"""End-to-end pruning recipes on a sentence encoder and STS-B (what ``headwise prune`` runs)."""
+"""End-to-end pruning recipes on a sentence encoder and STS-B (what ``headwise prune`` runs): training drives the
+pruning method (L0 gates trained with the task, importance measured on task pairs)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-import torch
 from torch import nn
 
-from ..evaluation import read_stsb
 from ..errors import HeadwiseError
+from ..evaluation import read_stsb
+from ..pruning import (L0Config, L0Penalty, PruningCurve, add_l0_gates, importance_pruning, keep_l0_heads,
+                       prune_masked)
+from ..pruning.schedule import Metric
 from ..sites import find_sites
-from ..training import finetune_stsb
-from .finalize import prune_masked
-from .l0 import L0Config, L0Penalty, add_l0_gates, l0_gates, l0_keep
-from .masks import apply_masks
-from .schedule import Metric, PruningCurve, importance_pruning
-
-OPEN_LOG_ALPHA = 10.0  # eval gate exactly 1
+from .stsb import finetune_stsb
 
 
 def l0_prune(model: nn.Module, tokenizer: Any, keep: int, *, config: L0Config | None = None, epochs: float = 1.0,
@@ -42,18 +39,6 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, *, config: L0Config | 
     finetune_stsb(model, tokenizer, epochs=epochs, penalties=[L0Penalty(model, config)],
                   head_learning_rate=head_learning_rate, data=data, progress=progress, **train)
     return keep_l0_heads(model, keep)
-
-
-@torch.no_grad()
-def keep_l0_heads(model: nn.Module, keep: int) -> dict[str, list[int]]:
-    """After L0 training: keep exactly ``keep`` heads (``l0_keep``), fold their gate values and remove the rest.
-    A kept head whose gate closed (the best of an emptied layer) is reopened at gate 1. Returns ``{site: removed}``."""
-    masks = l0_keep(model, keep)
-    for path, gate in l0_gates(model).items():
-        shut = torch.tensor(masks[path], device=gate.log_alpha.device).bool() & (gate.eval_gates() == 0)
-        gate.log_alpha[shut] = OPEN_LOG_ALPHA
-    apply_masks(model, masks)
-    return prune_masked(model)
 
 
 def importance_prune(model: nn.Module, tokenizer: Any, keep: int, *, iterative: bool = False, step: int | None = None,
