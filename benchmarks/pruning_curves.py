@@ -16,7 +16,7 @@ from pathlib import Path
 from common import DOC, machine
 
 import headwise
-from headwise.evaluation import evaluate_stsb, read_stsb
+from headwise.tasks import evaluate_stsb, read_stsb
 from headwise.io import atomic_write_text
 from headwise.pruning import apply_masks, importance_pruning, l0_prune, prune_masked
 from headwise.report import svg

@@ -358,7 +358,7 @@ def test_sweep_with_a_user_metric_and_its_report(tmp_path):
     data = json.loads(json.dumps(result.to_dict()))
     page = write_quantization_report(data, tmp_path)
     assert page.read_text().count("hw-lines") >= 3
-    with pytest.raises(headwise.HeadwiseError, match="tokenizer"):
+    with pytest.raises(headwise.HeadwiseError, match="metric="):
         sweep(model, methods=["linear_slog"], bits=(2,))
 
 

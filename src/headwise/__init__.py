@@ -2,7 +2,7 @@
 
 from .analysis import HeadStats, analyze
 from .errors import HeadwiseError
-from .evaluation import evaluate_stsb, fidelity
+from .tasks import evaluate_stsb, fidelity
 from .io import from_pretrained, save_pretrained
 from .mixing import MixingConfig, add_mixers, fold_mixing, swap_heads
 from .models import load_model

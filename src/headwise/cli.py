@@ -46,7 +46,7 @@ def cmd_sites(args: argparse.Namespace) -> int:
 
 
 def cmd_eval_stsb(args: argparse.Namespace) -> int:
-    from .evaluation import ensure_encoder, evaluate_stsb, stsb_file
+    from .tasks import ensure_encoder, evaluate_stsb, stsb_file
     from .models import load_model, load_tokenizer
 
     stsb_file(args.split, args.data)  # a missing file fails before the model loads
@@ -67,7 +67,7 @@ def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
     """Texts to analyse, STS-B pairs for the gradient objective (or None), and a description of the data."""
     from pathlib import Path
 
-    from .evaluation import read_stsb, stsb_file
+    from .tasks import read_stsb, stsb_file
 
     if args.data and Path(args.data).suffix == ".txt":
         path = Path(args.data)

@@ -12,7 +12,11 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..evaluation.embeddings import mean_pool
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T, D]``, ``[B, T]`` → ``[B, D]``: the mean over real tokens."""
+    weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
 @dataclass

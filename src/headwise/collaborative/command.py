@@ -36,7 +36,7 @@ def register(verbs, parents) -> None:
 
 
 def _calibration_texts(path: str, limit: int) -> list[str]:
-    from ..evaluation import read_stsb
+    from ..tasks import read_stsb
 
     file = Path(path)
     if file.suffix == ".txt":
@@ -63,7 +63,7 @@ def _curve_dks(spec: str, dk: int, exact: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
+    from ..tasks import ensure_encoder, evaluate_stsb, stsb_file
     from ..io import check_writable_dir, save_run
     from ..models import load_model, load_tokenizer
     from ..report import Report

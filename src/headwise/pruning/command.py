@@ -46,7 +46,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
+    from ..tasks import ensure_encoder, evaluate_stsb, stsb_file
     from ..io import check_writable_dir, save_run
     from ..models import load_model
     from ..report import Report

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..evaluation import read_stsb
+from ..tasks import read_stsb
 from ..errors import HeadwiseError
 from ..sites import find_sites
 from ..training import finetune_stsb

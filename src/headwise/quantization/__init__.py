@@ -16,10 +16,10 @@ from .apply import NAME, Measurement, measuring, quantize_attention, quantizers_
 from .config import METHOD_NAMES, QuantizationConfig
 from .functional import METHODS, prune
 from .layer import AttentionQuantizer, population, transform
-from .sweep import SweepConfig, SweepResult, stsb_metric, sweep
+from .sweep import SweepConfig, SweepResult, sweep
 
 __all__ = [
     "functional", "NAME", "Measurement", "measuring", "quantize_attention", "quantizers_of", "remove_quantization",
     "METHOD_NAMES", "QuantizationConfig", "METHODS", "prune", "AttentionQuantizer", "population", "transform",
-    "SweepConfig", "SweepResult", "stsb_metric", "sweep",
+    "SweepConfig", "SweepResult", "sweep",
 ]

@@ -1,14 +1,13 @@
 """The accuracy trade-off: a grid of pruning / quantization settings, each scored against the unmodified model.
 
-``sweep(model, tokenizer)`` scores STS-B dev Spearman (sentence encoders); pass ``metric=fn(model) -> float``
-(higher is better) for anything else. Every setting also reports the measured sparsity (share of attention
+``sweep(model, metric=fn)`` scores ``fn(model) -> float`` (higher is better; a task's ``metric_fn`` gives one for
+STS-B, perplexity, BLEU or accuracy). Every setting also reports the measured sparsity (share of attention
 values that are exactly 0) and the number of distinct values used.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
@@ -19,7 +18,6 @@ from tqdm.auto import tqdm
 from ..analysis.attach import headwise_attention
 from ..analysis.importance import eval_mode
 from ..errors import HeadwiseError
-from ..evaluation import StsbPairs, read_stsb, stsb_scores
 from ..sites import find_sites
 from .apply import measuring, quantize_attention, remove_quantization
 from .config import METHOD_NAMES, NONE, QuantizationConfig
@@ -121,33 +119,19 @@ class SweepResult:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-def stsb_metric(tokenizer: Any, split: str = "dev", data: str | os.PathLike | None = None, batch_size: int = 64,
-                limit: int | None = None) -> Metric:
-    """STS-B Spearman ×100 of a model (mean pooling, cosine), on the first ``limit`` pairs if given."""
-    pairs = read_stsb(split, data)
-    if limit:
-        pairs = StsbPairs(pairs.first[:limit], pairs.second[:limit], pairs.scores[:limit])
-
-    def score(model: nn.Module) -> float:
-        return stsb_scores(model, tokenizer, pairs, batch_size)[0]
-
-    score.__name__ = f"STS-B {split} Spearman x100" + (f" (first {limit} pairs)" if limit else "")
-    return score
-
-
 def sweep(model: nn.Module, tokenizer: Any = None, config: SweepConfig | None = None, *,
           metric: Metric | None = None, progress: bool | None = None, **options: Any) -> SweepResult:
     """Score ``model`` unchanged (the baseline), then with each setting of ``config`` attached in turn.
 
-    ``metric(model) -> float``, higher is better (default: STS-B dev Spearman ×100, which needs ``tokenizer``).
+    ``metric(model) -> float``, higher is better (a task's ``metric_fn``, e.g.
+    ``headwise.tasks.get_task("stsb").metric_fn(tokenizer)``). ``tokenizer`` is unused (kept for symmetry).
     ``options`` override ``SweepConfig`` fields. The model runs in eval mode with the ``headwise``
     implementation; the sweep's quantizers are detached afterwards, also on error.
     """
     cfg = replace(config or SweepConfig(), **options) if options else (config or SweepConfig())
     if metric is None:
-        if tokenizer is None:
-            raise HeadwiseError("the default metric (STS-B) needs the tokenizer: sweep(model, tokenizer) or metric=")
-        metric = stsb_metric(tokenizer)
+        raise HeadwiseError("sweep needs metric=fn(model) -> float (higher is better), e.g. "
+                            "headwise.tasks.get_task('stsb').metric_fn(tokenizer)")
     settings = cfg.settings()
     sites = [s.path for s in find_sites(model)]
     rows: list[dict[str, Any]] = []

@@ -10,6 +10,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
+from ..analysis.inputs import mean_pool
 from ..sites import find_sites
 
 
@@ -21,12 +22,6 @@ def ensure_encoder(model: nn.Module, task: str) -> None:
             f"{task} needs a bidirectional sentence encoder, but {type(model).__name__} "
             f"({model.config.model_type}) is a causal decoder; use an encoder such as the default all-MiniLM-L6-v2"
         )
-
-
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T, D]``, ``[B, T]`` → ``[B, D]``: the mean over real tokens."""
-    weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
 @torch.no_grad()
