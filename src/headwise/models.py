@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -205,10 +207,16 @@ def load_model(
         if looks_local and "headwise" in json.loads((local / "config.json").read_text()):
             model = from_pretrained(local, device=device, dtype=dtype)
         else:
+            _check_architecture(path, name_or_path, head)
             auto = getattr(transformers, HEAD_CLASSES[head])
             extra = {"num_labels": num_labels} if new_head and num_labels else {}
-            model, info = auto.from_pretrained(path, attn_implementation=NAME, dtype=dtype, output_loading_info=True,
-                                               **extra)
+            with quiet_transformers():
+                model, info = auto.from_pretrained(path, attn_implementation=NAME, dtype=dtype,
+                                                   output_loading_info=True, **extra)
+            if info["unexpected_keys"]:
+                unused = sorted(info["unexpected_keys"])
+                print(f"headwise: note: {len(unused)} weights of {name_or_path or path} are not used by "
+                      f"{type(model).__name__} (e.g. {unused[0]}); pass a task to load its head", file=sys.stderr)
             if info["missing_keys"] and not new_head:
                 missing = sorted(info["missing_keys"])
                 raise HeadwiseError(
@@ -237,6 +245,31 @@ HEAD_CLASSES = {"base": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2s
 
 HEAD_WHAT = {"base": "a base model", "causal-lm": "a causal language model",
              "seq2seq": "an encoder-decoder (translation) model", "classification": "a sequence classifier"}
+def _check_architecture(path: str, name: str | None, head: str) -> None:
+    """Refuse early (before transformers builds and reports a half-loaded model) a causal LM for an
+    encoder-decoder task and the reverse."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    if (head == "causal-lm" and seq2seq) or (head == "seq2seq" and not seq2seq):
+        kind = "an encoder-decoder" if seq2seq else "not an encoder-decoder"
+        raise HeadwiseError(f"{name or path} ({config.model_type}) is {kind}; the task needs {HEAD_WHAT[head]}")
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' load report silenced: headwise reports missing and unused weights itself."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 # The head of each task by name (``headwise.tasks`` sits above this module; a test keeps the two in step).
 TASK_HEADS = {"stsb": "base", "lm": "causal-lm", "translation": "seq2seq", "classification": "classification"}
 
