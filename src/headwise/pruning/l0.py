@@ -145,3 +145,21 @@ def l0_keep(model: nn.Module, keep: int | None = None, min_per_site: int = 1) ->
     for _, p, h in rest[: keep - floor]:
         masks[p][h] = 1.0
     return {p: m.tolist() for p, m in masks.items()}
+
+
+OPEN_LOG_ALPHA = 10.0  # eval gate exactly 1
+
+
+@torch.no_grad()
+def keep_l0_heads(model: nn.Module, keep: int) -> dict[str, list[int]]:
+    """After L0 training: keep exactly ``keep`` heads (``l0_keep``), fold their gate values and remove the rest.
+    A kept head whose gate closed (the best of an emptied layer) is reopened at gate 1. Returns ``{site: removed}``."""
+    from .finalize import prune_masked
+    from .masks import apply_masks
+
+    masks = l0_keep(model, keep)
+    for path, gate in l0_gates(model).items():
+        shut = torch.tensor(masks[path], device=gate.log_alpha.device).bool() & (gate.eval_gates() == 0)
+        gate.log_alpha[shut] = OPEN_LOG_ALPHA
+    apply_masks(model, masks)
+    return prune_masked(model)
