@@ -7,7 +7,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
-from .task_options import load_for_task, task_args, task_from_args
+from .task_options import load_for_task, metric_label, task_args, task_from_args
 
 METHODS = ("l0", "importance", "mask")
 UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         "parameters_before": before["parameters"], "parameters_after": sum(p.numel() for p in model.parameters()),
         "removed": {n: removed.get(n, []) for n in names},
         "survivors": {s.name: [0 if h in removed.get(s.name, []) else 1 for h in range(s.num_heads)] for s in sites},
-        "metric_name": None if task is None else task.metric, "metric_before": metric_before,
+        "metric_name": metric_label(task), "metric_before": metric_before,
         "metric_after": None if args.no_eval else metric(model), "curve": curve,
     }
     if args.plain:

@@ -45,13 +45,14 @@ def task_args(parser: argparse.ArgumentParser, task: bool = True) -> None:
                         help="classification: start a fresh classification head (the checkpoint has none)")
 
 
-def task_from_args(args: argparse.Namespace, name: str | None = None):
-    """The task named by ``--task`` (or ``name``) with the options given on the command line; its data is
-    checked before any model loads."""
+def task_from_args(args: argparse.Namespace, name: str | None = None, skip: tuple[str, ...] = ()):
+    """The task named by ``--task`` (or ``name``) with the options given on the command line (``skip``: options
+    the verb uses for itself, e.g. analyze's ``--limit``); its data is checked before any model loads."""
     from ..tasks import get_task
 
     name = name or args.task
-    options = {option: getattr(args, flag[2:].replace("-", "_"), None) for flag, (option, _) in OPTIONS.items()}
+    options = {option: getattr(args, flag[2:].replace("-", "_"), None) for flag, (option, _) in OPTIONS.items()
+               if option not in skip}
     if name == "stsb" and options.get("split") is None:
         options["split"] = "dev"
     task = get_task(name, **{k: v for k, v in options.items() if v is not None and _takes(name, k)})
@@ -87,3 +88,10 @@ def metric_line(task, metrics: dict[str, float]) -> str:
 
     rest = ", ".join(f"{k} {fmt(v)}" for k, v in metrics.items() if k != task.metric)
     return f"{task.metric} {fmt(metrics[task.metric])}" + (f" ({rest})" if rest else "")
+
+
+def metric_label(task) -> str | None:
+    """How reports name the task's main metric (``STS-B dev Spearman ×100`` for STS-B, as before)."""
+    if task is None:
+        return None
+    return "STS-B dev Spearman ×100" if task.name == "stsb" else f"{task.name} {task.metric}"
