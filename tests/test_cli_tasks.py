@@ -128,3 +128,12 @@ def test_quantize_with_the_lm_task_scores_negative_perplexity(llama_dir, tmp_pat
     by = {row["label"]: row for row in result["rows"]}
     assert abs(by["linear_slog 8b"]["metric"] - result["baseline"]) < abs(by["linear_slog 2b"]["metric"]
                                                                           - result["baseline"]) + 1e-9
+
+
+def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, capsys):
+    out = tmp_path / "l0"
+    assert main(["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
+                 "--method", "l0", "--keep", "12", "--max-steps", "2", "--finetune", "1", "--finetune-steps", "2",
+                 "--max-length", "32", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the Trainer logs before it
+    assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_after"] is not None

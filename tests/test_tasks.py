@@ -298,3 +298,16 @@ def test_classification_regression_and_bad_input(tmp_path, tokenizer):
         Classification()
     with pytest.raises(HeadwiseError, match="unknown GLUE task 'nope'"):
         Classification(data="glue:nope")
+
+
+def test_finetuning_with_the_translation_loss_lowers_it(parallel, tokenizer):
+    model = tiny_seq2seq("marian", pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         decoder_start_token_id=tokenizer.pad_token_id)
+    task = Translation(data_dir=str(parallel), split="test", max_length=32)
+    batch = collate(task.examples(tokenizer, "train").items, tokenizer.pad_token_id)
+    with torch.no_grad():
+        before = task.loss(model, batch).mean().item()
+    task.finetune(model, tokenizer, max_steps=20, learning_rate=3e-3, batch_size=4, progress=False)
+    with torch.no_grad():
+        after = task.loss(model, batch).mean().item()
+    assert after < before - 0.1 and not model.training

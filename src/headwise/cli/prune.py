@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         removed = {by_path[p]: [h for h, m in enumerate(mask) if not m] for p, mask in steps.steps[-1].masks.items()}
     else:
         removed = l0_prune(model, tokenizer, args.keep, task, epochs=args.epochs, max_steps=args.max_steps)
+        masked_only = sum(s.num_heads for s in find_sites(model)) == before["heads"] and any(removed.values())
     if args.finetune:
         task.finetune(model, tokenizer, epochs=args.finetune, max_steps=args.finetune_steps)
     after_sites = find_sites(model)

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..pruning import (L0Config, L0Penalty, PruningCurve, add_l0_gates, importance_pruning, keep_l0_heads,
-                       prune_masked)
+                       l0_keep, prune_masked)
 from ..pruning.schedule import Metric
 from ..sites import find_sites
 from .base import Task
@@ -20,8 +20,8 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config:
              epochs: float = 1.0, head_learning_rate: float = 0.1, progress: bool = True,
              **train: Any) -> dict[str, list[int]]:
     """Train L0 gates toward ``keep`` open heads while fine-tuning on the task's train split (its loss), keep
-    exactly the ``keep`` heads of largest ``log α``, fold their gate values and remove the rest.
-    Returns ``{site: removed heads}``.
+    exactly the ``keep`` heads of largest ``log α``, fold their gate values and remove the rest (masked only when
+    grouped-query sites would lose part of a key/value group, see ``removable``). Returns ``{site: removed heads}``.
 
     Default config: λ from 0 by dual ascent (``lambda_lr=0.01``), the target reached linearly over the first
     half of training, gates starting open (``log α = 3``)."""
@@ -37,7 +37,7 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config:
     add_l0_gates(model, config)
     task.finetune(model, tokenizer, epochs=epochs, penalties=[L0Penalty(model, config)],
                   head_learning_rate=head_learning_rate, progress=progress, **train)
-    return keep_l0_heads(model, keep)
+    return keep_l0_heads(model, keep, remove=removable(model, l0_keep(model, keep)))
 
 
 def importance_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, iterative: bool = False,
