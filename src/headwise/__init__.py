@@ -2,7 +2,7 @@
 
 from .analysis import HeadStats, analyze
 from .errors import HeadwiseError
-from .tasks import evaluate_stsb, fidelity
+from .tasks import evaluate_stsb, fidelity, get_task
 from .io import from_pretrained, save_pretrained
 from .mixing import MixingConfig, add_mixers, fold_mixing, swap_heads
 from .models import load_model
@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "HeadStats", "analyze",
-    "HeadwiseError", "evaluate_stsb", "fidelity", "from_pretrained", "save_pretrained", "load_model", "prune_heads",
+    "HeadwiseError", "evaluate_stsb", "fidelity", "get_task", "from_pretrained", "save_pretrained", "load_model", "prune_heads",
     "prune_masked", "apply_masks", "add_l0_gates", "L0Config", "MixingConfig", "add_mixers", "fold_mixing", "swap_heads",
     "add_gates", "enable", "AttentionSite", "find_sites", "__version__",
 ]

@@ -22,6 +22,8 @@ def register(verbs, parents) -> None:
                         "calibration split): minimise the attention-score error on these inputs instead of the weight "
                         "error")
     p.add_argument("--limit", type=int, default=2000, help="calibration texts used, a seeded random sample when the file holds more (default: 2000)")
+    p.add_argument("--kinds", default=None,
+                   help="convert only these attention kinds, comma-separated (an encoder-decoder: enc-self,dec-self)")
     p.add_argument("--iterations", type=int, default=20, help="ALS sweeps after the closed-form start (default: 20)")
     p.add_argument("--init", choices=["auto", "block", "hosvd"], default="auto",
                    help="closed-form start (default: auto = block with --calibration, hosvd without)")
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir, save_run
     from ..models import load_model, load_tokenizer
     from ..report import Report
-    from ..sites import find_sites
+    from ..sites import select_sites
     from ..collaborative import CollaborativeConfig, compress, input_moments, tradeoff
     from ..collaborative.apply import check_compressible, exact_rank
     from ..collaborative.report import add_compression_section
@@ -87,8 +89,9 @@ def run(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(args.model) if texts or task is not None else None
         if task is not None:
             task.check_model(model, tokenizer)
-    config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations)
-    sites = find_sites(model)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations, kinds=kinds)
+    sites = select_sites(model, kinds)
     check_compressible(model, sites, args.dk)
     calibration = task.calibration_inputs(tokenizer, limit=args.limit, batch_size=config.batch_size) \
         if from_task else texts
