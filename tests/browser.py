@@ -1,6 +1,8 @@
 """Headless Chromium for tests: screenshots of a page and its DOM after load (with the report's error marks).
 
-Chromium is required, not optional: without it the helpers raise and tell how to install it.
+Chromium is required, not optional: without it the helpers raise and tell how to install it. The tests that use it
+are marked ``browser``; ``make test`` installs Chromium or deselects them with the reason.
+``python tests/browser.py`` prints the browser's path, or says how to install one and exits 1.
 """
 
 from __future__ import annotations
@@ -81,3 +83,12 @@ def screenshot(html: str | os.PathLike, png: str | os.PathLike, size: tuple[int,
     if not png.exists() or png.stat().st_size == 0:
         raise RuntimeError(f"Chromium wrote no screenshot of {url} (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return png
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        print(find_chromium())
+    except BrowserMissing as err:
+        sys.exit(str(err))

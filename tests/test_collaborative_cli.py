@@ -3,6 +3,7 @@
 import json
 
 import browser
+import pytest
 import torch
 from tiny import tiny_inputs, tiny_model
 
@@ -11,20 +12,26 @@ from headwise.collaborative import compress
 from headwise.cli import main
 
 
-def test_compress_writes_model_json_and_report(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def compressed(tmp_path_factory):
+    """``headwise compress --dk 10`` run once on a saved tiny BERT: (the tiny model's folder, the output folder)."""
+    tmp_path = tmp_path_factory.mktemp("compress")
     source = tmp_path / "tiny"
     headwise.save_pretrained(tiny_model("bert"), source)
     out = tmp_path / "out"
-    assert main(["compress", "--model", str(source), "--dk", "0", "--no-eval", "--out", str(out)]) == 2
-    assert "--dk must be a positive integer" in capsys.readouterr().err and not out.exists()
     assert main(["compress", "--model", str(source), "--dk", "10", "--no-eval", "--out", str(out)]) == 0
+    return source, out
+
+
+def test_compress_writes_model_json_and_report(compressed, tmp_path, capsys):
+    source, out = compressed
+    assert main(["compress", "--model", str(source), "--dk", "0", "--no-eval", "--out", str(tmp_path / "o1")]) == 2
+    assert "--dk must be a positive integer" in capsys.readouterr().err and not (tmp_path / "o1").exists()
     summary = json.loads((out / "compression.json").read_text())
     assert summary["dk"] == 10 and summary["params_after"] < summary["params_before"]
     assert [c["dk"] for c in summary["curve"]] == [5, 10, 11, 16, 21, 32]
     assert summary["curve"][-1]["sites"][0]["weight_error"] == 0.0
-    page = browser.load(out / "report.html")
-    assert page.attribute("data-hw-ready") == "1" and page.attribute("data-hw-errors") is None
-    assert page.count_class("hw-lines") == 2
+    assert (out / "report.html").read_text().count('class="hw-fig hw-lines"') == 2
     reloaded = headwise.from_pretrained(out / "model")
     expected = headwise.from_pretrained(source)
     compress(expected, dk=10)
@@ -35,3 +42,11 @@ def test_compress_writes_model_json_and_report(tmp_path, capsys):
     assert main(["compress", "--model", str(source), "--dk", "10", "--no-eval", "--calibration",
                  str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o2")]) == 2
     assert "calibration file not found" in capsys.readouterr().err
+
+
+@pytest.mark.browser
+def test_compress_report_renders_in_chromium(compressed):
+    _, out = compressed
+    page = browser.load(out / "report.html")
+    assert page.attribute("data-hw-ready") == "1" and page.attribute("data-hw-errors") is None
+    assert page.count_class("hw-lines") == 2

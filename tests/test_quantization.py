@@ -362,17 +362,34 @@ def test_sweep_with_a_user_metric_and_its_report(tmp_path):
         sweep(model, methods=["linear_slog"], bits=(2,))
 
 
-def test_cli_quantize_on_minilm(tmp_path, capsys):
-    out = tmp_path / "q"
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory):
+    """``headwise quantize`` run once on the packaged MiniLM (24 pairs): (its output folder, argv, what it printed)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("quantize") / "q"
     argv = ["quantize", "--limit", "24", "--methods", "linear_slog_clamped_midval,binarization", "--bits", "2..3",
             "--thresholds", "0.05", "--out", str(out)]
-    assert main(argv) == 0
-    printed = capsys.readouterr().out
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(argv) == 0
+    return out, argv, printed.getvalue()
+
+
+def test_cli_quantize_on_minilm(quantized, capsys):
+    out, argv, printed = quantized
     assert "threshold pruning" in printed and "linear_slog_clamped_midval" in printed
     results = json.loads((out / "results.json").read_text())
     assert len(results["rows"]) == 4 and results["baseline"] > 50
     assert all(0 <= r["sparsity"] <= 1 for r in results["rows"])
+    assert (out / "report.html").read_text().count('class="hw-fig hw-lines"') >= 3
+    assert main(argv) == 2 and "--force" in capsys.readouterr().err
+
+
+@pytest.mark.browser
+def test_cli_quantize_report_renders_in_chromium(quantized):
+    out, _, _ = quantized
     page = browser.load(out / "report.html")
     assert page.attribute("data-hw-ready") == "1" and page.attribute("data-hw-errors") is None
     assert page.count_class("hw-lines") >= 3
-    assert main(argv) == 2 and "--force" in capsys.readouterr().err

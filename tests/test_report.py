@@ -255,6 +255,7 @@ def test_bad_stats_are_refused(bad, match):
         analysis_report(bad)
 
 
+@pytest.mark.browser
 def test_report_opens_in_headless_chromium(tmp_path):
     path = write_report(make_stats(ragged=True), tmp_path)
     html = path.read_text(encoding="utf-8")
@@ -268,6 +269,7 @@ def test_report_opens_in_headless_chromium(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 20_000
 
 
+@pytest.mark.browser
 def test_browser_reports_script_errors(tmp_path):
     page_path = tmp_path / "broken.html"
     rep = Report("broken")

@@ -96,3 +96,18 @@ def test_register_adapter_adds_a_family():
         from headwise.sites import registry
 
         registry._ADAPTERS.pop("gpt_neo")
+
+
+@pytest.mark.parametrize("family", FAMILIES + ["bart", "marian", "t5"])
+def test_each_family_layout_names_real_attributes(family):
+    """The adapter's layout is what surgery and collaborative conversion use: every name must be on the module."""
+    from tiny import tiny_seq2seq
+
+    model = tiny_model(family) if family in FAMILIES else tiny_seq2seq(family)
+    for site in find_sites(model):
+        layout, module = site.layout, site.module
+        assert all(getattr(module, a) == site.num_heads for a in layout.head_counts)
+        assert all(getattr(module, a) == site.num_heads * site.head_dim for a in layout.head_sizes)
+        projections = [layout.fused_qkv] if layout.fused_qkv else [layout.query, layout.key]
+        assert all(isinstance(getattr(module, p), torch.nn.Module) for p in projections)
+        assert layout.position_bias == hasattr(module, "compute_bias")

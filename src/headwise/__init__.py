@@ -1,20 +1,42 @@
-"""headwise: find, measure and edit the attention heads of transformers models."""
+"""headwise: find, measure and edit the attention heads of transformers models.
 
-from .analysis import HeadStats, analyze
+The verbs and their configs, one per method (each also has a ``headwise <verb>`` command); the packages
+(``headwise.pruning``, ``headwise.mixing``, ...) hold the rest.
+"""
+
+from .analysis import AnalysisConfig, HeadStats, analyze
+from .collaborative import CollaborativeConfig, compress
 from .errors import HeadwiseError
 from .tasks import evaluate_stsb, fidelity, get_task
 from .io import from_pretrained, save_pretrained
-from .mixing import MixingConfig, add_mixers, fold_mixing, swap_heads
+from .mechanisms import apply as replace_attention
+from .mechanisms import remove as restore_attention
+from .mixing import MixingConfig, add_mixers, fold_mixing, remove_mixers, swap_heads
 from .models import load_model
-from .pruning import L0Config, add_l0_gates, apply_masks, prune_heads, prune_masked
-from .runtime import add_gates, enable
-from .sites import AttentionSite, find_sites
-
-__version__ = "0.1.0"
+from .pruning import (L0Config, add_l0_gates, apply_masks, prune_heads, prune_masked, remove_l0_gates,
+                      remove_masks)
+from .quantization import QuantizationConfig, quantize_attention, remove_quantization
+from .runtime import add_gates, enable, remove_gates
+from .sites import AttentionSite, find_sites, select_sites
+from .version import __version__
 
 __all__ = [
-    "HeadStats", "analyze",
-    "HeadwiseError", "evaluate_stsb", "fidelity", "get_task", "from_pretrained", "save_pretrained", "load_model", "prune_heads",
-    "prune_masked", "apply_masks", "add_l0_gates", "L0Config", "MixingConfig", "add_mixers", "fold_mixing", "swap_heads",
-    "add_gates", "enable", "AttentionSite", "find_sites", "__version__",
+    "__version__", "HeadwiseError",
+    # models, sites, persistence
+    "load_model", "from_pretrained", "save_pretrained", "enable", "AttentionSite", "find_sites", "select_sites",
+    # analysis
+    "AnalysisConfig", "HeadStats", "analyze",
+    # pruning
+    "add_gates", "remove_gates", "apply_masks", "remove_masks", "L0Config", "add_l0_gates", "remove_l0_gates",
+    "prune_heads", "prune_masked",
+    # collaborative heads
+    "CollaborativeConfig", "compress",
+    # quantization
+    "QuantizationConfig", "quantize_attention", "remove_quantization",
+    # mixing
+    "MixingConfig", "add_mixers", "remove_mixers", "fold_mixing", "swap_heads",
+    # mechanisms
+    "replace_attention", "restore_attention",
+    # tasks
+    "get_task", "evaluate_stsb", "fidelity",
 ]

@@ -11,10 +11,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
-from .attach import headwise_attention, per_site
+from ..runtime import eval_mode, using_headwise
+from .attach import per_site
 from .config import AnalysisConfig
-from .importance import LossFn, Pairs, ablation_sums, eval_mode, gradient_sums
-from .inputs import batches, resolve_max_length
+from .importance import LossFn, Pairs, ablation_sums, gradient_sums
+from ..batching import batches, resolve_max_length
 from .observer import BatchContext, MapRecorder, StatsObserver
 from .rows import Row, rows_of
 from .stats import HeadStats
@@ -104,7 +105,7 @@ def analyze(
     stats = HeadStats.empty([r.describe() for r in rows], cfg.thresholds, next(model.parameters()).device,
                             model=name, data=cfg.data_name, normalize_importance=cfg.normalize_importance)
     mine = [texts[i] for i in shard]
-    with headwise_attention(model), eval_mode(model):
+    with using_headwise(model), eval_mode(model):
         observe(model, tokenizer, mine, rows, stats, cfg.batch_size, max_length, progress)
         if cfg.examples:
             stats.examples = record_examples(model, tokenizer, texts[: cfg.examples], rows, max_length)

@@ -9,24 +9,14 @@ from __future__ import annotations
 
 import uuid
 from contextlib import contextmanager
-from typing import Callable, Iterator, Protocol
+from typing import Callable, Iterator
 
 from torch import nn
 
-from ..runtime import NAME, add_observer, attach, detach, enable
+from ..runtime import add_observer, attach, detach
+from ..runtime.gates import LayerCounted, layer_of
 from ..sites import AttentionSite
 from .rows import Row, rows_by_site
-
-
-class LayerCounted(Protocol):
-    calls: int
-
-
-def layer_of(helper: LayerCounted, n_layers: int) -> int:
-    """The layer (0-based, within the site) of the current call, then count it."""
-    k = helper.calls % n_layers
-    helper.calls += 1
-    return k
 
 
 @contextmanager
@@ -64,17 +54,3 @@ def per_site(
         hook.remove()
         for site in sites:
             detach(site, name)
-
-
-@contextmanager
-def headwise_attention(model: nn.Module) -> Iterator[None]:
-    """Select the ``headwise`` attention implementation for the block (the previous one is restored after)."""
-    previous = model.config._attn_implementation
-    if previous == NAME:
-        yield
-        return
-    enable(model)
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)

@@ -1,4 +1,4 @@
-"""``RowGate``: per-layer, per-sample head gates, the private op behind gradient and ablation importance.
+"""``row_gates``: per-layer, per-sample head gates (``runtime.RowGate``) behind gradient and ablation importance.
 
 ``headwise.runtime.HeadGate`` holds one weight per head and module. Importance needs two more things: one gate
 per *layer* for a module that serves several (ALBERT), and one gate per *sample* so that a single expanded
@@ -15,27 +15,9 @@ import torch
 from torch import nn
 
 from ..sites import AttentionSite
-from .attach import layer_of, per_site
+from ..runtime.gates import RowGate
+from .attach import per_site
 from .rows import Row
-
-
-class RowGate(nn.Module):
-    """``out[b, :, h] *= weight[layer, b, h]`` for ``out[B, T, H, d]`` and ``weight[n_layers, B | 1, H]``.
-
-    Call ``k`` of a forward uses ``weight[k % n_layers]`` (see ``attach``). ``weight`` is a plain tensor (set by
-    ``Gates.set``), so it can be a view of a leaf that requires grad.
-    """
-
-    def __init__(self, n_layers: int, num_heads: int) -> None:
-        super().__init__()
-        self.n_layers, self.num_heads, self.calls = n_layers, num_heads, 0
-        self.weight = torch.ones(n_layers, 1, num_heads)
-
-    def forward(self, out: torch.Tensor) -> torch.Tensor:
-        w = self.weight[layer_of(self, self.n_layers)]
-        if w.shape[0] not in (1, out.shape[0]):
-            raise RuntimeError(f"gate weights for {w.shape[0]} samples, batch has {out.shape[0]}")
-        return out * w.to(device=out.device, dtype=out.dtype)[:, None, :, None]
 
 
 class Gates:

@@ -31,7 +31,6 @@ reduced across processes.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -40,23 +39,13 @@ from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from .config import ABS_SCOPES
-from .attach import headwise_attention
 from .gates import row_gates
-from .inputs import Batch, batches, pooled, resolve_max_length
+from ..batching import Batch, batches, pooled, resolve_max_length
+from ..runtime import eval_mode, using_headwise
 from .rows import Row, rows_of
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
 Pairs = tuple[Sequence[str], Sequence[str], Sequence[float]]
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 def _device(model: nn.Module) -> torch.device:
@@ -148,7 +137,7 @@ def gradient_sums(
              else len(pairs[0]) if pairs is not None else len(texts or ()))
     bar = tqdm(total=total, desc="gradient importance", unit="sent", disable=None if progress is None else not progress)
     sums, count = None, 0
-    with headwise_attention(model), eval_mode(model), row_gates(model, rows) as gates, torch.enable_grad():
+    with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates, torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
                                           seed, score_scale, inputs):
@@ -200,7 +189,7 @@ def ablation_sums(
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
     bar = tqdm(total=len(texts), desc="ablation sweep", unit="sent", disable=None if progress is None else not progress)
     count = 0
-    with headwise_attention(model), eval_mode(model), row_gates(model, rows) as gates:
+    with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates:
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         heads = _heads(rows)
         for batch in batches(tokenizer, texts, min(batch_size, sweep_batch), max_length, device):
@@ -243,7 +232,7 @@ def ablation_importance(
                                                  sweep_batch=sweep_batch, max_length=max_length, progress=progress))
         return _mask_missing(sums / count, rows)
     device = _device(model)
-    with headwise_attention(model), eval_mode(model), row_gates(model, rows) as gates:
+    with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates:
         base = float(metric(model))
         table = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         heads = _heads(rows)

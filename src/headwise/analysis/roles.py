@@ -31,8 +31,8 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..sites import AttentionSite, find_sites
-from .attach import headwise_attention, layer_of, per_site
-from .importance import eval_mode
+from ..runtime import eval_mode, using_headwise
+from .attach import layer_of, per_site
 from .rows import Row
 
 ROLES = ("positional", "rare", "alignment")
@@ -280,7 +280,7 @@ def head_roles(model: nn.Module, batches: Sequence[Mapping[str, torch.Tensor]], 
     state, totals = _Batch(), {}
     build = lambda site, first, n: _RoleObserver(site, first, n, state, totals, config.diagonal_window)  # noqa: E731
     device = next(model.parameters()).device
-    with headwise_attention(model), eval_mode(model), per_site(model, rows, build, prefix="roles"):
+    with using_headwise(model), eval_mode(model), per_site(model, rows, build, prefix="roles"):
         for batch in batches:
             (src_ids, src_real), (tgt_ids, tgt_real) = _sides(batch)
             state.src_real, state.tgt_real = src_real.to(device), tgt_real.to(device)

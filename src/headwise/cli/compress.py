@@ -65,13 +65,14 @@ def _curve_dks(spec: str, dk: int, exact: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..io import check_writable_dir, save_run
+    from ..io import check_writable_dir
     from ..models import load_model, load_tokenizer
     from ..report import Report
     from ..sites import select_sites
+    from .output import save_run
     from ..collaborative import CollaborativeConfig, compress, input_moments, tradeoff
     from ..collaborative.apply import check_compressible, exact_rank
-    from ..collaborative.report import add_compression_section
+    from ..report.compression import add_compression_section
 
     if args.dk <= 0:
         raise HeadwiseError(f"--dk must be a positive integer, got {args.dk}")

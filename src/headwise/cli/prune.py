@@ -56,9 +56,10 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..io import check_writable_dir, save_run
+    from ..io import check_writable_dir
     from ..pruning import apply_masks, export_plain, load_masks, plain_problem, prune_masked
     from ..report import Report
+    from .output import save_run
     from ..report.pruning import add_pruning_section
     from ..sites import find_sites
     from ..tasks.recipes import importance_prune, l0_prune, removable

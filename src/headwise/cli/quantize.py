@@ -64,7 +64,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     metric = task.metric_fn(tokenizer)
     if task.name == "stsb":
         metric.__name__ = f"STS-B {task.split} Spearman x100" + (f" (first {task.limit} pairs)" if task.limit else "")
-    result = sweep(model, tokenizer, config, metric=metric).to_dict()
+    result = sweep(model, config, metric=metric).to_dict()
     result["task"] = task.name
     result["model"] = args.model or "all-MiniLM-L6-v2 (packaged)"
     with atomic_dir(args.out, overwrite=args.force) as tmp:

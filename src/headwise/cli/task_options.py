@@ -81,6 +81,24 @@ def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def load_task_model(args: argparse.Namespace, task) -> tuple[Any, Any]:
+    """The model for a verb: the base encoder for STS-B (as before tasks existed) or no task, else the task's
+    head; checked against the task."""
+    if task is not None and task.name != "stsb":
+        return load_for_task(args, task)
+    from ..models import load_model
+
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    if task is not None:
+        task.check_model(model, tokenizer)
+    return model, tokenizer
+
+
+def task_metric(task, model, tokenizer) -> float:
+    """The task's main metric, rounded to 2 decimals (what edit commands report before and after)."""
+    return round(float(task.evaluate(model, tokenizer, progress=False)[task.metric]), 2)
+
+
 def metric_line(task, metrics: dict[str, float]) -> str:
     """``perplexity 19.93 (nll 2.99, tokens 24,576)``: the main metric first, then the rest."""
     def fmt(value: Any) -> str:

@@ -18,7 +18,7 @@ from ..sites import AttentionSite, find_sites, select_sites
 from .calibration import input_moments
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
-from .families import ADDITIVE_POSITION_BIAS, LAYOUTS, install, is_collaborative
+from .families import FORWARDS, install, is_collaborative
 
 EDIT_KIND = "collaborative"
 
@@ -64,12 +64,12 @@ def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object)
         raise HeadwiseError(f"dk must be a positive integer (the width of the shared query/key space), got {dk!r}; "
                             f"the exact form of this model is dk={max(exact_rank(s) for s in sites)}")
     for site in sites:
-        if site.family not in LAYOUTS:
+        if site.family not in FORWARDS:
             why = (" Under rotary positions W_q W_kᵀ is not position-free (scores are q_iᵀ R_(j−i) k_j), so a "
                    "position-independent decomposition changes the model" if site.positions == "rotary" else "")
             raise HeadwiseError(f"collaborative heads do not support {site.family} ({type(model).__name__}).{why} "
-                                f"Supported: {', '.join(sorted(LAYOUTS))}")
-        if site.positions != "absolute" and site.family not in ADDITIVE_POSITION_BIAS:
+                                f"Supported: {', '.join(sorted(FORWARDS))}")
+        if site.positions != "absolute" and not site.layout.position_bias:
             raise HeadwiseError(f"{site.name}: {site.positions} position scores depend on per-head queries and keys, "
                                 "which collaborative heads replace; only absolute positions are supported")
         if site.kind == "dec-enc":

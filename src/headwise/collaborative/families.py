@@ -10,7 +10,6 @@ site adapters recognise ALBERT, GPT-2 and ViT modules.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -119,25 +118,17 @@ def v_width(module: nn.Module) -> int:
     return module.c_attn.nf - 2 * module.mixing.shape[1]
 
 
-@dataclass(frozen=True)
-class Layout:
-    query: str | None  # attribute names of the query / key projections (None: fused in GPT-2's c_attn)
-    key: str | None
-    forward: Callable
-
-
-LAYOUTS = {
-    **dict.fromkeys(["bert", "roberta", "xlm-roberta", "electra"], Layout("query", "key", _bert_forward)),
-    "albert": Layout("query", "key", _albert_forward),
-    "distilbert": Layout("q_lin", "k_lin", _distilbert_forward),
-    "vit": Layout("q_proj", "k_proj", _vit_forward),
-    "gpt2": Layout(None, None, _gpt2_forward),
-    **dict.fromkeys(["bart", "marian"], Layout("q_proj", "k_proj", _bart_forward)),
-    "t5": Layout("q", "k", _t5_forward),
+# The collaborative forward of each family; which attributes hold its projections is the family's
+# ``site.layout`` (headwise.sites).
+FORWARDS: dict[str, Callable] = {
+    **dict.fromkeys(["bert", "roberta", "xlm-roberta", "electra"], _bert_forward),
+    "albert": _albert_forward,
+    "distilbert": _distilbert_forward,
+    "vit": _vit_forward,
+    "gpt2": _gpt2_forward,
+    **dict.fromkeys(["bart", "marian"], _bart_forward),
+    "t5": _t5_forward,
 }
-# Families whose relative positions enter the scores as an additive, content-free bias: W_q W_kᵀ stays
-# position-free there, so the decomposition is exact as for absolute positions.
-ADDITIVE_POSITION_BIAS = {"t5"}
 _CLASSES: dict[type, type] = {}
 
 
@@ -166,7 +157,7 @@ def install(site: AttentionSite, rank: int, factors: Factors | None = None,
             content: torch.Tensor | None = None) -> None:
     """Make ``site.module`` collaborative with width ``rank``. ``factors``/``content`` (``[H, D]``) give the
     weights; without them (replaying a checkpoint) the new parameters are left for the state dict."""
-    layout = LAYOUTS[site.family]
+    layout = site.layout
     module, heads, dim = site.module, site.num_heads, site.hidden_size
     ref = site.v.module.weight
     like = {"dtype": ref.dtype, "device": ref.device}
@@ -174,16 +165,16 @@ def install(site: AttentionSite, rank: int, factors: Factors | None = None,
         factors = Factors(torch.zeros(heads, rank), torch.zeros(dim, rank), torch.zeros(dim, rank))
         content = torch.zeros(heads, dim)
     query, key = factors.query.T.to(**like), factors.key.T.to(**like)  # [R, D]
-    if layout.query is None:  # GPT-2: c_attn becomes [q̃ | k̃ | v]; the query bias starts at 0 (the key bias cancels)
+    if layout.fused_qkv:  # GPT-2: c_attn becomes [q̃ | k̃ | v]; the query bias starts at 0 (the key bias cancels)
         value_w, value_b = site.v.weight.detach().flatten(0, 1), site.v.bias.detach().flatten()
         fused = Conv1D(2 * rank + value_w.shape[0], dim).to(**like)
         with torch.no_grad():
             fused.weight.copy_(torch.cat([query, key, value_w]).T)
             fused.bias.copy_(torch.cat([torch.zeros(2 * rank, **like), value_b]))
-        module.c_attn = fused.train(module.training)
+        setattr(module, layout.fused_qkv, fused.train(module.training))
     else:
         setattr(module, layout.query, _linear(query).train(module.training))
         setattr(module, layout.key, _linear(key).train(module.training))
     module.mixing = nn.Parameter(factors.mixing.to(**like))
     module.content_bias = _linear(content.to(**like)).train(module.training)
-    module.__class__ = collaborative_class(type(module), layout.forward)
+    module.__class__ = collaborative_class(type(module), FORWARDS[site.family])

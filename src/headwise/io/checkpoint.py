@@ -9,8 +9,6 @@ A checkpoint is a transformers folder (``config.json`` + ``model.safetensors``) 
 from __future__ import annotations
 
 import importlib
-import json
-
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -70,17 +68,6 @@ def save_pretrained(
         save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-    return Path(path)
-
-
-def save_run(path: str | os.PathLike, model: nn.Module, tokenizer: Any, summary_name: str, summary: dict,
-             report: Any, overwrite: bool = False) -> Path:
-    """What an editing command leaves behind, written all or nothing: ``path/model`` (``save_pretrained``),
-    ``path/<summary_name>`` (``summary`` as JSON) and the report (``report.write(dir)``)."""
-    with atomic_dir(path, overwrite) as tmp:
-        save_pretrained(model, tmp / "model", tokenizer=tokenizer)
-        (tmp / summary_name).write_text(json.dumps(summary, indent=1))
-        report.write(tmp)
     return Path(path)
 
 

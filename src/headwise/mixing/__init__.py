@@ -8,7 +8,7 @@ schedules and dynamic methods) as Trainer callbacks, head distances before/after
 >>> fold_mixing(model)                                         # a plain model again
 """
 
-from .alpha import MIXER_NAME, HeadMixer, add_mixers, alpha_table, mixers_of
+from .alpha import MIXER_NAME, HeadMixer, add_mixers, alpha_table, mixers_of, remove_mixers
 from .config import MixingConfig
 from .distances import head_distances, pairwise, save_json
 from .dynamic import DynamicSwap, DynamicSwapConfig, analysis_metric, choose_swaps
@@ -18,7 +18,7 @@ from .schedule import SwapSchedule, parse_swap, read_schedule
 from .swap import HeadSwap, resolve, swap_heads, undo_swaps
 
 __all__ = [
-    "MixingConfig", "HeadMixer", "MIXER_NAME", "add_mixers", "mixers_of", "alpha_table", "NuclearNormPenalty",
+    "MixingConfig", "HeadMixer", "MIXER_NAME", "add_mixers", "mixers_of", "remove_mixers", "alpha_table", "NuclearNormPenalty",
     "HeadSwap", "swap_heads", "undo_swaps", "resolve", "SwapSchedule", "parse_swap", "read_schedule",
     "DynamicSwap", "DynamicSwapConfig", "choose_swaps", "analysis_metric", "head_distances", "pairwise",
     "save_json", "fold_mixing",

@@ -7,7 +7,8 @@ import torch
 from einops import einsum
 from torch import nn
 
-from ..runtime.ops import HeadOp, attach, ops_of
+from ..runtime.attention import enable
+from ..runtime.ops import HeadOp, attach, detach_all, ops_of
 from ..sites import AttentionSite, find_sites, select_sites
 from .config import MixingConfig
 
@@ -43,9 +44,16 @@ class HeadMixer(HeadOp):
 
 def add_mixers(model: nn.Module, config: MixingConfig | None = None) -> dict[str, HeadMixer]:
     """Attach an identity ``HeadMixer`` (named ``"mixer"``) to every site of ``config.kinds``; returns
-    ``{site path: mixer}``. Remember ``headwise.enable(model)`` so the ``headwise`` implementation runs them."""
+    ``{site path: mixer}``, and select the ``headwise`` implementation so they run."""
     config = config or MixingConfig()
-    return {s.path: attach(s, "output", MIXER_NAME, HeadMixer(s.num_heads)) for s in select_sites(model, config.kinds)}
+    mixers = {s.path: attach(s, "output", MIXER_NAME, HeadMixer(s.num_heads)) for s in select_sites(model, config.kinds)}
+    enable(model)
+    return mixers
+
+
+def remove_mixers(model: nn.Module) -> None:
+    """Detach the mixers (undoes ``add_mixers``; ``fold_mixing`` keeps their effect in the weights instead)."""
+    detach_all(model, MIXER_NAME)
 
 
 def mixers_of(model: nn.Module) -> list[tuple[AttentionSite, HeadMixer]]:

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..analysis.importance import eval_mode
-from ..analysis.inputs import batches, resolve_max_length
+from ..batching import batches, resolve_max_length
 from ..errors import HeadwiseError
+from ..runtime import eval_mode
 from .alpha import mixers_of
 
 SCHEMA = 1

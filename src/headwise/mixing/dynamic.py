@@ -29,7 +29,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from ..errors import HeadwiseError
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, select_sites
 from .swap import HeadSwap, swap_heads, undo_swaps
 
 METHODS = ("hard", "soft", "random")
@@ -120,11 +120,7 @@ class DynamicSwap(TrainerCallback):
     def __init__(self, model: nn.Module, config: DynamicSwapConfig, *, tokenizer: Any = None,
                  texts: Sequence[str] | None = None, metric: Metric | None = None) -> None:
         self.model, self.config = model, config
-        self.sites = [s for s in find_sites(model) if s.kind == config.kind]
-        if not self.sites:
-            kinds = sorted({s.kind for s in find_sites(model)})
-            raise HeadwiseError(f"{type(model).__name__} has no {config.kind!r} attention; "
-                                f"its kinds: {', '.join(kinds)}")
+        self.sites = select_sites(model, [config.kind])
         if any(s.shared for s in self.sites) or len({s.num_heads for s in self.sites}) != 1:
             raise HeadwiseError("dynamic swapping needs one module per layer with equal head counts")
         if metric is None:

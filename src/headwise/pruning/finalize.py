@@ -7,36 +7,28 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..runtime.gates import HeadGate
+from ..runtime.gates import Gate
 from ..runtime.ops import detach, ops_of
 from ..sites import AttentionSite, find_sites
-from .hard_concrete import HardConcreteGate
-from .masks import HeadMask
 from .surgery import prune_heads, validate_removal
 
-GATE_TYPES = (HeadMask, HeadGate, HardConcreteGate)
 
-
-def _factor(op: nn.Module) -> torch.Tensor:
-    if isinstance(op, HeadMask):
-        return op.mask
-    if isinstance(op, HardConcreteGate):
-        return op.eval_gates()
-    return op.weight
+def _foldable(op: nn.Module) -> bool:
+    return isinstance(op, Gate) and op.inference() is not None
 
 
 @torch.no_grad()
 def head_factors(site: AttentionSite) -> tuple[torch.Tensor, list[str]]:
-    """The product of the site's gate-like output ops ``[H]`` (eval values) and their names."""
+    """The product of the inference values of the site's foldable gates ``[H]``, and the gates' names."""
     ops = ops_of(site)
     factor, names = torch.ones(site.num_heads), []
     if ops is None:
         return factor, names
     for name, op in ops.output.items():
-        if isinstance(op, GATE_TYPES):
-            factor = factor * _factor(op).detach().float().cpu()
+        if _foldable(op):
+            factor = factor * op.inference().detach().float().cpu()
             names.append(name)
-    others = [n for n, op in ops.output.items() if not isinstance(op, GATE_TYPES)]
+    others = [n for n, op in ops.output.items() if not _foldable(op)]
     if names and others:
         raise HeadwiseError(f"{site.name} has output ops {others} besides its gates; gates can only be folded "
                             "when they are the only output ops (fold or detach the others first)")
@@ -45,8 +37,8 @@ def head_factors(site: AttentionSite) -> tuple[torch.Tensor, list[str]]:
 
 @torch.no_grad()
 def prune_masked(model: nn.Module, allow_empty_layers: bool = False) -> dict[str, list[int]]:
-    """Remove the heads whose gates (``HeadMask``, ``HeadGate``, L0 ``HardConcreteGate`` at eval) are 0, fold
-    the remaining gate values into the output projection and detach the gates. Returns ``{site name: removed}``.
+    """Remove the heads whose gates' inference values (the ``Gate`` protocol: masks, scales, L0 gates at eval)
+    are 0, fold the remaining values into the output projection and detach the gates. Returns ``{site name: removed}``.
 
     Validates every site before changing anything. Outputs equal the gated model in eval mode.
     """
@@ -62,12 +54,12 @@ def prune_masked(model: nn.Module, allow_empty_layers: bool = False) -> dict[str
             plan[site.path] = removed
     by_path = {s.path: s for s in sites}
     for path, removed in plan.items():  # every site is checked before the first change
-        validate_removal(by_path[path], removed, allow_empty_layers)
+        validate_removal(by_path[path], removed, allow_empty_layers, folding=factors[path][1])
     for site in sites:
         if site.path in factors:
-            factor, names = factors[site.path]
-            site.o.weight.mul_(factor.to(site.o.weight)[:, None, None])
-            for name in names:
+            ops = ops_of(site)
+            for name in factors[site.path][1]:
+                ops.output[name].fold(site.o.weight)
                 detach(site, name)
     prune_heads(model, plan, allow_empty_layers)
     return {by_path[p].name: hs for p, hs in plan.items()}

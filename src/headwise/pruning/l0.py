@@ -20,9 +20,10 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..runtime.ops import attach, attached
+from ..runtime.attention import enable
+from ..runtime.ops import attach, attached, detach_all
 from ..sites import find_sites, select_sites
-from .hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
+from ..runtime.hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
 
 REDUCTIONS = ("sum", "mean_over_modules")
 GATE_NAME = "l0"
@@ -58,14 +59,22 @@ class L0Config:
 
 
 def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, HardConcreteGate]:
-    """Attach a ``HardConcreteGate`` (named ``"l0"``) to each selected site; returns ``{site path: gate}``."""
+    """Attach a ``HardConcreteGate`` (named ``"l0"``) to each selected site and select the ``headwise``
+    implementation; returns ``{site path: gate}``."""
     config = config or L0Config()
     sites = select_sites(model, config.kinds)
     if config.target_heads is not None and config.target_heads > sum(s.num_heads for s in sites):
         raise HeadwiseError(f"target_heads={config.target_heads} exceeds the {sum(s.num_heads for s in sites)} "
                             "gated heads")
-    return {s.path: attach(s, "output", GATE_NAME, HardConcreteGate(
+    gates = {s.path: attach(s, "output", GATE_NAME, HardConcreteGate(
         s.num_heads, config.temperature, config.stretch, config.eps, config.init)) for s in sites}
+    enable(model)
+    return gates
+
+
+def remove_l0_gates(model: nn.Module) -> None:
+    """Detach the L0 gates (undoes ``add_l0_gates``; ``prune_masked`` folds them into a smaller model instead)."""
+    detach_all(model, GATE_NAME)
 
 
 def l0_gates(model: nn.Module) -> dict[str, HardConcreteGate]:
@@ -146,24 +155,3 @@ def l0_keep(model: nn.Module, keep: int | None = None, min_per_site: int = 1) ->
         masks[p][h] = 1.0
     return {p: m.tolist() for p, m in masks.items()}
 
-
-OPEN_LOG_ALPHA = 10.0  # eval gate exactly 1
-
-
-@torch.no_grad()
-def keep_l0_heads(model: nn.Module, keep: int, remove: bool = True) -> dict[str, list[int]]:
-    """After L0 training: keep exactly ``keep`` heads (``l0_keep``), fold their gate values and remove the rest
-    (``remove=False``: only mask them, e.g. when grouped-query sites lose part of a key/value group). A kept head
-    whose gate closed (the best of an emptied layer) is reopened at gate 1. Returns ``{site: removed heads}``."""
-    from .finalize import prune_masked
-    from .masks import apply_masks
-
-    masks = l0_keep(model, keep)
-    for path, gate in l0_gates(model).items():
-        shut = torch.tensor(masks[path], device=gate.log_alpha.device).bool() & (gate.eval_gates() == 0)
-        gate.log_alpha[shut] = OPEN_LOG_ALPHA
-    apply_masks(model, masks)
-    if remove:
-        return prune_masked(model)
-    names = {s.path: s.name for s in find_sites(model)}
-    return {names[p]: [h for h, m in enumerate(mask) if not m] for p, mask in masks.items() if not all(mask)}

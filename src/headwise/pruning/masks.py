@@ -20,29 +20,12 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..runtime.ops import HeadOp, attach, ops_of
+from ..runtime.attention import enable
+from ..runtime.gates import HeadMask
+from ..runtime.ops import attach, detach_all, ops_of
 from ..sites import AttentionSite, find_sites
 
 MaskSpec = Mapping[Any, Sequence]
-
-
-class HeadMask(HeadOp):
-    """A fixed per-head 0/1 factor (a buffer, not trained). ``forward(out[B, T, H, d])``."""
-
-    op_type = "mask"
-
-    def __init__(self, num_heads: int) -> None:
-        super().__init__()
-        self.register_buffer("mask", torch.ones(num_heads))
-
-    def spec(self) -> dict:
-        return {"num_heads": self.mask.numel()}
-
-    def select_heads(self, keep: torch.Tensor) -> None:
-        self.mask = self.mask[keep.to(self.mask.device)].clone()
-
-    def forward(self, out: torch.Tensor) -> torch.Tensor:
-        return out * self.mask.to(out.dtype)[:, None]
 
 
 def _as_row(site: AttentionSite, values: Sequence, where: str) -> list[float]:
@@ -90,8 +73,8 @@ def resolve_masks(model: nn.Module, spec: MaskSpec) -> dict[str, list[float]]:
 def apply_masks(model: nn.Module, spec: MaskSpec, name: str = "mask") -> dict[str, HeadMask]:
     """Attach (or update) a ``HeadMask`` per site named in ``spec``; returns ``{site path: mask}``.
 
-    Validates everything first: a bad spec leaves the model untouched. Call ``headwise.enable(model)``
-    (or load through headwise) so the masks run.
+    Validates everything first: a bad spec leaves the model untouched. Selects the ``headwise`` implementation
+    so the masks run.
     """
     plan = resolve_masks(model, spec)
     sites = {s.path: s for s in find_sites(model)}
@@ -102,7 +85,13 @@ def apply_masks(model: nn.Module, spec: MaskSpec, name: str = "mask") -> dict[st
             sites[path], "output", name, HeadMask(sites[path].num_heads))
         op.mask.copy_(torch.tensor(row))
         masks[path] = op
+    enable(model)
     return masks
+
+
+def remove_masks(model: nn.Module, name: str = "mask") -> None:
+    """Detach the masks called ``name`` from every site (undoes ``apply_masks``)."""
+    detach_all(model, name)
 
 
 def load_masks(path: str | Path) -> dict[str, Any]:

@@ -25,7 +25,6 @@ from ..runtime.ops import SLOTS, ops_of
 from ..sites import AttentionSite, HeadProjection, find_sites
 
 EDIT_KIND = "prune_heads"
-_HEAD_COUNT_ATTRS = ("num_attention_heads", "num_heads", "n_heads")
 
 
 def _feature_index(proj: HeadProjection, heads: Sequence[int]) -> torch.Tensor:
@@ -64,9 +63,11 @@ def _replace(model: nn.Module, old: nn.Module, new: nn.Module) -> None:
                 setattr(parent, name, new)
 
 
-def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: bool = False) -> tuple[list[int], list[int]]:
+def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: bool = False,
+                     folding: Sequence[str] = ()) -> tuple[list[int], list[int]]:
     """Check a removal request; return (query heads kept, kv heads kept). Removing every head keeps the first
-    key/value group physically (its output columns are zeroed by the caller)."""
+    key/value group physically (its output columns are zeroed by the caller). ``folding``: names of ops that are
+    folded and detached before the removal (they need not follow it)."""
     if any(c.__name__ == "CollaborativeAttention" for c in type(site.module).__mro__):
         raise HeadwiseError(f"{site.name} holds collaborative heads (shared query/key); prune before compressing")
     bad = [h for h in heads if not 0 <= int(h) < site.num_heads]
@@ -95,7 +96,7 @@ def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: boo
     ops = ops_of(site)
     for slot in SLOTS if ops is not None else ():
         for name, op in getattr(ops, slot).items():
-            if not hasattr(op, "select_heads"):
+            if name not in folding and not hasattr(op, "select_heads"):
                 raise HeadwiseError(f"{site.name}: op {name!r} ({type(op).__name__}) cannot follow a head removal; "
                                     "detach it first")
     keep = [h for h in range(site.num_heads) if h not in removed]
@@ -109,18 +110,17 @@ def _prune_site(model: nn.Module, site: AttentionSite, keep: list[int], keep_kv:
         entry[2].append(_feature_index(proj, heads))
     for module, axis, parts in per_module.values():
         _replace(model, module, _sliced(module, axis, torch.cat(parts)))
-    attn = site.module
-    if hasattr(attn, "compute_bias"):  # T5: the stack's shared position bias keeps its original heads
-        read = getattr(attn, BIAS_HEADS, tuple(range(attn.n_heads)))
+    attn, layout = site.module, site.layout
+    if layout.position_bias:  # T5: the stack's shared position bias keeps its original heads
+        read = getattr(attn, BIAS_HEADS, tuple(range(site.num_heads)))
         setattr(attn, BIAS_HEADS, tuple(read[h] for h in keep))
     else:
-        for attr in _HEAD_COUNT_ATTRS:
+        for attr in layout.head_counts:
             if isinstance(getattr(attn, attr, None), int):
                 setattr(attn, attr, len(keep))
-    if hasattr(attn, "all_head_size"):
-        attn.all_head_size = len(keep) * site.head_dim
-    if hasattr(attn, "split_size"):  # GPT-2 splits the fused c_attn output by this size
-        attn.split_size = len(keep) * site.head_dim
+    for attr in layout.head_sizes:  # e.g. GPT-2 splits the fused c_attn output by split_size
+        if isinstance(getattr(attn, attr, None), int):
+            setattr(attn, attr, len(keep) * site.head_dim)
     ops = ops_of(site)
     if ops is not None:
         index = torch.tensor(keep)

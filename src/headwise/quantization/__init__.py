@@ -3,7 +3,7 @@
 >>> quantize_attention(model, method="linear_slog_clamped_midval", bits=3)    # attach to every site
 >>> with measuring(model) as m: model(**batch)
 >>> m.sparsity, m.distinct                                                    # share of zeros, values used
->>> result = sweep(model, tokenizer, methods=["linear_slog"], bits=range(1, 9))   # STS-B dev, or metric=fn
+>>> result = sweep(model, metric=get_task("stsb").metric_fn(tokenizer), methods=["linear_slog"], bits=range(1, 9))
 
 Methods (``METHODS``; pure functions in :mod:`.functional`): ``linear_slinear``, ``linear_slinear_midval``,
 ``linear_slinear_clamped``, ``linear_slinear_clamped_midval``, ``linear_slog``, ``linear_slog_midval``,
@@ -13,13 +13,13 @@ Methods (``METHODS``; pure functions in :mod:`.functional`): ``linear_slinear``,
 
 from . import functional
 from .apply import NAME, Measurement, measuring, quantize_attention, quantizers_of, remove_quantization
-from .config import METHOD_NAMES, QuantizationConfig
+from .config import ALIASES, METHOD_NAMES, QuantizationConfig
 from .functional import METHODS, prune
 from .layer import AttentionQuantizer, population, transform
 from .sweep import SweepConfig, SweepResult, sweep
 
 __all__ = [
     "functional", "NAME", "Measurement", "measuring", "quantize_attention", "quantizers_of", "remove_quantization",
-    "METHOD_NAMES", "QuantizationConfig", "METHODS", "prune", "AttentionQuantizer", "population", "transform",
+    "ALIASES", "METHOD_NAMES", "QuantizationConfig", "METHODS", "prune", "AttentionQuantizer", "population", "transform",
     "SweepConfig", "SweepResult", "sweep",
 ]

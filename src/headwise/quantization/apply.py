@@ -12,7 +12,7 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..runtime import attach, detach, enable
 from ..runtime.ops import attached
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, find_sites, select_sites
 from .config import QuantizationConfig
 from .layer import DISTINCT_CAP, AttentionQuantizer, QuantMeter
 
@@ -20,7 +20,7 @@ NAME = "spiqa"
 
 
 def quantize_attention(model: nn.Module, config: QuantizationConfig | None = None, *,
-                       sites: list[AttentionSite] | None = None, name: str = NAME,
+                       sites: "list[AttentionSite | str] | None" = None, name: str = NAME,
                        **options: Any) -> dict[str, AttentionQuantizer]:
     """Attach an :class:`AttentionQuantizer` to every site (or ``sites``), replacing one of the same ``name``,
     and select the ``headwise`` attention implementation. ``options`` override ``config`` fields
@@ -29,7 +29,7 @@ def quantize_attention(model: nn.Module, config: QuantizationConfig | None = Non
     cfg = config or QuantizationConfig()
     cfg = replace(cfg, **options) if options else replace(cfg)  # a copy: the ops must not share a mutable config
     ops = {s.path: attach(s, "prob", name, AttentionQuantizer(**cfg.to_dict()), replace=True)
-           for s in sites or find_sites(model)}
+           for s in select_sites(model, names=sites)}
     enable(model)
     return ops
 

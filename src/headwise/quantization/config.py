@@ -10,8 +10,23 @@ from .functional import FLOOR, METHODS
 
 NONE = "none"  # threshold pruning only
 METHOD_NAMES: tuple[str, ...] = (*METHODS, NONE)
+# Short names next to SPIQA's; a trailing number sets the bits ("log3" = linear_slog_clamped_midval, 3 bits).
+ALIASES: dict[str, str] = {"log": "linear_slog_clamped_midval", "lin": "linear_slinear_clamped_midval",
+                           "ulog": "uniform_slog_mean", "ulin": "uniform_slinear_clamped_mean",
+                           "bin": "binarization", "prune": NONE}
 CHOICES = {"top_edge": ("reference", "clamp"), "scope": ("tensor", "example", "row"),
            "zeros": ("reference", "keep"), "bin_value": ("reference", "mean")}
+
+
+def resolve_method(name: str, bits: int) -> tuple[str, int]:
+    """``(SPIQA method name, bits)`` for a method name or alias: ``"log3"`` → ``("linear_slog_clamped_midval", 3)``."""
+    if name in METHOD_NAMES:
+        return name, bits
+    stem = name.rstrip("0123456789")
+    if stem in ALIASES:
+        return ALIASES[stem], int(name[len(stem):]) if name != stem else bits
+    raise HeadwiseError(f"unknown quantization method {name!r}; valid: {', '.join(METHOD_NAMES)}, or a short name "
+                        f"{', '.join(ALIASES)} with optional bits (e.g. log3)")
 
 
 @dataclass
@@ -22,8 +37,9 @@ class QuantizationConfig:
     renormalisation (if ``renormalize``), then the quantizer ``method`` with ``bits``; keys that may not be attended
     (padding, causal mask) stay exactly 0.
 
-    - ``method``: a name of ``METHODS`` (SPIQA's quantizers, README order) or ``"none"`` (pruning only). Default: the
-      one hard-wired in the published code, 3-bit log scale with pruning below 1e-3.
+    - ``method``: a name of ``METHODS`` (SPIQA's quantizers, README order) or ``"none"`` (pruning only), or a short
+      name of ``ALIASES`` with optional bits (``"log3"``, ``"bin"``); stored as the SPIQA name. Default: the one
+      hard-wired in the published code, 3-bit log scale with pruning below 1e-3.
     - ``bits``: 1..16 (ignored by ``binarization``).
     - ``threshold``: pruning threshold in [0, 1), strict (values ``≤ threshold`` become 0); 0 = off.
     - ``renormalize``: after pruning, divide each row by its new sum (off in the seed). A row pruned to nothing
@@ -51,6 +67,8 @@ class QuantizationConfig:
     bin_value: str = "reference"
 
     def __post_init__(self) -> None:
+        if isinstance(self.method, str):
+            self.method, self.bits = resolve_method(self.method, self.bits)
         if self.method not in METHOD_NAMES:
             raise HeadwiseError(f"unknown quantization method {self.method!r}; valid: {', '.join(METHOD_NAMES)}")
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 1 <= self.bits <= 16:

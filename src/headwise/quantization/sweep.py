@@ -15,9 +15,8 @@ from typing import Any, Callable
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..analysis.attach import headwise_attention
-from ..analysis.importance import eval_mode
 from ..errors import HeadwiseError
+from ..runtime import eval_mode, using_headwise
 from ..sites import find_sites
 from .apply import measuring, quantize_attention, remove_quantization
 from .config import METHOD_NAMES, NONE, QuantizationConfig
@@ -119,12 +118,12 @@ class SweepResult:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
-def sweep(model: nn.Module, tokenizer: Any = None, config: SweepConfig | None = None, *,
-          metric: Metric | None = None, progress: bool | None = None, **options: Any) -> SweepResult:
+def sweep(model: nn.Module, config: SweepConfig | None = None, *, metric: Metric | None = None,
+          progress: bool | None = None, **options: Any) -> SweepResult:
     """Score ``model`` unchanged (the baseline), then with each setting of ``config`` attached in turn.
 
     ``metric(model) -> float``, higher is better (a task's ``metric_fn``, e.g.
-    ``headwise.tasks.get_task("stsb").metric_fn(tokenizer)``). ``tokenizer`` is unused (kept for symmetry).
+    ``headwise.tasks.get_task("stsb").metric_fn(tokenizer)`` for STS-B dev Spearman ×100).
     ``options`` override ``SweepConfig`` fields. The model runs in eval mode with the ``headwise``
     implementation; the sweep's quantizers are detached afterwards, also on error.
     """
@@ -135,7 +134,7 @@ def sweep(model: nn.Module, tokenizer: Any = None, config: SweepConfig | None = 
     settings = cfg.settings()
     sites = [s.path for s in find_sites(model)]
     rows: list[dict[str, Any]] = []
-    with headwise_attention(model), eval_mode(model):
+    with using_headwise(model), eval_mode(model):
         start = time.perf_counter()
         baseline = float(metric(model))
         baseline_seconds = time.perf_counter() - start

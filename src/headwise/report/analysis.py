@@ -518,7 +518,7 @@ def analysis_report(stats: dict, *, max_examples: int = 2, max_tokens: int = 32)
     meta = {"model": stats.get("model") or "?", "data": stats.get("data") or "(not recorded)",
             "sentences": f"{int(stats.get('sentences', 0)):,}", "tokens": f"{int(stats.get('tokens', 0)):,}",
             "layers": len(ctx.sites), "heads": n_heads, "attention": ", ".join(kinds)}
-    from .. import __version__
+    from ..version import __version__
 
     report = Report(f"Attention heads of {short_model_name(str(stats.get('model') or 'a model'))}",
                     subtitle="Which heads matter, what they do, and which ones look redundant.", meta=meta,

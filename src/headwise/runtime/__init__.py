@@ -1,10 +1,13 @@
 """The headwise attention runtime: ops attached to attention modules, run by one registered function."""
 
 from .attention import NAME, enable, headwise_attention
-from .gates import HeadGate, add_gates, gates_of
-from .ops import HeadOp, HeadOps, add_observer, attach, detach, ops_of
+from .gates import Gate, HeadGate, HeadMask, RowGate, add_gates, gates_of, remove_gates
+from .hard_concrete import HardConcreteGate
+from .ops import HeadOp, HeadOps, add_observer, attach, detach, detach_all, ops_of
+from .scope import eval_mode, using_headwise
 
 __all__ = [
-    "NAME", "enable", "headwise_attention", "HeadGate", "add_gates", "gates_of",
-    "HeadOp", "HeadOps", "add_observer", "attach", "detach", "ops_of",
+    "NAME", "enable", "headwise_attention", "Gate", "HeadGate", "HeadMask", "HardConcreteGate", "RowGate",
+    "add_gates", "gates_of", "remove_gates", "detach_all",
+    "HeadOp", "HeadOps", "add_observer", "attach", "detach", "ops_of", "eval_mode", "using_headwise",
 ]

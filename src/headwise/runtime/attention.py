@@ -136,6 +136,17 @@ AttentionMaskInterface.register(NAME, sdpa_mask)
 
 
 def enable(model: nn.Module) -> nn.Module:
-    """Select the ``headwise`` implementation on ``model`` (and its sub-models); returns the model."""
-    model.set_attn_implementation(NAME)
+    """Select the ``headwise`` implementation on ``model`` (and its sub-models); returns the model.
+
+    Every ``add_*`` / ``apply_*`` calls it, so attached ops always run. A model whose attention does not go
+    through transformers' ``AttentionInterface`` cannot use it: ``HeadwiseError`` then says so."""
+    if getattr(model.config, "_attn_implementation", None) == NAME:
+        return model
+    try:
+        model.set_attn_implementation(NAME)
+    except (ValueError, ImportError, AttributeError) as err:
+        raise HeadwiseError(
+            f"{type(model).__name__} cannot select the headwise attention implementation ({err}); headwise works "
+            "on models whose attention goes through transformers' AttentionInterface (see `headwise sites`)"
+        ) from err
     return model

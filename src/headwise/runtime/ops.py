@@ -117,6 +117,12 @@ def attached(model: nn.Module, slot: str, name: str) -> dict[str, nn.Module]:
     return found
 
 
+def detach_all(model: nn.Module, name: str) -> None:
+    """Detach every op called ``name`` from every site of ``model`` (what each method's ``remove_*`` does)."""
+    for site in find_sites(model):
+        detach(site, name)
+
+
 def add_observer(site: AttentionSite, name: str, observer: Observer) -> None:
     ops_of(site, create=True).observers[name] = observer
 

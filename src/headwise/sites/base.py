@@ -46,6 +46,25 @@ class HeadProjection:
         return b[self.offset : self.offset + self.heads * self.head_dim].unflatten(0, (self.heads, self.head_dim))
 
 
+@dataclass(frozen=True)
+class FamilyLayout:
+    """What edits must know about a family's attention module; its adapter owns it (``register_adapter``).
+
+    ``head_counts`` / ``head_sizes``: integer attributes that hold the number of query heads / heads × head_dim
+    (surgery rewrites the ones present); ``query`` / ``key``: attribute names of the query and key projections, or
+    ``fused_qkv``: one projection producing ``[q | k | v]`` (GPT-2's ``c_attn``); ``position_bias``: scores get an
+    additive, content-free relative-position bias shared by the stack (T5), whose heads a pruned module reads
+    through ``BIAS_HEADS``.
+    """
+
+    head_counts: tuple[str, ...] = ("num_attention_heads", "num_heads", "n_heads")
+    head_sizes: tuple[str, ...] = ("all_head_size", "split_size")
+    query: str | None = None
+    key: str | None = None
+    fused_qkv: str | None = None
+    position_bias: bool = False
+
+
 @dataclass
 class AttentionSite:
     """One attention module, seen per head.
@@ -86,6 +105,13 @@ class AttentionSite:
         if self.shared:
             return f"{self.kind}.{self.layers[0]}-{self.layers[-1]}"
         return f"{self.kind}.{self.layer}"
+
+    @property
+    def layout(self) -> FamilyLayout:
+        """The family's module layout (head-count attributes, projections), from its adapter's registration."""
+        from .registry import family_layout
+
+        return family_layout(self.family)
 
     @property
     def group_size(self) -> int:

@@ -10,7 +10,7 @@ import re
 
 from torch import nn
 
-from .base import AttentionSite, HeadProjection, Kind, Positions
+from .base import AttentionSite, FamilyLayout, HeadProjection, Kind, Positions
 from .registry import register_adapter
 
 _LAYER_IN_PATH = re.compile(r"\.(\d+)\.")
@@ -196,9 +196,13 @@ def vit(model: nn.Module) -> list[AttentionSite]:
     return sites
 
 
-register_adapter(["bert", "roberta", "xlm-roberta", "electra"], bert_like)
-register_adapter("distilbert", distilbert)
-register_adapter("albert", albert)
-register_adapter("gpt2", gpt2)
-register_adapter(["llama", "mistral", "qwen2"], llama_like)
-register_adapter("vit", vit)
+BERT_LAYOUT = FamilyLayout(head_counts=("num_attention_heads",), head_sizes=("all_head_size",), query="query", key="key")
+register_adapter(["bert", "roberta", "xlm-roberta", "electra"], bert_like, BERT_LAYOUT)
+register_adapter("distilbert", distilbert, FamilyLayout(head_counts=("n_heads",), head_sizes=(), query="q_lin",
+                                                        key="k_lin"))
+register_adapter("albert", albert, BERT_LAYOUT)
+register_adapter("gpt2", gpt2, FamilyLayout(head_counts=("num_heads",), head_sizes=("split_size",), fused_qkv="c_attn"))
+register_adapter(["llama", "mistral", "qwen2"], llama_like,
+                 FamilyLayout(head_counts=(), head_sizes=(), query="q_proj", key="k_proj"))
+register_adapter("vit", vit, FamilyLayout(head_counts=("num_attention_heads",), head_sizes=(), query="q_proj",
+                                          key="k_proj"))

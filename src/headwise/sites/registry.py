@@ -7,16 +7,24 @@ from typing import Sequence
 from torch import nn
 
 from ..errors import HeadwiseError
-from .base import Adapter, AttentionSite
+from .base import Adapter, AttentionSite, FamilyLayout
 
 _ADAPTERS: dict[str, Adapter] = {}
+_LAYOUTS: dict[str, FamilyLayout] = {}
 _KIND_ORDER = {"enc-self": 0, "dec-self": 1, "dec-enc": 2}
 
 
-def register_adapter(model_types: list[str] | str, adapter: Adapter) -> None:
-    """Teach headwise a new family: ``adapter(model) -> [AttentionSite]`` for these ``config.model_type`` values."""
+def register_adapter(model_types: list[str] | str, adapter: Adapter, layout: FamilyLayout | None = None) -> None:
+    """Teach headwise a new family: ``adapter(model) -> [AttentionSite]`` for these ``config.model_type`` values,
+    and its ``layout`` (what surgery and collaborative conversion need; default: the common attribute names)."""
     for model_type in [model_types] if isinstance(model_types, str) else model_types:
         _ADAPTERS[model_type] = adapter
+        _LAYOUTS[model_type] = layout or FamilyLayout()
+
+
+def family_layout(family: str) -> FamilyLayout:
+    """The registered layout of ``family`` (a ``config.model_type``)."""
+    return _LAYOUTS.get(family) or FamilyLayout()
 
 
 def supported_families() -> list[str]:
@@ -56,13 +64,36 @@ def site_by_path(model: nn.Module, path: str) -> AttentionSite:
     raise HeadwiseError(f"No attention site {path!r}. Sites: {', '.join(s.name for s in sites)}")
 
 
-def select_sites(model: nn.Module, kinds: Sequence[str] | None) -> list[AttentionSite]:
-    """The sites of ``kinds`` (all sites for ``None``); an unknown kind names the kinds the model has."""
+def select_sites(model: nn.Module, kinds: Sequence[str] | None = None, *, layers: Sequence[int] | None = None,
+                 names: Sequence["str | AttentionSite"] | None = None) -> list[AttentionSite]:
+    """The one way every method picks sites: those of ``kinds`` (``"enc-self"``...), serving one of ``layers``, and
+    named in ``names`` (site names, module paths or ``AttentionSite`` objects); ``None`` does not filter.
+
+    Unknown kinds, layers or names raise ``HeadwiseError`` listing what the model has; an empty result raises too.
+    """
     sites = find_sites(model)
-    if kinds is None:
-        return sites
-    have = sorted({s.kind for s in sites})
-    missing = [k for k in kinds if k not in have]
-    if missing:
-        raise HeadwiseError(f"{type(model).__name__} has no {missing[0]!r} attention; its kinds: {', '.join(have)}")
-    return [s for s in sites if s.kind in kinds]
+    if kinds is not None:
+        have = sorted({s.kind for s in sites})
+        missing = [k for k in kinds if k not in have]
+        if missing:
+            raise HeadwiseError(f"{type(model).__name__} has no {missing[0]!r} attention; its kinds: {', '.join(have)}")
+        sites = [s for s in sites if s.kind in kinds]
+    if layers is not None:
+        have_layers = sorted({layer for s in sites for layer in s.layers})
+        missing = [layer for layer in layers if layer not in have_layers]
+        if missing:
+            raise HeadwiseError(f"no attention site serves layer {missing[0]}; layers: {have_layers}")
+        sites = [s for s in sites if set(s.layers) & set(layers)]
+    if names is not None:
+        keys = [n.path if isinstance(n, AttentionSite) else str(n) for n in names]
+        known = {s.path for s in sites} | {s.name for s in sites}
+        missing = [k for k in keys if k not in known]
+        if missing:
+            raise HeadwiseError(f"no attention site {missing[0]!r} among the selected ones: "
+                                f"{', '.join(s.name for s in sites)}")
+        sites = [s for s in sites if s.path in keys or s.name in keys]
+    if not sites:
+        raise HeadwiseError(f"the selection (kinds={kinds}, layers={layers}, names={names}) holds no attention site")
+    return sites
+
+

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .base import AttentionSite, Kind
+from .base import AttentionSite, FamilyLayout, Kind
 from .families import _linear_site
 from .registry import register_adapter
 
@@ -73,5 +73,7 @@ def t5(model: nn.Module) -> list[AttentionSite]:
     return sites
 
 
-register_adapter(["bart", "marian"], bart_like)
-register_adapter("t5", t5)
+register_adapter(["bart", "marian"], bart_like,
+                 FamilyLayout(head_counts=("num_heads",), head_sizes=(), query="q_proj", key="k_proj"))
+register_adapter("t5", t5, FamilyLayout(head_counts=("n_heads",), head_sizes=(), query="q", key="k",
+                                        position_bias=True))

@@ -78,11 +78,12 @@ class Task:
         return score
 
     def finetune(self, model: nn.Module, tokenizer: Any, *, epochs: float = 1.0, max_steps: int = -1,
-                 penalties: Sequence[Any] = (), head_learning_rate: float | None = None, limit: int | None = None,
+                 penalties: Sequence[Any] = (), head_learning_rate: float | None = None, callbacks: Sequence[Any] = (),
+                 limit: int | None = None,
                  batch_size: int | None = None, learning_rate: float | None = None, seed: int = 0,
                  progress: bool = True, **training_args: Any) -> nn.Module:
         """Fine-tune ``model`` in place on the train split with ``loss`` (``HeadwiseTrainer``: penalties, head
-        learning rate); returns it in eval mode."""
+        learning rate, callbacks); returns it in eval mode."""
         from transformers import TrainingArguments, set_seed
 
         from ..training import HeadwiseTrainer
@@ -100,7 +101,8 @@ class Task:
             use_cpu=training_args.pop("use_cpu", not torch.cuda.is_available()), **training_args)
         trainer = HeadwiseTrainer(model=TaskObjective(self, model), args=args, train_dataset=ListDataset(data.items),
                                   data_collator=lambda items: collate(items, pad_id_of(tokenizer)),
-                                  penalties=penalties, head_learning_rate=head_learning_rate)
+                                  penalties=penalties, head_learning_rate=head_learning_rate,
+                                  callbacks=list(callbacks))
         trainer.train()
         model.eval()
         return model

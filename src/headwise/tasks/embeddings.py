@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..batching import mean_pool
 from ..errors import HeadwiseError
-from ..analysis.inputs import mean_pool
+from ..batching import mean_pool
 from ..sites import find_sites
 
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from scipy.stats import pearsonr, spearmanr
 from torch import nn
 
-from ..analysis.inputs import mean_pool
+from ..batching import mean_pool
 from .base import Task
 from .batching import Examples, tokenize
 from .embeddings import encode, ensure_encoder

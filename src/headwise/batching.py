@@ -1,4 +1,4 @@
-"""Tokenised batches for the analysis: right padding, real-token and special-token masks.
+"""Tokenised batches and pooling (core): right padding, real-token and special-token masks, mean pooling.
 
 Padding is done here rather than by the tokenizer so that tokenizers without a pad token (GPT-2) work and
 causal models see right padding (their positions then start at 0 for every sentence).
@@ -12,11 +12,6 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
-
-def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T, D]``, ``[B, T]`` → ``[B, D]``: the mean over real tokens."""
-    weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
-    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
 @dataclass
@@ -37,6 +32,12 @@ class Batch:
     def repeat(self, copies: int) -> dict[str, torch.Tensor]:
         """Model inputs with the batch repeated ``copies`` times (copy-major: copy ``c`` is rows ``c·B..``)."""
         return {k: v.repeat(copies, 1) for k, v in self.inputs.items()}
+
+
+def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T, D]``, ``[B, T]`` → ``[B, D]``: the mean over real tokens."""
+    weights = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1e-9)
 
 
 def resolve_max_length(model: nn.Module, tokenizer: Any, max_length: int | None) -> int:

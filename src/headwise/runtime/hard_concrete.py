@@ -1,4 +1,4 @@
-"""Voita et al.'s Hard-Concrete head gates (reference-methods §A.2–A.3).
+"""Voita et al.'s Hard-Concrete head gates (reference-methods §A.2–A.3), a stochastic ``Gate``.
 
 Training sample (one draw per head per forward, shared by the batch)::
 
@@ -17,12 +17,13 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..runtime.ops import HeadOp
+from .gates import Gate
+from .ops import HeadOp
 
 TEMPERATURE, STRETCH, EPS = 0.33, (-0.1, 1.1), 1e-6
 
 
-class HardConcreteGate(HeadOp):
+class HardConcreteGate(Gate, HeadOp):
     """A stochastic per-head gate with parameter ``log_alpha [H]``. ``forward(out[B, T, H, d])``.
 
     ``init``: ``"voita"`` draws ``log α ~ U(±sqrt(3/H))`` as the reference code (eval gates start near 0.5);
@@ -75,6 +76,8 @@ class HardConcreteGate(HeadOp):
         shift = self.temperature * math.log(-low / high)
         return torch.sigmoid(self.log_alpha - shift).clamp(self.eps, 1.0 - self.eps)
 
-    def forward(self, out: torch.Tensor) -> torch.Tensor:
-        gate = self.sample() if self.training else self.eval_gates()
-        return out * gate.to(out.dtype)[:, None]
+    def values(self) -> torch.Tensor:
+        return self.sample() if self.training else self.eval_gates()
+
+    def inference(self) -> torch.Tensor:
+        return self.eval_gates()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..report import Report
-from ..report.svg import lines
+from .builder import Report
+from .svg import lines
 
 
 def add_compression_section(report: Report, summary: dict) -> None:

@@ -1,0 +1,77 @@
+"""``headwise mix``: swap heads (MHR) and optionally train alpha mixers with the nuclear-norm term, then fold them;
+a saved model, mixing.json and a report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import HeadwiseError
+from . import model_args
+from .task_options import load_task_model, metric_label, task_args, task_from_args, task_metric
+
+
+def register(verbs, parents) -> None:
+    p = verbs.add_parser("mix", parents=parents, help="swap heads and/or train head mixers (MHR), then fold them")
+    model_args(p)
+    p.add_argument("--swap", action="append", default=[], metavar="'SITE:HEAD <-> SITE:HEAD'",
+                   help="exchange two heads' q/k/v weights (repeatable), e.g. 'enc-self.1:3 <-> enc-self.4:0'")
+    p.add_argument("--include-output", action="store_true", help="swap the heads' output-projection columns too")
+    p.add_argument("--finetune", type=float, default=0.0,
+                   help="epochs of fine-tuning on the task with alpha mixers on every site, folded afterwards "
+                        "(default: 0)")
+    p.add_argument("--gamma", type=float, default=1.0, help="nuclear-norm coefficient while fine-tuning (default: 1)")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
+    p.add_argument("--out", default="headwise-mixed", help="output folder: model/, mixing.json, report.html")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    task_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..io import check_writable_dir
+    from ..mixing import MixingConfig, NuclearNormPenalty, add_mixers, alpha_table, fold_mixing, resolve, swap_heads
+    from ..report import Report
+    from ..report.mixing import add_mixing_section
+    from .output import save_run
+
+    if not args.swap and not args.finetune:
+        raise HeadwiseError("nothing to do: give --swap 'SITE:HEAD <-> SITE:HEAD' and/or --finetune EPOCHS")
+    if args.finetune < 0 or args.gamma < 0:
+        raise HeadwiseError("--finetune and --gamma must be ≥ 0")
+    check_writable_dir(args.out, args.force)
+    evaluate = not args.no_eval
+    task = task_from_args(args) if evaluate or args.finetune else None  # bad data fails before the model loads
+    model, tokenizer = load_task_model(args, task)
+    resolve(model, args.swap)  # every swap is checked before the first change or any slow work
+
+    def metric() -> float | None:
+        return task_metric(task, model, tokenizer) if evaluate else None
+
+    result = {"model": args.model or "all-MiniLM-L6-v2", "swaps": list(args.swap),
+              "include_output": args.include_output, "metric_name": metric_label(task),
+              "metric_before": metric(), "finetune_epochs": args.finetune, "gamma": args.gamma}
+    swap_heads(model, args.swap, include_output=args.include_output)
+    result["metric_after_swaps"] = metric() if args.swap else result["metric_before"]
+    report = Report("headwise mixing report", f"{result['model']}: head swaps and mixing")
+    if args.finetune:
+        config = MixingConfig(gamma=args.gamma)
+        add_mixers(model, config)
+        term = NuclearNormPenalty(model, config)
+        task.finetune(model, tokenizer, epochs=args.finetune, penalties=[term], callbacks=[term])
+        alphas = alpha_table(model)
+        add_mixing_section(report, {"alphas": alphas})
+        result["nuclear_norms"] = {name: a["nuclear_norm"] for name, a in alphas.items()}
+        fold_mixing(model)
+    result["metric_after"] = metric()
+    report.add_section("Swaps", "Heads exchanged, in order (q/k/v weights"
+                       + (" and output columns)." if args.include_output else ").")).table(
+        [[s] for s in args.swap] or [["none"]], ["swap"])
+    save_run(args.out, model, tokenizer, "mixing.json", result, report, overwrite=args.force)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{len(args.swap)} swap(s)" + (f", {args.finetune:g} epoch(s) with mixers (folded)" if args.finetune else "")
+              + ("" if not evaluate else f", {metric_label(task)} {result['metric_before']} → {result['metric_after']}"))
+        print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
+    return 0

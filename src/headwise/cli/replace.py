@@ -1,0 +1,91 @@
+"""``headwise replace``: run an efficient attention mechanism in place of softmax attention at every (or chosen)
+self-attention site; a saved model, replace.json and a report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import HeadwiseError
+from . import model_args
+from .task_options import load_task_model, metric_label, task_args, task_from_args, task_metric
+
+
+def register(verbs, parents) -> None:
+    p = verbs.add_parser("replace", parents=parents,
+                         help="replace softmax attention by an efficient mechanism (see `headwise mechanisms list`)")
+    model_args(p)
+    p.add_argument("mechanism", help="mechanism name, e.g. performer, nystrom, local")
+    p.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
+                   help="a mechanism argument (repeatable), e.g. --arg window=32")
+    p.add_argument("--kinds", default=None, help="comma-separated attention kinds (default: every site)")
+    p.add_argument("--finetune", type=float, default=0.0, help="epochs of fine-tuning on the task after (default: 0)")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
+    p.add_argument("--out", default="headwise-replaced", help="output folder: model/, replace.json, report.html")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    task_args(p)
+    p.set_defaults(run=run)
+
+
+def parse_mechanism_args(name: str, pairs: list[str]) -> dict:
+    """``["window=32", ...]`` → ``{"window": 32}``, each value converted to the type of the argument's default."""
+    from ..mechanisms import mechanism_args
+
+    known = {a["name"]: a for a in mechanism_args(name)}
+    out = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in known:
+            raise HeadwiseError(f"--arg {pair!r}: give NAME=VALUE with NAME one of {', '.join(known) or '(none)'} "
+                                f"(mechanism {name})")
+        kind = known[key]["type"]
+        try:
+            out[key] = (text.lower() in ("1", "true", "yes") if kind == "bool" else
+                        {"int": int, "float": float}.get(kind, str)(text))
+        except ValueError:
+            raise HeadwiseError(f"--arg {pair!r}: {key} takes a {kind}") from None
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..io import check_writable_dir
+    from ..mechanisms import MECHANISMS, apply
+    from ..report import Report
+    from .output import save_run
+
+    if args.mechanism not in MECHANISMS:
+        raise HeadwiseError(f"unknown mechanism {args.mechanism!r}; see `headwise mechanisms list`")
+    mechanism_args = parse_mechanism_args(args.mechanism, args.arg)
+    if args.finetune < 0:
+        raise HeadwiseError("--finetune must be ≥ 0")
+    check_writable_dir(args.out, args.force)
+    evaluate = not args.no_eval
+    task = task_from_args(args) if evaluate or args.finetune else None  # bad data fails before the model loads
+    model, tokenizer = load_task_model(args, task)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+
+    def metric() -> float | None:
+        return task_metric(task, model, tokenizer) if evaluate else None
+
+    before = metric()
+    ops = apply(model, args.mechanism, kinds=kinds, **mechanism_args)
+    result = {"model": args.model or "all-MiniLM-L6-v2", "mechanism": args.mechanism, "args": mechanism_args,
+              "sites": sorted(ops), "metric_name": metric_label(task), "metric_before": before,
+              "metric_after": metric(), "finetune_epochs": args.finetune}
+    if args.finetune:
+        task.finetune(model, tokenizer, epochs=args.finetune)
+        result["metric_finetuned"] = metric()
+    report = Report("headwise attention replacement", f"{result['model']}: {args.mechanism} attention")
+    report.add_section("Replacement", f"Softmax attention replaced by {args.mechanism} at {len(ops)} sites.").table(
+        [[k, v] for k, v in [("arguments", json.dumps(mechanism_args)), (f"{metric_label(task)} before", before),
+                             ("after", result["metric_after"]),
+                             ("after fine-tuning", result.get("metric_finetuned"))]], ["", ""])
+    save_run(args.out, model, tokenizer, "replace.json", result, report, overwrite=args.force)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"{args.mechanism} at {len(ops)} sites" +
+              ("" if not evaluate else f", {metric_label(task)} {before} → {result['metric_after']}"))
+        print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
+    return 0

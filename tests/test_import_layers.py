@@ -1,0 +1,127 @@
+"""Layers import downward only: every ``import`` of every module (top-level and lazy ones inside functions, read with
+``ast``) goes to a lower layer, or stays inside its own package. Method packages may use each other only through
+the allow-list below, each entry with its reason. See docs/design.md for the picture."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+# Lowest first. A module belongs to the longest prefix that names it; "headwise" alone is the package __init__.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core", ("headwise.errors", "headwise.version", "headwise.batching", "headwise.io.files")),
+    ("sites", ("headwise.sites",)),
+    ("runtime", ("headwise.runtime",)),
+    # one-call save/reload and model loading rebuild the runtime's ops on a fresh model
+    ("persistence", ("headwise.io", "headwise.models")),
+    ("methods", ("headwise.analysis", "headwise.pruning", "headwise.collaborative", "headwise.quantization",
+                 "headwise.mixing", "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")),
+    ("tasks", ("headwise.training", "headwise.tasks")),
+    ("report", ("headwise.report",)),
+    ("cli", ("headwise.cli",)),
+    ("public", ("headwise",)),
+]
+RANK = {name: rank for rank, (name, _) in enumerate(LAYERS)}
+
+# (importing package, imported package): why one method may use another.
+METHOD_ALLOWED: dict[tuple[str, str], str] = {
+    ("headwise.pruning", "headwise.analysis"): "importance pruning ranks heads by analysis.gradient_importance",
+    ("headwise.mixing", "headwise.analysis"): "dynamic MHR swaps pick heads by an analysed head metric",
+}
+
+
+def layer_of(module: str) -> tuple[str, str]:
+    """(layer, package) of a dotted module name; the package is ``headwise.<first part>``."""
+    best = None
+    for name, prefixes in LAYERS:
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
+                best = (name, prefix)
+    if best is None:
+        raise AssertionError(f"{module} is in no layer: add its package to LAYERS in {Path(__file__).name}")
+    parts = module.split(".")
+    return best[0], ".".join(parts[:2]) if len(parts) > 1 else "headwise"
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((SRC / "headwise").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(module: str, path: Path) -> list[tuple[str, int]]:
+    """Absolute names of every headwise module ``module`` imports, with line numbers (``from x import y`` counts
+    ``x.y`` when ``y`` is a module, else ``x``)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    known = modules()
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                out.append((sub if sub in known else target, node.lineno))
+    return sorted({(name, line) for name, line in out if name == "headwise" or name.startswith("headwise.")})
+
+
+def violations() -> list[str]:
+    bad = []
+    for module, path in modules().items():
+        layer, package = layer_of(module)
+        for target, line in imports(module, path):
+            t_layer, t_package = layer_of(target)
+            where = f"{path.relative_to(SRC)}:{line}: {module} ({layer}) imports {target} ({t_layer})"
+            if t_package == package or RANK[t_layer] < RANK[layer]:
+                continue
+            if layer == t_layer == "methods":
+                if (package, t_package) not in METHOD_ALLOWED:
+                    bad.append(f"{where}: one method uses another; move the shared part down, or add an allowed "
+                               "pair with its reason")
+            elif layer == t_layer and layer not in ("methods", "public"):
+                continue  # training / tasks / evaluation, and io / models, work together
+            else:
+                bad.append(f"{where}: an upward import")
+    return bad
+
+
+def test_every_module_is_in_a_layer():
+    for module in modules():
+        layer_of(module)
+
+
+def test_imports_go_downward_only():
+    assert violations() == []
+
+
+@pytest.mark.parametrize("source, wrong", [
+    ("from ..training import finetune_stsb\n", "headwise.training"),
+    ("def f():\n    from ..cli import main\n", "headwise.cli"),
+    ("import headwise.report\n", "headwise.report"),
+])
+def test_an_upward_import_is_caught(tmp_path, monkeypatch, source, wrong):
+    fake = tmp_path / "recipes.py"
+    fake.write_text(source)
+    found = imports("headwise.pruning.recipes", fake)
+    assert [name for name, _ in found] == [wrong]
+    layer, _ = layer_of("headwise.pruning.recipes")
+    assert RANK[layer_of(wrong)[0]] > RANK[layer]
+
+
+def test_methods_may_not_use_each_other_unlisted():
+    assert ("headwise.quantization", "headwise.analysis") not in METHOD_ALLOWED
+    assert layer_of("headwise.quantization.sweep") == ("methods", "headwise.quantization")
+    assert layer_of("headwise.io.files")[0] == "core" and layer_of("headwise.io.checkpoint")[0] == "persistence"
