@@ -137,3 +137,16 @@ def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, 
                  "--max-length", "32", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the Trainer logs before it
     assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_after"] is not None
+
+
+@pytest.mark.parametrize("verb", ["mix", "replace"])
+def test_mix_and_replace_report_the_task_metric(llama_dir, tmp_path, capsys, verb):
+    extra = ["--finetune", "0.5"] if verb == "mix" else ["local", "--arg", "window=4"]
+    out = tmp_path / verb
+    assert main([verb, *extra, "--task", "lm", "--model", str(llama_dir / "model"), "--data",
+                 str(llama_dir / "text.txt"), "--max-length", "32", "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    model, tokenizer = headwise.load_model(str(llama_dir / "model"), task="lm")
+    ppl = LanguageModeling(data=str(llama_dir / "text.txt"), max_length=32).evaluate(model, tokenizer)["perplexity"]
+    assert result["metric_name"] == "lm perplexity" and result["metric_before"] == pytest.approx(ppl, abs=0.006)
+    assert result["metric_after"] != result["metric_before"]  # mixers trained on the lm loss / a 4-token window
