@@ -18,7 +18,7 @@ CHILD = r"""
 import json, resource, sys, time, torch
 import headwise
 from headwise.analysis import analyze
-from headwise.evaluation import read_stsb
+from headwise.tasks import read_stsb
 mode, n, batch = sys.argv[1], int(sys.argv[2]), 32
 model, tok = headwise.load_model()
 texts = read_stsb("dev").sentences()[:n]

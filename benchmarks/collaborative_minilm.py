@@ -27,7 +27,7 @@ from scipy.stats import spearmanr
 import headwise
 from common import machine, update_section
 from headwise.collaborative import compress, input_moments
-from headwise.evaluation import encode, read_stsb
+from headwise.tasks import encode, read_stsb
 from headwise.training import finetune_stsb
 
 DKS = [384, 256, 192, 128, 64]

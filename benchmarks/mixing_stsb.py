@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 import headwise
-from headwise.evaluation import read_stsb
+from headwise.tasks import read_stsb
 from headwise.mixing import (DynamicSwap, DynamicSwapConfig, MixingConfig, NuclearNormPenalty, SwapSchedule,
                              add_mixers, alpha_table, fold_mixing, head_distances)
 from headwise.report import Report

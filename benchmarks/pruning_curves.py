@@ -16,10 +16,11 @@ from pathlib import Path
 from common import DOC, machine
 
 import headwise
-from headwise.evaluation import evaluate_stsb, read_stsb
+from headwise.tasks import evaluate_stsb, read_stsb
 from headwise.io import atomic_write_text
 from headwise.pruning import apply_masks, importance_pruning, prune_masked
-from headwise.training import l0_prune
+from headwise.tasks import get_task
+from headwise.tasks.recipes import l0_prune
 from headwise.report import svg
 from headwise.training import finetune_stsb
 
@@ -61,7 +62,7 @@ def finetuned_after_masks(masks: dict) -> float:
 
 def l0_point(keep: int) -> dict:
     model, tokenizer = headwise.load_model()
-    removed = l0_prune(model, tokenizer, keep, progress=False)
+    removed = l0_prune(model, tokenizer, keep, get_task("stsb"), progress=False)
     kept = {site: 12 - len(heads) for site, heads in removed.items()}
     return {"spearman": dev(model, tokenizer), "kept_per_layer": kept, "removed": removed}
 

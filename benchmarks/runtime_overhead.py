@@ -13,7 +13,7 @@ import torch
 from common import interleaved, machine, median, update_section
 
 import headwise
-from headwise.evaluation import read_stsb
+from headwise.tasks import read_stsb
 
 
 def inputs(tokenizer, batch: int, length: int) -> dict:

@@ -1,7 +1,7 @@
 """Translation experiment for encoder-decoder heads (Voita et al. 2019; MHR), numbers in docs/encoder-decoder.md.
 
 A small Marian model (3 + 3 layers, 8 heads per attention, d_model 128) is trained from scratch on a parallel
-corpus: by default the synthetic language pair of ``headwise.evaluation.translation`` (built here, deterministic),
+corpus: by default the synthetic language pair of ``headwise.tasks.corpus`` (built here, deterministic),
 or ``--corpus DIR`` holding ``{train,dev,test}.{src,tgt}`` (e.g. IWSLT14 De-En; no code change). Phases, each
 cached in ``<work>/results.json`` so a killed run resumes at the first unfinished phase:
 
@@ -37,9 +37,9 @@ from transformers.models.marian.modeling_marian import shift_tokens_right
 import headwise
 from common import machine, update_section
 from headwise.analysis import head_roles
-from headwise.evaluation import (ParallelCorpus, SyntheticGrammar, build_synthetic_corpus, evaluate_bleu, read_corpus,
+from headwise.tasks import (ParallelCorpus, SyntheticGrammar, build_synthetic_corpus, evaluate_bleu, read_corpus,
                                  train_tokenizer)
-from headwise.evaluation.translation import token_alignment
+from headwise.tasks.corpus import token_alignment
 from headwise.io import atomic_write_text
 from headwise.mixing import (MixingConfig, NuclearNormPenalty, SwapSchedule, add_mixers, alpha_table, fold_mixing,
                              swap_heads, undo_swaps)

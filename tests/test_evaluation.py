@@ -3,7 +3,7 @@ import torch
 
 import headwise
 from headwise.cli import main
-from headwise.evaluation import evaluate_stsb, mean_pool, read_stsb
+from headwise.tasks import evaluate_stsb, mean_pool, read_stsb
 
 from tiny import tiny_model
 
@@ -78,7 +78,7 @@ def test_cli_sites_table(capsys):
 def test_fidelity_is_one_for_the_same_model_and_drops_when_a_head_is_cut(minilm):
     import copy
 
-    from headwise.evaluation import fidelity
+    from headwise.tasks import fidelity
 
     model, tokenizer = minilm
     texts = read_stsb("dev").first[:24]

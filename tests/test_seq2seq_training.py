@@ -6,8 +6,8 @@ import transformers as tf
 from tiny import GateSum
 
 from headwise import HeadwiseError, add_gates, enable
-from headwise.evaluation import BleuMetric, ParallelCorpus, SyntheticGrammar, corpus_bleu, read_corpus, write_corpus
-from headwise.evaluation.translation import (ADJ_SUFFIX, DETERMINERS, OBJECT_PARTICLE, VERB_SUFFIX, Phrase, Sentence,
+from headwise.tasks import BleuMetric, ParallelCorpus, SyntheticGrammar, corpus_bleu, read_corpus, write_corpus
+from headwise.tasks.corpus import (ADJ_SUFFIX, DETERMINERS, OBJECT_PARTICLE, VERB_SUFFIX, Phrase, Sentence,
                                              token_alignment, train_tokenizer)
 from headwise.pruning import L0Config, L0Penalty, add_l0_gates, l0_gates
 from headwise.sites import find_sites

@@ -7,7 +7,7 @@ The verbs and their configs, one per method (each also has a ``headwise <verb>``
 from .analysis import AnalysisConfig, HeadStats, analyze
 from .collaborative import CollaborativeConfig, compress
 from .errors import HeadwiseError
-from .evaluation import evaluate_stsb, fidelity
+from .tasks import evaluate_stsb, fidelity, get_task
 from .io import from_pretrained, save_pretrained
 from .mechanisms import apply as replace_attention
 from .mechanisms import remove as restore_attention
@@ -37,6 +37,6 @@ __all__ = [
     "MixingConfig", "add_mixers", "remove_mixers", "fold_mixing", "swap_heads",
     # mechanisms
     "replace_attention", "restore_attention",
-    # evaluation
-    "evaluate_stsb", "fidelity",
+    # tasks
+    "get_task", "evaluate_stsb", "fidelity",
 ]

@@ -80,6 +80,7 @@ def batches(tokenizer: Any, texts: Sequence[str], batch_size: int, max_length: i
 
 
 def pooled(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Unit-norm mean-pooled last hidden states ``[B, D]`` (float32)."""
-    hidden = model(**inputs).last_hidden_state
+    """Unit-norm mean-pooled last hidden states ``[B, D]`` (float32) of the model's base (a model with a task
+    head, e.g. ``LlamaForCausalLM``, is pooled below its head)."""
+    hidden = getattr(model, "base_model", model)(**inputs).last_hidden_state
     return torch.nn.functional.normalize(mean_pool(hidden, inputs["attention_mask"]).float(), dim=-1)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -171,19 +173,28 @@ def load_model(
     device: str | torch.device = "cpu",
     dtype: str | torch.dtype | None = None,
     with_tokenizer: bool = True,
+    task: Any = None,
+    new_head: bool = False,
+    num_labels: int | None = None,
 ) -> tuple[nn.Module, Any]:
-    """Load a base model (and its tokenizer) with the ``headwise`` attention implementation selected.
+    """Load a model (and its tokenizer) with the ``headwise`` attention implementation selected.
 
-    ``name_or_path``: a hub name, a local transformers folder, or a folder written by ``headwise.save_pretrained``;
-    None means the packaged all-MiniLM-L6-v2. Returns ``(model in eval mode, tokenizer or None)``.
-    Raises ``HeadwiseError`` for a path that is not a model or a family without an adapter.
+    ``name_or_path``: a hub name, a local transformers folder, a folder written by ``headwise.save_pretrained``, or
+    a named model (``minilm``, ``smollm2-135m``, ``multi30k-marian-de-en``); None means the packaged
+    all-MiniLM-L6-v2. ``task`` (a name or ``headwise.tasks.Task``) picks the head: ``lm`` → causal LM,
+    ``translation`` → sequence-to-sequence LM, ``classification`` → sequence classification, ``stsb`` or None →
+    the base model. A checkpoint without the weights of that head is refused, unless ``new_head=True`` (a fresh,
+    randomly initialised classification head with ``num_labels`` outputs, for fine-tuning).
+    Returns ``(model in eval mode, tokenizer or None)``. Raises ``HeadwiseError`` for a path that is not a model,
+    a family without an adapter or a missing head.
     """
-    from transformers import AutoModel
+    import transformers
 
     from .io import from_pretrained
     from .runtime import NAME
     from .sites import find_sites
 
+    head = "base" if task is None else _task_head(task)
     path = resolve_model(name_or_path)
     dtype = parse_dtype(dtype)
     local = Path(path).expanduser()
@@ -196,11 +207,77 @@ def load_model(
         if looks_local and "headwise" in json.loads((local / "config.json").read_text()):
             model = from_pretrained(local, device=device, dtype=dtype)
         else:
-            model = AutoModel.from_pretrained(path, attn_implementation=NAME, dtype=dtype).to(device).eval()
+            _check_architecture(path, name_or_path, head)
+            auto = getattr(transformers, HEAD_CLASSES[head])
+            extra = {"num_labels": num_labels} if new_head and num_labels else {}
+            with quiet_transformers():
+                model, info = auto.from_pretrained(path, attn_implementation=NAME, dtype=dtype,
+                                                   output_loading_info=True, **extra)
+            if info["unexpected_keys"]:
+                unused = sorted(info["unexpected_keys"])
+                print(f"headwise: note: {len(unused)} weights of {name_or_path or path} are not used by "
+                      f"{type(model).__name__} (e.g. {unused[0]}); pass a task to load its head", file=sys.stderr)
+            if info["missing_keys"] and not new_head:
+                missing = sorted(info["missing_keys"])
+                raise HeadwiseError(
+                    f"{name_or_path or path} has no weights for the {head} head the task needs (missing: "
+                    f"{', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}); use a checkpoint with that head"
+                    + (", or new_head=True (--new-head) to train a fresh one" if head == "classification" else ""))
+            model = model.to(device).eval()
     except (OSError, ValueError) as err:
+        if isinstance(err, HeadwiseError):
+            raise
+        if "Unrecognized configuration class" in str(err):
+            raise HeadwiseError(
+                f"{name_or_path or path} has no {head} head: transformers' {HEAD_CLASSES[head]} does not take its "
+                f"architecture; the task needs {HEAD_WHAT[head]}") from err
         raise HeadwiseError(
-            f"could not load model {name_or_path!r}: {str(err).splitlines()[0]} — give a local transformers folder "
-            "(config.json + weights) or a hub name (needs internet)"
+            f"could not load model {name_or_path!r} for the {head} head: {str(err).splitlines()[0]} — give a local "
+            "transformers folder (config.json + weights) or a hub name (needs internet)"
         ) from err
     find_sites(model)  # unsupported families fail here, before any work
     return model, (load_tokenizer(path) if with_tokenizer else None)
+
+
+HEAD_CLASSES = {"base": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM",
+                "classification": "AutoModelForSequenceClassification"}
+
+
+HEAD_WHAT = {"base": "a base model", "causal-lm": "a causal language model",
+             "seq2seq": "an encoder-decoder (translation) model", "classification": "a sequence classifier"}
+def _check_architecture(path: str, name: str | None, head: str) -> None:
+    """Refuse early (before transformers builds and reports a half-loaded model) a causal LM for an
+    encoder-decoder task and the reverse."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path)
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    if (head == "causal-lm" and seq2seq) or (head == "seq2seq" and not seq2seq):
+        kind = "an encoder-decoder" if seq2seq else "not an encoder-decoder"
+        raise HeadwiseError(f"{name or path} ({config.model_type}) is {kind}; the task needs {HEAD_WHAT[head]}")
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """transformers' load report silenced: headwise reports missing and unused weights itself."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+# The head of each task by name (``headwise.tasks`` sits above this module; a test keeps the two in step).
+TASK_HEADS = {"stsb": "base", "lm": "causal-lm", "translation": "seq2seq", "classification": "classification"}
+
+
+def _task_head(task: Any) -> str:
+    """The head a task needs: a ``headwise.tasks.Task``'s ``head``, or looked up by task name."""
+    if isinstance(task, str):
+        if task not in TASK_HEADS:
+            raise HeadwiseError(f"unknown task {task!r}; use one of {', '.join(TASK_HEADS)}")
+        return TASK_HEADS[task]
+    return task.head

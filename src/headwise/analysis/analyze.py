@@ -14,7 +14,7 @@ from ..errors import HeadwiseError
 from ..runtime import eval_mode, using_headwise
 from .attach import per_site
 from .config import AnalysisConfig
-from .importance import Pairs, ablation_sums, gradient_sums
+from .importance import LossFn, Pairs, ablation_sums, gradient_sums
 from ..batching import batches, resolve_max_length
 from .observer import BatchContext, MapRecorder, StatsObserver
 from .rows import Row, rows_of
@@ -72,6 +72,8 @@ def analyze(
     config: AnalysisConfig | None = None,
     *,
     pairs: Pairs | None = None,
+    loss_fn: LossFn | None = None,
+    loss_inputs: Sequence[dict[str, torch.Tensor]] | None = None,
     progress: bool | None = None,
     **options: Any,
 ) -> HeadStats:
@@ -80,7 +82,8 @@ def analyze(
     ``config``/``options``: ``AnalysisConfig`` fields (``batch_size=32``, ``max_length=None``, ``thresholds``,
     ``examples=3``, ``importance=("gradient", "ablation")``, ...); options override the config. ``pairs``
     ``(first, second, scores)``: train-objective data for gradient importance (STS-B objective instead of the
-    label-free default). Under ``torch.distributed`` process ``r`` of ``n`` takes ``texts[r::n]`` (and pairs
+    label-free default); ``loss_inputs`` (ready batches) with ``loss_fn(model, batch) -> [B]``: any other
+    objective, e.g. a task's loss on its batches (not sharded across processes). Under ``torch.distributed`` process ``r`` of ``n`` takes ``texts[r::n]`` (and pairs
     alike) and the accumulators are summed over processes, so every process returns the same statistics.
     The model is put in eval mode and gets the ``headwise`` attention implementation for the call; all observers
     and gates are detached afterwards, also on error.
@@ -110,7 +113,7 @@ def analyze(
             my_pairs = None if pairs is None else tuple([p[i] for i in range(rank, len(p), world)] for p in pairs)
             stats.add_importance_("gradient", *gradient_sums(
                 model, tokenizer, mine, index=shard, pairs=my_pairs, batch_size=cfg.batch_size, max_length=max_length,
-                abs_scope=cfg.abs_scope, seed=cfg.seed, progress=progress))
+                abs_scope=cfg.abs_scope, seed=cfg.seed, progress=progress, loss_fn=loss_fn, inputs=loss_inputs))
         if "ablation" in cfg.importance:
             limit = len(texts) if cfg.ablation_texts is None else cfg.ablation_texts
             stats.add_importance_("ablation", *ablation_sums(

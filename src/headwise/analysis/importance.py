@@ -79,9 +79,17 @@ def _probes(index: Sequence[int], dim: int, seed: int, device: torch.device) -> 
 
 def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None, index: Sequence[int] | None,
                   pairs: Pairs | None, loss_fn: LossFn | None, batch_size: int, max_length: int, seed: int,
-                  score_scale: float) -> Iterator[tuple[int, Callable[[], torch.Tensor]]]:
+                  score_scale: float, inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+                  ) -> Iterator[tuple[int, Callable[[], torch.Tensor]]]:
     """``(batch size, closure returning per-example losses [B])`` for each batch of the chosen objective."""
     device = _device(model)
+    if inputs is not None:
+        if loss_fn is None:
+            raise HeadwiseError("gradient importance over ready batches needs loss_fn(model, batch) -> [B]")
+        for batch in inputs:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            yield len(next(iter(batch.values()))), lambda batch=batch: loss_fn(model, batch)
+        return
     if pairs is not None:
         first, second, scores = pairs
         if not len(first) == len(second) == len(scores):
@@ -117,19 +125,22 @@ def gradient_sums(
     model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *, index: Sequence[int] | None = None,
     pairs: Pairs | None = None, loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None,
     abs_scope: str = "example", seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
+    inputs: Sequence[dict[str, torch.Tensor]] | None = None,
 ) -> tuple[torch.Tensor, int]:
-    """This process's ``(Σ |∂L/∂g| [rows, H] float64 on CPU, number of examples)``; see the module docstring."""
+    """This process's ``(Σ |∂L/∂g| [rows, H] float64 on CPU, number of examples)``; see the module docstring.
+    ``inputs``: ready batches (any keys ``loss_fn`` reads, e.g. a task's collated batches) instead of texts."""
     if abs_scope not in ABS_SCOPES:
         raise HeadwiseError(f"unknown abs_scope {abs_scope!r}; use one of {', '.join(ABS_SCOPES)}")
     rows = rows_of(model)
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
-    total = len(pairs[0]) if pairs is not None else len(texts or ())
+    total = (sum(len(next(iter(b.values()))) for b in inputs) if inputs is not None
+             else len(pairs[0]) if pairs is not None else len(texts or ()))
     bar = tqdm(total=total, desc="gradient importance", unit="sent", disable=None if progress is None else not progress)
     sums, count = None, 0
     with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates, torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
-                                          seed, score_scale):
+                                          seed, score_scale, inputs):
             leaf = gates.ones(size if abs_scope == "example" else 1, device).requires_grad_()
             gates.set(leaf)
             (grad,) = torch.autograd.grad(losses().sum(), leaf, allow_unused=True)
@@ -145,15 +156,17 @@ def gradient_importance(
     model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *, pairs: Pairs | None = None,
     loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None, abs_scope: str = "example",
     normalize: bool = True, seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
+    inputs: Sequence[dict[str, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """Michel et al. gradient importance ``[rows, H]`` (float64, CPU); see the module docstring.
 
     ``loss_fn(model, {"input_ids", "attention_mask"}) -> [B]`` per-example losses (optional);
-    ``pairs=(first, second, gold scores)`` selects the STS-B objective (scores divided by ``score_scale``).
+    ``pairs=(first, second, gold scores)`` selects the STS-B objective (scores divided by ``score_scale``);
+    ``inputs`` (ready batches) with ``loss_fn(model, batch) -> [B]`` any other objective, e.g. a task's loss.
     """
     sums, count = gradient_sums(model, tokenizer, texts, pairs=pairs, loss_fn=loss_fn, batch_size=batch_size,
                                 max_length=max_length, abs_scope=abs_scope, seed=seed, score_scale=score_scale,
-                                progress=progress)
+                                progress=progress, inputs=inputs)
     sums, count = reduce_sums(sums, count)
     table = sums / count
     if normalize:

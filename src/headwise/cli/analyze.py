@@ -7,6 +7,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
+from .task_options import load_for_task, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
@@ -15,7 +16,7 @@ def register(verbs, parents) -> None:
     model_args(p)
     p.add_argument("--data", default=None,
                    help="STS-B .tsv file or folder (default: shared/data/stsb), or a .txt file, one text a line")
-    p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="STS-B split")
+    p.add_argument("--split", default=None, help="STS-B split (default: dev); other tasks: their evaluated split")
     p.add_argument("--limit", type=int, default=None, help="analyse only the first N texts")
     p.add_argument("--out", default="headwise-report", help="output folder (default: headwise-report)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
@@ -26,6 +27,9 @@ def register(verbs, parents) -> None:
     p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=None)
+    p.add_argument("--importance-examples", type=int, default=32,
+                   help="tasks other than stsb: training examples for gradient importance (default: 32)")
+    task_args(p)
     p.set_defaults(run=run)
 
 
@@ -33,7 +37,7 @@ def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
     """Texts to analyse, STS-B pairs for the gradient objective (or None), and a description of the data."""
     from pathlib import Path
 
-    from ..evaluation import read_stsb, stsb_file
+    from ..tasks import read_stsb, stsb_file
 
     if args.data and Path(args.data).suffix == ".txt":
         path = Path(args.data)
@@ -42,8 +46,9 @@ def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
         texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         pairs, name = None, str(path)
     else:
-        data = read_stsb(args.split, args.data)
-        texts, name = data.sentences(), f"STS-B {args.split} ({stsb_file(args.split, args.data).name})"
+        split = args.split or "dev"
+        data = read_stsb(split, args.data)
+        texts, name = data.sentences(), f"STS-B {split} ({stsb_file(split, args.data).name})"
         pairs = (data.first, data.second, data.scores)
     if args.limit:
         texts = texts[: args.limit]
@@ -63,10 +68,19 @@ def run(args: argparse.Namespace) -> int:
     config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=args.examples,
                             importance=importance, ablation_texts=args.ablation_texts, model_name=args.model or "all-MiniLM-L6-v2 (packaged)")
     check_writable_dir(args.out, args.force)  # before any slow work
-    texts, pairs, data_name = _texts(args)
-    config.data_name = data_name
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
-    stats = analyze(model, tokenizer, texts, config, pairs=pairs).to_dict()
+    if args.task == "stsb":
+        texts, pairs, data_name = _texts(args)
+        config.data_name = data_name
+        model, tokenizer = load_model(args.model, args.device, args.dtype)
+        stats = analyze(model, tokenizer, texts, config, pairs=pairs).to_dict()
+    else:
+        task = task_from_args(args, skip=("limit", "batch_size"))
+        texts = [t for t in task.texts("calibration") if t.strip()][: args.limit]
+        config.data_name = f"{task.name} task, {len(texts)} texts"
+        model, tokenizer = load_for_task(args, task)
+        inputs = task.batches(tokenizer, "train", args.batch_size, args.importance_examples) \
+            if "gradient" in importance else None
+        stats = analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs).to_dict()
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "stats.json").write_text(json.dumps(stats))
         write_report(stats, tmp)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
+from .task_options import load_for_task, metric_label, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
@@ -17,25 +18,27 @@ def register(verbs, parents) -> None:
     model_args(p)
     p.add_argument("--dk", type=int, required=True, help="shared query/key width (heads × head_dim is exact)")
     p.add_argument("--calibration", default=None,
-                   help="STS-B .tsv file or folder, or a .txt file (one text a line): minimise the attention-score "
-                        "error on these inputs instead of the weight error")
+                   help="STS-B .tsv file or folder, a .txt file (one text a line), or 'task' (the task's "
+                        "calibration split): minimise the attention-score error on these inputs instead of the weight "
+                        "error")
     p.add_argument("--limit", type=int, default=2000, help="calibration texts used, a seeded random sample when the file holds more (default: 2000)")
+    p.add_argument("--kinds", default=None,
+                   help="convert only these attention kinds, comma-separated (an encoder-decoder: enc-self,dec-self)")
     p.add_argument("--iterations", type=int, default=20, help="ALS sweeps after the closed-form start (default: 20)")
     p.add_argument("--init", choices=["auto", "block", "hosvd"], default="auto",
                    help="closed-form start (default: auto = block with --calibration, hosvd without)")
     p.add_argument("--curve", default="auto",
                    help="comma-separated dk values for the report's trade-off curve, 'auto' or 'none'")
-    p.add_argument("--finetune", type=float, default=0.0, help="epochs of STS-B re-fine-tuning (default: 0)")
-    p.add_argument("--data", default=None,
-                   help="STS-B folder for --finetune and evaluation (default: shared/data/stsb)")
-    p.add_argument("--no-eval", action="store_true", help="skip the STS-B dev evaluations")
+    p.add_argument("--finetune", type=float, default=0.0, help="epochs of re-fine-tuning on the task (default: 0)")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
     p.add_argument("--out", default="headwise-compressed", help="output folder: model/, compression.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    task_args(p)
     p.set_defaults(run=run)
 
 
 def _calibration_texts(path: str, limit: int) -> list[str]:
-    from ..evaluation import read_stsb
+    from ..tasks import read_stsb
 
     file = Path(path)
     if file.suffix == ".txt":
@@ -62,13 +65,11 @@ def _curve_dks(spec: str, dk: int, exact: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
     from ..io import check_writable_dir
     from ..models import load_model, load_tokenizer
     from ..report import Report
+    from ..sites import select_sites
     from .output import save_run
-    from ..training import finetune_stsb
-    from ..sites import find_sites
     from ..collaborative import CollaborativeConfig, compress, input_moments, tradeoff
     from ..collaborative.apply import check_compressible, exact_rank
     from ..report.compression import add_compression_section
@@ -76,35 +77,48 @@ def run(args: argparse.Namespace) -> int:
     if args.dk <= 0:
         raise HeadwiseError(f"--dk must be a positive integer, got {args.dk}")
     check_writable_dir(args.out, args.force)
-    texts = _calibration_texts(args.calibration, args.limit) if args.calibration else None
-    if args.calibration and not texts:
+    from_task = args.calibration == "task"
+    texts = _calibration_texts(args.calibration, args.limit) if args.calibration and not from_task else None
+    if args.calibration and not from_task and not texts:
         raise HeadwiseError(f"the calibration set {args.calibration} holds no text")
     evaluate = not args.no_eval
-    if evaluate or args.finetune:
-        stsb_file("train" if args.finetune else "dev", args.data)
-    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
-    tokenizer = load_tokenizer(args.model) if texts or evaluate or args.finetune else None
-    if evaluate or args.finetune:
-        ensure_encoder(model, "headwise compress (STS-B)")
-    config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations)
-    sites = find_sites(model)
+    task = task_from_args(args, skip=("limit",)) if evaluate or args.finetune or from_task else None
+    if task is not None and task.name != "stsb":
+        model, tokenizer = load_for_task(args, task)
+    else:  # STS-B: the base encoder, as before
+        model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
+        tokenizer = load_tokenizer(args.model) if texts or task is not None else None
+        if task is not None:
+            task.check_model(model, tokenizer)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
+    config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations, kinds=kinds)
+    sites = select_sites(model, kinds)
     check_compressible(model, sites, args.dk)
-    moments = input_moments(model, sites, texts, tokenizer, config.batch_size, config.max_length) if texts else None
+    calibration = task.calibration_inputs(tokenizer, limit=args.limit, batch_size=config.batch_size) \
+        if from_task else texts
+    moments = input_moments(model, sites, calibration, tokenizer, config.batch_size, config.max_length) \
+        if calibration else None
     exact = max(exact_rank(s) for s in sites)
     dks = _curve_dks(args.curve, args.dk, exact)
     curve = tradeoff(model, dks, config, moments=moments) if dks else []
     before = sum(p.numel() for p in model.parameters())
-    metric_before = round(evaluate_stsb(model, tokenizer, "dev", args.data).spearman, 2) if evaluate else None
+
+    def metric() -> float | None:
+        return round(float(task.evaluate(model, tokenizer, progress=False)[task.metric]), 2) if evaluate else None
+
+    metric_before = metric()
     result = compress(model, config=config, moments=moments)
-    metric_after = round(evaluate_stsb(model, tokenizer, "dev", args.data).spearman, 2) if evaluate else None
+    metric_after = metric()
     metric_finetuned = None
     if args.finetune:
-        finetune_stsb(model, tokenizer, epochs=args.finetune, data=args.data)
-        metric_finetuned = round(evaluate_stsb(model, tokenizer, "dev", args.data).spearman, 2) if evaluate else None
+        task.finetune(model, tokenizer, epochs=args.finetune)
+        metric_finetuned = metric()
     summary = {
         "model": args.model or "all-MiniLM-L6-v2", "calibration": args.calibration, "config": vars(config),
         **result.as_dict(), "parameters_before": before, "parameters_after": sum(p.numel() for p in model.parameters()),
-        "metric_name": "STS-B dev Spearman ×100", "metric_before": metric_before, "metric_after": metric_after,
+        "task": None if task is None else task.name,
+        "metric_name": metric_label(task),
+        "metric_before": metric_before, "metric_after": metric_after,
         "metric_finetuned": metric_finetuned, "finetune_epochs": args.finetune,
         "curve": [c.as_dict() for c in curve],
     }
@@ -114,9 +128,10 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        metric = "" if not evaluate else f", STS-B dev {metric_before} → {metric_after}" + (
+        name = "" if task is None else {"stsb": "STS-B dev"}.get(task.name, task.metric)
+        metric_text = "" if not evaluate else f", {name} {metric_before} → {metric_after}" + (
             f" → {metric_finetuned} after {args.finetune:g} epoch(s) of re-fine-tuning" if args.finetune else "")
         print(f"collaborative heads, dk={result.dk} ({result.objective} objective): query/key parameters "
-              f"{result.params_before:,} → {result.params_after:,}{metric}")
+              f"{result.params_before:,} → {result.params_after:,}{metric_text}")
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
     return 0

@@ -1,4 +1,5 @@
-"""``headwise eval stsb``: STS Benchmark Spearman of a model (mean pooling, cosine)."""
+"""``headwise eval TASK``: a model's metrics on a task — ``stsb`` (Spearman, mean pooling, cosine), ``lm``
+(perplexity), ``translation`` (sacreBLEU), ``classification`` (accuracy, F1, Matthews or Pearson/Spearman)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,11 @@ import argparse
 import json
 
 from . import model_args
+from .task_options import load_for_task, metric_line, task_args, task_from_args
+
+HELP = {"lm": "perplexity of a causal LM on a text (strided windows)",
+        "translation": "sacreBLEU of an encoder-decoder (greedy or beam search)",
+        "classification": "accuracy, F1, Matthews (or Pearson/Spearman) of a sequence classifier"}
 
 
 def register(verbs, parents) -> None:
@@ -17,10 +23,27 @@ def register(verbs, parents) -> None:
     stsb.add_argument("--data", default=None, help="the STS-B .tsv file or its folder (default: shared/data/stsb)")
     stsb.add_argument("--batch-size", type=int, default=64)
     stsb.set_defaults(run=run_stsb)
+    for name, text in HELP.items():
+        sub = tasks.add_parser(name, parents=parents, help=text)
+        model_args(sub)
+        task_args(sub, task=False)
+        sub.set_defaults(run=run_task)
+
+
+def run_task(args: argparse.Namespace) -> int:
+    task = task_from_args(args, args.task)  # bad data fails before the model loads
+    model, tokenizer = load_for_task(args, task)
+    metrics = task.evaluate(model, tokenizer)
+    if args.json:
+        print(json.dumps(metrics, indent=2))
+    else:
+        print(f"{task.name}: {args.model or 'all-MiniLM-L6-v2 (packaged)'} ({type(model).__name__})")
+        print(f"  {metric_line(task, metrics)}")
+    return 0
 
 
 def run_stsb(args: argparse.Namespace) -> int:
-    from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
+    from ..tasks import ensure_encoder, evaluate_stsb, stsb_file
     from ..models import load_model, load_tokenizer
 
     stsb_file(args.split, args.data)  # a missing file fails before the model loads

@@ -8,6 +8,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
+from .task_options import load_task_model, metric_label, task_args, task_from_args, task_metric
 
 
 def register(verbs, parents) -> None:
@@ -17,23 +18,21 @@ def register(verbs, parents) -> None:
                    help="exchange two heads' q/k/v weights (repeatable), e.g. 'enc-self.1:3 <-> enc-self.4:0'")
     p.add_argument("--include-output", action="store_true", help="swap the heads' output-projection columns too")
     p.add_argument("--finetune", type=float, default=0.0,
-                   help="epochs of STS-B fine-tuning with alpha mixers on every site, folded afterwards (default: 0)")
+                   help="epochs of fine-tuning on the task with alpha mixers on every site, folded afterwards "
+                        "(default: 0)")
     p.add_argument("--gamma", type=float, default=1.0, help="nuclear-norm coefficient while fine-tuning (default: 1)")
-    p.add_argument("--data", default=None, help="STS-B folder (default: shared/data/stsb)")
-    p.add_argument("--no-eval", action="store_true", help="skip the STS-B dev evaluations")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
     p.add_argument("--out", default="headwise-mixed", help="output folder: model/, mixing.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    task_args(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
     from ..io import check_writable_dir
     from ..mixing import MixingConfig, NuclearNormPenalty, add_mixers, alpha_table, fold_mixing, resolve, swap_heads
-    from ..models import load_model
     from ..report import Report
     from ..report.mixing import add_mixing_section
-    from ..training import finetune_stsb
     from .output import save_run
 
     if not args.swap and not args.finetune:
@@ -42,18 +41,15 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError("--finetune and --gamma must be ≥ 0")
     check_writable_dir(args.out, args.force)
     evaluate = not args.no_eval
-    if evaluate or args.finetune:
-        stsb_file("train" if args.finetune else "dev", args.data)
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
-    if evaluate or args.finetune:
-        ensure_encoder(model, "headwise mix (STS-B)")
+    task = task_from_args(args) if evaluate or args.finetune else None  # bad data fails before the model loads
+    model, tokenizer = load_task_model(args, task)
     resolve(model, args.swap)  # every swap is checked before the first change or any slow work
 
     def metric() -> float | None:
-        return round(evaluate_stsb(model, tokenizer, "dev", args.data).spearman, 2) if evaluate else None
+        return task_metric(task, model, tokenizer) if evaluate else None
 
     result = {"model": args.model or "all-MiniLM-L6-v2", "swaps": list(args.swap),
-              "include_output": args.include_output, "metric_name": "STS-B dev Spearman ×100",
+              "include_output": args.include_output, "metric_name": metric_label(task),
               "metric_before": metric(), "finetune_epochs": args.finetune, "gamma": args.gamma}
     swap_heads(model, args.swap, include_output=args.include_output)
     result["metric_after_swaps"] = metric() if args.swap else result["metric_before"]
@@ -62,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         config = MixingConfig(gamma=args.gamma)
         add_mixers(model, config)
         term = NuclearNormPenalty(model, config)
-        finetune_stsb(model, tokenizer, epochs=args.finetune, data=args.data, penalties=[term], callbacks=[term])
+        task.finetune(model, tokenizer, epochs=args.finetune, penalties=[term], callbacks=[term])
         alphas = alpha_table(model)
         add_mixing_section(report, {"alphas": alphas})
         result["nuclear_norms"] = {name: a["nuclear_norm"] for name, a in alphas.items()}
@@ -76,6 +72,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(f"{len(args.swap)} swap(s)" + (f", {args.finetune:g} epoch(s) with mixers (folded)" if args.finetune else "")
-              + ("" if not evaluate else f", STS-B dev {result['metric_before']} → {result['metric_after']}"))
+              + ("" if not evaluate else f", {metric_label(task)} {result['metric_before']} → {result['metric_after']}"))
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
     return 0

@@ -7,30 +7,39 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
+from .task_options import load_for_task, metric_label, task_args, task_from_args
 
 METHODS = ("l0", "importance", "mask")
+UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
+PLAIN_FAMILIES = ("llama", "mistral", "qwen2")  # headwise.pruning.export.PLAIN_FAMILIES
 
 
 def register(verbs, parents) -> None:
     p = verbs.add_parser("prune", parents=parents, help="remove attention heads (L0 gates, importance or a mask)")
     model_args(p)
     p.add_argument("--method", choices=METHODS, default="l0", help="how to choose the heads (default: l0)")
-    p.add_argument("--keep", type=int, default=None, help="number of heads to keep (l0, importance)")
+    p.add_argument("--keep", type=int, default=None, help="number of query heads to keep (l0, importance)")
+    p.add_argument("--unit", choices=UNITS, default="query",
+                   help="importance: mask single query heads, or whole key/value groups (kv-group: shrinks a "
+                        "grouped-query model's KV cache and keeps heads uniform per layer)")
     p.add_argument("--mask", default=None, help="JSON/YAML file of 0/1 head masks (method mask)")
     p.add_argument("--iterative", action="store_true", help="importance: recompute importance after each step")
     p.add_argument("--step", type=int, default=None, help="importance: heads masked per step (default: 10%%)")
-    p.add_argument("--epochs", type=float, default=1.0, help="l0: epochs of joint training on STS-B train")
+    p.add_argument("--epochs", type=float, default=1.0, help="l0: epochs of joint training on the task's train split")
     p.add_argument("--max-steps", type=int, default=-1, help="l0: stop joint training after N steps (quick trials)")
     p.add_argument("--importance-pairs", type=int, default=256,
-                   help="importance: STS-B train pairs for gradient importance (default: 256)")
+                   help="importance: training examples for gradient importance (default: 256)")
     p.add_argument("--finetune", type=float, default=0.0,
-                   help="epochs of STS-B fine-tuning after removal (default: 0)")
-    p.add_argument("--data", default=None, help="STS-B folder (default: shared/data/stsb)")
+                   help="epochs of recovery fine-tuning on the task after removal (default: 0)")
+    p.add_argument("--finetune-steps", type=int, default=-1, help="stop recovery fine-tuning after N steps")
     p.add_argument("--allow-empty-layers", action="store_true",
                    help="allow removing every head of a layer (its attention sublayer then only adds its bias)")
-    p.add_argument("--no-eval", action="store_true", help="skip the STS-B dev evaluations")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
+    p.add_argument("--plain", action="store_true",
+                   help="also save DIR/plain, a checkpoint plain transformers loads (Llama family, uniform heads)")
     p.add_argument("--out", default="headwise-pruned", help="output folder: model/, pruning.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    task_args(p)
     p.set_defaults(run=run)
 
 
@@ -42,28 +51,33 @@ def _check(args: argparse.Namespace) -> None:
         raise HeadwiseError(f"--method {args.method} needs --keep N with N ≥ 1 (the number of heads to keep)")
     if args.epochs <= 0 or args.finetune < 0:
         raise HeadwiseError("--epochs must be > 0 and --finetune ≥ 0")
+    if args.unit != "query" and args.method != "importance":
+        raise HeadwiseError(f"--unit {args.unit} applies to --method importance; l0 and mask choose query heads")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
     from ..io import check_writable_dir
-    from ..models import load_model
+    from ..pruning import apply_masks, export_plain, load_masks, plain_problem, prune_masked
     from ..report import Report
     from .output import save_run
     from ..report.pruning import add_pruning_section
     from ..sites import find_sites
-    from ..pruning import apply_masks, load_masks, prune_masked
-    from ..training import finetune_stsb, importance_prune, l0_prune
+    from ..tasks.recipes import importance_prune, l0_prune, removable
 
     _check(args)
     check_writable_dir(args.out, args.force)
     spec = load_masks(args.mask) if args.method == "mask" else None
     needs_data = args.method != "mask" or args.finetune or not args.no_eval
-    if needs_data:
-        stsb_file("train" if args.method != "mask" or args.finetune else "dev", args.data)
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
-    if needs_data:
-        ensure_encoder(model, "headwise prune (STS-B)")
+    task = task_from_args(args) if needs_data else None  # bad data fails before the model loads
+    if task is not None:
+        model, tokenizer = load_for_task(args, task)
+    else:
+        from ..models import load_model
+
+        model, tokenizer = load_model(args.model, args.device, args.dtype)
+    if args.plain and model.config.model_type not in PLAIN_FAMILIES:
+        raise HeadwiseError(f"--plain: {model.config.model_type} models cannot be saved in plain transformers format "
+                            f"after pruning (only {', '.join(PLAIN_FAMILIES)} configs carry head_dim); drop --plain")
     sites = find_sites(model)
     names = [s.name for s in sites]
     before = {"heads": sum(s.num_heads for s in sites), "parameters": sum(p.numel() for p in model.parameters())}
@@ -71,42 +85,58 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError(f"--keep {args.keep} is more than the model's {before['heads']} heads")
 
     def metric(m) -> float:
-        return round(evaluate_stsb(m, tokenizer, "dev", args.data).spearman, 2)
+        return round(float(task.evaluate(m, tokenizer, progress=False)[task.metric]), 2)
 
     metric_before = None if args.no_eval else metric(model)
-    curve = []
+    curve, masked_only = [], False
     if args.method == "mask":
         apply_masks(model, spec)
         removed = prune_masked(model, args.allow_empty_layers)
     elif args.method == "importance":
-        steps = importance_prune(model, tokenizer, args.keep, iterative=args.iterative, step=args.step,
-                                 importance_pairs=args.importance_pairs, metric=None if args.no_eval else metric,
-                                 data=args.data)
+        steps = importance_prune(model, tokenizer, args.keep, task, iterative=args.iterative, step=args.step,
+                                 examples=args.importance_pairs, unit=args.unit,
+                                 metric=None if args.no_eval else metric)
+        masked_only = not removable(model, steps.steps[-1].masks)
         curve = [[s.kept, s.metric] for s in steps.steps]
         by_path = {s.path: s.name for s in sites}
         removed = {by_path[p]: [h for h, m in enumerate(mask) if not m] for p, mask in steps.steps[-1].masks.items()}
     else:
-        removed = l0_prune(model, tokenizer, args.keep, epochs=args.epochs, max_steps=args.max_steps, data=args.data)
+        removed = l0_prune(model, tokenizer, args.keep, task, epochs=args.epochs, max_steps=args.max_steps)
+        masked_only = sum(s.num_heads for s in find_sites(model)) == before["heads"] and any(removed.values())
     if args.finetune:
-        finetune_stsb(model, tokenizer, epochs=args.finetune, data=args.data)
+        task.finetune(model, tokenizer, epochs=args.finetune, max_steps=args.finetune_steps)
     after_sites = find_sites(model)
+    kept = before["heads"] - sum(map(len, removed.values()))
     result = {
         "method": args.method + (" (iterative)" if args.iterative else ""), "model": args.model or "all-MiniLM-L6-v2",
-        "heads_before": before["heads"], "heads_after": sum(s.num_heads for s in after_sites),
+        "task": None if task is None else task.name, "unit": args.unit,
+        "heads_before": before["heads"], "heads_after": kept,
+        "kv_heads_after": sum(s.num_kv_heads for s in after_sites), "masked_only": masked_only,
         "parameters_before": before["parameters"], "parameters_after": sum(p.numel() for p in model.parameters()),
         "removed": {n: removed.get(n, []) for n in names},
         "survivors": {s.name: [0 if h in removed.get(s.name, []) else 1 for h in range(s.num_heads)] for s in sites},
-        "metric_name": "STS-B dev Spearman ×100", "metric_before": metric_before,
+        "metric_name": metric_label(task), "metric_before": metric_before,
         "metric_after": None if args.no_eval else metric(model), "curve": curve,
     }
+    if args.plain:
+        problem = ("query-head pruning left key/value groups with only some of their query heads (transformers' "
+                   "Llama needs the same number per group); use --unit kv-group") if masked_only else plain_problem(model)
+        if problem:
+            raise HeadwiseError(f"--plain: {problem}; nothing was written")
     report = Report("headwise pruning report", f"{result['model']}: {result['method']} pruning")
     add_pruning_section(report, result)
     save_run(args.out, model, tokenizer, "pruning.json", result, report, overwrite=args.force)
+    if args.plain:
+        export_plain(model, f"{args.out}/plain", overwrite=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(f"{args.out}/plain")
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{result['method']}: {result['heads_before']} → {result['heads_after']} heads, "
+        what = "masked (partial key/value groups stay in the weights)" if masked_only else "heads"
+        print(f"{result['method']}: {result['heads_before']} → {result['heads_after']} {what}, "
               f"{result['parameters_before']:,} → {result['parameters_after']:,} parameters"
-              + ("" if args.no_eval else f", STS-B dev {metric_before} → {result['metric_after']}"))
-        print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
+              + ("" if args.no_eval else f", {task.metric} {metric_before} → {result['metric_after']}"))
+        print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html"
+              + (f", {args.out}/plain (plain transformers)" if args.plain else ""))
     return 0

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..errors import HeadwiseError
+from .task_options import load_for_task, task_args, task_from_args
 from . import model_args
 
 
@@ -44,7 +45,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ..models import load_model
     from ..report.quantization import write_quantization_report
     from ..quantization.config import QuantizationConfig
-    from ..evaluation import stsb_metric
     from ..quantization.sweep import SweepConfig, sweep
 
     base = QuantizationConfig(threshold=args.threshold, renormalize=args.renormalize, floor=args.floor,
@@ -55,9 +55,17 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise HeadwiseError(f"--limit must be at least 1, got {args.limit}")
     check_writable_dir(args.out, args.force)  # before any slow work
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
-    metric = stsb_metric(tokenizer, args.split, args.data, args.batch_size, args.limit)
+    task = task_from_args(args)  # bad data fails before the model loads
+    if task.name == "stsb":
+        model, tokenizer = load_model(args.model, args.device, args.dtype)
+        task.check_model(model, tokenizer)
+    else:
+        model, tokenizer = load_for_task(args, task)
+    metric = task.metric_fn(tokenizer)
+    if task.name == "stsb":
+        metric.__name__ = f"STS-B {task.split} Spearman x100" + (f" (first {task.limit} pairs)" if task.limit else "")
     result = sweep(model, config, metric=metric).to_dict()
+    result["task"] = task.name
     result["model"] = args.model or "all-MiniLM-L6-v2 (packaged)"
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "results.json").write_text(json.dumps(result, indent=1))
@@ -66,7 +74,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         print(json.dumps(result))
         return 0
     print(f"{result['metric_name']}: baseline {result['baseline']:.2f}, {len(result['rows'])} settings; "
-          f"within {100 * args.tolerance:g}% means >= {result['baseline'] * (1 - args.tolerance):.2f}")
+          f"within {100 * args.tolerance:g}% means >= "
+          f"{result['baseline'] - args.tolerance * abs(result['baseline']):.2f}")
     print(f"{'method':32} {'fewest bits':>11} {'max pruned':>10}  at")
     for s in result["summary"]:
         fewest = "-" if s["fewest_bits"] is None else str(s["fewest_bits"])
@@ -99,10 +108,7 @@ def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("--bin-value", default="reference", choices=["reference", "mean"],
                    help="uniform_slinear_clamped_mean: bin midpoints (reference) or bin means")
     p.add_argument("--tolerance", type=float, default=0.01, help="relative metric drop allowed (default 0.01)")
-    p.add_argument("--data", default=None, help="the STS-B .tsv file or its folder (default: shared/data/stsb)")
-    p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="STS-B split")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N sentence pairs (quick looks)")
-    p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--out", default="headwise-quantization", help="output folder (default: headwise-quantization)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    task_args(p)
     p.set_defaults(run=cmd_quantize)

@@ -8,6 +8,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
+from .task_options import load_task_model, metric_label, task_args, task_from_args, task_metric
 
 
 def register(verbs, parents) -> None:
@@ -18,11 +19,11 @@ def register(verbs, parents) -> None:
     p.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
                    help="a mechanism argument (repeatable), e.g. --arg window=32")
     p.add_argument("--kinds", default=None, help="comma-separated attention kinds (default: every site)")
-    p.add_argument("--finetune", type=float, default=0.0, help="epochs of STS-B fine-tuning after (default: 0)")
-    p.add_argument("--data", default=None, help="STS-B folder (default: shared/data/stsb)")
-    p.add_argument("--no-eval", action="store_true", help="skip the STS-B dev evaluations")
+    p.add_argument("--finetune", type=float, default=0.0, help="epochs of fine-tuning on the task after (default: 0)")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
     p.add_argument("--out", default="headwise-replaced", help="output folder: model/, replace.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    task_args(p)
     p.set_defaults(run=run)
 
 
@@ -48,12 +49,9 @@ def parse_mechanism_args(name: str, pairs: list[str]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..evaluation import ensure_encoder, evaluate_stsb, stsb_file
     from ..io import check_writable_dir
     from ..mechanisms import MECHANISMS, apply
-    from ..models import load_model
     from ..report import Report
-    from ..training import finetune_stsb
     from .output import save_run
 
     if args.mechanism not in MECHANISMS:
@@ -63,27 +61,24 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError("--finetune must be ≥ 0")
     check_writable_dir(args.out, args.force)
     evaluate = not args.no_eval
-    if evaluate or args.finetune:
-        stsb_file("train" if args.finetune else "dev", args.data)
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
-    if evaluate or args.finetune:
-        ensure_encoder(model, "headwise replace (STS-B)")
+    task = task_from_args(args) if evaluate or args.finetune else None  # bad data fails before the model loads
+    model, tokenizer = load_task_model(args, task)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
 
     def metric() -> float | None:
-        return round(evaluate_stsb(model, tokenizer, "dev", args.data).spearman, 2) if evaluate else None
+        return task_metric(task, model, tokenizer) if evaluate else None
 
     before = metric()
     ops = apply(model, args.mechanism, kinds=kinds, **mechanism_args)
     result = {"model": args.model or "all-MiniLM-L6-v2", "mechanism": args.mechanism, "args": mechanism_args,
-              "sites": sorted(ops), "metric_name": "STS-B dev Spearman ×100", "metric_before": before,
+              "sites": sorted(ops), "metric_name": metric_label(task), "metric_before": before,
               "metric_after": metric(), "finetune_epochs": args.finetune}
     if args.finetune:
-        finetune_stsb(model, tokenizer, epochs=args.finetune, data=args.data)
+        task.finetune(model, tokenizer, epochs=args.finetune)
         result["metric_finetuned"] = metric()
     report = Report("headwise attention replacement", f"{result['model']}: {args.mechanism} attention")
     report.add_section("Replacement", f"Softmax attention replaced by {args.mechanism} at {len(ops)} sites.").table(
-        [[k, v] for k, v in [("arguments", json.dumps(mechanism_args)), ("STS-B dev before", before),
+        [[k, v] for k, v in [("arguments", json.dumps(mechanism_args)), (f"{metric_label(task)} before", before),
                              ("after", result["metric_after"]),
                              ("after fine-tuning", result.get("metric_finetuned"))]], ["", ""])
     save_run(args.out, model, tokenizer, "replace.json", result, report, overwrite=args.force)
@@ -91,6 +86,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(f"{args.mechanism} at {len(ops)} sites" +
-              ("" if not evaluate else f", STS-B dev {before} → {result['metric_after']}"))
+              ("" if not evaluate else f", {metric_label(task)} {before} → {result['metric_after']}"))
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
     return 0

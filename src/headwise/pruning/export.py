@@ -20,25 +20,34 @@ from ..sites import find_sites
 PLAIN_FAMILIES = ("llama", "mistral", "qwen2")
 
 
+def plain_problem(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be exported in plain transformers format, or None if it can."""
+    if model.config.model_type not in PLAIN_FAMILIES:
+        return (f"plain export supports {', '.join(PLAIN_FAMILIES)} (configs with head_dim); "
+                f"{model.config.model_type} models are saved with headwise.save_pretrained instead")
+    sites = find_sites(model)
+    shapes = {(s.num_heads, s.num_kv_heads) for s in sites}
+    if len(shapes) != 1:
+        return (f"plain export needs the same head counts in every layer, got {sorted(shapes)} (query, key/value); "
+                "prune uniformly (e.g. the same number of key/value groups per layer) or use headwise.save_pretrained")
+    attached = [s.name for s in sites if ops_of(s) is not None]
+    if attached:
+        return (f"sites {attached} still carry headwise ops; fold gates with headwise.pruning.prune_masked(model) "
+                "or detach them before a plain export")
+    return None
+
+
 def export_plain(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
     """Save ``model`` with ``transformers``' own ``save_pretrained`` and a config that states the pruned head
     counts; ``AutoModel.from_pretrained(path)`` then loads it without headwise. Requires every layer to keep
     the same number of query and key/value heads and no attached headwise ops (``prune_masked`` folds gates)."""
     config = model.config
-    if config.model_type not in PLAIN_FAMILIES:
-        raise HeadwiseError(f"plain export supports {', '.join(PLAIN_FAMILIES)} (configs with head_dim); "
-                            f"{config.model_type} models are saved with headwise.save_pretrained instead")
-    sites = find_sites(model)
-    shapes = {(s.num_heads, s.num_kv_heads) for s in sites}
-    if len(shapes) != 1:
-        raise HeadwiseError(f"plain export needs the same head counts in every layer, got {sorted(shapes)} "
-                            "(query, key/value); prune uniformly or use headwise.save_pretrained")
-    attached = [s.name for s in sites if ops_of(s) is not None]
-    if attached:
-        raise HeadwiseError(f"sites {attached} still carry headwise ops; fold gates with "
-                            "headwise.pruning.prune_masked(model) or detach them before a plain export")
+    problem = plain_problem(model)
+    if problem:
+        raise HeadwiseError(problem)
     check_writable_dir(path, overwrite)
-    (heads, kv_heads), = shapes
+    sites = find_sites(model)
+    heads, kv_heads = sites[0].num_heads, sites[0].num_kv_heads
     plain = copy.deepcopy(config)
     plain.num_attention_heads, plain.num_key_value_heads = heads, kv_heads
     plain.head_dim = sites[0].head_dim

@@ -154,3 +154,4 @@ def l0_keep(model: nn.Module, keep: int | None = None, min_per_site: int = 1) ->
     for _, p, h in rest[: keep - floor]:
         masks[p][h] = 1.0
     return {p: m.tolist() for p, m in masks.items()}
+

@@ -70,12 +70,35 @@ def _lowest(scores: dict[str, torch.Tensor], masks: dict[str, list[float]], n: i
     return chosen
 
 
+def _lowest_groups(scores: dict[str, torch.Tensor], masks: dict[str, list[float]], n: int, group: dict[str, int],
+                   min_per_site: int) -> list[tuple[str, int]]:
+    """Whole key/value groups (their query heads), lowest summed importance first, until ``n`` query heads are
+    chosen; a site keeps at least ``min_per_site`` groups."""
+    candidates = sorted((float(s[k * group[p]:(k + 1) * group[p]].sum()), p, k) for p, s in scores.items()
+                        for k in range(len(s) // group[p]) if masks[p][k * group[p]])
+    open_left = {p: int(sum(m)) // group[p] for p, m in masks.items()}
+    chosen: list[tuple[str, int]] = []
+    for _, path, k in candidates:
+        if len(chosen) + group[path] > n:
+            continue
+        if open_left[path] > min_per_site:
+            chosen += [(path, h) for h in range(k * group[path], (k + 1) * group[path])]
+            open_left[path] -= 1
+    return chosen
+
+
+UNITS = ("query", "kv-group")
+
+
 def importance_pruning(
     model: nn.Module,
     tokenizer: Any,
     texts: Sequence[str] | None = None,
     *,
     pairs: Pairs | None = None,
+    inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+    loss_fn: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor] | None = None,
+    unit: str = "query",
     keep: Sequence[int],
     iterative: bool = False,
     metric: Metric | None = None,
@@ -91,8 +114,16 @@ def importance_pruning(
     applied before each step. With ``floor`` the schedule stops after the first step whose metric falls below
     it. The model keeps ``HeadMask`` ops named ``"mask"`` set to the last step's mask (call
     ``headwise.pruning.apply_masks`` with another step's ``masks`` to pick one, then ``prune_masked``).
+
+    The objective: ``pairs`` (STS-B), ``inputs`` (ready batches) with ``loss_fn(model, batch) -> [B]`` (a task's
+    loss), else the label-free default of ``gradient_importance``. ``unit``: ``"query"`` masks single query heads;
+    ``"kv-group"`` masks whole key/value groups (every query head sharing a key/value head, ranked by their summed
+    importance; this is what shrinks a grouped-query model's KV cache). ``keep`` counts query heads either way.
     """
+    if unit not in UNITS:
+        raise HeadwiseError(f"unknown pruning unit {unit!r}; use one of {', '.join(UNITS)}")
     sites = find_sites(model)
+    group = {s.path: s.group_size for s in sites}
     total = sum(s.num_heads for s in sites)
     counts = sorted({int(k) for k in keep}, reverse=True)
     if not counts or counts[-1] < min_per_site * len(sites) or counts[0] > total:
@@ -100,12 +131,20 @@ def importance_pruning(
                             f"for each of {len(sites)} sites) and {total}, got {list(keep)}")
     if floor is not None and metric is None:
         raise HeadwiseError("a metric floor needs a metric callable")
+    if unit == "kv-group":
+        sizes = {s.group_size for s in sites}
+        step = max(sizes)
+        bad = [k for k in counts if (total - k) % step]
+        if len(sizes) == 1 and bad:
+            raise HeadwiseError(f"with unit kv-group heads go {step} at a time (one key/value group); keep {bad[0]} "
+                                f"query heads is not reachable from {total}: use a count with {total} − keep "
+                                f"divisible by {step}")
     masks = {s.path: [1.0] * s.num_heads for s in sites}
     apply_masks(model, masks)
 
     def rank() -> dict[str, torch.Tensor]:
-        table = gradient_importance(model, tokenizer, texts, pairs=pairs, batch_size=batch_size,
-                                    abs_scope=abs_scope, progress=progress)
+        table = gradient_importance(model, tokenizer, texts, pairs=pairs, inputs=inputs, loss_fn=loss_fn,
+                                    batch_size=batch_size, abs_scope=abs_scope, progress=progress)
         return site_importance(model, table)
 
     curve = PruningCurve("iterative importance" if iterative else "one-shot importance")
@@ -114,7 +153,9 @@ def importance_pruning(
         open_now = sum(int(sum(m)) for m in masks.values())
         if iterative and open_now < total:
             scores = rank()
-        for path, h in _lowest(scores, masks, open_now - kept, min_per_site):
+        chosen = (_lowest(scores, masks, open_now - kept, min_per_site) if unit == "query"
+                  else _lowest_groups(scores, masks, open_now - kept, group, min_per_site))
+        for path, h in chosen:
             masks[path][h] = 0.0
         apply_masks(model, masks)
         value = None if metric is None else float(metric(model))

@@ -3,7 +3,7 @@
 >>> quantize_attention(model, method="linear_slog_clamped_midval", bits=3)    # attach to every site
 >>> with measuring(model) as m: model(**batch)
 >>> m.sparsity, m.distinct                                                    # share of zeros, values used
->>> result = sweep(model, metric=stsb_metric(tokenizer), methods=["linear_slog"], bits=range(1, 9))
+>>> result = sweep(model, metric=get_task("stsb").metric_fn(tokenizer), methods=["linear_slog"], bits=range(1, 9))
 
 Methods (``METHODS``; pure functions in :mod:`.functional`): ``linear_slinear``, ``linear_slinear_midval``,
 ``linear_slinear_clamped``, ``linear_slinear_clamped_midval``, ``linear_slog``, ``linear_slog_midval``,

@@ -1,7 +1,7 @@
 """The accuracy trade-off: a grid of pruning / quantization settings, each scored against the unmodified model.
 
-``sweep(model, metric=fn)`` scores each setting with ``fn(model) -> float`` (higher is better), e.g.
-``headwise.evaluation.stsb_metric(tokenizer)`` for STS-B dev Spearman. Every setting also reports the measured sparsity (share of attention
+``sweep(model, metric=fn)`` scores ``fn(model) -> float`` (higher is better; a task's ``metric_fn`` gives one for
+STS-B, perplexity, BLEU or accuracy). Every setting also reports the measured sparsity (share of attention
 values that are exactly 0) and the number of distinct values used.
 """
 
@@ -122,15 +122,15 @@ def sweep(model: nn.Module, config: SweepConfig | None = None, *, metric: Metric
           progress: bool | None = None, **options: Any) -> SweepResult:
     """Score ``model`` unchanged (the baseline), then with each setting of ``config`` attached in turn.
 
-    ``metric(model) -> float``, higher is better (e.g. ``headwise.evaluation.stsb_metric(tokenizer)``: STS-B dev
-    Spearman ×100).
+    ``metric(model) -> float``, higher is better (a task's ``metric_fn``, e.g.
+    ``headwise.tasks.get_task("stsb").metric_fn(tokenizer)`` for STS-B dev Spearman ×100).
     ``options`` override ``SweepConfig`` fields. The model runs in eval mode with the ``headwise``
     implementation; the sweep's quantizers are detached afterwards, also on error.
     """
     cfg = replace(config or SweepConfig(), **options) if options else (config or SweepConfig())
     if metric is None:
         raise HeadwiseError("sweep needs metric=fn(model) -> float (higher is better), e.g. "
-                            "metric=headwise.evaluation.stsb_metric(tokenizer) for STS-B dev")
+                            "headwise.tasks.get_task('stsb').metric_fn(tokenizer)")
     settings = cfg.settings()
     sites = [s.path for s in find_sites(model)]
     rows: list[dict[str, Any]] = []

@@ -4,8 +4,7 @@ mixing; translation for encoder-decoder models)."""
 from .stsb import CosineRegression, PairCollator, PairDataset, finetune_stsb
 from .seq2seq import HeadwiseSeq2SeqTrainer, TranslationDataset, train_translation
 from .trainer import HeadwiseTrainer, Penalty, PenaltyTraining, is_head_parameter
-from .pruning import importance_prune, l0_prune
 
 __all__ = ["HeadwiseTrainer", "HeadwiseSeq2SeqTrainer", "Penalty", "PenaltyTraining", "is_head_parameter",
            "finetune_stsb", "CosineRegression", "PairCollator", "PairDataset", "TranslationDataset",
-           "train_translation", "l0_prune", "importance_prune"]
+           "train_translation"]

@@ -15,8 +15,8 @@ from transformers import (DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainin
                           set_seed)
 
 from ..errors import HeadwiseError
-from ..evaluation.bleu import BleuMetric
-from ..evaluation.translation import ParallelCorpus
+from ..tasks.bleu import BleuMetric
+from ..tasks.corpus import ParallelCorpus
 from .trainer import Penalty, PenaltyTraining
 
 

@@ -13,8 +13,8 @@ from torch import nn
 from torch.utils.data import Dataset
 from transformers import TrainerCallback, TrainingArguments, set_seed
 
-from ..evaluation import ensure_encoder, mean_pool, read_stsb
-from ..evaluation.data import StsbPairs
+from ..tasks import ensure_encoder, mean_pool, read_stsb
+from ..tasks.stsb_data import StsbPairs
 from .trainer import HeadwiseTrainer, Penalty
 
 SCORE_SCALE = 5.0

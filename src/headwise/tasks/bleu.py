@@ -13,7 +13,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
-from .translation import ParallelCorpus
+from .corpus import ParallelCorpus
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:

@@ -11,6 +11,7 @@ from tqdm.auto import tqdm
 
 from ..batching import mean_pool
 from ..errors import HeadwiseError
+from ..batching import mean_pool
 from ..sites import find_sites
 
 

@@ -1,0 +1,115 @@
+"""``--task`` and the task options every verb shares, and the task they describe."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+TASK_NAMES = ("stsb", "lm", "translation", "classification")
+
+# flag → (task option, help); a verb that already defines a flag keeps its own
+OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "--data": ("data", {"help": "stsb: the .tsv file or folder; lm: a text file or a datasets name "
+                                "(name:config); classification: a csv/tsv/jsonl file, a folder, or glue:<task>"}),
+    "--split": ("split", {"help": "evaluated split (stsb: dev; lm: eval = last 10%% of lines, train, all; "
+                                  "translation: test_2016_flickr)"}),
+    "--max-length": ("max_length", {"type": int, "help": "tokens per window (lm) or per text (default: 1024 for "
+                                                         "lm, 128 otherwise)"}),
+    "--stride": ("stride", {"type": int, "help": "lm: tokens between window starts (default: --max-length)"}),
+    "--max-tokens": ("max_tokens", {"type": int, "help": "lm: evaluate only the first N tokens"}),
+    "--data-dir": ("data_dir", {"help": "translation: folder of {split}.{lang}[.gz] files (default: "
+                                        "shared/data/multi30k)"}),
+    "--src": ("src", {"help": "translation: source language suffix (default: de)"}),
+    "--tgt": ("tgt", {"help": "translation: target language suffix (default: en)"}),
+    "--src-file": ("src_file", {"help": "translation: source sentences, one a line (with --tgt-file)"}),
+    "--tgt-file": ("tgt_file", {"help": "translation: reference sentences, aligned with --src-file"}),
+    "--beam": ("beam", {"type": int, "help": "translation: beams (default 1: greedy)"}),
+    "--max-new-tokens": ("max_new_tokens", {"type": int, "help": "translation: longest output (default 96)"}),
+    "--text-column": ("text_column", {"help": "classification: text column (default: text)"}),
+    "--pair-column": ("pair_column", {"help": "classification: second-text column (default: pair, if present)"}),
+    "--label-column": ("label_column", {"help": "classification: label column (default: label)"}),
+    "--limit": ("limit", {"type": int, "help": "evaluate only the first N examples (quick looks)"}),
+    "--batch-size": ("batch_size", {"type": int, "help": "examples per forward pass"}),
+}
+
+
+def task_args(parser: argparse.ArgumentParser, task: bool = True) -> None:
+    """Add ``--task`` (unless ``task=False``: the task is the sub-command) and the task options the verb lacks."""
+    if task:
+        parser.add_argument("--task", default="stsb", choices=TASK_NAMES,
+                            help="what the model is evaluated and trained on (default: stsb)")
+    for flag, (_, kwargs) in OPTIONS.items():
+        if flag not in parser._option_string_actions:
+            parser.add_argument(flag, default=None, **kwargs)
+    parser.add_argument("--new-head", action="store_true",
+                        help="classification: start a fresh classification head (the checkpoint has none)")
+
+
+def task_from_args(args: argparse.Namespace, name: str | None = None, skip: tuple[str, ...] = ()):
+    """The task named by ``--task`` (or ``name``) with the options given on the command line (``skip``: options
+    the verb uses for itself, e.g. analyze's ``--limit``); its data is checked before any model loads."""
+    from ..tasks import get_task
+
+    name = name or args.task
+    options = {option: getattr(args, flag[2:].replace("-", "_"), None) for flag, (option, _) in OPTIONS.items()
+               if option not in skip}
+    if name == "stsb" and options.get("split") is None:
+        options["split"] = "dev"
+    task = get_task(name, **{k: v for k, v in options.items() if v is not None and _takes(name, k)})
+    task.check()
+    return task
+
+
+def _takes(name: str, option: str) -> bool:
+    from dataclasses import fields
+
+    from ..tasks import TASKS
+
+    return option in {f.name for f in fields(TASKS[name])}
+
+
+def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
+    """The model of ``--model`` with the head ``task`` needs, checked against the task."""
+    from ..models import load_model
+
+    num_labels = None
+    if getattr(args, "new_head", False) and task.name == "classification":
+        num_labels = 1 if task.is_regression() else len(task.label_names())
+    model, tokenizer = load_model(args.model, args.device, args.dtype, task=task,
+                                  new_head=getattr(args, "new_head", False), num_labels=num_labels)
+    task.check_model(model, tokenizer)
+    return model, tokenizer
+
+
+def load_task_model(args: argparse.Namespace, task) -> tuple[Any, Any]:
+    """The model for a verb: the base encoder for STS-B (as before tasks existed) or no task, else the task's
+    head; checked against the task."""
+    if task is not None and task.name != "stsb":
+        return load_for_task(args, task)
+    from ..models import load_model
+
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    if task is not None:
+        task.check_model(model, tokenizer)
+    return model, tokenizer
+
+
+def task_metric(task, model, tokenizer) -> float:
+    """The task's main metric, rounded to 2 decimals (what edit commands report before and after)."""
+    return round(float(task.evaluate(model, tokenizer, progress=False)[task.metric]), 2)
+
+
+def metric_line(task, metrics: dict[str, float]) -> str:
+    """``perplexity 19.93 (nll 2.99, tokens 24,576)``: the main metric first, then the rest."""
+    def fmt(value: Any) -> str:
+        return f"{value:,}" if isinstance(value, int) else f"{value:.2f}" if isinstance(value, float) else str(value)
+
+    rest = ", ".join(f"{k} {fmt(v)}" for k, v in metrics.items() if k != task.metric)
+    return f"{task.metric} {fmt(metrics[task.metric])}" + (f" ({rest})" if rest else "")
+
+
+def metric_label(task) -> str | None:
+    """How reports name the task's main metric (``STS-B dev Spearman ×100`` for STS-B, as before)."""
+    if task is None:
+        return None
+    return "STS-B dev Spearman ×100" if task.name == "stsb" else f"{task.name} {task.metric}"

@@ -1,0 +1,163 @@
+"""The task interface every verb uses: data, metrics, a training loss and calibration inputs.
+
+A task knows which model head it needs (``head``), reads and checks its data before any model is loaded
+(``check``), evaluates a model into a dict of metrics (``evaluate``), gives tokenised examples of a split
+(``examples``: ``"train"``, ``"eval"`` or ``"calibration"``), a per-example loss ``[B]`` on a collated batch
+(``loss``, used by fine-tuning, L0, mixing, recovery and gradient importance) and model inputs for calibration
+(``calibration_inputs``). Batching goes through ``tasks.batching`` for every task.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..errors import HeadwiseError
+from .batching import Examples, batches, collate, pad_id_of
+
+HEADS = ("base", "causal-lm", "seq2seq", "classification")
+Metric = Callable[[nn.Module], float]
+
+
+class Task:
+    """Base class of the tasks; subclasses are dataclasses of their options."""
+
+    name: ClassVar[str]
+    head: ClassVar[str]  # one of HEADS
+    metric: ClassVar[str]  # the key of ``evaluate``'s main metric
+    higher_is_better: ClassVar[bool] = True
+    train_defaults: ClassVar[dict[str, Any]] = {"batch_size": 16, "learning_rate": 2e-5}
+
+    def check(self) -> None:
+        """Raise ``HeadwiseError`` if the data is missing or malformed (called before any model loads)."""
+
+    def evaluate(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None) -> dict[str, float]:
+        raise NotImplementedError
+
+    def examples(self, tokenizer: Any, split: str = "train") -> Examples:
+        raise NotImplementedError
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-example training loss ``[B]`` on a collated batch."""
+        raise NotImplementedError
+
+    def texts(self, split: str = "calibration") -> list[str]:
+        """Plain input texts of a split (what ``analyze`` reads)."""
+        raise NotImplementedError
+
+    def check_model(self, model: nn.Module, tokenizer: Any) -> None:
+        """Raise ``HeadwiseError`` if the model cannot run this task (wrong head, inputs beyond its context)."""
+        check_head(model, self)
+
+    # ---- shared behaviour ---------------------------------------------------------------------------------
+    def batches(self, tokenizer: Any, split: str = "train", batch_size: int = 16, limit: int | None = None,
+                device: torch.device | str = "cpu") -> list[dict[str, torch.Tensor]]:
+        return list(batches(self.examples(tokenizer, split).head(limit), tokenizer, batch_size, device))
+
+    def calibration_inputs(self, tokenizer: Any, limit: int | None = 256, batch_size: int = 16,
+                           device: torch.device | str = "cpu") -> list[dict[str, torch.Tensor]]:
+        """Model inputs (no labels) of the calibration split, for collaborative compression or analysis."""
+        out = []
+        for batch in self.batches(tokenizer, "calibration", batch_size, limit, device):
+            out.append(model_inputs(batch))
+        return out
+
+    def metric_fn(self, tokenizer: Any, **evaluate: Any) -> Metric:
+        """``fn(model) -> float``, higher is better (the main metric, negated when lower is better)."""
+        sign = 1.0 if self.higher_is_better else -1.0
+
+        def score(model: nn.Module) -> float:
+            return sign * float(self.evaluate(model, tokenizer, progress=False, **evaluate)[self.metric])
+
+        score.__name__ = self.metric if self.higher_is_better else f"-{self.metric}"
+        return score
+
+    def finetune(self, model: nn.Module, tokenizer: Any, *, epochs: float = 1.0, max_steps: int = -1,
+                 penalties: Sequence[Any] = (), head_learning_rate: float | None = None, callbacks: Sequence[Any] = (),
+                 limit: int | None = None,
+                 batch_size: int | None = None, learning_rate: float | None = None, seed: int = 0,
+                 progress: bool = True, **training_args: Any) -> nn.Module:
+        """Fine-tune ``model`` in place on the train split with ``loss`` (``HeadwiseTrainer``: penalties, head
+        learning rate, callbacks); returns it in eval mode."""
+        from transformers import TrainingArguments, set_seed
+
+        from ..training import HeadwiseTrainer
+
+        data = self.examples(tokenizer, "train").head(limit)
+        if not len(data):
+            raise HeadwiseError(f"task {self.name}: the train split holds no examples")
+        set_seed(seed)
+        args = TrainingArguments(
+            output_dir=tempfile.mkdtemp(prefix="headwise-train-"), num_train_epochs=epochs, max_steps=max_steps,
+            per_device_train_batch_size=batch_size or self.train_defaults["batch_size"],
+            learning_rate=learning_rate or self.train_defaults["learning_rate"], warmup_steps=0.1, seed=seed,
+            data_seed=seed, save_strategy="no", report_to="none", remove_unused_columns=False,
+            disable_tqdm=not progress, logging_steps=training_args.pop("logging_steps", 50),
+            use_cpu=training_args.pop("use_cpu", not torch.cuda.is_available()), **training_args)
+        trainer = HeadwiseTrainer(model=TaskObjective(self, model), args=args, train_dataset=ListDataset(data.items),
+                                  data_collator=lambda items: collate(items, pad_id_of(tokenizer)),
+                                  penalties=penalties, head_learning_rate=head_learning_rate,
+                                  callbacks=list(callbacks))
+        trainer.train()
+        model.eval()
+        return model
+
+
+def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The entries of a collated batch that the model's forward takes (labels and scores dropped)."""
+    keep = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
+    return {k: v for k, v in batch.items() if k in keep}
+
+
+class ListDataset(Dataset):
+    def __init__(self, items: list[dict]) -> None:
+        self.items = items
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
+class TaskObjective(nn.Module):
+    """``forward(**batch) -> {"loss": mean of task.loss}``: a task's loss as a module the Trainer can train."""
+
+    def __init__(self, task: Task, model: nn.Module) -> None:
+        super().__init__()
+        self.task, self.model = task, model
+
+    def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"loss": self.task.loss(self.model, batch).mean()}
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    auto_class: str  # transformers Auto class
+    suffixes: tuple[str, ...]  # class-name endings of models that carry this head
+    what: str
+
+
+HEAD_SPECS = {
+    "base": HeadSpec("AutoModel", (), "a base encoder"),
+    "causal-lm": HeadSpec("AutoModelForCausalLM", ("ForCausalLM", "LMHeadModel"), "a language-modelling head"),
+    "seq2seq": HeadSpec("AutoModelForSeq2SeqLM", ("ForConditionalGeneration", "MTModel"), "an encoder-decoder "
+                        "with a language-modelling head"),
+    "classification": HeadSpec("AutoModelForSequenceClassification", ("ForSequenceClassification",),
+                               "a sequence-classification head"),
+}
+
+
+def check_head(model: nn.Module, task: Task) -> None:
+    """Raise if ``model`` lacks the head ``task`` needs (e.g. a base Llama for perplexity)."""
+    spec = HEAD_SPECS[task.head]
+    name = type(model).__name__
+    if spec.suffixes and not name.endswith(spec.suffixes):
+        raise HeadwiseError(
+            f"task {task.name} needs {spec.what}, but the model is a {name}; load it with "
+            f"headwise.load_model(name, task={task.name!r}) (transformers' {spec.auto_class})")

@@ -1,0 +1,194 @@
+"""Language modelling: perplexity over a text, next-token loss.
+
+Text: a file (UTF-8 lines) or a 🤗 ``datasets`` name (``name[:config]``, e.g. ``wikitext:wikitext-2-raw-v1``,
+needs internet). Split policy for a single file: the first 90% of its lines train and calibrate, the last 10%
+evaluate (``split="all"`` evaluates the whole file); a ``datasets`` name uses its ``train`` and ``test`` splits.
+Lines are joined with newlines and tokenised once, without special tokens.
+
+Perplexity uses strided windows as in transformers' guide: windows of ``max_length`` tokens start every
+``stride`` tokens and each scores only the tokens the previous window did not (``stride = max_length``: disjoint
+windows). ``max_tokens`` caps the evaluated stream. ``perplexity = exp(Σ NLL / scored tokens)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import HeadwiseError
+from .base import Task
+from .batching import LABEL_PAD, Examples, check_context
+from .paths import existing_file, read_lines, shared_data
+
+TRAIN_SHARE = 0.9
+SPLITS = ("eval", "train", "calibration", "all")
+
+
+def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                   labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token NLL ``[B]`` (float32) and the number of scored tokens ``[B]``; ``labels`` ``[B, T]`` is
+    ``input_ids`` with unscored positions set to -100 (position ``t`` predicts ``labels[t + 1]``)."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    target = labels[:, 1:]
+    nll = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
+    scored = target != LABEL_PAD
+    return (nll * scored).sum(1), scored.sum(1)
+
+
+@dataclass
+class LanguageModeling(Task):
+    """``data``: a text file or a ``datasets`` name (default: shared/data/wikitext-2/valid.txt);
+    ``split``: which part is evaluated (see the module docstring)."""
+
+    data: str | None = None
+    split: str = "eval"
+    max_length: int = 1024
+    stride: int | None = None
+    max_tokens: int | None = None
+    batch_size: int = 1
+
+    name = "lm"
+    head = "causal-lm"
+    metric = "perplexity"
+    higher_is_better = False
+    train_defaults = {"batch_size": 4, "learning_rate": 5e-5}
+
+    def __post_init__(self) -> None:
+        if self.split not in SPLITS:
+            raise HeadwiseError(f"unknown lm split {self.split!r}; use one of {', '.join(SPLITS)}")
+        self.stride = self.stride or self.max_length
+        if not 0 < self.stride <= self.max_length:
+            raise HeadwiseError(f"--stride {self.stride} must be between 1 and --max-length {self.max_length}")
+        if self.max_tokens is not None and self.max_tokens < 2:
+            raise HeadwiseError(f"--max-tokens {self.max_tokens}: give at least 2 tokens")
+        self._lines: dict[str, list[str]] = {}
+
+    # ---- data ---------------------------------------------------------------------------------------------
+    def source(self) -> str:
+        if self.data is None:
+            return str(shared_data("wikitext-2/valid.txt", "--data FILE (a UTF-8 text file)"))
+        return self.data
+
+    def _is_dataset_name(self) -> bool:
+        return self.data is not None and not Path(self.data).expanduser().exists() and ":" in self.data
+
+    def check(self) -> None:
+        self.texts("eval")
+
+    def texts(self, split: str = "eval") -> list[str]:
+        """The lines of ``split`` (``"calibration"`` is the train part; ``"eval"`` the part chosen by
+        ``self.split``)."""
+        split = "train" if split == "calibration" else self.split if split == "eval" else split
+        if split not in self._lines:
+            self._lines[split] = self._read(split)
+        return self._lines[split]
+
+    def _read(self, split: str) -> list[str]:
+        if self._is_dataset_name():
+            return _dataset_lines(self.data, "train" if split == "train" else "test")
+        path = existing_file(self.source(), "language-modelling text file",
+                             "pass --data FILE (UTF-8 text) or a datasets name such as wikitext:wikitext-2-raw-v1")
+        lines = read_lines(path)
+        if not any(line.strip() for line in lines):
+            raise HeadwiseError(f"{path} holds no text; pass a file with at least one non-empty line")
+        cut = int(len(lines) * TRAIN_SHARE)
+        part = {"all": lines, "train": lines[:cut], "eval": lines[cut:]}[split]
+        if not any(line.strip() for line in part):
+            raise HeadwiseError(f"{path}: its {split} part (split policy: first {TRAIN_SHARE:.0%} of lines train, "
+                                "the rest evaluates) holds no text; give a longer file")
+        return part
+
+    def token_stream(self, tokenizer: Any, split: str) -> torch.Tensor:
+        """Token ids ``[N]`` of a split's text, cut to ``max_tokens``."""
+        from transformers.utils import logging as hf_logging
+
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # the stream is longer than the context on purpose: it is windowed
+        try:
+            ids = tokenizer("\n".join(self.texts(split)), add_special_tokens=False)["input_ids"]
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        if self.max_tokens is not None:
+            ids = ids[: self.max_tokens]
+        if len(ids) < 2:
+            raise HeadwiseError(f"the {split} text tokenises to {len(ids)} token(s); perplexity needs at least 2")
+        return torch.tensor(ids, dtype=torch.long)
+
+    def windows(self, n: int) -> list[tuple[int, int, int]]:
+        """``(begin, end, first scored position)`` of the strided windows over ``n`` tokens."""
+        out, prev_end = [], 0
+        for begin in range(0, n, self.stride):
+            end = min(begin + self.max_length, n)
+            out.append((begin, end, prev_end - begin if prev_end > begin else 0))
+            prev_end = end
+            if end == n:
+                break
+        return out
+
+    def examples(self, tokenizer: Any, split: str = "train") -> Examples:
+        """Windows of the split's token stream (disjoint for training; strided for ``"eval"``) as
+        ``{"input_ids", "labels"}`` with unscored positions labelled -100."""
+        ids = self.token_stream(tokenizer, self.split if split == "eval" else split)
+        items = []
+        for begin, end, first in self.windows(len(ids)) if split == "eval" else _disjoint(len(ids), self.max_length):
+            window = ids[begin:end].tolist()
+            items.append({"input_ids": window, "labels": [LABEL_PAD] * first + window[first:]})
+        return Examples(items, 0, self.source())
+
+    # ---- metrics and loss -----------------------------------------------------------------------------------
+    def check_model(self, model: nn.Module, tokenizer: Any) -> None:
+        super().check_model(model, tokenizer)
+        check_context(model, tokenizer, self.max_length)
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None) -> dict[str, float]:
+        self.check_model(model, tokenizer)
+        device = next(model.parameters()).device
+        ids = self.token_stream(tokenizer, self.split)
+        was_training = model.training
+        model.eval()
+        total, count = 0.0, 0
+        for begin, end, first in tqdm(self.windows(len(ids)), desc="perplexity", unit="window",
+                                      disable=None if progress is None else not progress):
+            window = ids[begin:end].to(device)[None]
+            labels = window.clone()
+            labels[:, :first] = LABEL_PAD
+            nll, scored = next_token_nll(model, window, None, labels)
+            total, count = total + float(nll.sum()), count + int(scored.sum())
+        model.train(was_training)
+        return {"perplexity": math.exp(total / count), "nll": total / count, "tokens": count,
+                "windows": len(self.windows(len(ids)))}
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean next-token NLL per window ``[B]``."""
+        nll, scored = next_token_nll(model, batch["input_ids"], batch.get("attention_mask"), batch["labels"])
+        return nll / scored.clamp(min=1)
+
+
+def _disjoint(n: int, length: int) -> list[tuple[int, int, int]]:
+    return [(b, min(b + length, n), 0) for b in range(0, n - 1, length) if min(b + length, n) - b >= 2]
+
+
+def _dataset_lines(spec: str, split: str) -> list[str]:
+    """Lines of the ``text`` column of a 🤗 dataset ``name:config`` (needs the ``datasets`` package and internet)."""
+    name, _, config = spec.partition(":")
+    try:
+        import datasets
+    except ImportError:
+        raise HeadwiseError(f"--data {spec}: a dataset name needs the datasets package (pip install datasets); "
+                            "or pass a text file") from None
+    try:
+        data = datasets.load_dataset(name, config or None, split=split)
+    except Exception as err:  # noqa: BLE001 - the hub raises many kinds; all mean the same to the user
+        raise HeadwiseError(f"could not load dataset {spec!r} split {split}: {str(err).splitlines()[0]}; pass a "
+                            "local text file with --data FILE") from err
+    if "text" not in data.column_names:
+        raise HeadwiseError(f"dataset {spec!r} has no 'text' column (columns: {', '.join(data.column_names)})")
+    return list(data["text"])

@@ -1,0 +1,116 @@
+"""STS Benchmark: Spearman ×100 between gold scores and cosine similarity of mean-pooled embeddings."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from scipy.stats import pearsonr, spearmanr
+from torch import nn
+
+from ..batching import mean_pool
+from .base import Task
+from .batching import Examples, tokenize
+from .embeddings import encode, ensure_encoder
+from .stsb_data import StsbPairs, read_stsb, stsb_file
+
+SCORE_SCALE = 5.0
+
+
+@dataclass(frozen=True)
+class StsbResult:
+    spearman: float  # ×100
+    pearson: float  # ×100
+    pairs: int
+    split: str
+    file: str
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def stsb_scores(model: nn.Module, tokenizer: Any, pairs: StsbPairs, batch_size: int = 64) -> tuple[float, float]:
+    """(Spearman, Pearson) ×100 of ``model`` on ``pairs``; each distinct sentence is encoded once."""
+    ensure_encoder(model, "STS-B evaluation")
+    sentences = pairs.sentences()
+    index = {s: i for i, s in enumerate(sentences)}
+    emb = encode(model, tokenizer, sentences, batch_size, desc="STS-B")
+    a = emb[[index[s] for s in pairs.first]]
+    b = emb[[index[s] for s in pairs.second]]
+    cos = F.cosine_similarity(a, b, dim=-1).numpy()
+    return float(100 * spearmanr(cos, pairs.scores).statistic), float(100 * pearsonr(cos, pairs.scores).statistic)
+
+
+def evaluate_stsb(
+    model: nn.Module, tokenizer: Any, split: str = "dev", data: str | os.PathLike | None = None, batch_size: int = 64
+) -> StsbResult:
+    """Evaluate a sentence encoder on an STS-B split (see ``stsb_file`` for where the data is looked up)."""
+    pairs = read_stsb(split, data)
+    spearman, pearson = stsb_scores(model, tokenizer, pairs, batch_size)
+    return StsbResult(spearman, pearson, len(pairs), split, str(stsb_file(split, data)))
+
+
+@dataclass
+class Stsb(Task):
+    """STS Benchmark with a sentence encoder: Spearman ×100 of cosine similarities of mean-pooled embeddings;
+    loss ``(cos(u, v) − score / 5)²`` per pair (sentence-transformers' ``CosineSimilarityLoss``)."""
+
+    data: str | None = None
+    split: str = "dev"
+    batch_size: int = 64
+    limit: int | None = None
+
+    name = "stsb"
+    head = "base"
+    metric = "spearman"
+
+    def pairs(self, split: str = "eval") -> StsbPairs:
+        split = {"eval": self.split, "calibration": "train"}.get(split, split)
+        pairs = read_stsb(split, self.data)
+        if self.limit and split == self.split:
+            pairs = StsbPairs(pairs.first[: self.limit], pairs.second[: self.limit], pairs.scores[: self.limit])
+        return pairs
+
+    def check(self) -> None:
+        stsb_file(self.split, self.data)
+
+    def check_model(self, model: nn.Module, tokenizer: Any) -> None:
+        ensure_encoder(model, "task stsb")
+
+    def texts(self, split: str = "calibration") -> list[str]:
+        return self.pairs(split).sentences()
+
+    def evaluate(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None) -> dict[str, float]:
+        self.check_model(model, tokenizer)
+        pairs = self.pairs("eval")
+        spearman, pearson = stsb_scores(model, tokenizer, pairs, self.batch_size)
+        return {"spearman": spearman, "pearson": pearson, "pairs": len(pairs)}
+
+    def examples(self, tokenizer: Any, split: str = "train") -> Examples:
+        """Pairs ``{"input_ids_a", "input_ids_b", "score"}``; the ``"calibration"`` split: single sentences."""
+        max_length = min(int(getattr(tokenizer, "model_max_length", 512) or 512), 512)
+        if split == "calibration":
+            ids, cut = tokenize(tokenizer, self.texts("calibration"), max_length)
+            return Examples([{"input_ids": i} for i in ids], cut)
+        pairs = self.pairs(split)
+        a, cut_a = tokenize(tokenizer, pairs.first, max_length)
+        b, cut_b = tokenize(tokenizer, pairs.second, max_length)
+        return Examples([{"input_ids_a": x, "input_ids_b": y, "score": float(s) / SCORE_SCALE}
+                         for x, y, s in zip(a, b, pairs.scores)], cut_a + cut_b)
+
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        def embed(side: str) -> torch.Tensor:
+            mask = batch[f"attention_mask_{side}"]
+            return mean_pool(model(input_ids=batch[f"input_ids_{side}"], attention_mask=mask).last_hidden_state, mask)
+
+        cos = F.cosine_similarity(embed("a"), embed("b"), dim=-1)
+        return (cos.float() - batch["score"].float()) ** 2
+
+    def finetune(self, model: nn.Module, tokenizer: Any, **options: Any) -> nn.Module:
+        """The shared STS-B recipe (``headwise.training.finetune_stsb``) on the train split."""
+        from ..training import finetune_stsb
+
+        return finetune_stsb(model, tokenizer, data=self.data, **options)
