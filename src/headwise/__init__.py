@@ -4,7 +4,7 @@ from .analysis import HeadStats, analyze
 from .errors import HeadwiseError
 from .evaluation import evaluate_stsb, fidelity
 from .io import from_pretrained, save_pretrained
-from .kvcache import KVPolicy, apply_kv_policy, remove_kv_policy
+from .kvcache import KVPolicy, apply_kv_policy, kv_policy, remove_kv_policy
 from .mixing import MixingConfig, add_mixers, fold_mixing, swap_heads
 from .models import load_model
 from .pruning import L0Config, add_l0_gates, apply_masks, prune_heads, prune_masked
@@ -17,5 +17,5 @@ __all__ = [
     "HeadStats", "analyze",
     "HeadwiseError", "evaluate_stsb", "fidelity", "from_pretrained", "save_pretrained", "load_model", "prune_heads",
     "prune_masked", "apply_masks", "add_l0_gates", "L0Config", "MixingConfig", "add_mixers", "fold_mixing", "swap_heads",
-    "add_gates", "enable", "KVPolicy", "apply_kv_policy", "remove_kv_policy", "AttentionSite", "find_sites", "__version__",
+    "add_gates", "enable", "KVPolicy", "apply_kv_policy", "kv_policy", "remove_kv_policy", "AttentionSite", "find_sites", "__version__",
 ]
