@@ -48,3 +48,22 @@ def passkey_prompts(tokenizer: Any, length: int, depths: list[float], keys: int,
     """``keys`` random 5-digit keys at each depth (``len(depths) × keys`` prompts)."""
     rng = random.Random(seed)
     return [passkey_prompt(tokenizer, length, d, str(rng.randint(10000, 99999))) for d in depths for _ in range(keys)]
+
+
+def passkey_accuracy(model: Any, tokenizer: Any, prompts: list[Passkey], progress: bool = True) -> dict[str, Any]:
+    """Greedy ``model.generate()`` on each prompt (through whatever cache it uses); exact match of the key.
+
+    Returns ``{"accuracy", "correct", "prompts", "answers"}``."""
+    from tqdm.auto import tqdm
+
+    answers, correct = [], 0
+    for p in tqdm(prompts, desc="passkey", disable=not progress):
+        ids = p.ids[None].to(model.device)
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(p.answer_ids),
+                                 do_sample=False, pad_token_id=tokenizer.eos_token_id)
+        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        answers.append(text)
+        correct += text.strip() == p.key
+    return {"accuracy": correct / max(len(prompts), 1), "correct": correct, "prompts": len(prompts),
+            "answers": answers}

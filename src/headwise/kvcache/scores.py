@@ -118,6 +118,14 @@ def _outside(model: nn.Module, ids: torch.Tensor, sink: int, window: int, total:
     _run(model, ids, reduce)
 
 
+def repeated_tokens(config: ScoreConfig, vocab: int) -> list[torch.Tensor]:
+    """``config.random_sequences`` random sequences ``[2 · random_length]``: ids drawn from the upper half of the
+    vocabulary (no special tokens), each repeated twice."""
+    g = torch.Generator().manual_seed(config.seed)
+    return [torch.randint(vocab // 2, vocab, (config.random_length,), generator=g).repeat(2)
+            for _ in range(config.random_sequences)]
+
+
 def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = None,
                 texts: list[str] | None = None, progress: bool = True) -> HeadScores:
     """Score every head of a decoder-only ``model`` (see the module docstring). ``texts``: calibration text for
@@ -129,10 +137,7 @@ def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = N
     names = [n for n in NAMES if n != "outside" or texts]
     total = {n: torch.zeros(len(sites), heads) for n in names}
     prompts = passkey_prompts(tokenizer, config.length, list(config.depths), config.keys, config.seed)
-    g = torch.Generator().manual_seed(config.seed)
-    vocab = min(getattr(tokenizer, "vocab_size", None) or model.config.vocab_size, model.config.vocab_size)
-    randoms = [torch.randint(100, vocab, (config.random_length,), generator=g).repeat(2)
-               for _ in range(config.random_sequences)]
+    randoms = repeated_tokens(config, min(len(tokenizer), model.config.vocab_size))
     calibration = []
     for text in texts or []:
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0][: config.length]
