@@ -2,13 +2,14 @@
 
 Arms at the same KV bytes (``--budget`` of the full cache at ``--length`` tokens):
   full       every head keeps every token;
-  policy     the heads ``headwise.kv_policy`` ranks first stay full, the others keep sink + window;
+  policy     the heads ``headwise.kv_policy`` ranks first (combined score) stay full, the others keep sink + window
+             (policy-retrieval, policy-outside: ranked by one score only);
   random     as many full heads, chosen at random;
   streaming  every head keeps sink + a longer window (StreamingLLM), as many bytes.
 
 Run one step at a time (each < 8 CPU-minutes on one thread); results accumulate in ``--out``:
   python experiments/kv_policy.py scores               # head scores for 3 calibration seeds, the chosen policies
-  python experiments/kv_policy.py arm full             # then policy, random, streaming
+  python experiments/kv_policy.py arm full             # then policy, policy-retrieval, random, streaming, ...
 Perplexity is computed here (token NLL through a PolicyCache prefill, which applies each head's rule to every
 query exactly as decoding does); the shared ``lm`` task was not on main when this was written.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import random
 import time
 from pathlib import Path
 
@@ -55,12 +57,13 @@ def jaccard(a: set, b: set) -> float:
 
 def run_scores(args, model, tokenizer, results: dict) -> None:
     calib, _ = wikitext_lines(args.data)
-    long_texts = [line for line in calib if len(line) > 2000]
+    joined = " ".join(calib)
+    pieces = [joined[i: i + 3000] for i in range(0, len(joined) - 3000, 3000)]  # ~650 tokens each
     n_full = full_heads_for_budget(90, args.budget, args.length, args.sink, args.window)
     seeds = {}
     for seed in (0, 1, 2):
         start = time.time()
-        texts = long_texts[seed * 2: seed * 2 + 2]
+        texts = random.Random(seed).sample(pieces, 2)
         config = ScoreConfig(length=512, keys=1, sink=args.sink, window=args.window, seed=seed)
         scores = head_scores(model, tokenizer, config, texts=texts)
         chosen = {by: sorted(rank_kv_heads(scores, by)[:n_full]) for by in ("combined", "retrieval", "outside")}
@@ -76,11 +79,13 @@ def run_scores(args, model, tokenizer, results: dict) -> None:
 
 def policies(args, model, results: dict) -> dict[str, KVPolicy]:
     n_full = results["scores"]["full_heads"]
-    chosen = set(map(tuple, results["scores"]["seeds"]["0"]["full_heads"][args.ranking]))
+    chosen = {by: set(map(tuple, heads)) for by, heads in results["scores"]["seeds"]["0"]["full_heads"].items()}
     random_heads = set(rank_kv_heads(HeadScores({}, [3] * 30), "random", seed=0)[:n_full])
     stream_window = int(args.budget * args.length) - args.sink  # every head keeps budget·length tokens
     return {"full": KVPolicy.uniform(model),
-            "policy": KVPolicy.keep_full(model, chosen, args.sink, args.window),
+            "policy": KVPolicy.keep_full(model, chosen["combined"], args.sink, args.window),
+            "policy-retrieval": KVPolicy.keep_full(model, chosen["retrieval"], args.sink, args.window),
+            "policy-outside": KVPolicy.keep_full(model, chosen["outside"], args.sink, args.window),
             "random": KVPolicy.keep_full(model, random_heads, args.sink, args.window),
             "streaming": KVPolicy.uniform(model, streaming(args.sink, stream_window))}
 
@@ -134,12 +139,11 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["scores", "arm"])
-    parser.add_argument("arm", nargs="?", choices=["full", "policy", "random", "streaming"])
+    parser.add_argument("arm", nargs="?", choices=["full", "policy", "policy-retrieval", "policy-outside", "random", "streaming"])
     parser.add_argument("--budget", type=float, default=0.5)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--sink", type=int, default=4)
     parser.add_argument("--window", type=int, default=124)
-    parser.add_argument("--ranking", default="combined")
     parser.add_argument("--keys", type=int, default=3, help="passkeys per depth (5 depths)")
     parser.add_argument("--chunks", type=int, default=3, help="WikiText-2 chunks of --length tokens")
     parser.add_argument("--data", type=Path, default=WIKITEXT)
