@@ -13,6 +13,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 import headwise
 from headwise import HeadwiseError
 from headwise.kvcache import FULL, KVPolicy, policy_cache, policy_of, streaming
+from headwise.runtime.attention import GROUPED_KV
 from tiny import _cfg, tiny_model
 
 FAMILIES = ["llama", "mistral", "qwen2", "gpt2"]
@@ -175,6 +176,21 @@ def test_stored_bytes_match_the_formula(family):
     tokens = seen + (heads[0] - 1) * 5 + heads[1] * 5
     assert expected == 2 * 2 * head_dim * 4 * tokens
     assert cache.stored_bytes() < KVPolicy.uniform(model).kv_bytes(seen, head_dim, 4, 2)
+    # nothing else stays alive: no layer keeps the visible (prompt-long) keys of its last forward
+    for layer in cache.layers:
+        assert not any(hasattr(v, GROUPED_KV) for v in vars(layer).values())
+
+
+def test_prefill_keys_are_released():
+    model, inputs = causal_lm("llama"), prompt(batch=1)
+    headwise.apply_kv_policy(model, KVPolicy.uniform(model, streaming(1, 2)))
+    cache = policy_cache(model)
+    with torch.no_grad():
+        model(**inputs, past_key_values=cache, use_cache=True)
+    for layer in cache.layers:
+        assert not any(hasattr(v, GROUPED_KV) for v in vars(layer).values())
+        assert all(g.keys.shape[2] == 3 for g in layer.groups)
+    assert cache.stored_bytes() == 2 * 2 * 2 * 8 * 4 * 3  # layers x K,V x KV heads x head_dim x fp32 x 3 tokens
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

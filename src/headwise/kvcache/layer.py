@@ -133,11 +133,12 @@ class PolicyLayer(DynamicLayer):
             visible.append((group, keys, values, positions))
             # cat/index_select allocate: the stored tensors never share a larger buffer
             group.keys, group.values = group.trim(keys, self.seen), group.trim(values, self.seen)
+        # the carriers (and the prompt-long visible keys they hold) live only until this layer's attention ran
         grouped = GroupedKV(visible, self.num_kv_heads, past)
         carrier_k, carrier_v = key_states[:, :0], value_states[:, :0]
         setattr(carrier_k, GROUPED_KV, grouped)
         setattr(carrier_v, GROUPED_KV, grouped)
-        self.keys, self.values = carrier_k, carrier_v
+        self.keys, self.values = self.groups[0].keys, self.groups[0].values
         return carrier_k, carrier_v
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
