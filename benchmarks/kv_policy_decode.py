@@ -95,7 +95,8 @@ def main() -> None:
              "|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['arm']} | {r['kv_bytes'] / 2**20:.1f} | {r['kv_bytes_per_token']:.0f} | "
-                     f"{r['prefill_s']:.2f} | {r['decode_tokens_per_s']:.1f} | {r['peak_rss_above_start'] / 2**20:.0f} |")
+                     f"{r['prefill_s']:.2f} | {r['decode_tokens_per_s']:.1f} | "
+                     f"{r['peak_rss_above_start'] / 2**20:.0f} |")
     update_section("kv-policy", "## Per-head KV cache (decode)\n\n" + "\n".join(lines))
 
 

@@ -139,7 +139,8 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["scores", "arm"])
-    parser.add_argument("arm", nargs="?", choices=["full", "policy", "policy-retrieval", "policy-outside", "random", "streaming"])
+    parser.add_argument("arm", nargs="?",
+                        choices=["full", "policy", "policy-retrieval", "policy-outside", "random", "streaming"])
     parser.add_argument("--budget", type=float, default=0.5)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--sink", type=int, default=4)

@@ -32,7 +32,8 @@ def _as_policy(policy: KVPolicy | dict | str | os.PathLike) -> KVPolicy:
         return KVPolicy.from_dict(policy)
     if isinstance(policy, (str, os.PathLike)):
         return KVPolicy.load(policy)
-    raise HeadwiseError(f"apply_kv_policy takes a KVPolicy, its dict or a policy.json path, not {type(policy).__name__}")
+    raise HeadwiseError(f"apply_kv_policy takes a KVPolicy, its dict or a policy.json path, "
+                        f"not {type(policy).__name__}")
 
 
 def policy_of(model: nn.Module) -> KVPolicy | None:

@@ -189,7 +189,8 @@ class KVPolicy:
         if path.is_dir():
             path = path / "policy.json"
         if not path.is_file():
-            raise HeadwiseError(f"KV policy file {path} not found; write one with `headwise kv-policy` or KVPolicy.save")
+            raise HeadwiseError(f"KV policy file {path} not found; write one with `headwise kv-policy` or "
+                                "KVPolicy.save")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
