@@ -51,7 +51,7 @@ def child(arm: str, context: int, new: int, repeats: int, threads: int) -> dict:
         model.generate(ids[:, :64], attention_mask=mask[:, :64], max_new_tokens=2, do_sample=False)  # warm-up
         base = rss()
         Path("/proc/self/clear_refs").write_text("5")
-        prefill, total, stored = [], [], 0
+        prefill, total, stored, seen = [], [], 0, 1
         for _ in range(repeats):
             start = time.perf_counter()
             model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False)
@@ -60,12 +60,12 @@ def child(arm: str, context: int, new: int, repeats: int, threads: int) -> dict:
             out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                                  return_dict_in_generate=True)
             total.append(time.perf_counter() - start)
-            stored = out.past_key_values.stored_bytes()
+            stored, seen = out.past_key_values.stored_bytes(), out.past_key_values.get_seq_length()
     peak = next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
                 if l.startswith("VmHWM"))
     decode = statistics.median(total) - statistics.median(prefill)
     return {"arm": arm, "prefill_s": statistics.median(prefill), "decode_tokens_per_s": (new - 1) / decode,
-            "kv_bytes": stored, "kv_bytes_per_token": stored / (context + new - 1), "peak_rss_above_start": peak - base}
+            "kv_bytes": stored, "kv_bytes_per_token": stored / seen, "peak_rss_above_start": peak - base}
 
 
 def main() -> None:
