@@ -10,6 +10,7 @@ Arms at the same KV bytes (``--budget`` of the full cache at ``--length`` tokens
 Run one step at a time (each < 8 CPU-minutes on one thread); results accumulate in ``--out``:
   python experiments/kv_policy.py scores               # head scores for 3 calibration seeds, the chosen policies
   python experiments/kv_policy.py arm full             # then policy, policy-retrieval, random, streaming, ...
+  python experiments/kv_policy.py arm policy --length 2048 --keys 1   # stored as "policy@2048"
 Perplexity is computed here (token NLL through a PolicyCache prefill, which applies each head's rule to every
 query exactly as decoding does); the shared ``lm`` task was not on main when this was written.
 """
@@ -81,7 +82,8 @@ def policies(args, model, results: dict) -> dict[str, KVPolicy]:
     n_full = results["scores"]["full_heads"]
     chosen = {by: set(map(tuple, heads)) for by, heads in results["scores"]["seeds"]["0"]["full_heads"].items()}
     random_heads = set(rank_kv_heads(HeadScores({}, [3] * 30), "random", seed=0)[:n_full])
-    stream_window = int(args.budget * args.length) - args.sink  # every head keeps budget·length tokens
+    # every head keeps budget·length tokens (the scored policies were sized at the calibration's length)
+    stream_window = int(args.budget * args.length) - args.sink
     return {"full": KVPolicy.uniform(model),
             "policy": KVPolicy.keep_full(model, chosen["combined"], args.sink, args.window),
             "policy-retrieval": KVPolicy.keep_full(model, chosen["retrieval"], args.sink, args.window),
@@ -132,7 +134,8 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
     row["passkey"] = passkey(model, tokenizer, args)
     row["wikitext2"] = perplexity(model, tokenizer, args)
     row["seconds"] = round(time.time() - start, 1)
-    results.setdefault("arms", {})[args.arm] = row
+    name = args.arm if args.length == results["scores"]["length"] else f"{args.arm}@{args.length}"
+    results.setdefault("arms", {})[name] = row
     print(args.arm, row["passkey"]["accuracy"], row["wikitext2"]["ppl"], row["kv_fraction"])
 
 
