@@ -11,6 +11,7 @@ Run one step at a time (each < 8 CPU-minutes on one thread); results accumulate 
   python experiments/kv_policy.py scores               # head scores for 3 calibration seeds, the chosen policies
   python experiments/kv_policy.py arm full             # then policy, policy-retrieval, random, streaming, ...
   python experiments/kv_policy.py arm policy --length 2048 --keys 1   # stored as "policy@2048"
+  python experiments/kv_policy.py arm policy-retrieval --window 252     # fewer full heads, wider windows
 Perplexity is computed here (token NLL through a PolicyCache prefill, which applies each head's rule to every
 query exactly as decoding does); the shared ``lm`` task was not on main when this was written.
 """
@@ -81,13 +82,18 @@ def run_scores(args, model, tokenizer, results: dict) -> None:
 def policies(args, model, results: dict) -> dict[str, KVPolicy]:
     n_full = results["scores"]["full_heads"]
     chosen = {by: set(map(tuple, heads)) for by, heads in results["scores"]["seeds"]["0"]["full_heads"].items()}
+    if args.window != results["scores"]["window"]:  # re-size for this window; `outside` was measured for another
+        n_full = full_heads_for_budget(90, args.budget, results["scores"]["length"], args.sink, args.window)
+        stored = results["scores"]["seeds"]["0"]["scores"]["per_query_head"]
+        scores = HeadScores({k: torch.tensor(v) for k, v in stored.items() if k != "outside"}, [3] * 30)
+        chosen = {by: set(rank_kv_heads(scores, by)[:n_full]) for by in ("retrieval", "copy", "induction")}
     random_heads = set(rank_kv_heads(HeadScores({}, [3] * 30), "random", seed=0)[:n_full])
     # every head keeps budget·length tokens (the scored policies were sized at the calibration's length)
     stream_window = int(args.budget * args.length) - args.sink
     return {"full": KVPolicy.uniform(model),
-            "policy": KVPolicy.keep_full(model, chosen["combined"], args.sink, args.window),
-            "policy-retrieval": KVPolicy.keep_full(model, chosen["retrieval"], args.sink, args.window),
-            "policy-outside": KVPolicy.keep_full(model, chosen["outside"], args.sink, args.window),
+            **{f"policy-{by}" if by != "combined" else "policy": KVPolicy.keep_full(model, heads, args.sink,
+                                                                                   args.window)
+               for by, heads in chosen.items()},
             "random": KVPolicy.keep_full(model, random_heads, args.sink, args.window),
             "streaming": KVPolicy.uniform(model, streaming(args.sink, stream_window))}
 
@@ -135,6 +141,7 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
     row["wikitext2"] = perplexity(model, tokenizer, args)
     row["seconds"] = round(time.time() - start, 1)
     name = args.arm if args.length == results["scores"]["length"] else f"{args.arm}@{args.length}"
+    name += "" if args.window == results["scores"]["window"] else f"@w{args.window}"
     results.setdefault("arms", {})[name] = row
     print(args.arm, row["passkey"]["accuracy"], row["wikitext2"]["ppl"], row["kv_fraction"])
 
@@ -143,7 +150,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["scores", "arm"])
     parser.add_argument("arm", nargs="?",
-                        choices=["full", "policy", "policy-retrieval", "policy-outside", "random", "streaming"])
+                        choices=["full", "policy", "policy-retrieval", "policy-outside", "policy-copy",
+                                 "policy-induction", "random", "streaming"])
     parser.add_argument("--budget", type=float, default=0.5)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--sink", type=int, default=4)
