@@ -159,3 +159,5 @@ def test_kv_policy_command(tmp_path, capsys):
     assert "--force" in capsys.readouterr().err
     bad = args[:4] + ["1.7"] + args[5:-1] + [str(tmp_path / "other")]
     assert main(bad) == 2 and not (tmp_path / "other").exists()
+    assert main(["kv-policy", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    assert "no config.json" in capsys.readouterr().err

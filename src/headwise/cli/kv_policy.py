@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 from ..errors import HeadwiseError
@@ -62,7 +63,10 @@ def load_causal_lm(name: str | None, device: str, dtype: str | None):
     if name is None:
         raise HeadwiseError("kv-policy needs --model (a decoder-only LM such as smollm2-135m)")
     path = resolve_model(name)
-    config = Path(path) / "config.json"
+    config = Path(path).expanduser() / "config.json"
+    if path.startswith((os.sep, ".", "~")) and not config.is_file():
+        raise HeadwiseError(f"{path} is not a model folder (no config.json); pass a transformers causal LM folder, "
+                            "a hub name or smollm2-135m")
     try:
         if config.is_file() and "headwise" in json.loads(config.read_text()):
             model = from_pretrained(path, device=device, dtype=parse_dtype(dtype))
