@@ -150,6 +150,8 @@ def test_kv_policy_command(tmp_path, capsys):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert list(summary)[0] == "verdict" and "policy.json" in summary["verdict"]["use"]
     assert summary["passkey_check"]["policy"]["prompts"] == 5
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "KV cache policy" in html and "induction" in html and summary["verdict"]["memory"] in html
     policy = KVPolicy.load(tmp_path / "out")
     assert len(policy.full_heads()) == 2 and summary["kv_fraction"] <= 0.6
     fresh = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "lm", attn_implementation="headwise")

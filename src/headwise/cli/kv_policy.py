@@ -1,5 +1,6 @@
 """``headwise kv-policy``: score the heads of a decoder-only LM, keep the ones that need it full, stream the rest,
-so that the KV cache fits ``--kv-budget``; writes policy.json, scores.json and summary.json (verdict first)."""
+so that the KV cache fits ``--kv-budget``; writes policy.json, scores.json, summary.json (verdict first) and
+report.html."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def register(verbs, parents) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic calibration prompts")
     p.add_argument("--eval-length", type=int, default=1024, help="passkey prompt length for the check (default 1024)")
     p.add_argument("--eval-keys", type=int, default=1, help="passkeys per depth (5 depths) for the check; 0: skip")
-    p.add_argument("--out", default="headwise-kv-policy", help="output folder: policy.json, scores.json, summary.json")
+    p.add_argument("--out", default="headwise-kv-policy",
+                   help="output folder: policy.json, scores.json, summary.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     p.set_defaults(run=run)
 
@@ -86,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     from ..kvcache.config import model_shape
     from ..kvcache.choose import full_heads_for_budget
     from ..kvcache.passkey import passkey_accuracy
+    from ..report import Report
+    from ..report.kv_policy import add_kv_policy_section
 
     check_writable_dir(args.out, args.force)
     model, tokenizer = load_causal_lm(args.model, args.device, args.dtype)
@@ -121,10 +125,13 @@ def run(args: argparse.Namespace) -> int:
         policy.save(tmp / "policy.json")
         (tmp / "scores.json").write_text(json.dumps(scores.to_dict()))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
+        report = Report("KV cache policy", f"{args.model}, budget {args.kv_budget} at {args.context} tokens")
+        add_kv_policy_section(report, summary, scores.to_dict())
+        report.write(tmp)
     if args.json:
         print(json.dumps(summary))
     else:
         for line in verdict.values():
             print(line)
-        print(f"wrote {args.out}/policy.json, summary.json, scores.json")
+        print(f"wrote {args.out}/policy.json, summary.json, scores.json, report.html")
     return 0
