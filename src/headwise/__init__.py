@@ -9,6 +9,7 @@ from .collaborative import CollaborativeConfig, compress
 from .errors import HeadwiseError
 from .tasks import evaluate_stsb, fidelity, get_task
 from .io import from_pretrained, save_pretrained
+from .kvcache import KVPolicy, apply_kv_policy, kv_policy, remove_kv_policy
 from .mechanisms import apply as replace_attention
 from .mechanisms import remove as restore_attention
 from .mixing import MixingConfig, add_mixers, fold_mixing, remove_mixers, swap_heads
@@ -37,6 +38,8 @@ __all__ = [
     "MixingConfig", "add_mixers", "remove_mixers", "fold_mixing", "swap_heads",
     # mechanisms
     "replace_attention", "restore_attention",
+    # per-head KV cache
+    "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy",
     # tasks
     "get_task", "evaluate_stsb", "fidelity",
 ]

@@ -22,6 +22,9 @@ NAME = "headwise"
 # T5 passes one ``position_bias[1, H0, Tq, Tk]`` to every layer of a stack (H0: the stack's original head count).
 # After surgery a module lists here the bias columns its remaining heads read (see ``pruning.surgery``).
 BIAS_HEADS = "headwise_bias_heads"
+# A per-head KV cache (``headwise.kvcache``) returns empty key/value carriers holding, under this attribute, an
+# object whose ``attend(module, query, mask, scaling, dropout, causal) -> out[B, Tq, Hq, d]`` runs the attention.
+GROUPED_KV = "headwise_grouped_kv"
 
 try:  # transformers 5 records `output_attentions` through hooks and does not always pass the flag down
     from transformers.utils.output_capturing import _active_collector
@@ -110,7 +113,13 @@ def headwise_attention(
     if bias_heads is not None and kwargs.get("position_bias") is not None:
         kwargs["position_bias"] = kwargs["position_bias"][:, list(bias_heads)]
     probs = None
-    if ops is not None and len(ops.mechanism):
+    grouped = getattr(key, GROUPED_KV, None)
+    if grouped is not None:
+        if want_probs or (ops is not None and (ops.needs_probs or len(ops.mechanism))):
+            raise HeadwiseError(f"{type(module).__name__}: a per-head KV cache cannot return attention probabilities "
+                                "or run observers, probability ops or mechanisms; generate without the KV policy")
+        out = grouped.attend(module, query, attention_mask, scaling, dropout, causal)
+    elif ops is not None and len(ops.mechanism):
         if kwargs.get("position_bias") is not None:
             raise HeadwiseError(f"{type(module).__name__} adds a position bias to its attention scores; attention "
                                 "mechanisms cannot add it, so they cannot run here (detach the mechanism)")

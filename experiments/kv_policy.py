@@ -1,0 +1,180 @@
+"""Per-head KV cache on SmolLM2-135M: passkey retrieval and WikiText-2 perplexity through the compressed cache.
+
+Arms at the same KV bytes (``--budget`` of the full cache at ``--length`` tokens):
+  full       every head keeps every token;
+  policy     the heads ``headwise.kv_policy`` ranks first (combined score) stay full, the others keep sink + window
+             (policy-retrieval, policy-outside: ranked by one score only);
+  random     as many full heads, chosen at random;
+  streaming  every head keeps sink + a longer window (StreamingLLM), as many bytes.
+
+Run one step at a time (each < 8 CPU-minutes on one thread); results accumulate in ``--out``:
+  python experiments/kv_policy.py scores               # head scores for 3 calibration seeds, the chosen policies
+  python experiments/kv_policy.py arm full             # then policy, policy-retrieval, random, streaming, ...
+  python experiments/kv_policy.py arm policy --length 2048 --keys 1   # stored as "policy@2048"
+  python experiments/kv_policy.py arm policy-retrieval --window 252     # fewer full heads, wider windows
+Perplexity is computed here (token NLL through a PolicyCache prefill, which applies each head's rule to every
+query exactly as decoding does); the shared ``lm`` task was not on main when this was written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from headwise.io import atomic_write_text
+from headwise.kvcache import (KVPolicy, ScoreConfig, apply_kv_policy, full_heads_for_budget, head_scores,
+                              passkey_prompts, policy_cache, rank_kv_heads, streaming)
+from headwise.kvcache.scores import HeadScores
+from headwise.models import resolve_model
+
+WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2" / "valid.txt"
+RESULTS = Path(__file__).with_name("kv_policy_results.json")
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def save(path: Path, results: dict) -> None:
+    atomic_write_text(path, json.dumps(results, indent=1))
+
+
+def wikitext_lines(data: Path) -> tuple[list[str], list[str]]:
+    """First 90% of lines: calibration; last 10%: evaluation (fixed split, as the data README asks)."""
+    lines = [line for line in data.read_text(encoding="utf-8").splitlines() if line.strip()]
+    cut = int(len(lines) * 0.9)
+    return lines[:cut], lines[cut:]
+
+
+def jaccard(a: set, b: set) -> float:
+    return len(a & b) / max(len(a | b), 1)
+
+
+def run_scores(args, model, tokenizer, results: dict) -> None:
+    calib, _ = wikitext_lines(args.data)
+    joined = " ".join(calib)
+    pieces = [joined[i: i + 3000] for i in range(0, len(joined) - 3000, 3000)]  # ~650 tokens each
+    n_full = full_heads_for_budget(90, args.budget, args.length, args.sink, args.window)
+    seeds = {}
+    for seed in (0, 1, 2):
+        start = time.time()
+        texts = random.Random(seed).sample(pieces, 2)
+        config = ScoreConfig(length=512, keys=1, sink=args.sink, window=args.window, seed=seed)
+        scores = head_scores(model, tokenizer, config, texts=texts)
+        chosen = {by: sorted(rank_kv_heads(scores, by)[:n_full]) for by in ("combined", "retrieval", "outside")}
+        seeds[str(seed)] = {"seconds": round(time.time() - start, 1), "scores": scores.to_dict(),
+                            "full_heads": {k: [list(p) for p in v] for k, v in chosen.items()}}
+    stability = {}
+    for by in ("combined", "retrieval", "outside"):
+        sets = [set(map(tuple, seeds[s]["full_heads"][by])) for s in seeds]
+        stability[by] = [round(jaccard(sets[i], sets[j]), 3) for i, j in ((0, 1), (0, 2), (1, 2))]
+    results["scores"] = {"budget": args.budget, "length": args.length, "sink": args.sink, "window": args.window,
+                         "full_heads": n_full, "seeds": seeds, "jaccard_pairs": stability}
+
+
+def policies(args, model, results: dict) -> dict[str, KVPolicy]:
+    n_full = results["scores"]["full_heads"]
+    chosen = {by: set(map(tuple, heads)) for by, heads in results["scores"]["seeds"]["0"]["full_heads"].items()}
+    if args.window != results["scores"]["window"]:  # re-size for this window; `outside` was measured for another
+        n_full = full_heads_for_budget(90, args.budget, results["scores"]["length"], args.sink, args.window)
+        stored = results["scores"]["seeds"]["0"]["scores"]["per_query_head"]
+        scores = HeadScores({k: torch.tensor(v) for k, v in stored.items() if k != "outside"}, [3] * 30)
+        chosen = {by: set(rank_kv_heads(scores, by)[:n_full]) for by in ("retrieval", "copy", "induction")}
+    random_heads = set(rank_kv_heads(HeadScores({}, [3] * 30), "random", seed=0)[:n_full])
+    # every head keeps budget·length tokens (the scored policies were sized at the calibration's length)
+    stream_window = int(args.budget * args.length) - args.sink
+    return {"full": KVPolicy.uniform(model),
+            **{f"policy-{by}" if by != "combined" else "policy": KVPolicy.keep_full(model, heads, args.sink,
+                                                                                   args.window)
+               for by, heads in chosen.items()},
+            "random": KVPolicy.keep_full(model, random_heads, args.sink, args.window),
+            "streaming": KVPolicy.uniform(model, streaming(args.sink, stream_window))}
+
+
+def passkey(model, tokenizer, args) -> dict:
+    prompts = passkey_prompts(tokenizer, args.length, [0.0, 0.25, 0.5, 0.75, 1.0], args.keys, seed=1000)
+    rows, stored = [], []
+    for p in prompts:
+        ids = p.ids[None]
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(p.answer_ids),
+                             do_sample=False, return_dict_in_generate=True, pad_token_id=tokenizer.eos_token_id)
+        text = tokenizer.decode(out.sequences[0, ids.shape[1]:])
+        cache = out.past_key_values
+        stored.append(cache.stored_bytes() / cache.get_seq_length())
+        rows.append({"depth": p.depth, "key": p.key, "answer": text, "correct": text.strip() == p.key})
+    by_depth = {}
+    for r in rows:
+        by_depth.setdefault(str(r["depth"]), []).append(r["correct"])
+    return {"tokens": int(len(prompts[0].ids)), "accuracy": sum(r["correct"] for r in rows) / len(rows),
+            "by_depth": {d: sum(v) / len(v) for d, v in by_depth.items()}, "prompts": rows,
+            "kv_bytes_per_token": sum(stored) / len(stored)}
+
+
+def perplexity(model, tokenizer, args) -> dict:
+    _, evaluation = wikitext_lines(args.data)
+    ids = tokenizer("\n".join(evaluation), add_special_tokens=False, return_tensors="pt")["input_ids"][0]
+    nll, count = 0.0, 0
+    for c in range(args.chunks):
+        chunk = ids[c * args.length: (c + 1) * args.length][None]
+        with torch.no_grad():
+            logits = model(chunk, past_key_values=policy_cache(model), use_cache=True).logits
+        nll += torch.nn.functional.cross_entropy(logits[0, :-1].float(), chunk[0, 1:], reduction="sum").item()
+        count += chunk.shape[1] - 1
+    return {"chunks": args.chunks, "tokens_per_chunk": args.length, "ppl": math.exp(nll / count)}
+
+
+def run_arm(args, model, tokenizer, results: dict) -> None:
+    policy = policies(args, model, results)[args.arm]
+    apply_kv_policy(model, policy)
+    start = time.time()
+    row = {"policy": policy.describe(), "kv_fraction": {str(t): round(policy.kv_fraction(t), 4)
+                                                        for t in (args.length, 2048)},
+           "kv_bytes_per_token_formula": {str(t): policy.kv_bytes(t, 64, 4) / t for t in (args.length, 2048)}}
+    row["passkey"] = passkey(model, tokenizer, args)
+    row["wikitext2"] = perplexity(model, tokenizer, args)
+    row["seconds"] = round(time.time() - start, 1)
+    name = args.arm if args.length == results["scores"]["length"] else f"{args.arm}@{args.length}"
+    name += "" if args.window == results["scores"]["window"] else f"@w{args.window}"
+    results.setdefault("arms", {})[name] = row
+    print(args.arm, row["passkey"]["accuracy"], row["wikitext2"]["ppl"], row["kv_fraction"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("step", choices=["scores", "arm"])
+    parser.add_argument("arm", nargs="?",
+                        choices=["full", "policy", "policy-retrieval", "policy-outside", "policy-copy",
+                                 "policy-induction", "random", "streaming"])
+    parser.add_argument("--budget", type=float, default=0.5)
+    parser.add_argument("--length", type=int, default=1024)
+    parser.add_argument("--sink", type=int, default=4)
+    parser.add_argument("--window", type=int, default=124)
+    parser.add_argument("--keys", type=int, default=3, help="passkeys per depth (5 depths)")
+    parser.add_argument("--chunks", type=int, default=3, help="WikiText-2 chunks of --length tokens")
+    parser.add_argument("--data", type=Path, default=WIKITEXT)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    path = resolve_model("smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="headwise", dtype=torch.float32).eval()
+    results = load(args.out)
+    results["model"] = "smollm2-135m (SmolLM2-135M-Instruct, 30 layers x 3 KV heads, float32, CPU, 1 thread)"
+    if args.step == "scores":
+        run_scores(args, model, tokenizer, results)
+    else:
+        if "scores" not in results:
+            parser.error("run the scores step first")
+        run_arm(args, model, tokenizer, results)
+    save(args.out, results)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Put a ``KVPolicy`` on a model so that ``model.generate()`` uses it, save it with the model, take it off.
+
+The policy is recorded in ``config.headwise`` (an edit of kind ``kv_policy``, replayed by ``headwise.from_pretrained``)
+and read from there whenever ``generate`` builds its cache: the model's ``_prepare_cache_for_generation`` is
+wrapped on the instance so that the default ``DynamicCache`` becomes a ``PolicyCache``. A cache passed explicitly
+(``past_key_values=``) or a ``cache_implementation`` is left alone.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from typing import Any
+
+from torch import nn
+from transformers.cache_utils import DynamicCache
+
+from ..errors import HeadwiseError
+from ..io import register_edit
+from ..runtime import NAME, enable
+from .cache import PolicyCache
+from .config import KVPolicy
+
+KIND = "kv_policy"
+HOOK = "_prepare_cache_for_generation"
+
+
+def _as_policy(policy: KVPolicy | dict | str | os.PathLike) -> KVPolicy:
+    if isinstance(policy, KVPolicy):
+        return policy
+    if isinstance(policy, dict):
+        return KVPolicy.from_dict(policy)
+    if isinstance(policy, (str, os.PathLike)):
+        return KVPolicy.load(policy)
+    raise HeadwiseError(f"apply_kv_policy takes a KVPolicy, its dict or a policy.json path, "
+                        f"not {type(policy).__name__}")
+
+
+def policy_of(model: nn.Module) -> KVPolicy | None:
+    """The KV policy recorded on ``model`` (None without one)."""
+    edits = (getattr(model.config, "headwise", None) or {}).get("edits", [])
+    records = [e for e in edits if e.get("kind") == KIND]
+    return KVPolicy.from_dict(records[-1]["policy"]) if records else None
+
+
+def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCache:
+    """A fresh ``PolicyCache`` for ``model`` (its recorded policy by default), for plain forward calls:
+    ``model(ids, past_key_values=policy_cache(model), use_cache=True)``."""
+    policy = policy or policy_of(model)
+    if policy is None:
+        raise HeadwiseError("this model has no KV policy; pass one or call headwise.apply_kv_policy(model, policy)")
+    policy.validate(model)
+    if model.config._attn_implementation != NAME:
+        raise HeadwiseError(f"a per-head KV cache needs the headwise attention implementation, not "
+                            f"{model.config._attn_implementation!r}: call headwise.enable(model)")
+    return PolicyCache(policy)
+
+
+def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *args, **kwargs) -> Any:
+    """``generate``'s cache preparation, then the default ``DynamicCache`` swapped for a ``PolicyCache``."""
+    user_cache = model_kwargs.get("past_key_values")
+    result = type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
+    policy = policy_of(self)
+    made = model_kwargs.get("past_key_values")
+    if policy is not None and user_cache is None and type(made) is DynamicCache:
+        model_kwargs["past_key_values"] = policy_cache(self, policy)
+    return result
+
+
+def _replace_record(model: nn.Module, record: dict | None) -> None:
+    state = dict(getattr(model.config, "headwise", None) or {})
+    edits = [e for e in state.get("edits", []) if e.get("kind") != KIND]
+    state["edits"] = edits + ([record] if record is not None else [])
+    model.config.headwise = state
+
+
+def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLike) -> nn.Module:
+    """Give ``model`` a per-KV-head cache: afterwards ``model.generate()`` keeps only what ``policy`` says.
+
+    ``policy``: a ``KVPolicy``, its dict, or the path of a ``policy.json`` (or of the folder holding it). A policy
+    that does not fit the model raises ``HeadwiseError`` before anything changes. Replaces an earlier policy;
+    selects the ``headwise`` attention implementation; saved by ``headwise.save_pretrained``. Returns the model.
+    """
+    policy = _as_policy(policy)
+    policy.validate(model)
+    _install(model)
+    _replace_record(model, {"kind": KIND, "policy": policy.to_dict()})
+    return model
+
+
+def remove_kv_policy(model: nn.Module) -> nn.Module:
+    """Back to the default cache (every token of every head); returns the model."""
+    if policy_of(model) is None:
+        raise HeadwiseError("this model has no KV policy to remove")
+    _replace_record(model, None)
+    if isinstance(model.__dict__.get(HOOK), types.MethodType):
+        del model.__dict__[HOOK]
+    return model
+
+
+def _install(model: nn.Module) -> None:
+    enable(model)
+    if hasattr(type(model), HOOK):  # models that generate; base models take policy_cache(model) explicitly
+        setattr(model, HOOK, types.MethodType(_prepare_cache_with_policy, model))
+
+
+def _replay(model: nn.Module, record: dict) -> None:
+    policy = KVPolicy.from_dict(record["policy"])
+    policy.validate(model)
+    _install(model)
+
+
+register_edit(KIND, _replay)

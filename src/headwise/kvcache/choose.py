@@ -1,0 +1,74 @@
+"""Choose a policy for a KV-memory budget: rank KV heads by their scores, keep the best ones full, stream the rest."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..errors import HeadwiseError
+from .config import KVPolicy, model_shape
+from .scores import HeadScores, ScoreConfig, head_scores
+
+RANKINGS = ("combined", "retrieval", "copy", "induction", "echo", "outside", "random")
+
+
+def full_heads_for_budget(num_heads: int, kv_budget: float, context: int, sink: int, window: int) -> int:
+    """The most full heads such that the cache after ``context`` tokens holds at most ``kv_budget`` of the full
+    cache's bytes (the other heads keep ``min(context, sink + window)`` tokens)."""
+    if not 0 < kv_budget <= 1:
+        raise HeadwiseError(f"kv_budget={kv_budget} must be in (0, 1] (the share of the full cache's bytes to keep)")
+    streamed = min(context, sink + window)
+    if streamed >= context:
+        return num_heads
+    if streamed > kv_budget * context:
+        raise HeadwiseError(f"even with every head streaming, sink {sink} + window {window} keeps "
+                            f"{streamed / context:.0%} of a {context}-token cache, above kv_budget={kv_budget}; "
+                            "use a smaller window or a longer context")
+    full = int((kv_budget * num_heads * context - num_heads * streamed) // (context - streamed))
+    return max(0, min(num_heads, full))
+
+
+def rank_kv_heads(scores: HeadScores, by: str = "combined", seed: int = 0) -> list[tuple[int, int]]:
+    """``(layer, kv_head)`` from most to least needing the full cache. ``combined``: the sum of every score
+    divided by its largest value; ``random``: a seeded shuffle (a baseline)."""
+    if by not in RANKINGS:
+        raise HeadwiseError(f"unknown ranking {by!r}; use one of {', '.join(RANKINGS)}")
+    layers, heads = len(scores.kv_heads), scores.kv_heads[0]
+    pairs = [(l, h) for l in range(layers) for h in range(heads)]
+    if by == "random":
+        random.Random(seed).shuffle(pairs)
+        return pairs
+    if by == "combined":
+        value = sum(s / s.max().clamp(min=1e-12) for s in (scores.kv(n) for n in scores.scores))
+    elif by not in scores.scores:
+        raise HeadwiseError(f"ranking by {by!r} needs that score; it was not computed (outside needs texts)")
+    else:
+        value = scores.kv(by)
+    order = torch.argsort(value.flatten(), descending=True, stable=True).tolist()
+    return [pairs[i] for i in order]
+
+
+def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context: int = 2048, sink: int = 4,
+              window: int = 124, ranking: str = "combined", texts: list[str] | None = None,
+              config: ScoreConfig | None = None, scores: HeadScores | None = None,
+              progress: bool = True) -> tuple[KVPolicy, HeadScores]:
+    """Score the heads (or reuse ``scores``), keep the top-ranked KV heads full and give the others
+    ``streaming(sink, window)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
+
+    Returns ``(policy, scores)``; apply with ``headwise.apply_kv_policy(model, policy)``.
+    """
+    shape = model_shape(model)
+    if len(set(shape)) != 1:
+        raise HeadwiseError(f"layers have different KV head counts {shape}; rank heads per layer by hand")
+    n_full = full_heads_for_budget(sum(shape), kv_budget, context, sink, window)
+    if scores is None and ranking != "random":
+        config = config or ScoreConfig(sink=sink, window=window)
+        scores = head_scores(model, tokenizer, config, texts=texts if ranking in ("combined", "outside") else None,
+                             progress=progress)
+    if scores is None:
+        scores = HeadScores({}, shape)
+    order = rank_kv_heads(scores, ranking)
+    return KVPolicy.keep_full(model, set(order[:n_full]), sink, window), scores

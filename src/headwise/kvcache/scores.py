@@ -1,0 +1,159 @@
+"""Training-free head scores for the KV cache, per query head and per KV head (a GQA group counts once: max).
+
+- ``retrieval``: attention mass on the passkey's digits while the model predicts them (teacher forced);
+- ``copy``: share of those steps whose arg-max key is the very digit being predicted (Wu et al.'s retrieval heads);
+- ``induction`` / ``echo``: on a random sequence repeated twice, mass on the token after / at the previous
+  occurrence of the current token (RazorAttention keeps such heads whole);
+- ``outside``: on calibration text, attention mass that a ``streaming(sink, window)`` cache would drop.
+
+Every score comes from one forward per prompt with an observer on each site (the explicit softmax path, no cache).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..runtime import add_observer, detach
+from ..sites import find_sites
+from .config import model_shape
+from .passkey import Passkey, passkey_prompts
+
+OBSERVER = "kv_scores"
+NAMES = ("retrieval", "copy", "induction", "echo", "outside")
+
+
+@dataclass
+class ScoreConfig:
+    """What to run: passkey prompts (``length`` tokens, ``depths`` × ``keys``), ``random_length`` random tokens
+    repeated twice (``random_sequences`` of them), and the sink/window whose dropped mass ``outside`` measures."""
+
+    length: int = 512
+    depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
+    keys: int = 1
+    random_length: int = 128
+    random_sequences: int = 2
+    sink: int = 4
+    window: int = 124
+    seed: int = 0
+
+
+@dataclass
+class HeadScores:
+    """``scores[name]``: ``[layers, query heads]`` means over prompts; ``kv(name)``: ``[layers, KV heads]``."""
+
+    scores: dict[str, torch.Tensor]
+    kv_heads: list[int]
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def kv(self, name: str) -> torch.Tensor:
+        s = self.scores[name]
+        group = s.shape[1] // self.kv_heads[0]
+        return s.unflatten(1, (self.kv_heads[0], group)).amax(-1)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"per_query_head": {k: v.tolist() for k, v in self.scores.items()},
+                "per_kv_head": {k: self.kv(k).tolist() for k in self.scores}, "prompts": self.counts}
+
+
+def _observe(model: nn.Module, reduce: Callable[[int, torch.Tensor], None]) -> list:
+    sites = [s for s in find_sites(model) if s.kind == "dec-self"]
+    for site in sites:
+        add_observer(site, OBSERVER, lambda probs, keep, out, layer=site.layer: reduce(layer, probs[0].float()))
+    return sites
+
+
+def _run(model: nn.Module, ids: torch.Tensor, reduce: Callable[[int, torch.Tensor], None]) -> None:
+    sites = _observe(model, reduce)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids[None].to(model.device), use_cache=False)
+    finally:
+        for site in sites:
+            detach(site, OBSERVER)
+
+
+def _passkey(model: nn.Module, prompt: Passkey, total: dict[str, torch.Tensor]) -> None:
+    ids = torch.cat([prompt.ids, prompt.answer_ids])
+    first = len(prompt.ids) - 1  # the query that predicts the first answer token
+    queries = torch.arange(first, first + len(prompt.answer_ids))
+    start, end = prompt.needle
+    # the needle position holding the token each query must produce (the key's tokens as they appear there)
+    targets = torch.arange(end - len(prompt.answer_ids), end).clamp(min=start)
+
+    def reduce(layer: int, probs: torch.Tensor) -> None:  # probs [H, T, T]
+        rows = probs[:, queries.to(probs.device)]
+        total["retrieval"][layer] += rows[..., start:end].sum(-1).mean(-1).cpu()
+        total["copy"][layer] += (rows.argmax(-1).cpu() == targets).float().mean(-1)
+
+    _run(model, ids, reduce)
+
+
+def _repeated(model: nn.Module, ids: torch.Tensor, n: int, total: dict[str, torch.Tensor]) -> None:
+    queries = torch.arange(n + 1, 2 * n)  # the second copy, after its first token
+
+    def reduce(layer: int, probs: torch.Tensor) -> None:
+        rows = probs[:, queries.to(probs.device)]
+        q = torch.arange(len(queries), device=probs.device)
+        total["echo"][layer] += rows[:, q, (queries - n).to(probs.device)].mean(-1).cpu()
+        total["induction"][layer] += rows[:, q, (queries - n + 1).to(probs.device)].mean(-1).cpu()
+
+    _run(model, ids, reduce)
+
+
+def _outside(model: nn.Module, ids: torch.Tensor, sink: int, window: int, total: dict[str, torch.Tensor]) -> None:
+    t = len(ids)
+
+    def reduce(layer: int, probs: torch.Tensor) -> None:
+        i = torch.arange(t, device=probs.device)[:, None]
+        j = torch.arange(t, device=probs.device)[None, :]
+        dropped = (j >= sink) & (i - j > window)
+        rows = i[:, 0] - window > sink  # queries that drop anything
+        total["outside"][layer] += (probs * dropped).sum(-1)[:, rows].mean(-1).cpu()
+
+    _run(model, ids, reduce)
+
+
+def repeated_tokens(config: ScoreConfig, vocab: int) -> list[torch.Tensor]:
+    """``config.random_sequences`` random sequences ``[2 · random_length]``: ids drawn from the upper half of the
+    vocabulary (no special tokens), each repeated twice."""
+    g = torch.Generator().manual_seed(config.seed)
+    return [torch.randint(vocab // 2, vocab, (config.random_length,), generator=g).repeat(2)
+            for _ in range(config.random_sequences)]
+
+
+def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = None,
+                texts: list[str] | None = None, progress: bool = True) -> HeadScores:
+    """Score every head of a decoder-only ``model`` (see the module docstring). ``texts``: calibration text for
+    ``outside`` (each cut to ``config.length`` tokens); without it ``outside`` is left out."""
+    config = config or ScoreConfig()
+    kv_heads = model_shape(model)
+    sites = [s for s in find_sites(model) if s.kind == "dec-self"]
+    heads = sites[0].num_heads
+    names = [n for n in NAMES if n != "outside" or texts]
+    total = {n: torch.zeros(len(sites), heads) for n in names}
+    prompts = passkey_prompts(tokenizer, config.length, list(config.depths), config.keys, config.seed)
+    randoms = repeated_tokens(config, min(len(tokenizer), model.config.vocab_size))
+    calibration = []
+    for text in texts or []:
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0][: config.length]
+        if len(ids) > config.sink + config.window + 1:
+            calibration.append(ids)
+    if texts and not calibration:
+        from ..errors import HeadwiseError
+
+        raise HeadwiseError(f"calibration texts are shorter than sink + window + 2 = {config.sink + config.window + 2}"
+                            " tokens; give longer texts or a smaller window")
+    jobs = ([(lambda p=p: _passkey(model, p, total)) for p in prompts]
+            + [(lambda r=r: _repeated(model, r, config.random_length, total)) for r in randoms]
+            + [(lambda c=c: _outside(model, c, config.sink, config.window, total)) for c in calibration])
+    for job in tqdm(jobs, desc="head scores", disable=not progress):
+        job()
+    counts = {"passkey": len(prompts), "repeated": len(randoms), "calibration": len(calibration)}
+    divisor = {"retrieval": len(prompts), "copy": len(prompts), "induction": len(randoms), "echo": len(randoms),
+               "outside": len(calibration)}
+    return HeadScores({n: total[n] / max(divisor[n], 1) for n in names}, kv_heads, counts)

@@ -1,0 +1,165 @@
+"""Head scores for the KV cache against eager attention maps; budgets; the ``kv-policy`` command."""
+
+from __future__ import annotations
+
+import json
+import string
+
+import pytest
+import torch
+import transformers as tf
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+import headwise
+from headwise import HeadwiseError
+from headwise.cli import main
+from headwise.kvcache import (KVPolicy, ScoreConfig, full_heads_for_budget, head_scores, kv_policy, passkey_prompts,
+                              policy_of, rank_kv_heads)
+from headwise.kvcache.passkey import passkey_accuracy
+from headwise.kvcache.scores import repeated_tokens
+
+CHARS = string.printable
+
+
+def char_tokenizer() -> tf.PreTrainedTokenizerFast:
+    """One token per character (the 100 printable ASCII characters, then [UNK] and [EOS])."""
+    vocab = {c: i for i, c in enumerate(CHARS)} | {"[UNK]": len(CHARS), "[EOS]": len(CHARS) + 1}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return tf.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", eos_token="[EOS]")
+
+
+def tiny_lm(family: str = "llama", attn: str = "headwise") -> tf.PreTrainedModel:
+    torch.manual_seed(0)
+    if family == "gpt2":
+        config = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=104, n_positions=512)
+    else:
+        config = tf.Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                intermediate_size=37, vocab_size=104, max_position_embeddings=512)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation=attn).eval()
+
+
+CONFIG = ScoreConfig(length=160, depths=(0.2, 0.8), keys=1, random_length=24, random_sequences=2, sink=2, window=16)
+
+
+def eager_maps(model, ids: torch.Tensor) -> list[torch.Tensor]:
+    """Attention maps ``[H, T, T]`` per layer from transformers' own eager attention."""
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            return [a[0] for a in model(ids[None], output_attentions=True).attentions]
+    finally:
+        model.set_attn_implementation("headwise")
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_scores_match_eager_attention_maps(family):
+    model, tok = tiny_lm(family), char_tokenizer()
+    texts = ["The quick brown fox jumps over the lazy dog. " * 5]
+    scores = head_scores(model, tok, CONFIG, texts=texts, progress=False)
+    heads = model.config.num_attention_heads
+    # induction / echo by hand, from eager maps of the same repeated sequences
+    n = CONFIG.random_length
+    induction, echo = torch.zeros(2, heads), torch.zeros(2, heads)
+    for ids in repeated_tokens(CONFIG, len(tok)):
+        for layer, a in enumerate(eager_maps(model, ids)):
+            for q in range(n + 1, 2 * n):
+                induction[layer] += a[:, q, q - n + 1] / (n - 1) / CONFIG.random_sequences
+                echo[layer] += a[:, q, q - n] / (n - 1) / CONFIG.random_sequences
+    torch.testing.assert_close(scores.scores["induction"], induction, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(scores.scores["echo"], echo, atol=1e-5, rtol=1e-4)
+    # retrieval: mass on the key's digits while predicting them
+    retrieval = torch.zeros(2, heads)
+    prompts = passkey_prompts(tok, CONFIG.length, list(CONFIG.depths), CONFIG.keys, CONFIG.seed)
+    for p in prompts:
+        ids = torch.cat([p.ids, p.answer_ids])
+        start, end = p.needle
+        assert tok.decode(p.ids[start:end]) == " " + p.key
+        for layer, a in enumerate(eager_maps(model, ids)):
+            rows = [len(p.ids) - 1 + k for k in range(len(p.answer_ids))]
+            retrieval[layer] += a[:, rows, start:end].sum(-1).mean(-1) / len(prompts)
+    torch.testing.assert_close(scores.scores["retrieval"], retrieval, atol=1e-5, rtol=1e-4)
+    # outside: mass a sink 2 + window 16 cache drops, over the queries that drop anything
+    ids = tok(texts[0], add_special_tokens=False, return_tensors="pt")["input_ids"][0][: CONFIG.length]
+    outside = torch.zeros(2, heads)
+    for layer, a in enumerate(eager_maps(model, ids)):
+        values = []
+        for t in range(CONFIG.sink + CONFIG.window + 1, len(ids)):
+            values.append(a[:, t, CONFIG.sink: t - CONFIG.window].sum(-1))
+        outside[layer] = torch.stack(values).mean(0)
+    torch.testing.assert_close(scores.scores["outside"], outside, atol=1e-5, rtol=1e-4)
+    # per KV head: the max over its query heads
+    kv = scores.kv("outside")
+    group = heads // scores.kv_heads[0]
+    assert torch.equal(kv, scores.scores["outside"].unflatten(1, (-1, group)).amax(-1))
+    # observers are gone afterwards
+    assert all(headwise.runtime.ops_of(s) is None for s in headwise.find_sites(model))
+
+
+def test_budget_arithmetic():
+    # 90 heads, 1024 tokens, 128 kept by streaming heads: F·1024 + (90 - F)·128 ≤ 0.5·90·1024 → F = 38
+    assert full_heads_for_budget(90, 0.5, 1024, 4, 124) == 38
+    assert full_heads_for_budget(90, 1.0, 1024, 4, 124) == 90
+    assert full_heads_for_budget(8, 0.5, 100, 0, 200) == 8  # the window covers the context: nothing to save
+    with pytest.raises(HeadwiseError, match="above kv_budget"):
+        full_heads_for_budget(90, 0.1, 1024, 4, 124)
+    with pytest.raises(HeadwiseError):
+        full_heads_for_budget(90, 1.5, 1024, 4, 124)
+
+
+def test_kv_policy_fits_the_budget_and_follows_the_ranking():
+    model, tok = tiny_lm(), char_tokenizer()
+    policy, scores = kv_policy(model, tok, kv_budget=0.6, context=160, sink=2, window=16, ranking="retrieval",
+                               config=CONFIG, progress=False)
+    n_full = full_heads_for_budget(4, 0.6, 160, 2, 16)
+    assert n_full == 2 and len(policy.full_heads()) == n_full
+    assert policy.kv_fraction(160) <= 0.6
+    best = rank_kv_heads(scores, "retrieval")[:n_full]
+    assert sorted(best) == policy.full_heads()
+    value = scores.kv("retrieval")
+    assert min(value[l, h] for l, h in best) >= max(value[l, h] for l, h in rank_kv_heads(scores, "retrieval")[n_full:])
+    random_policy, _ = kv_policy(model, tok, 0.6, 160, 2, 16, ranking="random", progress=False)
+    assert len(random_policy.full_heads()) == n_full
+    with pytest.raises(HeadwiseError, match="unknown ranking"):
+        kv_policy(model, tok, 0.6, 160, 2, 16, ranking="best", scores=scores)
+
+
+def test_passkey_accuracy_counts_exact_matches():
+    model, tok = tiny_lm(), char_tokenizer()
+    prompts = passkey_prompts(tok, 120, [0.5], 2, seed=3)
+    result = passkey_accuracy(model, tok, prompts, progress=False)
+    expected = 0
+    for p in prompts:
+        with torch.no_grad():
+            out = model.generate(p.ids[None], max_new_tokens=len(p.answer_ids), do_sample=False,
+                                 pad_token_id=tok.eos_token_id)
+        expected += tok.decode(out[0, len(p.ids):]).strip() == p.key
+    assert result["correct"] == expected and result["prompts"] == 2
+
+
+def test_kv_policy_command(tmp_path, capsys):
+    model, tok = tiny_lm(), char_tokenizer()
+    model.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    (tmp_path / "calib.txt").write_text("The quick brown fox jumps over the lazy dog. " * 6 + "\n")
+    args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
+            "--window", "16", "--calibration-length", "160", "--data", str(tmp_path / "calib.txt"),
+            "--eval-length", "100", "--out", str(tmp_path / "out")]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert list(summary)[0] == "verdict" and "policy.json" in summary["verdict"]["use"]
+    assert summary["passkey_check"]["policy"]["prompts"] == 5
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "KV cache policy" in html and "induction" in html and summary["verdict"]["memory"] in html
+    policy = KVPolicy.load(tmp_path / "out")
+    assert len(policy.full_heads()) == 2 and summary["kv_fraction"] <= 0.6
+    fresh = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "lm", attn_implementation="headwise")
+    headwise.apply_kv_policy(fresh, tmp_path / "out" / "policy.json")
+    assert policy_of(fresh) == policy
+    assert main(args) == 2  # a non-empty output folder needs --force
+    assert "--force" in capsys.readouterr().err
+    bad = args[:4] + ["1.7"] + args[5:-1] + [str(tmp_path / "other")]
+    assert main(bad) == 2 and not (tmp_path / "other").exists()
+    assert main(["kv-policy", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    assert "no config.json" in capsys.readouterr().err
