@@ -84,7 +84,7 @@ def test_replace_verb_attaches_a_mechanism_and_saves(tmp_path, capsys):
     source, out = tmp_path / "tiny", tmp_path / "replaced"
     headwise.save_pretrained(tiny_model("bert"), source)
     assert main(["replace", "local", "--arg", "windw=2", "--model", str(source), "--no-eval", "--out", str(out)]) == 2
-    assert "NAME one of window, rel_pos_bias" in capsys.readouterr().err and not out.exists()
+    assert "NAME one of window, mode, overlap, rel_pos_bias" in capsys.readouterr().err and not out.exists()
     assert main(["replace", "local", "--arg", "window=2", "--model", str(source), "--no-eval", "--out", str(out)]) == 0
     summary = json.loads((out / "replace.json").read_text())
     assert summary["args"] == {"window": 2} and len(summary["sites"]) == 2
