@@ -1,0 +1,100 @@
+"""KV-cache conversion of SmolLM2-135M on WikiText-2: perplexity of grouped-query (3 → 1 key/value heads) and
+latent (half the KV bytes) conversions, one-shot, against the original.
+
+Split: calibration on the first 90% of the lines of valid.txt (its first ``--calib-tokens`` tokens, in 1,024-token
+windows), evaluation on the first 4,096 tokens of the last 10% of the lines in 1,024-token windows (the issue's
+baseline used the first 4,096 tokens of the whole file, which lie inside the calibration part; we do not).
+
+    python experiments/kv_conversion.py --out experiments/kv_conversion.json [--arms original,gqa-mean,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from headwise.conversion import convert_gqa, convert_latent, kv_cache_bytes
+from headwise.io.files import atomic_write_text
+from headwise.models import resolve_model
+
+DATA = Path("/work/shared/data/wikitext-2/valid.txt")
+WINDOW = 1024
+ARMS = {
+    "original": None,
+    "gqa-mean": dict(kind="gqa", init="mean"),
+    "gqa-svd": dict(kind="gqa", init="svd"),
+    "gqa-calibrated": dict(kind="gqa", init="calibrated"),
+    "gqa-calibrated-similarity": dict(kind="gqa", init="calibrated", grouping="similarity"),
+    "latent-50-svd": dict(kind="latent", init="svd"),
+    "latent-50-calibrated": dict(kind="latent", init="calibrated"),
+}
+
+
+def split_tokens(tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of the first 90% of the lines (calibration) and of the last 10% (evaluation)."""
+    lines = DATA.read_text(encoding="utf-8").splitlines(keepends=True)
+    cut = int(len(lines) * 0.9)
+    encode = lambda part: torch.tensor(tokenizer("".join(part))["input_ids"])  # noqa: E731
+    return encode(lines[:cut]), encode(lines[cut:])
+
+
+def windows(ids: torch.Tensor, tokens: int) -> list[torch.Tensor]:
+    ids = ids[:tokens]
+    return [ids[i : i + WINDOW][None] for i in range(0, len(ids) - WINDOW + 1, WINDOW)]
+
+
+@torch.no_grad()
+def perplexity(model, batches: list[torch.Tensor]) -> float:
+    """exp of the mean next-token loss over every predicted token of every window."""
+    total, count = 0.0, 0
+    for ids in batches:
+        logits = model(input_ids=ids).logits[:, :-1].float()
+        total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="sum"))
+        count += ids.shape[1] - 1
+    return math.exp(total / count)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--calib-tokens", type=int, default=16384)
+    parser.add_argument("--eval-tokens", type=int, default=4096)
+    parser.add_argument("--kv-budget", type=float, default=0.5)
+    parser.add_argument("--out", default="experiments/kv_conversion.json")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    path = resolve_model("smollm2-135m")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    calib_ids, eval_ids = split_tokens(tokenizer)
+    calibration, evaluation = windows(calib_ids, args.calib_tokens), windows(eval_ids, args.eval_tokens)
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.is_file() else {}
+    results["setup"] = {"model": "smollm2-135m", "data": str(DATA), "window": WINDOW,
+                        "calibration_tokens": sum(b.numel() for b in calibration),
+                        "evaluation_tokens": sum(b.numel() for b in evaluation),
+                        "split": "calibration: first 90% of lines; evaluation: first tokens of the last 10%"}
+    for name in args.arms.split(","):
+        arm = ARMS[name]
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        start = time.time()
+        cal = calibration if arm and arm["init"] == "calibrated" else None
+        if arm and arm["kind"] == "gqa":
+            convert_gqa(model, kv_heads=1, grouping=arm.get("grouping", "contiguous"), init=arm["init"], calibration=cal)
+        elif arm:
+            convert_latent(model, kv_budget=args.kv_budget, init=arm["init"], calibration=cal)
+        fit_s = time.time() - start
+        ppl = perplexity(model, evaluation)
+        results[name] = {"perplexity": ppl, "kv_bytes_per_token_fp16": kv_cache_bytes(model, 2),
+                         "conversion_seconds": round(fit_s, 1), **(arm or {})}
+        print(name, json.dumps(results[name]), flush=True)
+        atomic_write_text(out, json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
