@@ -112,17 +112,22 @@ def test_gradient_with_sts_pairs_and_custom_loss():
     ref = _reference_gradient("bert", tokenizer, [[i] for i in range(5)], sts)
     np.testing.assert_allclose(ours.numpy(), ref.numpy() / 5, rtol=1e-4, atol=1e-7)
 
+    # A custom loss with a real gradient: the first token's state on a fixed random direction, squared (a plain sum
+    # right after a LayerNorm has a true gradient ~0, and would compare float noise).
+    direction = torch.randn(loud_model("bert").config.hidden_size, generator=torch.Generator().manual_seed(11))
+
     def first_token(model, inputs):
-        return model(**inputs).last_hidden_state[:, 0].sum(-1)
+        return (model(**inputs).last_hidden_state[:, 0] @ direction) ** 2
 
     ours = gradient_importance(loud_model("bert"), tokenizer, TEXTS, loss_fn=first_token, abs_scope="example",
                                normalize=False, progress=False)
 
     def first_token_ref(model, group, gate):
         inputs, _, _ = padded(tokenizer, [TEXTS[i] for i in group])
-        return run_eager(model, inputs, gate, grad=True)[0].last_hidden_state[:, 0].sum(-1)
+        return (run_eager(model, inputs, gate, grad=True)[0].last_hidden_state[:, 0] @ direction) ** 2
 
     ref = _reference_gradient("bert", tokenizer, [[i] for i in range(5)], first_token_ref)
+    assert ref.min() > 1e-3 * ref.max() > 0  # every head has a gradient well above float noise
     np.testing.assert_allclose(ours.numpy(), ref.numpy() / 5, rtol=1e-4, atol=1e-7)
 
 

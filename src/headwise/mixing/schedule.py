@@ -48,6 +48,8 @@ def parse_swap(entry: Any) -> HeadSwap:
             (a, ah), (b, bh) = _mhr_end(entry, "s"), _mhr_end(entry, "d")
         except KeyError as err:
             raise HeadwiseError(f"MHR swap entry lacks {err.args[0]!r}") from None
+        except HeadwiseError:
+            raise
         except ValueError as err:
             raise HeadwiseError(f"MHR swap entry has a non-integer layer or head ({err})") from None
         return HeadSwap(a, ah, b, bh)

@@ -7,7 +7,7 @@ from .builder import Report
 
 
 def add_pruning_section(report: Report, result: dict) -> None:
-    """``result`` is the ``pruning.json`` written by ``headwise prune`` (see ``headwise.pruning.command``)."""
+    """``result`` is the ``pruning.json`` written by ``headwise prune`` (see ``headwise.cli.prune``)."""
     section = report.add_section(
         "Pruning",
         f"Method **{result['method']}**: {result['heads_before']} → {result['heads_after']} heads. "

@@ -8,11 +8,10 @@ import random
 from pathlib import Path
 
 from ..errors import HeadwiseError
+from . import model_args
 
 
 def register(verbs, parents) -> None:
-    from ..cli import model_args
-
     p = verbs.add_parser("compress", parents=parents,
                          help="collaborative heads: share one query/key projection of width --dk across heads")
     model_args(p)
@@ -69,9 +68,9 @@ def run(args: argparse.Namespace) -> int:
     from ..report import Report
     from ..training import finetune_stsb
     from ..sites import find_sites
-    from . import CollaborativeConfig, compress, input_moments, tradeoff
-    from .apply import check_compressible, exact_rank
-    from .report import add_compression_section
+    from ..collaborative import CollaborativeConfig, compress, input_moments, tradeoff
+    from ..collaborative.apply import check_compressible, exact_rank
+    from ..collaborative.report import add_compression_section
 
     if args.dk <= 0:
         raise HeadwiseError(f"--dk must be a positive integer, got {args.dk}")

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from ..errors import HeadwiseError
+from . import model_args
 
 
 def parse_bits(text: str) -> tuple[int, ...]:
@@ -33,7 +34,7 @@ def parse_floats(text: str, flag: str) -> tuple[float, ...]:
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
-    from .functional import METHODS
+    from ..quantization.functional import METHODS
 
     return tuple(METHODS) if text.strip() in ("all", "") else tuple(m.strip() for m in text.split(",") if m.strip())
 
@@ -42,8 +43,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir
     from ..models import load_model
     from ..report.quantization import write_quantization_report
-    from .config import QuantizationConfig
-    from .sweep import SweepConfig, stsb_metric, sweep
+    from ..quantization.config import QuantizationConfig
+    from ..quantization.sweep import SweepConfig, stsb_metric, sweep
 
     base = QuantizationConfig(threshold=args.threshold, renormalize=args.renormalize, floor=args.floor,
                               top_edge=args.top_edge, scope=args.scope, zeros=args.zeros, bin_value=args.bin_value)
@@ -75,8 +76,6 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    from ..cli import model_args
-
     p = verbs.add_parser("quantize", parents=parents,
                          help="attention pruning/quantization (SPIQA) against STS-B: report.html + results.json")
     model_args(p)

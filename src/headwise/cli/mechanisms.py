@@ -14,7 +14,7 @@ def register(verbs, parents) -> None:
 
 
 def run_list(args: argparse.Namespace) -> int:
-    from . import list_mechanisms
+    from ..mechanisms import list_mechanisms
 
     records = list_mechanisms()
     if args.json:

@@ -6,13 +6,12 @@ import argparse
 import json
 
 from ..errors import HeadwiseError
+from . import model_args
 
 METHODS = ("l0", "importance", "mask")
 
 
 def register(verbs, parents) -> None:
-    from ..cli import model_args
-
     p = verbs.add_parser("prune", parents=parents, help="remove attention heads (L0 gates, importance or a mask)")
     model_args(p)
     p.add_argument("--method", choices=METHODS, default="l0", help="how to choose the heads (default: l0)")
@@ -53,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report.pruning import add_pruning_section
     from ..sites import find_sites
     from ..training import finetune_stsb
-    from . import apply_masks, importance_prune, l0_prune, load_masks, prune_masked
+    from ..pruning import apply_masks, importance_prune, l0_prune, load_masks, prune_masked
 
     _check(args)
     check_writable_dir(args.out, args.force)

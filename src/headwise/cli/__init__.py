@@ -1,0 +1,58 @@
+"""``headwise <verb>``: the command line. Errors print one line (a traceback only with --debug).
+
+Each verb lives in ``headwise.cli.<verb>`` with ``register(verbs, parents)``; this module builds the parser and runs
+the chosen verb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from typing import Callable
+
+from ..errors import HeadwiseError
+
+Command = Callable[[argparse.Namespace], int]
+
+# The verbs, in help order: each module has ``register(verbs, parents)`` and imports heavy code lazily.
+PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headwise.cli.eval", "headwise.cli.prune",
+                           "headwise.cli.quantize", "headwise.cli.mechanisms", "headwise.cli.compress")
+
+
+def model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None,
+                        help="hub name or local folder (default: the packaged all-MiniLM-L6-v2)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks")
+    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser = argparse.ArgumentParser(prog="headwise", parents=[common],
+                                     description="Find, measure and edit the attention heads of transformers models.")
+    verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
+
+    for plugin in PLUGINS:
+        importlib.import_module(plugin).register(verbs, [common])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # headwise shows its own progress for long work
+    try:
+        return args.run(args)
+    except HeadwiseError as err:
+        if args.debug:
+            raise
+        print(f"headwise: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("headwise: interrupted", file=sys.stderr)
+        return 130
+

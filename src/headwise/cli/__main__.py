@@ -1,0 +1,7 @@
+"""``python -m headwise.cli``: the same as the ``headwise`` command."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,78 @@
+"""``headwise analyze``: per-head statistics and importance on texts, written as report.html + stats.json."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import HeadwiseError
+from . import model_args
+
+
+def register(verbs, parents) -> None:
+    p = verbs.add_parser("analyze", parents=parents,
+                         help="per-head statistics and importance, as report.html + stats.json")
+    model_args(p)
+    p.add_argument("--data", default=None,
+                   help="STS-B .tsv file or folder (default: shared/data/stsb), or a .txt file, one text a line")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "test"], help="STS-B split")
+    p.add_argument("--limit", type=int, default=None, help="analyse only the first N texts")
+    p.add_argument("--out", default="headwise-report", help="output folder (default: headwise-report)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    p.add_argument("--importance", default="gradient,ablation",
+                   help="comma-separated: gradient, ablation; or none (default: gradient,ablation)")
+    p.add_argument("--ablation-texts", type=int, default=256,
+                   help="texts used by ablation importance, one pass per head (default: 256)")
+    p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--max-length", type=int, default=None)
+    p.set_defaults(run=run)
+
+
+def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
+    """Texts to analyse, STS-B pairs for the gradient objective (or None), and a description of the data."""
+    from pathlib import Path
+
+    from ..evaluation import read_stsb, stsb_file
+
+    if args.data and Path(args.data).suffix == ".txt":
+        path = Path(args.data)
+        if not path.is_file():
+            raise HeadwiseError(f"text file not found: {path} (one text per line)")
+        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        pairs, name = None, str(path)
+    else:
+        data = read_stsb(args.split, args.data)
+        texts, name = data.sentences(), f"STS-B {args.split} ({stsb_file(args.split, args.data).name})"
+        pairs = (data.first, data.second, data.scores)
+    if args.limit:
+        texts = texts[: args.limit]
+        pairs = None if pairs is None else tuple(p[: args.limit] for p in pairs)
+    if not texts:
+        raise HeadwiseError(f"{args.data} holds no text to analyse")
+    return texts, pairs, f"{name}, {len(texts)} texts"
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..analysis import AnalysisConfig, analyze
+    from ..io import atomic_dir, check_writable_dir
+    from ..models import load_model
+    from ..report import write_report
+
+    importance = () if args.importance == "none" else tuple(k for k in args.importance.split(",") if k)
+    config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=args.examples,
+                            importance=importance, ablation_texts=args.ablation_texts, model_name=args.model or "all-MiniLM-L6-v2 (packaged)")
+    check_writable_dir(args.out, args.force)  # before any slow work
+    texts, pairs, data_name = _texts(args)
+    config.data_name = data_name
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    stats = analyze(model, tokenizer, texts, config, pairs=pairs).to_dict()
+    with atomic_dir(args.out, overwrite=args.force) as tmp:
+        (tmp / "stats.json").write_text(json.dumps(stats))
+        write_report(stats, tmp)
+    if args.json:
+        print(json.dumps(stats))
+    else:
+        print(f"analysed {stats['sentences']} texts ({stats['tokens']} tokens) with {model.config.model_type}: "
+              f"{args.out}/report.html, {args.out}/stats.json")
+    return 0
