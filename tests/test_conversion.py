@@ -97,6 +97,19 @@ def test_unchanged_kv_heads_is_exact(family, init):
     torch.testing.assert_close(logits(model, family), ref, rtol=0, atol=1e-5)
 
 
+def test_moments_computed_once_give_the_same_conversion():
+    from headwise.conversion import input_moments
+    from headwise.conversion.checks import convertible_sites
+
+    a, b = causal_lm("llama"), causal_lm("llama")
+    moments = input_moments(b, convertible_sites(b, "test"), calibration(), progress=False)
+    convert_gqa(a, kv_heads=1, init="calibrated", calibration=calibration(), progress=False)
+    convert_gqa(b, kv_heads=1, init="calibrated", moments=moments, progress=False)
+    torch.testing.assert_close(logits(b), logits(a), rtol=0, atol=1e-6)
+    with pytest.raises(HeadwiseError, match="ignores the calibration set"):
+        convert_gqa(causal_lm("llama"), kv_heads=1, init="svd", moments=moments)
+
+
 def test_mean_merge_equals_hand_average():
     model = causal_lm("llama")  # 4 query heads, 2 key/value heads of width 8
     k = model.model.layers[0].self_attn.k_proj.weight.detach().clone().unflatten(0, (2, 8))

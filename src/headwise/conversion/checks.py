@@ -7,7 +7,6 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..runtime.ops import ops_of
 from ..sites import AttentionSite, find_sites
-from .calibration import has_bias
 
 FAMILIES = ("llama", "mistral", "qwen2", "bart", "marian")
 CONFIG_FAMILIES = ("llama", "mistral", "qwen2")  # num_key_value_heads in the config: exported natively
@@ -42,14 +41,13 @@ def convertible_sites(model: nn.Module, verb: str) -> list[AttentionSite]:
         biases = {getattr(p.module, "bias", None) is not None for p in (site.q, site.k, site.v)}
         if len(biases) > 1:
             raise HeadwiseError(f"{site.name}: q/k/v projections disagree on biases; {verb} needs all or none")
-        if has_bias(site) and site.k.bias is None:
-            raise HeadwiseError(f"{site.name}: key projection without bias next to biased q/v")
     return sites
 
 
-def check_calibration(init: str, calibration: object) -> None:
+def check_calibration(init: str, calibration: object, grouping: str = "contiguous") -> None:
+    """``init="calibrated"`` needs data; other inits ignore it (refused) unless similarity grouping reads it."""
     if init == "calibrated" and calibration is None:
         raise HeadwiseError("init='calibrated' needs calibration batches (input-id tensors or model-input dicts); "
                             "pass calibration=..., or use init='svd' (weight space, no data)")
-    if init != "calibrated" and calibration is not None:
+    if init != "calibrated" and calibration is not None and grouping != "similarity":
         raise HeadwiseError(f"init={init!r} ignores the calibration set; use init='calibrated' to fit on it")

@@ -43,15 +43,15 @@ def _check(model: nn.Module, config: GQAConfig) -> list[AttentionSite]:
     return sites
 
 
-def _plan(site: AttentionSite, config: GQAConfig, sigma: torch.Tensor) -> list[Merged]:
+def _plan(weights: SiteWeights, site: AttentionSite, config: GQAConfig, sigma: torch.Tensor) -> list[Merged]:
     """One merged key/value head per group; the groups list their query heads in the new head order."""
-    weights = SiteWeights.of(site)
     rotary = site.positions == "rotary"
     if config.grouping == "similarity":
         groups = balanced_groups(similarity(weights, sigma, rotary), config.kv_heads)
     else:
         groups = contiguous_groups(site.num_heads, config.kv_heads)
-    return [merge_group(weights, g, config.init, sigma, rotary, config.ridge) for g in groups]
+    fit_sigma = sigma if config.init == "calibrated" else torch.eye(sigma.shape[0], dtype=sigma.dtype)
+    return [merge_group(weights, g, config.init, fit_sigma, rotary, config.ridge) for g in groups]
 
 
 def resize_kv(site: AttentionSite, kv_heads: int,
@@ -79,23 +79,28 @@ def _apply(site: AttentionSite, merged: list[Merged], bias: bool) -> None:
 
 def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str = "contiguous", init: str = "calibrated",
                 calibration: Iterable[dict | torch.Tensor] | None = None, config: GQAConfig | None = None,
-                ridge: float = 1e-4, progress: bool | None = None) -> nn.Module:
+                ridge: float = 1e-4, moments: dict[str, torch.Tensor] | None = None,
+                progress: bool | None = None) -> nn.Module:
     """Convert every decoder self-attention of ``model`` to ``kv_heads`` key/value heads, in place.
 
     ``calibration``: input-id tensors ``[B, T]`` or model-input dicts (needed by ``init="calibrated"``; also used by
-    ``grouping="similarity"``). Everything is validated and fitted before the model changes. Returns the model.
+    ``grouping="similarity"``), or ``moments`` computed once with :func:`input_moments` (to try several options).
+    Everything is validated and fitted before the model changes. Returns the model.
     """
     config = config or GQAConfig(kv_heads=kv_heads, grouping=grouping, init=init, ridge=ridge)
     sites = _check(model, config)
-    check_calibration(config.init, calibration)
-    moments = input_moments(model, sites, calibration, progress) if calibration is not None else {}
+    check_calibration(config.init, calibration if moments is None else moments, config.grouping)
+    if moments is None:
+        moments = input_moments(model, sites, calibration, progress) if calibration is not None else {}
+    elif any(s.path not in moments for s in sites):
+        raise HeadwiseError("moments lack some sites; compute them with headwise.conversion.input_moments(model, sites, batches)")
     plans = {}
     for site in tqdm(sites, desc="fit kv heads", unit="layer", disable=None if progress is None else not progress):
-        n = SiteWeights.of(site).q.shape[-1]
-        sigma = moments.get(site.path, torch.eye(n, dtype=torch.float64))
-        plans[site.path] = _plan(site, config, sigma)
+        weights = SiteWeights.of(site)
+        sigma = moments.get(site.path, torch.eye(weights.q.shape[-1], dtype=torch.float64))
+        plans[site.path] = (_plan(weights, site, config, sigma), weights.bias)
     for site in sites:
-        _apply(site, plans[site.path], bias=SiteWeights.of(site).bias)
+        _apply(site, *plans[site.path])
     if model.config.model_type in CONFIG_FAMILIES:
         model.config.num_key_value_heads = config.kv_heads
     else:

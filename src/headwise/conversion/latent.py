@@ -30,7 +30,7 @@ from .checks import check_calibration, convertible_sites
 from .config import LatentConfig
 from .fit import regress, shared_rows
 from .layer import LatentProjection
-from .merge import _energy
+from .merge import energy
 from .weights import SiteWeights, linear_from_rows
 
 EDIT_KIND = "latent_kv"
@@ -73,9 +73,9 @@ def _rope_rows(w: SiteWeights, sigma: torch.Tensor, pairs: int) -> torch.Tensor:
     """Indices (into ``G·d`` key rows) of the ``pairs`` rotary pairs per key/value head with the largest
     ``‖q_f‖·‖k_f‖`` (query energy summed over the heads that read the key)."""
     heads, d = w.k.shape[0], w.k.shape[1]
-    q_energy = _energy(w.q, sigma).unflatten(0, (heads, w.group)).sum(1)  # [G, d]
-    score = ((q_energy[:, : d // 2] + q_energy[:, d // 2:]) * (_energy(w.k, sigma)[:, : d // 2] +
-                                                                _energy(w.k, sigma)[:, d // 2:])).sqrt()
+    per_pair = lambda e: e[:, : d // 2] + e[:, d // 2:]  # noqa: E731
+    q_energy = energy(w.q, sigma).unflatten(0, (heads, w.group)).sum(1)  # [G, d]
+    score = (per_pair(q_energy) * per_pair(energy(w.k, sigma))).sqrt()
     top = score.topk(pairs, dim=1).indices.sort(dim=1).values  # [G, pairs]
     rows = torch.cat([top, top + d // 2], 1) + torch.arange(heads)[:, None] * d
     return rows.flatten().sort().values
@@ -87,12 +87,12 @@ def _fit(site: AttentionSite, config: LatentConfig, sigma: torch.Tensor) -> dict
     keys, values = w.k.flatten(0, 1), w.v.flatten(0, 1)  # [G·d, n]
     rope = _rope_rows(w, sigma, config.rope_pairs) if config.rope_pairs else torch.zeros(0, dtype=torch.long)
     nope = torch.tensor([i for i in range(heads * d) if i not in set(rope.tolist())], dtype=torch.long)
-    q_energy = _energy(w.q, sigma).unflatten(0, (heads, w.group)).sum(1)  # [G, d]
+    q_energy = energy(w.q, sigma).unflatten(0, (heads, w.group)).sum(1)  # [G, d]
     pair = q_energy[:, : d // 2] + q_energy[:, d // 2:]
     key_weight = (torch.cat([pair, pair], 1) if site.positions == "rotary" else q_energy).clamp(min=0).sqrt().flatten()
     key_part = key_weight[nope, None] * keys[nope]
     value_part = (w.o @ w.v[[w.source(h) for h in range(w.q.shape[0])]]).flatten(0, 1)
-    scale = lambda rows: rows / _energy(rows[None], sigma).sum().clamp(min=1e-30).sqrt()  # noqa: E731
+    scale = lambda rows: rows / energy(rows[None], sigma).sum().clamp(min=1e-30).sqrt()  # noqa: E731
     down = shared_rows(torch.cat([scale(key_part), scale(value_part)]), sigma, _rank(site, config), config.ridge)
     return {"down": down, "up_k": regress(keys[nope], down, sigma, config.ridge),
             "up_v": regress(values, down, sigma, config.ridge), "rope": keys[rope], "rope_index": rope,
@@ -121,15 +121,19 @@ def install(site: AttentionSite, fit: dict) -> None:
 
 def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int | None = None, rope_pairs: int = 0,
                    init: str = "calibrated", calibration: Iterable[dict | torch.Tensor] | None = None,
-                   config: LatentConfig | None = None, ridge: float = 1e-4, progress: bool | None = None) -> nn.Module:
+                   config: LatentConfig | None = None, ridge: float = 1e-4,
+                   moments: dict[str, torch.Tensor] | None = None, progress: bool | None = None) -> nn.Module:
     """Give every decoder self-attention of ``model`` a low-rank latent key/value path, in place (see module doc).
 
     ``kv_budget``: fraction of today's cached values per token (``rank = budget·2·G·d − 2·G·rope_pairs``), or
     ``rank`` directly. Validated and fitted before the model changes; recorded for ``headwise.from_pretrained``."""
     config = config or LatentConfig(kv_budget=kv_budget, rank=rank, rope_pairs=rope_pairs, init=init, ridge=ridge)
     sites = _check(model, config)
-    check_calibration(config.init, calibration)
-    moments = input_moments(model, sites, calibration, progress) if calibration is not None else {}
+    check_calibration(config.init, calibration if moments is None else moments)
+    if moments is None:
+        moments = input_moments(model, sites, calibration, progress) if calibration is not None else {}
+    elif any(s.path not in moments for s in sites):
+        raise HeadwiseError("moments lack some sites; compute them with headwise.conversion.input_moments(model, sites, batches)")
     fits = {}
     for site in tqdm(sites, desc="fit latent kv", unit="layer", disable=None if progress is None else not progress):
         n = SiteWeights.of(site).q.shape[-1]

@@ -30,7 +30,7 @@ class Merged:
     o: torch.Tensor
 
 
-def _energy(rows: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+def energy(rows: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
     """Per-row ``E[(w x)²]`` of ``rows[..., d, n]``."""
     return torch.einsum("...dn,nk,...dk->...d", rows, sigma, rows)
 
@@ -47,8 +47,8 @@ def merge_group(w: SiteWeights, members: list[int], init: str, sigma: torch.Tens
         return Merged(k.mean(0), v.mean(0), q, o)
     d = k.shape[1]
     if rotary:
-        energy = _energy(q, sigma)  # [m, d]
-        pair_weight = (energy[:, : d // 2] + energy[:, d // 2:]).clamp(min=0).sqrt()
+        q_energy = energy(q, sigma)  # [m, d]
+        pair_weight = (q_energy[:, : d // 2] + q_energy[:, d // 2:]).clamp(min=0).sqrt()
         shared, scale = shared_pairs(to_complex(k), pair_weight, sigma, ridge)
         new_k = to_real(shared)
         new_q = torch.stack([conjugate_rows(q[i], scale[i]) for i in range(len(members))])
