@@ -67,3 +67,11 @@ def test_bad_kv_heads_writes_nothing(tiny_folder, tmp_path, capsys):
     out = tmp_path / "bad"
     assert _run(tiny_folder, "gqa", "--kv-heads", "3", "--out", str(out)) == 2
     assert "does not divide the 4 query heads" in capsys.readouterr().err and not out.exists()
+
+
+def test_text_shorter_than_a_window_is_refused(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "short"
+    argv = ["convert", "gqa", "--kv-heads", "1", "--model", str(tiny_folder / "model"), "--text",
+            str(tiny_folder / "text.txt"), "--window", "100000", "--out", str(out)]
+    assert main(argv) == 2
+    assert "fewer than one --window of 100000" in capsys.readouterr().err and not out.exists()

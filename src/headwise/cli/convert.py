@@ -44,8 +44,12 @@ def register(verbs, parents) -> None:
         sub.set_defaults(run=run)
 
 
-def _windows(ids, tokens: int, window: int) -> list:
+def _windows(ids, tokens: int, window: int, what: str) -> list:
+    """``[1, window]`` slices of the first ``tokens`` ids; refuses when not even one fits."""
     ids = ids[:tokens]
+    if len(ids) < window:
+        raise HeadwiseError(f"{what}: {len(ids)} tokens, fewer than one --window of {window}; pass more text, "
+                            "more tokens or a shorter --window")
     return [ids[i : i + window][None] for i in range(0, len(ids) - window + 1, window)]
 
 
@@ -143,8 +147,9 @@ def run(args: argparse.Namespace) -> int:
     calibration = evaluation = None
     if args.text:
         calib_ids, eval_ids = _split(args.text, tokenizer)
-        calibration = _windows(calib_ids, args.calib_tokens, args.window)
-        evaluation = _windows(eval_ids, args.eval_tokens, args.window) if args.eval_tokens > 0 else None
+        calibration = _windows(calib_ids, args.calib_tokens, args.window, "calibration (first 90% of --text)")
+        evaluation = _windows(eval_ids, args.eval_tokens, args.window, "evaluation (last 10% of --text)") \
+            if args.eval_tokens > 0 else None
     teacher = copy.deepcopy(model) if args.uptrain_tokens and args.distill > 0 else None
     summary: dict = {"verdict": None, "model": args.model or "smollm2-135m", "conversion": args.conversion,
                      "kv_bytes_per_token": {"before": kv_cache_bytes(model)}}
@@ -163,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
         ppl["converted"] = perplexity(model, evaluation)
     if args.uptrain_tokens:
         train_ids, _ = _split(args.text, tokenizer)
-        summary["uptraining"] = _uptrain(model, teacher, _windows(train_ids, args.uptrain_tokens, args.window), args)
+        summary["uptraining"] = _uptrain(model, teacher, _windows(train_ids, args.uptrain_tokens, args.window,
+                                                                   "--uptrain-tokens"), args)
         if ppl is not None:
             ppl["uptrained"] = perplexity(model, evaluation)
     summary["perplexity"] = ppl
