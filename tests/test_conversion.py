@@ -309,6 +309,12 @@ def test_bad_input_leaves_model_untouched(case, match):
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_marian_eager_is_refused():
+    model = tiny_seq2seq("marian", attn="eager")
+    with pytest.raises(HeadwiseError, match="attn_implementation='sdpa'"):
+        convert_gqa(model, kv_heads=2, init="svd")
+
+
 def test_models_without_a_decoder_cache_are_refused():
     encoder = tiny_model("bert")
     before = state(encoder)

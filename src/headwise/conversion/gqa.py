@@ -35,6 +35,9 @@ def _check(model: nn.Module, config: GQAConfig) -> list[AttentionSite]:
     if config.init not in ("mean", "svd", "calibrated"):
         raise HeadwiseError(f"init={config.init!r}; choose 'mean', 'svd' or 'calibrated'")
     kv = config.kv_heads
+    if model.config.model_type not in CONFIG_FAMILIES and model.config._attn_implementation == "eager":
+        raise HeadwiseError(f"{model.config.model_type}'s eager attention does not expand shared key/value heads; load "
+                            "the model with attn_implementation='sdpa' (or call headwise.enable(model)) first")
     for site in sites:
         if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or site.num_heads % kv:
             divisors = [n for n in range(1, site.num_heads + 1) if site.num_heads % n == 0]
