@@ -94,6 +94,18 @@ def uptrain(model, ids: torch.Tensor, window: int, lr: float) -> dict:
             "uptrain_loss": result.training_loss, "uptrain_lr": lr, "uptrain_window": window}
 
 
+def table(results: dict) -> str:
+    """The results as a markdown table (for docs/kv-cache.md)."""
+    base = results["original"]
+    rows = ["| arm | KV bytes/token (16-bit) | perplexity | × original |", "|---|---:|---:|---:|"]
+    for name, r in results.items():
+        if name == "setup":
+            continue
+        rows.append(f"| {name} | {r['kv_bytes_per_token_fp16']:,} ({r['kv_bytes_per_token_fp16'] / base['kv_bytes_per_token_fp16']:.0%}) "
+                    f"| {r['perplexity']:,.2f} | {r['perplexity'] / base['perplexity']:,.2f} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default=",".join(ARMS))
@@ -105,7 +117,11 @@ def main() -> None:
     parser.add_argument("--uptrain-lr", type=float, default=1e-4)
     parser.add_argument("--moments-cache", default="/tmp/headwise-kv-moments.pt")
     parser.add_argument("--out", default="experiments/kv_conversion.json")
+    parser.add_argument("--table", action="store_true", help="print the results in --out as a markdown table")
     args = parser.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.out).read_text())))
+        return
     torch.manual_seed(0)
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)
