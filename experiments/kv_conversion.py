@@ -51,9 +51,10 @@ def split_tokens(tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     return encode(lines[:cut]), encode(lines[cut:])
 
 
-def windows(ids: torch.Tensor, tokens: int) -> list[torch.Tensor]:
+def windows(ids: torch.Tensor, tokens: int, window: int = WINDOW) -> list[torch.Tensor]:
+    """``[1, window]`` slices of the first ``tokens`` ids."""
     ids = ids[:tokens]
-    return [ids[i : i + WINDOW][None] for i in range(0, len(ids) - WINDOW + 1, WINDOW)]
+    return [ids[i : i + window][None] for i in range(0, len(ids) - window + 1, window)]
 
 
 @torch.no_grad()
