@@ -14,7 +14,6 @@ import math
 from pathlib import Path
 
 from ..errors import HeadwiseError
-from . import model_args
 
 
 def register(verbs, parents) -> None:
@@ -23,14 +22,19 @@ def register(verbs, parents) -> None:
     gqa = kinds.add_parser("gqa", parents=parents, help="merge key/value heads into --kv-heads shared ones")
     gqa.add_argument("--kv-heads", type=int, required=True, help="key/value heads per layer after conversion")
     gqa.add_argument("--grouping", choices=["contiguous", "similarity"], default="contiguous")
-    gqa.add_argument("--init", choices=["mean", "svd", "calibrated"], default="calibrated")
+    gqa.add_argument("--init", choices=["mean", "svd", "calibrated"], default="calibrated",
+                     help="mean pooling, weight-space fit, or fit on --text (default: calibrated)")
     latent = kinds.add_parser("latent", parents=parents, help="low-rank latent keys/values at a KV-byte budget")
     latent.add_argument("--kv-budget", type=float, default=None, help="fraction of today's KV bytes, e.g. 0.5")
     latent.add_argument("--rank", type=int, default=None, help="latent width per token and layer (instead of --kv-budget)")
     latent.add_argument("--rope-pairs", type=int, default=0, help="rotary pairs per key/value head kept outside the latent")
-    latent.add_argument("--init", choices=["svd", "calibrated"], default="calibrated")
+    latent.add_argument("--init", choices=["svd", "calibrated"], default="calibrated",
+                        help="weight-space fit, or fit on --text (default: calibrated)")
     for sub in (gqa, latent):
-        model_args(sub)
+        sub.add_argument("--model", default="smollm2-135m", help="decoder or encoder-decoder: name, hub name or "
+                         "local folder (default: smollm2-135m)")
+        sub.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+        sub.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32)")
         sub.add_argument("--text", default=None, help="a .txt file: first 90%% of lines calibrate/uptrain, last 10%% evaluate")
         sub.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens (default: 16384)")
         sub.add_argument("--eval-tokens", type=int, default=4096, help="evaluation tokens, 0 to skip (default: 4096)")
@@ -136,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError("--init calibrated needs --text FILE (calibration text); or pass --init svd")
     if args.uptrain_tokens and not args.text:
         raise HeadwiseError("--uptrain-tokens needs --text FILE (training text)")
-    path = resolve_model(args.model or "smollm2-135m")
+    path = resolve_model(args.model)
     config = transformers.AutoConfig.from_pretrained(path)
     if config.is_encoder_decoder and args.text:
         raise HeadwiseError("for encoder-decoders the CLI converts with --init svd or mean and no --text; calibrate "
@@ -151,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         evaluation = _windows(eval_ids, args.eval_tokens, args.window, "evaluation (last 10% of --text)") \
             if args.eval_tokens > 0 else None
     teacher = copy.deepcopy(model) if args.uptrain_tokens and args.distill > 0 else None
-    summary: dict = {"verdict": None, "model": args.model or "smollm2-135m", "conversion": args.conversion,
+    summary: dict = {"verdict": None, "model": args.model, "conversion": args.conversion,
                      "kv_bytes_per_token": {"before": kv_cache_bytes(model)}}
     ppl = {"original": perplexity(model, evaluation)} if evaluation else None
     cal = calibration if args.init == "calibrated" else None
