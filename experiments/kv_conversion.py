@@ -148,6 +148,8 @@ def main() -> None:
         extra = uptrain(model, calib_ids[: args.uptrain_tokens], args.uptrain_window, args.uptrain_lr) \
             if arm and arm.get("uptrain") else {}
         ppl = perplexity(model, evaluation)
+        if extra:
+            name = f"{name}@{extra['uptrain_tokens']}" + (f"-lr{args.uptrain_lr:g}" if args.uptrain_lr != 1e-4 else "")
         results[name] = {"perplexity": ppl, "kv_bytes_per_token_fp16": kv_cache_bytes(model, 2),
                          "fit_seconds_without_calibration": round(fit_s, 1), **(arm or {}), **extra}
         print(name, json.dumps(results[name]), flush=True)
