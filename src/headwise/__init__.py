@@ -6,6 +6,7 @@ The verbs and their configs, one per method (each also has a ``headwise <verb>``
 
 from .analysis import AnalysisConfig, HeadStats, analyze
 from .collaborative import CollaborativeConfig, compress
+from .conversion import convert_gqa, convert_latent
 from .errors import HeadwiseError
 from .tasks import evaluate_stsb, fidelity, get_task
 from .io import from_pretrained, save_pretrained
@@ -38,6 +39,8 @@ __all__ = [
     "MixingConfig", "add_mixers", "remove_mixers", "fold_mixing", "swap_heads",
     # mechanisms
     "replace_attention", "restore_attention",
+    # KV-cache conversion
+    "convert_gqa", "convert_latent",
     # per-head KV cache
     "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy",
     # tasks

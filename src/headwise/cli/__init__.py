@@ -18,7 +18,8 @@ Command = Callable[[argparse.Namespace], int]
 # The verbs, in help order: each module has ``register(verbs, parents)`` and imports heavy code lazily.
 PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headwise.cli.eval", "headwise.cli.prune",
                            "headwise.cli.quantize", "headwise.cli.mechanisms", "headwise.cli.compress", "headwise.cli.mix",
-                           "headwise.cli.replace", "headwise.cli.kv_policy")
+                           "headwise.cli.replace", "headwise.cli.kv_policy",
+                           "headwise.cli.convert")
 
 
 def model_args(parser: argparse.ArgumentParser) -> None:

@@ -31,7 +31,8 @@ EDITS: dict[str, Callable[[nn.Module, dict[str, Any]], None]] = {}
 
 
 # Packages that register structural edits; imported on demand when a checkpoint needs one.
-EDIT_PACKAGES = ("headwise.pruning", "headwise.mixing", "headwise.collaborative", "headwise.kvcache")
+EDIT_PACKAGES = ("headwise.pruning", "headwise.mixing", "headwise.collaborative", "headwise.kvcache",
+                 "headwise.conversion")
 
 def register_edit(kind: str, replay: Callable[[nn.Module, dict[str, Any]], None]) -> None:
     """Register how to replay a structural edit record ``{"kind": kind, ...}`` on a freshly built model."""

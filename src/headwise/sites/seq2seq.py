@@ -35,18 +35,19 @@ def bart_like(model: nn.Module) -> list[AttentionSite]:
     """BART, Marian: ``self_attn`` in encoder and decoder layers, ``encoder_attn`` (cross) in decoder layers.
 
     A decoder self-attention module is causal; its ``head_dim`` stays fixed, so the head count is read from
-    ``v_proj`` (it shrinks under surgery; ``q_proj`` and ``k_proj`` change width when heads become collaborative).
+    ``out_proj`` (it shrinks under surgery; ``q_proj`` and ``k_proj`` change width when heads become collaborative)
+    and the key/value head count from ``v_proj`` (fewer after ``headwise.conversion.convert_gqa``).
     """
     sites = []
     for path, m in model.named_modules():
         if not all(hasattr(m, n) for n in ("q_proj", "k_proj", "v_proj", "out_proj", "is_decoder", "head_dim")):
             continue
         cross = path.rsplit(".", 1)[-1] == "encoder_attn"
-        heads = m.v_proj.out_features // m.head_dim
+        heads, kv_heads = m.out_proj.in_features // m.head_dim, m.v_proj.out_features // m.head_dim
         sites.append(
             _linear_site(
                 model, path, m, m.q_proj, m.k_proj, m.v_proj, m.out_proj,
-                heads=heads, kv_heads=heads, head_dim=m.head_dim, kind=_kind(m, cross),
+                heads=heads, kv_heads=kv_heads, head_dim=m.head_dim, kind=_kind(m, cross),
                 positions="absolute", causal=bool(m.is_causal),
             )
         )

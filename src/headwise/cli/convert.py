@@ -1,0 +1,191 @@
+"""``headwise convert gqa|latent``: shrink a decoder's key/value cache, optionally uptrain, save, report.
+
+Writes ``OUT/model`` (plain transformers when the result allows it, else ``headwise.save_pretrained``) and
+``OUT/conversion.json`` (opens with the verdict). Text files give calibration, evaluation and uptraining tokens
+(one file is split: the first 90% of its lines calibrate and uptrain, the last 10% evaluate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+from pathlib import Path
+
+from ..errors import HeadwiseError
+
+
+def register(verbs, parents) -> None:
+    p = verbs.add_parser("convert", parents=parents, help="shrink the KV cache: grouped-query or latent keys/values")
+    kinds = p.add_subparsers(dest="conversion", required=True, metavar="KIND")
+    gqa = kinds.add_parser("gqa", parents=parents, help="merge key/value heads into --kv-heads shared ones")
+    gqa.add_argument("--kv-heads", type=int, required=True, help="key/value heads per layer after conversion")
+    gqa.add_argument("--grouping", choices=["contiguous", "similarity"], default="contiguous")
+    gqa.add_argument("--init", choices=["mean", "svd", "calibrated"], default="calibrated",
+                     help="mean pooling, weight-space fit, or fit on --text (default: calibrated)")
+    latent = kinds.add_parser("latent", parents=parents, help="low-rank latent keys/values at a KV-byte budget")
+    latent.add_argument("--kv-budget", type=float, default=None, help="fraction of today's KV bytes, e.g. 0.5")
+    latent.add_argument("--rank", type=int, default=None, help="latent width per token and layer (instead of --kv-budget)")
+    latent.add_argument("--rope-pairs", type=int, default=0, help="rotary pairs per key/value head kept outside the latent")
+    latent.add_argument("--init", choices=["svd", "calibrated"], default="calibrated",
+                        help="weight-space fit, or fit on --text (default: calibrated)")
+    for sub in (gqa, latent):
+        sub.add_argument("--model", default="smollm2-135m", help="decoder or encoder-decoder: name, hub name or "
+                         "local folder (default: smollm2-135m)")
+        sub.add_argument("--device", default="cpu", help="torch device (default: cpu)")
+        sub.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32)")
+        sub.add_argument("--text", default=None, help="a .txt file: first 90%% of lines calibrate/uptrain, last 10%% evaluate")
+        sub.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens (default: 16384)")
+        sub.add_argument("--eval-tokens", type=int, default=4096, help="evaluation tokens, 0 to skip (default: 4096)")
+        sub.add_argument("--window", type=int, default=1024, help="tokens per sequence (default: 1024)")
+        sub.add_argument("--uptrain-tokens", type=int, default=0, help="tokens of next-token uptraining (default: 0)")
+        sub.add_argument("--distill", type=float, default=0.0, help="weight of the KL to the original model's predictions")
+        sub.add_argument("--lr", type=float, default=1e-4, help="uptraining learning rate (default: 1e-4)")
+        sub.add_argument("--resume", action="store_true", help="resume uptraining from OUT.checkpoints")
+        sub.add_argument("--out", required=True, help="output folder: model/ and conversion.json")
+        sub.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+        sub.set_defaults(run=run)
+
+
+def _windows(ids, tokens: int, window: int, what: str) -> list:
+    """``[1, window]`` slices of the first ``tokens`` ids; refuses when not even one fits."""
+    ids = ids[:tokens]
+    if len(ids) < window:
+        raise HeadwiseError(f"{what}: {len(ids)} tokens, fewer than one --window of {window}; pass more text, "
+                            "more tokens or a shorter --window")
+    return [ids[i : i + window][None] for i in range(0, len(ids) - window + 1, window)]
+
+
+def _split(path: str, tokenizer) -> tuple:
+    import torch
+
+    file = Path(path)
+    if not file.is_file():
+        raise HeadwiseError(f"--text {path}: no such file (plain text, one paragraph a line)")
+    lines = file.read_text(encoding="utf-8").splitlines(keepends=True)
+    if len(lines) < 10:
+        raise HeadwiseError(f"--text {path} has {len(lines)} lines; it needs at least 10 (90%/10% split)")
+    cut = int(len(lines) * 0.9)
+    encode = lambda part: torch.tensor(tokenizer("".join(part))["input_ids"])  # noqa: E731
+    return encode(lines[:cut]), encode(lines[cut:])
+
+
+def perplexity(model, windows: list) -> float:
+    """exp of the mean next-token loss over the windows (``[1, T]`` input ids)."""
+    import torch
+
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for ids in windows:
+            ids = ids.to(model.device)
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="sum"))
+            count += ids.shape[1] - 1
+    return math.exp(total / count)
+
+
+def _uptrain(model, teacher, windows: list, args: argparse.Namespace) -> dict:
+    import torch
+    from transformers import TrainingArguments
+
+    from ..training import HeadwiseTrainer
+
+    class Distill(HeadwiseTrainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            out = model(**inputs)
+            loss = out["loss"]
+            if teacher is not None and args.distill > 0:
+                with torch.no_grad():
+                    target = teacher(input_ids=inputs["input_ids"]).logits.float().log_softmax(-1)
+                student = out["logits"].float().log_softmax(-1)
+                kl = torch.nn.functional.kl_div(student, target, log_target=True, reduction="none").sum(-1).mean()
+                loss = loss + args.distill * kl
+            return (loss, out) if return_outputs else loss
+
+    data = [{"input_ids": w[0], "labels": w[0]} for w in windows]
+    checkpoints = f"{args.out.rstrip('/')}.checkpoints"
+    training = TrainingArguments(output_dir=checkpoints, per_device_train_batch_size=1, learning_rate=args.lr,
+                                 num_train_epochs=1, lr_scheduler_type="cosine", warmup_steps=max(1, len(data) // 20),
+                                 logging_steps=max(1, len(data) // 10), save_steps=max(1, len(data) // 4),
+                                 report_to=[], use_cpu=args.device == "cpu", seed=0)
+    model.train()
+    trainer = Distill(model=model, args=training, train_dataset=data)
+    result = trainer.train(resume_from_checkpoint=True if args.resume else None)
+    model.eval()
+    return {"tokens": sum(w.numel() for w in windows), "steps": result.global_step, "loss": result.training_loss,
+            "distill": args.distill, "learning_rate": args.lr, "checkpoints": checkpoints}
+
+
+def _verdict(summary: dict) -> str:
+    before, after = summary["kv_bytes_per_token"]["before"], summary["kv_bytes_per_token"]["after"]
+    text = f"KV cache {before:,} → {after:,} bytes/token in 16-bit ({after / before - 1:+.0%})"
+    ppl = summary.get("perplexity")
+    if ppl:
+        last = ppl.get("uptrained", ppl["converted"])
+        text += f"; perplexity {ppl['original']:.2f} → {last:.2f} (×{last / ppl['original']:.2f})"
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    import transformers
+
+    from ..conversion import convert_gqa, convert_latent, export_native, kv_cache_bytes, native_reason
+    from ..io import atomic_dir, check_writable_dir, save_pretrained
+    from ..models import load_tokenizer, parse_dtype, resolve_model
+
+    check_writable_dir(args.out, args.force)
+    if args.init == "calibrated" and not args.text:
+        raise HeadwiseError("--init calibrated needs --text FILE (calibration text); or pass --init svd")
+    if args.uptrain_tokens and not args.text:
+        raise HeadwiseError("--uptrain-tokens needs --text FILE (training text)")
+    path = resolve_model(args.model)
+    config = transformers.AutoConfig.from_pretrained(path)
+    if config.is_encoder_decoder and args.text:
+        raise HeadwiseError("for encoder-decoders the CLI converts with --init svd or mean and no --text; calibrate "
+                            "from Python with model-input dicts (headwise.convert_gqa(..., calibration=batches))")
+    auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=parse_dtype(args.dtype) or torch.float32).to(args.device).eval()
+    tokenizer = load_tokenizer(path)
+    calibration = evaluation = None
+    if args.text:
+        calib_ids, eval_ids = _split(args.text, tokenizer)
+        calibration = _windows(calib_ids, args.calib_tokens, args.window, "calibration (first 90% of --text)")
+        evaluation = _windows(eval_ids, args.eval_tokens, args.window, "evaluation (last 10% of --text)") \
+            if args.eval_tokens > 0 else None
+    teacher = copy.deepcopy(model) if args.uptrain_tokens and args.distill > 0 else None
+    summary: dict = {"verdict": None, "model": args.model, "conversion": args.conversion,
+                     "kv_bytes_per_token": {"before": kv_cache_bytes(model)}}
+    ppl = {"original": perplexity(model, evaluation)} if evaluation else None
+    cal = calibration if args.init == "calibrated" else None
+    if args.conversion == "gqa":
+        convert_gqa(model, kv_heads=args.kv_heads, grouping=args.grouping, init=args.init, calibration=cal)
+        summary["options"] = {"kv_heads": args.kv_heads, "grouping": args.grouping, "init": args.init}
+    else:
+        convert_latent(model, kv_budget=args.kv_budget, rank=args.rank, rope_pairs=args.rope_pairs, init=args.init,
+                       calibration=cal)
+        summary["options"] = {"kv_budget": args.kv_budget, "rank": args.rank, "rope_pairs": args.rope_pairs,
+                              "init": args.init}
+    summary["kv_bytes_per_token"]["after"] = kv_cache_bytes(model)
+    if ppl is not None:
+        ppl["converted"] = perplexity(model, evaluation)
+    if args.uptrain_tokens:
+        train_ids, _ = _split(args.text, tokenizer)
+        summary["uptraining"] = _uptrain(model, teacher, _windows(train_ids, args.uptrain_tokens, args.window,
+                                                                   "--uptrain-tokens"), args)
+        if ppl is not None:
+            ppl["uptrained"] = perplexity(model, evaluation)
+    summary["perplexity"] = ppl
+    reason = native_reason(model)
+    summary["saved"] = "plain transformers (AutoModelForCausalLM.from_pretrained)" if reason is None else \
+        f"headwise.from_pretrained ({reason})"
+    summary["verdict"] = _verdict(summary)
+    with atomic_dir(args.out, overwrite=args.force) as tmp:
+        if reason is None:
+            export_native(model, tmp / "model", tokenizer=tokenizer)
+        else:
+            save_pretrained(model, tmp / "model", tokenizer=tokenizer)
+        (tmp / "conversion.json").write_text(json.dumps(summary, indent=1))
+    print(json.dumps(summary) if args.json else f"{summary['verdict']}\nsaved {args.out}/model ({summary['saved']})")
+    return 0

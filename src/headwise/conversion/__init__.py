@@ -1,0 +1,15 @@
+"""Shrink the key/value cache of a trained decoder: grouped-query merging (``convert_gqa``) and low-rank latent
+keys/values (``convert_latent``), calibrated to respect the rotary embedding. Math and numbers: docs/kv-cache.md.
+"""
+
+from .budget import kv_cache_bytes, kv_values_per_token
+from .calibration import input_moments
+from .config import GQAConfig, LatentConfig
+from .export import export_native, native_reason
+from .gqa import convert_gqa
+from .latent import convert_latent
+from .layer import LatentProjection, is_latent
+from .rotary import pair_scale
+
+__all__ = ["convert_gqa", "convert_latent", "GQAConfig", "LatentConfig", "LatentProjection", "is_latent",
+           "export_native", "native_reason", "kv_cache_bytes", "kv_values_per_token", "input_moments", "pair_scale"]

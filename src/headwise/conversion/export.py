@@ -1,0 +1,52 @@
+"""Save a grouped-query conversion as a plain transformers checkpoint (no headwise needed to load it)."""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from ..errors import HeadwiseError
+from ..io import atomic_dir
+from ..runtime.ops import ops_of
+from ..sites import find_sites
+from .checks import CONFIG_FAMILIES
+from .layer import is_latent
+
+
+def native_reason(model: nn.Module) -> str | None:
+    """Why ``model`` cannot be exported natively (None when it can)."""
+    family = model.config.model_type
+    if any(is_latent(s.module) for s in find_sites(model)):
+        return ("latent keys/values have no transformers class that keeps the rotary embedding on every key "
+                "dimension (DeepSeek-V3's MLA normalises the latent and rotates only a shared rope head)")
+    if family not in CONFIG_FAMILIES:
+        return f"{family} configs have no key/value head count (num_key_value_heads)"
+    if any(ops_of(s) is not None for s in find_sites(model)):
+        return "headwise ops are attached (gates, observers, mechanisms)"
+    return None
+
+
+def export_native(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None, overwrite: bool = False) -> Path:
+    """Write ``model`` with transformers' own ``save_pretrained`` (config with ``num_key_value_heads``), so that
+    ``AutoModelForCausalLM.from_pretrained(path)`` loads it; refuses what that cannot represent (see
+    :func:`native_reason`) — save those with ``headwise.save_pretrained``."""
+    reason = native_reason(model)
+    if reason is not None:
+        raise HeadwiseError(f"cannot export {type(model).__name__} natively: {reason}; use headwise.save_pretrained "
+                            "and headwise.from_pretrained")
+    plain = copy.deepcopy(model.config)
+    if hasattr(plain, "headwise"):
+        del plain.headwise
+    original, model.config = model.config, plain
+    try:
+        with atomic_dir(path, overwrite=overwrite) as tmp:
+            model.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+    finally:
+        model.config = original
+    return Path(path)

@@ -1,0 +1,54 @@
+"""Closed-form fits of shared projections on input moments.
+
+A projection is a row block ``W[r, n]`` acting on the site input ``x[n]`` (``n = D`` or ``D+1`` with biases);
+``Σ = E[x xᵀ]`` makes ``‖W x‖²`` a quadratic form, ``E‖W x‖² = tr(W Σ Wᵀ)``. ``Σ = I`` is the weight-space fit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def whitener(sigma: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(S, S⁻¹)`` with ``S Sᵀ = Σ + ridge·mean_eig·I`` (Cholesky, float64)."""
+    sigma = sigma.double()
+    eye = torch.eye(sigma.shape[0], dtype=sigma.dtype)
+    s = torch.linalg.cholesky(sigma + ridge * sigma.diagonal().mean() * eye)
+    return s, torch.linalg.solve_triangular(s, eye, upper=False)
+
+
+def shared_rows(blocks: torch.Tensor, sigma: torch.Tensor, rank: int, ridge: float) -> torch.Tensor:
+    """The ``rank`` rows ``P[rank, n]`` whose outputs best explain every row of ``blocks[m, n]`` on ``Σ``:
+    ``min Σ_i min_e E(b_i x − e P x)²``, the top right singular subspace of ``blocks·S`` mapped back by ``S⁻¹``
+    (reduced-rank regression). ``P Σ Pᵀ ≈ I``."""
+    s, s_inv = whitener(sigma, ridge)
+    gram = (blocks.double() @ s).mT @ (blocks.double() @ s)
+    _, vectors = torch.linalg.eigh(gram)
+    return vectors[:, -rank:].flip(-1).mT @ s_inv
+
+
+def regress(target: torch.Tensor, basis: torch.Tensor, sigma: torch.Tensor, ridge: float) -> torch.Tensor:
+    """Least-squares map ``E[t, r]`` with ``target x ≈ E · basis x`` on ``Σ``: ``T Σ Pᵀ (P Σ Pᵀ)⁻¹``."""
+    sigma = sigma.double() + ridge * sigma.diagonal().mean().double() * torch.eye(sigma.shape[0], dtype=torch.float64)
+    cross, gram = target.double() @ sigma @ basis.double().mT, basis.double() @ sigma @ basis.double().mT
+    return torch.linalg.solve(gram, cross.mT).mT
+
+
+def shared_pairs(keys: torch.Tensor, weights: torch.Tensor, sigma: torch.Tensor, ridge: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary-compatible merge of ``m`` keys: per frequency pair ``f`` one shared complex functional ``r_f`` and
+    per-key complex scalars ``c[m, f]`` with ``z_{i,f}(x) ≈ c_{i,f}·r_f x`` (a weighted complex rank-1 fit).
+
+    ``keys[m, d/2, n]`` complex (:func:`rotary.to_complex` of each key's rows), ``weights[m, d/2]`` ≥ 0
+    (how much each key's error costs per pair, e.g. the root energy of the queries that read it).
+    Returns ``(r[d/2, n] complex, c[m, d/2] complex)``."""
+    s, s_inv = whitener(sigma, ridge)
+    sc = s.to(torch.complex128)
+    weighted = (weights.double()[..., None] * keys.to(torch.complex128)).permute(1, 0, 2) @ sc  # [f, m, n]
+    _, _, vh = torch.linalg.svd(weighted, full_matrices=False)
+    shared = vh[:, 0, :] @ s_inv.to(torch.complex128)  # [f, n]: the functional r_f (r_f·x), S⁻¹ undoes whitening
+    sig = sigma.to(torch.complex128) + ridge * sigma.diagonal().mean() * torch.eye(sigma.shape[0], dtype=torch.complex128)
+    # c_{i,f} = E[conj(r x) z_i x] / E|r x|²
+    cross = torch.einsum("fn,nk,mfk->mf", shared.conj(), sig, keys.to(torch.complex128))
+    norm = torch.einsum("fn,nk,fk->f", shared.conj(), sig, shared).real
+    return shared, cross / norm

@@ -1,0 +1,122 @@
+"""``convert_gqa``: merge the key/value heads of decoder self-attention into fewer, shared ones.
+
+Works in the "expanded" view: every query head reads one of today's key/value heads (its source); a new group of
+query heads gets one merged key/value head (:mod:`.merge`). Groups whose members already read one source copy it,
+so unchanged ``kv_heads`` with contiguous grouping is exact. Llama/Mistral/Qwen2 store the new head count in
+``config.num_key_value_heads`` (a standard architecture, exported natively); BART/Marian record an edit that
+``headwise.from_pretrained`` replays (their configs have no key/value head count).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import HeadwiseError
+from ..io import record_edit, register_edit
+from ..sites import AttentionSite, find_sites
+from .calibration import input_moments
+from .checks import CONFIG_FAMILIES, check_calibration, convertible_sites
+from .config import GQAConfig
+from .grouping import balanced_groups, contiguous_groups, similarity
+from .merge import Merged, merge_group
+from .weights import SiteWeights, linear_from_rows, write_heads
+
+EDIT_KIND = "gqa_kv_heads"
+
+
+def _check(model: nn.Module, config: GQAConfig) -> list[AttentionSite]:
+    sites = convertible_sites(model, "convert_gqa")
+    if config.grouping not in ("contiguous", "similarity"):
+        raise HeadwiseError(f"grouping={config.grouping!r}; choose 'contiguous' or 'similarity'")
+    if config.init not in ("mean", "svd", "calibrated"):
+        raise HeadwiseError(f"init={config.init!r}; choose 'mean', 'svd' or 'calibrated'")
+    kv = config.kv_heads
+    if model.config.model_type not in CONFIG_FAMILIES and model.config._attn_implementation == "eager":
+        raise HeadwiseError(f"{model.config.model_type}'s eager attention does not expand shared key/value heads; load "
+                            "the model with attn_implementation='sdpa' (or call headwise.enable(model)) first")
+    for site in sites:
+        if not isinstance(kv, int) or isinstance(kv, bool) or kv < 1 or site.num_heads % kv:
+            divisors = [n for n in range(1, site.num_heads + 1) if site.num_heads % n == 0]
+            raise HeadwiseError(f"kv_heads={kv!r} does not divide the {site.num_heads} query heads of {site.name}; "
+                                f"choose one of {divisors}")
+    return sites
+
+
+def _plan(weights: SiteWeights, site: AttentionSite, config: GQAConfig, sigma: torch.Tensor) -> list[Merged]:
+    """One merged key/value head per group; the groups list their query heads in the new head order."""
+    rotary = site.positions == "rotary"
+    if config.grouping == "similarity":
+        groups = balanced_groups(similarity(weights, sigma, rotary), config.kv_heads)
+    else:
+        groups = contiguous_groups(site.num_heads, config.kv_heads)
+    fit_sigma = sigma if config.init == "calibrated" else torch.eye(sigma.shape[0], dtype=sigma.dtype)
+    return [merge_group(weights, g, config.init, fit_sigma, rotary, config.ridge) for g in groups]
+
+
+def resize_kv(site: AttentionSite, kv_heads: int,
+              k_rows: torch.Tensor | None = None, v_rows: torch.Tensor | None = None, bias: bool = False) -> None:
+    """Give ``site`` ``kv_heads`` key/value heads: new k/v projections (from ``[G·d, n]`` rows, or empty for a
+    replay) and the module's group count."""
+    attn = site.module
+    for name, rows in (("k_proj", k_rows), ("v_proj", v_rows)):
+        old = getattr(attn, name)
+        if rows is None:
+            rows = torch.zeros(kv_heads * site.head_dim, old.in_features + int(old.bias is not None))
+            bias = old.bias is not None
+        setattr(attn, name, linear_from_rows(rows, bias, old))
+    attn.num_key_value_groups = site.num_heads // kv_heads
+    if hasattr(attn, "num_key_value_heads"):
+        attn.num_key_value_heads = kv_heads
+
+
+@torch.no_grad()
+def _apply(site: AttentionSite, merged: list[Merged], bias: bool) -> None:
+    write_heads(site.q, torch.cat([m.q for m in merged]), bias)
+    write_heads(site.o, torch.cat([m.o for m in merged]), bias)
+    resize_kv(site, len(merged), torch.cat([m.k for m in merged]), torch.cat([m.v for m in merged]), bias)
+
+
+def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str = "contiguous", init: str = "calibrated",
+                calibration: Iterable[dict | torch.Tensor] | None = None, config: GQAConfig | None = None,
+                ridge: float = 1e-4, moments: dict[str, torch.Tensor] | None = None,
+                progress: bool | None = None) -> nn.Module:
+    """Convert every decoder self-attention of ``model`` to ``kv_heads`` key/value heads, in place.
+
+    ``calibration``: input-id tensors ``[B, T]`` or model-input dicts (needed by ``init="calibrated"``; also used by
+    ``grouping="similarity"``), or ``moments`` computed once with :func:`input_moments` (to try several options).
+    Everything is validated and fitted before the model changes. Returns the model.
+    """
+    config = config or GQAConfig(kv_heads=kv_heads, grouping=grouping, init=init, ridge=ridge)
+    sites = _check(model, config)
+    check_calibration(config.init, calibration if moments is None else moments, config.grouping)
+    if moments is None:
+        moments = input_moments(model, sites, calibration, progress) if calibration is not None else {}
+    elif any(s.path not in moments for s in sites):
+        raise HeadwiseError("moments lack some sites; compute them with headwise.conversion.input_moments(model, sites, batches)")
+    plans = {}
+    for site in tqdm(sites, desc="fit kv heads", unit="layer", disable=None if progress is None else not progress):
+        weights = SiteWeights.of(site)
+        sigma = moments.get(site.path, torch.eye(weights.q.shape[-1], dtype=torch.float64))
+        plans[site.path] = (_plan(weights, site, config, sigma), weights.bias)
+    for site in sites:
+        _apply(site, *plans[site.path])
+    if model.config.model_type in CONFIG_FAMILIES:
+        model.config.num_key_value_heads = config.kv_heads
+    else:
+        record_edit(model, {"kind": EDIT_KIND, "kv_heads": {s.path: config.kv_heads for s in sites}})
+    return model
+
+
+def _replay(model: nn.Module, record: dict) -> None:
+    sites = {s.path: s for s in find_sites(model)}
+    for path, kv in record["kv_heads"].items():
+        if path not in sites:
+            raise HeadwiseError(f"{EDIT_KIND}: site {path!r} is absent from the model")
+        resize_kv(sites[path], int(kv))
+
+
+register_edit(EDIT_KIND, _replay)

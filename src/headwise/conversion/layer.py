@@ -1,0 +1,61 @@
+"""The projections of a latent key/value site: keys and values decoded from one shared latent per token.
+
+``down: x[D] → c[r]`` is shared by ``k_proj`` and ``v_proj``; each decodes its heads with ``up: c → [rows]``.
+Keys may keep some rotary rows outside the latent (``rope``: read from ``x`` directly). The rotary embedding is
+applied by the attention module after decoding, as before, so a full-rank latent is exact. What a latent cache
+stores per token and layer: ``c`` and the ``rope`` rows.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class LatentProjection(nn.Module):
+    """``out[..., order] = cat(rope(x), up(down(x)))``: ``[B, T, D] → [B, T, out_features]``.
+
+    ``order[out]`` (long buffer) puts the rope rows and the decoded rows back in the head layout."""
+
+    def __init__(self, down: nn.Linear, up: nn.Linear, rope: nn.Linear | None, order: torch.Tensor) -> None:
+        super().__init__()
+        self.down, self.up, self.rope = down, up, rope
+        self.register_buffer("order", order.long())
+        self.in_features, self.out_features = down.in_features, order.numel()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        decoded = self.up(self.down(x))
+        parts = [self.rope(x), decoded] if self.rope is not None else [decoded]
+        return torch.cat(parts, -1)[..., self.order]
+
+    def _dense(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        weight = self.up.weight @ self.down.weight
+        bias = None if self.down.bias is None else self.up.weight @ self.down.bias
+        if self.rope is not None:
+            weight = torch.cat([self.rope.weight, weight])
+            bias = None if bias is None else torch.cat([self.rope.bias, bias])
+        return weight[self.order], None if bias is None else bias[self.order]
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """The equivalent dense ``[out, D]`` weight (a copy: per-head views of a latent site are read-only)."""
+        return self._dense()[0]
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self._dense()[1]
+
+    @property
+    def rank(self) -> int:
+        return self.down.out_features
+
+    @property
+    def rope_rows(self) -> int:
+        return 0 if self.rope is None else self.rope.out_features
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, rank={self.rank}, rope_rows={self.rope_rows}, out={self.out_features}"
+
+
+def is_latent(module: nn.Module) -> bool:
+    return isinstance(getattr(module, "k_proj", None), LatentProjection)

@@ -1,0 +1,77 @@
+"""``headwise convert gqa|latent`` on a tiny random Llama with SmolLM2's tokenizer."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers as tf
+
+import headwise
+from headwise.cli import main
+from headwise.models import resolve_model
+
+WORDS = "the cat sat on a mat while dogs ran past houses near rivers and hills under grey skies".split()
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("convert")
+    tokenizer = tf.AutoTokenizer.from_pretrained(resolve_model("smollm2-135m"))
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=37, tie_word_embeddings=True)
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    g = torch.Generator().manual_seed(0)
+    lines = [" ".join(WORDS[i] for i in torch.randint(len(WORDS), (40,), generator=g)) for _ in range(60)]
+    (root / "text.txt").write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _run(root, *argv):
+    return main(["convert", *argv, "--model", str(root / "model"), "--text", str(root / "text.txt"),
+                 "--calib-tokens", "1024", "--eval-tokens", "128", "--window", "64"])
+
+
+def test_gqa_with_uptraining_exports_natively(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "gqa"
+    code = _run(tiny_folder, "gqa", "--kv-heads", "1", "--uptrain-tokens", "256", "--distill", "0.5", "--out", str(out))
+    assert code == 0
+    summary = json.loads((out / "conversion.json").read_text())
+    assert next(iter(summary)) == "verdict" and summary["verdict"].startswith("KV cache 128 → 64 bytes/token")
+    assert summary["uptraining"]["steps"] == 4 and set(summary["perplexity"]) == {"original", "converted", "uptrained"}
+    plain = tf.AutoModelForCausalLM.from_pretrained(out / "model").eval()
+    assert plain.config.num_key_value_heads == 1
+    reloaded = headwise.from_pretrained(out / "model")
+    ids = torch.randint(0, 100, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=ids).logits, plain(input_ids=ids).logits, rtol=0, atol=1e-5)
+    assert "saved" in capsys.readouterr().out
+    assert _run(tiny_folder, "gqa", "--kv-heads", "1", "--out", str(out)) == 2  # refuses to overwrite
+    assert "not empty" in capsys.readouterr().err
+
+
+def test_latent_saves_for_headwise(tiny_folder, tmp_path):
+    out = tmp_path / "latent"
+    assert _run(tiny_folder, "latent", "--kv-budget", "0.5", "--rope-pairs", "1", "--out", str(out)) == 0
+    summary = json.loads((out / "conversion.json").read_text())
+    assert summary["kv_bytes_per_token"] == {"before": 128, "after": 64}
+    assert summary["saved"].startswith("headwise.from_pretrained (latent")
+    model = headwise.from_pretrained(out / "model")
+    assert model.model.layers[0].self_attn.k_proj.rank == 12
+
+
+def test_bad_kv_heads_writes_nothing(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "bad"
+    assert _run(tiny_folder, "gqa", "--kv-heads", "3", "--out", str(out)) == 2
+    assert "does not divide the 4 query heads" in capsys.readouterr().err and not out.exists()
+
+
+def test_text_shorter_than_a_window_is_refused(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "short"
+    argv = ["convert", "gqa", "--kv-heads", "1", "--model", str(tiny_folder / "model"), "--text",
+            str(tiny_folder / "text.txt"), "--window", "100000", "--out", str(out)]
+    assert main(argv) == 2
+    assert "fewer than one --window of 100000" in capsys.readouterr().err and not out.exists()
