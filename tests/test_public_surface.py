@@ -19,9 +19,10 @@ from headwise.quantization import QuantizationConfig
 def test_top_level_exports_verbs_and_configs_not_internals():
     for name in ("compress", "CollaborativeConfig", "quantize_attention", "QuantizationConfig", "replace_attention",
                  "add_mixers", "MixingConfig", "apply_masks", "add_l0_gates", "L0Config", "analyze",
-                 "AnalysisConfig", "save_pretrained", "from_pretrained", "select_sites"):
+                 "AnalysisConfig", "save_pretrained", "from_pretrained", "select_sites", "convert_gqa", "convert_latent",
+                 "kv_policy", "apply_kv_policy", "KVPolicy"):
         assert name in headwise.__all__ and callable(getattr(headwise, name))
-    assert len(headwise.__all__) <= 40 and all(hasattr(headwise, n) for n in headwise.__all__)
+    assert len(headwise.__all__) <= 48 and all(hasattr(headwise, n) for n in headwise.__all__)
     assert issubclass(headwise.HeadwiseError, ValueError)
 
 
