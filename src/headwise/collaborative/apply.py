@@ -93,7 +93,7 @@ def content_bias(site: AttentionSite) -> torch.Tensor:
     """``c_h = W_k^hᵀ b_q^h`` ``[H, D]``: the key-dependent score term of the biases (the rest cancels)."""
     bias = site.q.bias
     K = site.k.weight.detach().double()
-    return torch.zeros(K.shape[0], K.shape[2], dtype=K.dtype) if bias is None else \
+    return K.new_zeros(K.shape[0], K.shape[2]) if bias is None else \
         torch.einsum("hdj,hd->hj", K, bias.detach().double())
 
 
