@@ -278,7 +278,7 @@ def test_binarization_row_scope_sums_rows_to_one():
 @pytest.mark.parametrize("options, message", [
     ({"bits": 0}, "bits must be an integer from 1 to 16"), ({"bits": 17}, "from 1 to 16"),
     ({"bits": 2.5}, "integer"), ({"threshold": 1.0}, r"\[0, 1\)"), ({"threshold": -0.1}, r"\[0, 1\)"),
-    ({"method": "log3"}, "valid: linear_slinear, .*binarization, none"), ({"floor": 0}, "floor"),
+    ({"method": "logx3"}, "valid: linear_slinear, .*binarization, none, or a short name log"), ({"floor": 0}, "floor"),
     ({"top_edge": "up"}, "reference, clamp"), ({"method": "uniform_slog_mean", "scope": "row"}, "binarization only"),
 ])
 def test_bad_options_are_clear_errors(options, message):

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 from torch import nn
 
 from ..runtime import add_observer, attach, detach
-from ..runtime.gates import LayerCounted, layer_of
+from ..runtime.gates import LayerCounted
 from ..sites import AttentionSite
 from .rows import Row, rows_by_site
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..sites import AttentionSite
-from .attach import layer_of
+from ..runtime.gates import layer_of
 from .metrics import batch_sums, histogram_edges
 from .stats import HeadStats
 

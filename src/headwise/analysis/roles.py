@@ -32,7 +32,8 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..sites import AttentionSite, find_sites
 from ..runtime import eval_mode, using_headwise
-from .attach import layer_of, per_site
+from ..runtime.gates import layer_of
+from .attach import per_site
 from .rows import Row
 
 ROLES = ("positional", "rare", "alignment")
