@@ -163,11 +163,16 @@ def test_the_task_picks_the_head_and_a_missing_head_is_refused(causal, tmp_path)
         LanguageModeling().check_model(base, None)
 
 
-def test_task_heads_in_models_match_the_tasks():
+def test_task_tables_of_the_lower_layers_match_the_tasks():
+    from dataclasses import fields
+
+    from headwise.cli.task_options import OPTIONS, TASK_NAMES, USED_BY
     from headwise.models import TASK_HEADS
     from headwise.tasks import TASKS
 
-    assert TASK_HEADS == {name: cls.head for name, cls in TASKS.items()}
+    assert TASK_HEADS == {name: cls.head for name, cls in TASKS.items()} and set(TASK_NAMES) == set(TASKS)
+    for _, (option, _) in OPTIONS.items():
+        assert set(USED_BY[option]) == {n for n, cls in TASKS.items() if option in {f.name for f in fields(cls)}}
 
 
 # ---- translation --------------------------------------------------------------------------------------------

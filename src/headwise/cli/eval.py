@@ -26,7 +26,7 @@ def register(verbs, parents) -> None:
     for name, text in HELP.items():
         sub = tasks.add_parser(name, parents=parents, help=text)
         model_args(sub)
-        task_args(sub, task=False)
+        task_args(sub, task=name)
         sub.set_defaults(run=run_task)
 
 

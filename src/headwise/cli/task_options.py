@@ -33,16 +33,29 @@ OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def task_args(parser: argparse.ArgumentParser, task: bool = True) -> None:
-    """Add ``--task`` (unless ``task=False``: the task is the sub-command) and the task options the verb lacks."""
-    if task:
+# which tasks read each option (the tasks' dataclass fields; a test keeps the two in step)
+USED_BY: dict[str, tuple[str, ...]] = {
+    "data": ("stsb", "lm", "classification"), "split": TASK_NAMES, "max_length": ("lm", "translation", "classification"),
+    "stride": ("lm",), "max_tokens": ("lm",), "data_dir": ("translation",), "src": ("translation",),
+    "tgt": ("translation",), "src_file": ("translation",), "tgt_file": ("translation",), "beam": ("translation",),
+    "max_new_tokens": ("translation",), "text_column": ("classification",), "pair_column": ("classification",),
+    "label_column": ("classification",), "limit": ("stsb", "translation", "classification"),
+    "batch_size": ("stsb", "translation", "classification"),
+}
+
+
+def task_args(parser: argparse.ArgumentParser, task: str | None = None) -> None:
+    """Add ``--task`` and every task option the verb lacks; with ``task`` (``eval <task>``, where the task is the
+    sub-command) only that task's options."""
+    if task is None:
         parser.add_argument("--task", default="stsb", choices=TASK_NAMES,
                             help="what the model is evaluated and trained on (default: stsb)")
-    for flag, (_, kwargs) in OPTIONS.items():
-        if flag not in parser._option_string_actions:
+    for flag, (option, kwargs) in OPTIONS.items():
+        if flag not in parser._option_string_actions and (task is None or task in USED_BY[option]):
             parser.add_argument(flag, default=None, **kwargs)
-    parser.add_argument("--new-head", action="store_true",
-                        help="classification: start a fresh classification head (the checkpoint has none)")
+    if task in (None, "classification"):
+        parser.add_argument("--new-head", action="store_true",
+                            help="classification: start a fresh classification head (the checkpoint has none)")
 
 
 def task_from_args(args: argparse.Namespace, name: str | None = None, skip: tuple[str, ...] = ()):

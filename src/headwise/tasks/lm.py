@@ -52,7 +52,6 @@ class LanguageModeling(Task):
     max_length: int = 1024
     stride: int | None = None
     max_tokens: int | None = None
-    batch_size: int = 1
 
     name = "lm"
     head = "causal-lm"
