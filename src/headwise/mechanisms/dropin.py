@@ -19,7 +19,7 @@ from transformers.integrations.sdpa_attention import repeat_kv
 from ..errors import HeadwiseError
 from ..runtime import enable
 from ..runtime.ops import HeadOp, attach, attached, detach
-from ..sites import AttentionSite, find_sites, select_sites
+from ..sites import AttentionSite, select_sites
 from .base import Mechanism, get_mechanism
 from .factory import build_core
 
@@ -86,32 +86,14 @@ class SiteMechanism(HeadOp):
         return out.transpose(1, 2)
 
 
-def _select(model: nn.Module, sites: Iterable[AttentionSite | str] | None) -> list[AttentionSite]:
-    found = find_sites(model)
-    if sites is None:
-        return found
-    by_key = {s.name: s for s in found} | {s.path: s for s in found}
-    chosen = []
-    for s in sites:
-        if isinstance(s, AttentionSite):
-            chosen.append(s)
-        elif s in by_key:
-            chosen.append(by_key[s])
-        else:
-            raise HeadwiseError(f"no attention site {s!r}; sites: {', '.join(x.name for x in found)}")
-    return chosen
-
-
 def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | None = None, replace: bool = False,
           kinds: Sequence[str] | None = None, **args: Any) -> dict[str, SiteMechanism]:
     """Run mechanism ``name`` (with ``args``) at every site of ``model`` (or the given sites: objects, names such as
-    ``enc-self.3`` or paths; or every site of the given ``kinds``), reusing the pretrained q/k/v/o weights. Selects
+    ``enc-self.3`` or paths; and/or every site of the given ``kinds``, through ``select_sites``), reusing the pretrained q/k/v/o weights. Selects
     the ``headwise`` implementation. Returns ``{site.path: op}``; ``op.core`` is the mechanism.
     """
     cls = get_mechanism(name)
-    if sites is not None and kinds is not None:
-        raise HeadwiseError("give sites= or kinds=, not both")
-    chosen = select_sites(model, kinds) if kinds is not None else _select(model, sites)
+    chosen = select_sites(model, kinds, names=None if sites is None else list(sites))
     for site in chosen:
         if site.kind == "dec-enc":
             raise HeadwiseError(f"{site.name} is cross-attention (queries from the decoder, keys from the encoder); "
@@ -129,7 +111,7 @@ def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | No
 
 def remove(model: nn.Module, sites: Iterable[AttentionSite | str] | None = None) -> None:
     """Detach the mechanism from every (or the given) site: softmax attention again."""
-    for site in _select(model, sites):
+    for site in select_sites(model, names=None if sites is None else list(sites)):
         detach(site, SLOT_NAME)
 
 
