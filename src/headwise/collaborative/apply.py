@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 import torch
@@ -25,14 +25,30 @@ EDIT_KIND = "collaborative"
 
 @dataclass
 class SiteCompression:
+    """One converted site. The errors are kept as 0-dim tensors on the site's device (no host sync while
+    compressing); ``weight_error`` / ``score_error`` read them as numbers."""
+
     path: str
     name: str
     dk: int
-    weight_error: float  # ‖T − T̂‖ / ‖T‖ of the stacked W_q^hᵀ W_k^h
-    score_error: float | None  # the same in the calibration metric (data-aware objective only)
+    device_weight_error: torch.Tensor  # ‖T − T̂‖ / ‖T‖ of the stacked W_q^hᵀ W_k^h
+    device_score_error: torch.Tensor | None  # the same in the calibration metric (data-aware objective only)
     params_before: int  # query/key parameters (weights and biases)
     params_after: int  # shared W~q, W~k, mixing, content bias
     seconds: float
+
+    @property
+    def weight_error(self) -> float:
+        return float(self.device_weight_error)
+
+    @property
+    def score_error(self) -> float | None:
+        return None if self.device_score_error is None else float(self.device_score_error)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "name": self.name, "dk": self.dk, "weight_error": self.weight_error,
+                "score_error": self.score_error, "params_before": self.params_before,
+                "params_after": self.params_after, "seconds": self.seconds}
 
 
 @dataclass
@@ -51,7 +67,7 @@ class Compression:
 
     def as_dict(self) -> dict[str, Any]:
         return {"dk": self.dk, "objective": self.objective, "params_before": self.params_before,
-                "params_after": self.params_after, "sites": [asdict(s) for s in self.sites]}
+                "params_after": self.params_after, "sites": [s.as_dict() for s in self.sites]}
 
 
 def exact_rank(site: AttentionSite) -> int:
@@ -112,10 +128,10 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
         dec = decompose(P, K, rank, init=config.init, iterations=config.iterations, tol=config.tol,
                         solver=config.solver, covariance=cov, ridge=config.ridge)
         seconds = time.perf_counter() - start
-        weight_error = relative_error(P, K, dec.factors) if rank < exact_rank(site) else 0.0
+        weight_error = relative_error(P, K, dec.factors) if rank < exact_rank(site) else P.new_zeros(())
         before, after = _count(site, rank)
         result.sites.append(SiteCompression(site.path, site.name, rank, weight_error,
-                                            dec.error if cov is not None else None, before, after, seconds))
+                                            dec.device_error if cov is not None else None, before, after, seconds))
         plan.append((site, rank, dec.factors, content_bias(site)))
     return result, plan
 

@@ -30,7 +30,7 @@ class _Moments:
         self.dim = dim
         self.query: torch.Tensor | None = None
         self.key: torch.Tensor | None = None
-        self.tokens = 0
+        self.count: torch.Tensor | None = None  # real tokens seen, 0-dim on the inputs' device
 
     def add(self, x: torch.Tensor, real: torch.Tensor) -> None:
         """``x[B, T, D]``, ``real[B, T]`` bool (any device: moved to ``x``'s)."""
@@ -38,12 +38,19 @@ class _Moments:
         if self.query is None:
             self.query = torch.zeros(self.dim, self.dim, dtype=dtype, device=x.device)
             self.key = torch.zeros(self.dim, self.dim, dtype=dtype, device=x.device)
+            self.count = torch.zeros((), dtype=dtype, device=x.device)
         x, w = x.detach().to(dtype), real.to(device=x.device, dtype=dtype)[..., None]
         xr = x * w
         self.query += xr.flatten(0, 1).T @ xr.flatten(0, 1)
         centred = (x - xr.sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)) * w
         self.key += centred.flatten(0, 1).T @ centred.flatten(0, 1)
-        self.tokens += int(real.sum()) if real.device.type != "meta" else real.numel()
+        self.count += w.sum()
+
+
+def _real_tokens(mask: torch.Tensor | None, ids: torch.Tensor) -> int:
+    """Real tokens of one batch, read from the mask where the batch came from (the tokenizer's CPU tensors: no
+    device sync); all of ``ids[B, T]`` without a mask."""
+    return int(mask.sum()) if mask is not None else ids.shape[0] * ids.shape[1]
 
 
 def _batches(calibration: Sequence[str] | Iterable[dict], tokenizer: Any, batch_size: int, max_length: int):
@@ -68,15 +75,18 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
         raise HeadwiseError("the calibration set is empty; pass texts (or model-input batches) the model will see")
     moments = {s.path: _Moments(s.hidden_size) for s in sites}
     real: dict[str, torch.Tensor] = {}  # real tokens of the encoder ("source") and decoder ("target") inputs
+    counts: dict[str, int] = {}  # their numbers in the current batch
+    tokens = dict.fromkeys(moments, 0)  # real tokens each site saw (a shared module: every layer's)
 
     def hook(site: AttentionSite):
         side = "source" if site.kind == "enc-self" else "target"
 
         def capture(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
-            mask = real[side] if real[side].shape == x.shape[:2] else \
-                torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+            matched = real[side].shape == x.shape[:2]
+            mask = real[side] if matched else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
             moments[site.path].add(x, mask)
+            tokens[site.path] += counts[side] if matched else x.shape[0] * x.shape[1]
         return capture
 
     handles = [s.module.register_forward_pre_hook(hook(s), with_kwargs=True) for s in sites]
@@ -84,6 +94,10 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
     bar = tqdm(desc="calibration", unit="batch", disable=None if progress is None else not progress)
     try:
         for batch in _batches(calibration, tokenizer, batch_size, max_length):
+            given = next(v for v in batch.values() if torch.is_tensor(v))
+            counts["source"] = counts["target"] = _real_tokens(batch.get("attention_mask"), given)
+            if "decoder_input_ids" in batch:
+                counts["target"] = _real_tokens(batch.get("decoder_attention_mask"), batch["decoder_input_ids"])
             batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
             first = next(v for v in batch.values() if torch.is_tensor(v))
             mask = batch.get("attention_mask")
@@ -101,12 +115,12 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
             handle.remove()
         bar.close()
     dim = sites[0].hidden_size
-    tokens = max(m.tokens for m in moments.values())
-    if tokens < dim:
-        raise HeadwiseError(f"the calibration set is too short: {tokens} tokens, but the data-aware objective needs "
+    seen = max(tokens.values())
+    if seen < dim:
+        raise HeadwiseError(f"the calibration set is too short: {seen} tokens, but the data-aware objective needs "
                             f"at least {dim} (the hidden size) to estimate input covariances; pass more text "
                             "(a few hundred sentences is plenty), or drop the calibration set for the weight objective")
     for m in moments.values():
         if m.query is None:  # a site the calibration never reached: zero moments, as an empty sum
             m.add(torch.zeros(1, 1, m.dim, device=device), torch.zeros(1, 1, dtype=torch.bool, device=device))
-    return {p: (m.query / max(m.tokens, 1), m.key / max(m.tokens, 1)) for p, m in moments.items()}
+    return {p: (m.query / m.count.clamp(min=1), m.key / m.count.clamp(min=1)) for p, m in moments.items()}

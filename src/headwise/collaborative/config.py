@@ -15,6 +15,8 @@ class CollaborativeConfig:
     truncation), ``"hosvd"`` (top singular subspaces of the unfoldings) or ``"auto"`` (block with a calibration
     set, hosvd without: what converged best on MiniLM). ``iterations`` of ALS follow
     (``solver="als"``: factored, ``O(H·d·D·R)`` per sweep; ``"tensorly"``: ``tensorly.parafac`` on the dense tensor).
+    ALS stops when the error improves by less than ``tol`` (read on the host each sweep); ``tol=0`` runs every
+    sweep with no host sync (GPUs, the ``meta`` device).
     With a calibration set the objective is the attention-score error on its tokens (``ridge`` regularises the
     input covariances, relative to their mean eigenvalue); without, the weight error. ``kinds``: convert only
     the sites of these attention kinds (None: every site), e.g. ``["enc-self", "dec-self"]`` in an encoder-decoder,

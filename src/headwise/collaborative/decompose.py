@@ -17,7 +17,7 @@ one sweep costs ``O(H·d·D·R)`` instead of ``O(H·D²·R)``, and the error is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 
 import torch
 from einops import einsum
@@ -41,8 +41,13 @@ class Factors:
 @dataclass
 class Decomposition:
     factors: Factors
-    error: float  # relative error ‖T − T̂‖ / ‖T‖ in the objective's (possibly whitened) metric
+    device_error: torch.Tensor  # 0-dim, on the inputs' device (no host sync): see ``error``
     iterations: int
+
+    @property
+    def error(self) -> float:
+        """Relative error ‖T − T̂‖ / ‖T‖ in the objective's (possibly whitened) metric, read on the host."""
+        return float(self.device_error)
 
 
 def target_norm2(P: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
@@ -50,12 +55,13 @@ def target_norm2(P: torch.Tensor, K: torch.Tensor) -> torch.Tensor:
     return ((P @ P.transpose(1, 2)) * (K @ K.transpose(1, 2))).sum()
 
 
-def relative_error(P: torch.Tensor, K: torch.Tensor, f: Factors) -> float:
-    """‖T − T̂‖ / ‖T‖ from Gram matrices: ‖T‖² − 2⟨T, T̂⟩ + ‖T̂‖² (no [H, D, D] tensor)."""
+def relative_error(P: torch.Tensor, K: torch.Tensor, f: Factors) -> torch.Tensor:
+    """‖T − T̂‖ / ‖T‖ from Gram matrices: ‖T‖² − 2⟨T, T̂⟩ + ‖T̂‖² (no [H, D, D] tensor); a 0-dim tensor on the
+    inputs' device (no host sync: ``float()`` it where a number is reported)."""
     inner = ((P @ f.query) * (K @ f.key) * f.mixing[:, None]).sum()
     model = ((f.mixing.T @ f.mixing) * (f.query.T @ f.query) * (f.key.T @ f.key)).sum()
     t2 = target_norm2(P, K)
-    return float(((t2 - 2 * inner + model).clamp(min=0) / t2).sqrt())
+    return ((t2 - 2 * inner + model).clamp(min=0) / t2).sqrt()
 
 
 def exact_factors(P: torch.Tensor, K: torch.Tensor) -> Factors:
@@ -81,7 +87,7 @@ def block_factors(P: torch.Tensor, K: torch.Tensor, rank: int) -> Factors:
     query = (Qp @ Uy)[head, :, comp].T  # [D, R]
     key = (Qk @ Vyh.transpose(1, 2))[head, :, comp].T
     mixing = torch.zeros(H, rank, dtype=P.dtype, device=P.device)
-    mixing[head, torch.arange(rank)] = S[head, comp]
+    mixing[head, torch.arange(rank, device=P.device)] = S[head, comp]
     return Factors(mixing, query, key)
 
 
@@ -108,8 +114,16 @@ def _normalise(f: Factors) -> Factors:
     return Factors(f.mixing * (nq * nk), f.query / nq, f.key / nk)
 
 
+def _where(keep: torch.Tensor, new: Factors, old: Factors) -> Factors:
+    """``new`` where the 0-dim bool ``keep`` holds, else ``old`` (selected on the device, no host sync)."""
+    return Factors(*(torch.where(keep, a, b) for a, b in zip(astuple(new), astuple(old))))
+
+
 def als(P: torch.Tensor, K: torch.Tensor, start: Factors, iterations: int, tol: float = 1e-7) -> Decomposition:
-    """Alternating least squares on the factored targets; stops early when the error improves by < ``tol``."""
+    """Alternating least squares on the factored targets, keeping the best sweep. ``tol > 0``: stops early when
+    the error improves by < ``tol`` (or worsens), which reads the error on the host once per sweep; ``tol = 0``:
+    runs all ``iterations`` sweeps without a host sync (the kept factors and error are the same: a rejected
+    sweep is repeated from the same factors)."""
     f, error, done = _normalise(start), relative_error(P, K, start), 0
     Pt, Kt = P.flatten(0, 1).T, K.flatten(0, 1).T  # [D, H·d]: the MTTKRPs become single matmuls
     for done in range(1, iterations + 1):
@@ -120,9 +134,9 @@ def als(P: torch.Tensor, K: torch.Tensor, start: Factors, iterations: int, tol: 
         mixing = _solve((query.T @ query) * (key.T @ key), (PU * (K @ key)).sum(1))
         candidate = _normalise(Factors(mixing, query, key))
         new = relative_error(P, K, candidate)
-        if new <= error:
-            f, error, gain = candidate, new, error - new
-        if new > error or gain < tol:
+        better = new <= error
+        f, gain, error = _where(better, candidate, f), error - new, torch.where(better, new, error)
+        if tol > 0 and bool(gain < tol):  # also when worse (gain < 0)
             break
     return Decomposition(f, error, done)
 
@@ -175,7 +189,7 @@ def decompose(
     P, K = P.detach().to(dtype), K.detach().to(dtype)
     H, d, _ = P.shape
     if rank >= H * d:
-        return Decomposition(exact_factors(P, K), 0.0, 0)
+        return Decomposition(exact_factors(P, K), P.new_zeros(()), 0)
     if covariance is not None:
         (Lq, Lq_inv_t), (Lk, Lk_inv_t) = (whitening(c.double(), ridge) for c in covariance)
         P, K = (P.double() @ Lq).to(dtype), (K.double() @ Lk).to(dtype)

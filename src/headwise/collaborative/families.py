@@ -162,12 +162,14 @@ def install(site: AttentionSite, rank: int, factors: Factors | None = None,
     ref = site.v.module.weight
     like = {"dtype": ref.dtype, "device": ref.device}
     if factors is None:
-        factors = Factors(torch.zeros(heads, rank), torch.zeros(dim, rank), torch.zeros(dim, rank))
-        content = torch.zeros(heads, dim)
+        factors = Factors(torch.zeros(heads, rank, **like), torch.zeros(dim, rank, **like),
+                          torch.zeros(dim, rank, **like))
+        content = torch.zeros(heads, dim, **like)
     query, key = factors.query.T.to(**like), factors.key.T.to(**like)  # [R, D]
     if layout.fused_qkv:  # GPT-2: c_attn becomes [q̃ | k̃ | v]; the query bias starts at 0 (the key bias cancels)
         value_w, value_b = site.v.weight.detach().flatten(0, 1), site.v.bias.detach().flatten()
-        fused = Conv1D(2 * rank + value_w.shape[0], dim).to(**like)
+        with torch.device(ref.device):  # Conv1D takes no device argument
+            fused = Conv1D(2 * rank + value_w.shape[0], dim).to(ref.dtype)
         with torch.no_grad():
             fused.weight.copy_(torch.cat([query, key, value_w]).T)
             fused.bias.copy_(torch.cat([torch.zeros(2 * rank, **like), value_b]))

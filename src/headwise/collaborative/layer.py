@@ -49,7 +49,8 @@ class CollaborativeAttention(nn.Module):
         self.is_causal, self.dropout = causal, dropout
         self.query = nn.Linear(hidden_size, dk, bias=False)
         self.key = nn.Linear(hidden_size, dk, bias=False)
-        self.mixing = nn.Parameter((torch.arange(dk)[None] % num_heads == torch.arange(num_heads)[:, None]).float())
+        dims, heads = (torch.arange(n, device=self.query.weight.device) for n in (dk, num_heads))
+        self.mixing = nn.Parameter((dims[None] % num_heads == heads[:, None]).float())
         self.content_bias = nn.Linear(hidden_size, num_heads, bias=False)
         nn.init.zeros_(self.content_bias.weight)
         self.value = nn.Linear(hidden_size, num_heads * head_dim, bias=bias)
