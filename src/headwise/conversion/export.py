@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..io import atomic_dir
+from ..io import save_native
 from ..runtime.ops import ops_of
 from ..sites import find_sites
 from .checks import CONFIG_FAMILIES
@@ -38,15 +37,4 @@ def export_native(model: nn.Module, path: str | os.PathLike, tokenizer: Any = No
     if reason is not None:
         raise HeadwiseError(f"cannot export {type(model).__name__} natively: {reason}; use headwise.save_pretrained "
                             "and headwise.from_pretrained")
-    plain = copy.deepcopy(model.config)
-    if hasattr(plain, "headwise"):
-        del plain.headwise
-    original, model.config = model.config, plain
-    try:
-        with atomic_dir(path, overwrite=overwrite) as tmp:
-            model.save_pretrained(tmp)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(tmp)
-    finally:
-        model.config = original
-    return Path(path)
+    return save_native(model, path, tokenizer=tokenizer, overwrite=overwrite)

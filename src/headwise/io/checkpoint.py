@@ -8,6 +8,7 @@ A checkpoint is a transformers folder (``config.json`` + ``model.safetensors``) 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 from pathlib import Path
@@ -69,6 +70,25 @@ def save_pretrained(
         save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+    return Path(path)
+
+
+def save_native(model: nn.Module, path: str | os.PathLike, config: Any = None, tokenizer: Any = None,
+                overwrite: bool = False) -> Path:
+    """Write ``model`` with transformers' own ``save_pretrained``, atomically, under ``config`` (default: a copy of
+    the model's) without the ``headwise`` record, so that plain transformers loads the folder. The model keeps its
+    own config."""
+    plain = copy.deepcopy(model.config if config is None else config)
+    if hasattr(plain, "headwise"):
+        del plain.headwise
+    original, model.config = model.config, plain
+    try:
+        with atomic_dir(path, overwrite=overwrite) as tmp:
+            model.save_pretrained(tmp)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+    finally:
+        model.config = original
     return Path(path)
 
 

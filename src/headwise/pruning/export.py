@@ -13,7 +13,7 @@ from pathlib import Path
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..io import atomic_dir, check_writable_dir
+from ..io import check_writable_dir, save_native
 from ..runtime.ops import ops_of
 from ..sites import find_sites
 
@@ -51,12 +51,4 @@ def export_plain(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fa
     plain = copy.deepcopy(config)
     plain.num_attention_heads, plain.num_key_value_heads = heads, kv_heads
     plain.head_dim = sites[0].head_dim
-    if hasattr(plain, "headwise"):
-        del plain.headwise
-    original, model.config = model.config, plain
-    try:
-        with atomic_dir(path, overwrite=overwrite) as tmp:
-            model.save_pretrained(tmp)
-    finally:
-        model.config = original
-    return Path(path)
+    return save_native(model, path, config=plain, overwrite=overwrite)
