@@ -12,6 +12,14 @@ from typing import Iterator
 from ..errors import HeadwiseError
 
 
+def _default_mode(base: int) -> int:
+    """``base`` (0o666 files, 0o777 directories) less the process umask: what ``open``/``mkdir`` would give, where
+    ``tempfile`` gives 0o600/0o700."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return base & ~umask
+
+
 def check_writable_dir(path: str | os.PathLike, overwrite: bool) -> Path:
     """Refuse a non-empty existing directory (or any existing file) unless ``overwrite``."""
     path = Path(path)
@@ -29,6 +37,7 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     try:
+        tmp.chmod(_default_mode(0o777))
         yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -49,6 +58,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        os.chmod(tmp, _default_mode(0o666))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
