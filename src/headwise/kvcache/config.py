@@ -22,6 +22,7 @@ from ..errors import HeadwiseError
 FORMAT = "headwise-kv-policy"
 VERSION = 1
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+LATENT_EDIT = "latent_kv"  # the edit kind of headwise.conversion.convert_latent
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,14 @@ def model_shape(model: nn.Module) -> list[int]:
 
 
 def latent_layers(model: nn.Module) -> list[int]:
-    """Decoder layers whose keys/values are decoded from one shared latent per token (``convert_latent``): their
-    KV heads cannot keep different tokens, so a policy gives all of them one rule there."""
-    from ..conversion.layer import is_latent
+    """Decoder layers whose keys/values are decoded from one shared latent per token (the sites listed by the
+    ``latent_kv`` edits ``convert_latent`` records): their KV heads cannot keep different tokens, so a policy gives
+    all of them one rule there."""
     from ..sites import find_sites
 
-    return [s.layer for s in find_sites(model) if s.kind == "dec-self" and is_latent(s.module)]
+    edits = (getattr(model.config, "headwise", None) or {}).get("edits", [])
+    paths = {path for e in edits if e.get("kind") == LATENT_EDIT for path in e.get("sites", {})}
+    return [s.layer for s in find_sites(model) if s.kind == "dec-self" and s.path in paths]
 
 
 @dataclass(frozen=True)
