@@ -9,6 +9,7 @@ forced, ``Translation.calibration_inputs``); computed once, shared by every cali
 
     python experiments/kv_conversion_marian.py [--arms original,gqa4-mean,...] [--steps 40]
     python experiments/kv_conversion_marian.py --table       # the markdown table of docs/kv-cache.md
+    python experiments/kv_conversion_marian.py --plot        # docs/kv-conversion-marian.svg
 """
 
 from __future__ import annotations
@@ -54,6 +55,30 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def plot(results: dict) -> str:
+    """BLEU vs decoder KV bytes per token: grouped-query curves (8 → 4, 2, 1 KV heads) per init, one-shot and
+    uptrained, latent points, the original (and its uptraining control)."""
+    from headwise.report import svg
+
+    arms = results["arms"]
+    x = lambda r: r["kv_bytes_per_token_fp16"]  # noqa: E731
+
+    def curve(names: list[str], uptrained: bool) -> tuple[list[float], list[float]]:
+        rows = [arms[n] for n in names if n in arms and (not uptrained or "uptrained" in arms[n])]
+        return [x(r) for r in rows], [r["uptrained"]["bleu"] if uptrained else r["bleu"] for r in rows]
+
+    series = {}
+    for init in ("mean", "calibrated"):
+        names = ["original"] + [f"gqa{g}-{init}" for g in (4, 2, 1)]
+        series[f"GQA {init}, one-shot"] = curve(names, False)
+        series[f"GQA {init}, uptrained"] = curve(names, True)
+    for init in ("svd", "calibrated"):
+        series[f"latent 50% {init}, one-shot"] = curve([f"latent50-{init}"], False)
+        series[f"latent 50% {init}, uptrained"] = curve([f"latent50-{init}"], True)
+    return svg.lines({k: v for k, v in series.items() if v[0]}, "decoder self-attention KV bytes per token (16-bit)",
+                     "BLEU (test_2016_flickr, greedy)", "Multi30k Marian: decoder KV-cache conversions", width=720)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default=",".join(ARMS))
@@ -64,10 +89,14 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None, help="evaluate the first N test sentences (quick looks)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--plot", action="store_true", help="write docs/kv-conversion-marian.svg from --out")
     args = parser.parse_args()
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
     if args.table:
         print(table(results))
+        return
+    if args.plot:
+        atomic_write_text(Path(__file__).resolve().parents[1] / "docs" / "kv-conversion-marian.svg", plot(results))
         return
     torch.manual_seed(0)
     task = get_task("translation", limit=args.limit)
