@@ -7,6 +7,7 @@ Steps (each < 8 CPU-minutes on one thread; results accumulate in ``--out``):
   python experiments/kv_stacking.py arms gqa       # and latent: full cache, scored policy, StreamingLLM
   python experiments/kv_stacking.py arms original  # copies full / policy / streaming from kv_policy_results.json
   python experiments/kv_stacking.py plot           # docs/kv-stacking.svg (docs/kv-cache.md) from the JSON
+  python experiments/kv_stacking.py table          # its markdown table
 
 The conversions are those of experiments/kv_conversion.py (same calibration moments, same uptraining: AdamW 1e-4,
 batch 1 × 256 tokens, ``--uptrain-tokens``); the original's arms are the ones experiments/kv_policy.py measured
@@ -128,9 +129,27 @@ def plot(results: dict) -> str:
                      "SmolLM2-135M: KV policies on converted models", logy=True, width=720)
 
 
+def table(results: dict) -> str:
+    """The markdown table of docs/kv-cache.md: every model × cache, bytes per token and perplexity."""
+    names = {"original": "original", "gqa": "GQA 3 → 1 + uptrain", "latent": "latent 50% + uptrain"}
+    arms = {"full": "full cache", "policy": "headwise policy", "streaming": "StreamingLLM"}
+    base = results["arms"]["original"]["arms"]["full"]["kv_bytes_per_token_fp16"]
+    rows = ["| model | cache | KV heads kept full | KV bytes/token at 1,024 (16-bit) | perplexity | × model's full cache |",
+            "|---|---|---|---:|---:|---:|"]
+    for kind, label in names.items():
+        model = results["arms"].get(kind, {}).get("arms", {})
+        for arm, arm_label in arms.items():
+            if arm in model:
+                r = model[arm]
+                rows.append(f"| {label} | {arm_label} | {r['policy'].split(',')[0]} | "
+                            f"{r['kv_bytes_per_token_fp16']:,} ({r['kv_bytes_per_token_fp16'] / base:.0%}) | "
+                            f"{r['ppl']:.2f} | {r['ppl'] / model['full']['ppl']:.3f} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["build", "arms", "plot"])
+    parser.add_argument("step", choices=["build", "arms", "plot", "table"])
     parser.add_argument("kind", nargs="?", choices=["original", "gqa", "latent"])
     parser.add_argument("--models", type=Path, default=Path("/tmp/headwise-kv-stacking"))
     parser.add_argument("--data", type=Path, default=policy_experiment.WIKITEXT)
@@ -139,6 +158,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     results = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    if args.step == "table":
+        print(table(results))
+        return
     if args.step == "plot":
         atomic_write_text(Path(__file__).parents[1] / "docs" / "kv-stacking.svg", plot(results))
         return

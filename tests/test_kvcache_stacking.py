@@ -99,3 +99,16 @@ def test_kv_policy_keeps_whole_layers_on_a_latent_model():
     assert plain.full_heads() == [(0, 1), (1, 0)]  # per head on the unconverted model (2 of 4 fit)
     headwise.apply_kv_policy(model, policy)
     assert policy_of(model) == policy
+
+
+def test_a_reloaded_latent_model_keeps_its_per_layer_policy_and_refuses_per_head_ones(tmp_path):
+    model, inputs = latent_model(), prompt()
+    policy = KVPolicy(((streaming(1, 4),) * 2, (FULL, FULL)))
+    headwise.apply_kv_policy(model, policy)
+    headwise.save_pretrained(model, tmp_path / "m")
+    back = headwise.from_pretrained(tmp_path / "m").eval()
+    assert policy_of(back) == policy
+    torch.testing.assert_close(generate(back, inputs).logits[-1], generate(model, inputs).logits[-1])
+    with pytest.raises(HeadwiseError, match="shared by their KV heads"):
+        headwise.apply_kv_policy(back, mixed_policy(back))
+    assert policy_of(back) == policy
