@@ -6,6 +6,7 @@ windows), evaluation on the first 4,096 tokens of the last 10% of the lines in 1
 baseline used the first 4,096 tokens of the whole file, which lie inside the calibration part; we do not).
 
     python experiments/kv_conversion.py --out experiments/kv_conversion.json [--arms original,gqa-mean,...]
+    python experiments/kv_conversion.py --plot     # docs/kv-conversion.svg from the JSON
 
 Input moments are computed once and cached (``--moments-cache``). Arms ending in ``+uptrain`` train every weight
 on ``--uptrain-tokens`` tokens of the calibration part (next-token loss, ``HeadwiseTrainer``) after converting.
@@ -107,6 +108,25 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def plot(results: dict) -> str:
+    """Perplexity (log) vs KV bytes per token: one line per method and init, from one-shot through uptraining."""
+    from headwise.report import svg
+
+    def path(prefix: str) -> tuple[list[float], list[float]]:
+        names = [prefix] + sorted((n for n in results if n.startswith(prefix + "+uptrain@") and "-lr" not in n),
+                                  key=lambda n: int(n.split("@")[1]))
+        rows = [results[n] for n in names if n in results]
+        return [r["kv_bytes_per_token_fp16"] / 1024 for r in rows], [r["perplexity"] for r in rows]
+
+    series = {"original": path("original"), "GQA 3→1 mean pooling": path("gqa-mean"),
+              "GQA 3→1 weight-space (svd)": path("gqa-svd"),
+              "GQA 3→1 calibrated: one-shot → uptrained": path("gqa-calibrated"),
+              "latent 50% svd": path("latent-50-svd"), "latent 50% calibrated + rope8": path("latent-50-calibrated-rope8"),
+              "latent 50% calibrated: one-shot → uptrained": path("latent-50-calibrated")}
+    return svg.lines({k: v for k, v in series.items() if v[0]}, "KV cache KiB per token (16-bit)",
+                     "WikiText-2 perplexity (log)", "SmolLM2-135M: KV-cache conversions", logy=True, width=720)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default=",".join(ARMS))
@@ -119,9 +139,14 @@ def main() -> None:
     parser.add_argument("--moments-cache", default="/tmp/headwise-kv-moments.pt")
     parser.add_argument("--out", default="experiments/kv_conversion.json")
     parser.add_argument("--table", action="store_true", help="print the results in --out as a markdown table")
+    parser.add_argument("--plot", action="store_true", help="write docs/kv-conversion.svg from the results in --out")
     args = parser.parse_args()
     if args.table:
         print(table(json.loads(Path(args.out).read_text())))
+        return
+    if args.plot:
+        atomic_write_text(Path(__file__).resolve().parents[1] / "docs" / "kv-conversion.svg",
+                          plot(json.loads(Path(args.out).read_text())))
         return
     torch.manual_seed(0)
     path = resolve_model("smollm2-135m")

@@ -12,6 +12,7 @@ Run one step at a time (each < 8 CPU-minutes on one thread); results accumulate 
   python experiments/kv_policy.py arm full             # then policy, policy-retrieval, random, streaming, ...
   python experiments/kv_policy.py arm policy --length 2048 --keys 1   # stored as "policy@2048"
   python experiments/kv_policy.py arm policy-retrieval --window 252     # fewer full heads, wider windows
+  python experiments/kv_policy.py plot                 # docs/kv-policy-{perplexity,passkey}.svg from the JSON
 Perplexity is computed here (token NLL through a PolicyCache prefill, which applies each head's rule to every
 query exactly as decoding does); the shared ``lm`` task was not on main when this was written.
 """
@@ -146,9 +147,29 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
     print(args.arm, row["passkey"]["accuracy"], row["wikitext2"]["ppl"], row["kv_fraction"])
 
 
+ARM_LABELS = {"full": "full cache", "policy": "headwise policy (combined)",
+              "policy-retrieval": "headwise policy (retrieval)", "policy-retrieval@w252": "retrieval, window 252",
+              "policy-outside": "headwise policy (outside)", "streaming": "StreamingLLM", "random": "random heads"}
+
+
+def plot(results: dict) -> tuple[str, str]:
+    """Perplexity and passkey retrieval vs the KV bytes each arm held at ~1k tokens: two panels, one marker per arm."""
+    from headwise.report import svg
+
+    arms = {label: results["arms"][name] for name, label in ARM_LABELS.items() if name in results.get("arms", {})}
+    x = lambda r: [r["passkey"]["kv_bytes_per_token"] / 1024]  # noqa: E731
+    ppl = svg.lines({k: (x(r), [r["wikitext2"]["ppl"]]) for k, r in arms.items()},
+                    "KV KiB per token held (fp32, ~1k tokens)", "WikiText-2 perplexity",
+                    "SmolLM2-135M: perplexity vs KV cache", width=640)
+    keys = svg.lines({k: (x(r), [100 * r["passkey"]["accuracy"]]) for k, r in arms.items()},
+                     "KV KiB per token held (fp32, ~1k tokens)", "passkey exact match %",
+                     "SmolLM2-135M: passkey retrieval vs KV cache", width=640, ylim=(0, 100))
+    return ppl, keys
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["scores", "arm"])
+    parser.add_argument("step", choices=["scores", "arm", "plot"])
     parser.add_argument("arm", nargs="?",
                         choices=["full", "policy", "policy-retrieval", "policy-outside", "policy-copy",
                                  "policy-induction", "random", "streaming"])
@@ -161,6 +182,11 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=WIKITEXT)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.step == "plot":
+        docs = Path(__file__).resolve().parents[1] / "docs"
+        for name, figure in zip(("kv-policy-perplexity.svg", "kv-policy-passkey.svg"), plot(load(args.out))):
+            atomic_write_text(docs / name, figure)
+        return
     torch.manual_seed(0)
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)

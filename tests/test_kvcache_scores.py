@@ -142,7 +142,8 @@ def test_kv_policy_command(tmp_path, capsys):
     model, tok = tiny_lm(), char_tokenizer()
     model.save_pretrained(tmp_path / "lm")
     tok.save_pretrained(tmp_path / "lm")
-    (tmp_path / "calib.txt").write_text("The quick brown fox jumps over the lazy dog. " * 6 + "\n")
+    lines = [f"Line {i}: the quick brown fox jumps over the lazy dog. " * (2 + i % 3) for i in range(20)]
+    (tmp_path / "calib.txt").write_text("\n".join(lines) + "\n")
     args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
             "--window", "16", "--calibration-length", "160", "--data", str(tmp_path / "calib.txt"),
             "--eval-length", "100", "--out", str(tmp_path / "out")]
@@ -150,6 +151,16 @@ def test_kv_policy_command(tmp_path, capsys):
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert list(summary)[0] == "verdict" and "policy.json" in summary["verdict"]["use"]
     assert summary["passkey_check"]["policy"]["prompts"] == 5
+    # perplexity on the lm task's last 10% of lines, through the full cache and through the policy
+    task = headwise.tasks.get_task("lm", data=str(tmp_path / "calib.txt"), max_length=160)
+    saved = tf.AutoTokenizer.from_pretrained(tmp_path / "lm")  # the command reads the saved tokenizer
+    assert summary["perplexity"]["full"]["perplexity"] == pytest.approx(task.evaluate(model, saved)["perplexity"],
+                                                                       rel=1e-4)
+    with headwise.kvcache.policy_forward(model, KVPolicy.load(tmp_path / "out")):
+        through = task.evaluate(model, saved)["perplexity"]
+    assert through != pytest.approx(task.evaluate(model, saved)["perplexity"], rel=1e-4)
+    assert summary["perplexity"]["policy"]["perplexity"] == pytest.approx(through, rel=1e-4)
+    assert "perplexity" in summary["verdict"]["quality"]
     html = (tmp_path / "out" / "report.html").read_text()
     assert "KV cache policy" in html and "induction" in html and summary["verdict"]["memory"] in html
     policy = KVPolicy.load(tmp_path / "out")
@@ -162,4 +173,6 @@ def test_kv_policy_command(tmp_path, capsys):
     bad = args[:4] + ["1.7"] + args[5:-1] + [str(tmp_path / "other")]
     assert main(bad) == 2 and not (tmp_path / "other").exists()
     assert main(["kv-policy", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
-    assert "no config.json" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
+    assert main(args[:-1] + [str(tmp_path / "t"), "--task", "translation"]) == 2
+    assert "--task lm" in capsys.readouterr().err and not (tmp_path / "t").exists()

@@ -1,22 +1,25 @@
 """``headwise kv-policy``: score the heads of a decoder-only LM, keep the ones that need it full, stream the rest,
-so that the KV cache fits ``--kv-budget``; writes policy.json, scores.json, summary.json (verdict first) and
-report.html."""
+so that the KV cache fits ``--kv-budget``; measures the policy on the ``lm`` task (perplexity through the cache)
+and on passkey prompts; writes policy.json, scores.json, summary.json (verdict first) and report.html."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
+from .task_options import TASK_NAMES, load_for_task, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
     p = verbs.add_parser("kv-policy", parents=parents,
                          help="per-KV-head cache policy (full or sink + window) for a KV-memory budget")
     model_args(p)
+    p.add_argument("--task", default="lm", choices=TASK_NAMES,
+                   help="the task whose data calibrates and whose metric measures the policy (lm, the default, "
+                        "is the only one with a decoder-only KV cache)")
     p.add_argument("--kv-budget", type=float, default=0.5, help="share of the full cache's bytes to keep (default 0.5)")
     p.add_argument("--context", type=int, default=2048, help="context length the budget is computed at (default 2048)")
     p.add_argument("--sink", type=int, default=4, help="sink tokens of streaming heads (default 4)")
@@ -24,62 +27,45 @@ def register(verbs, parents) -> None:
     p.add_argument("--ranking", default="combined",
                    help="combined, retrieval, copy, induction, echo, outside or random (default combined)")
     p.add_argument("--data", default=None,
-                   help="calibration text file, one text a line, for the 'outside' score (default: "
-                        "shared/data/wikitext-2/valid.txt when present; none: skip that score)")
+                   help="lm text file (default: shared/data/wikitext-2/valid.txt): the longest lines of its first "
+                        "90%% calibrate the 'outside' score, its last 10%% measure perplexity")
     p.add_argument("--calibration-length", type=int, default=512, help="tokens per calibration prompt (default 512)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic calibration prompts")
     p.add_argument("--eval-length", type=int, default=1024, help="passkey prompt length for the check (default 1024)")
     p.add_argument("--eval-keys", type=int, default=1, help="passkeys per depth (5 depths) for the check; 0: skip")
+    p.add_argument("--no-perplexity", action="store_true", help="skip the perplexity through the cache")
+    task_args(p, task="lm")  # --split, --max-length (default: --context), --stride, --max-tokens
     p.add_argument("--out", default="headwise-kv-policy",
                    help="output folder: policy.json, scores.json, summary.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     p.set_defaults(run=run)
 
 
-def _calibration(data: str | None) -> list[str] | None:
-    if data == "none":
-        return None
-    if data is None:
-        found = [p / "shared" / "data" / "wikitext-2" / "valid.txt" for p in (Path.cwd(), *Path.cwd().parents)]
-        found = [p for p in found if p.is_file()]
-        if not found:
-            return None
-        path = found[0]
-    else:
-        path = Path(data)
-        if not path.is_file():
-            raise HeadwiseError(f"calibration file not found: {path} (one text per line)")
-    lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    lines = lines[: int(len(lines) * 0.9)] if len(lines) > 10 else lines  # keep the last 10% for evaluation
-    return sorted(lines, key=len, reverse=True)[:4]
+def lm_task(args: argparse.Namespace):
+    """The ``lm`` task of the command line (windows of ``--max-length``, default ``--context`` tokens); other
+    tasks are refused: a KV policy serves a decoder-only causal LM."""
+    if args.task != "lm":
+        raise HeadwiseError(f"kv-policy sizes the KV cache of a decoder-only causal LM; --task {args.task} has no such "
+                            "cache here (use --task lm)")
+    if args.max_length is None:
+        args.max_length = args.context
+    return task_from_args(args, "lm")
 
 
-def load_causal_lm(name: str | None, device: str, dtype: str | None):
-    """A causal LM (with its head) and tokenizer, the ``headwise`` attention selected."""
-    from transformers import AutoModelForCausalLM
+def calibration_texts(task, count: int = 4) -> list[str]:
+    """The ``count`` longest lines of the task's calibration part (the first 90% of the text)."""
+    return sorted((line.strip() for line in task.texts("calibration") if line.strip()), key=len, reverse=True)[:count]
 
-    from ..io import from_pretrained
-    from ..models import load_tokenizer, parse_dtype, resolve_model
-    from ..runtime import NAME
 
-    if name is None:
-        raise HeadwiseError("kv-policy needs --model (a decoder-only LM such as smollm2-135m)")
-    path = resolve_model(name)
-    config = Path(path).expanduser() / "config.json"
-    if path.startswith((os.sep, ".", "~")) and not config.is_file():
-        raise HeadwiseError(f"{path} is not a model folder (no config.json); pass a transformers causal LM folder, "
-                            "a hub name or smollm2-135m")
-    try:
-        if config.is_file() and "headwise" in json.loads(config.read_text()):
-            model = from_pretrained(path, device=device, dtype=parse_dtype(dtype))
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=NAME, dtype=parse_dtype(dtype))
-            model = model.to(device).eval()
-    except (OSError, ValueError) as err:
-        raise HeadwiseError(f"could not load a causal LM from {name!r}: {str(err).splitlines()[0]}") from err
-    tokenizer = load_tokenizer(path)
-    tokenizer.model_max_length = getattr(model.config, "max_position_embeddings", 2048)
-    return model, tokenizer
+def perplexities(model, tokenizer, task, policy) -> dict:
+    """The task's perplexity with the full cache and through ``policy`` (every window one prefill through it)."""
+    from ..kvcache import KVPolicy, policy_forward
+
+    out = {}
+    for name, rules in (("full", KVPolicy.uniform(model)), ("policy", policy)):
+        with policy_forward(model, rules):
+            out[name] = task.evaluate(model, tokenizer)
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,10 +78,14 @@ def run(args: argparse.Namespace) -> int:
     from ..report.kv_policy import add_kv_policy_section
 
     check_writable_dir(args.out, args.force)
-    model, tokenizer = load_causal_lm(args.model, args.device, args.dtype)
+    if args.model is None:
+        raise HeadwiseError("kv-policy needs --model (a decoder-only LM such as smollm2-135m)")
+    task = lm_task(args)  # bad data fails before the model loads
+    model, tokenizer = load_for_task(args, task)
+    tokenizer.model_max_length = getattr(model.config, "max_position_embeddings", tokenizer.model_max_length)
     shape = model_shape(model)
     full_heads_for_budget(sum(shape), args.kv_budget, args.context, args.sink, args.window)  # fail before work
-    texts = _calibration(args.data)
+    texts = calibration_texts(task)
     config = ScoreConfig(length=args.calibration_length, sink=args.sink, window=args.window, seed=args.seed)
     policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
                                texts=texts, config=config)
@@ -108,19 +98,23 @@ def run(args: argparse.Namespace) -> int:
         apply_kv_policy(model, policy)
         check["policy"] = passkey_accuracy(model, tokenizer, prompts)
         remove_kv_policy(model)
+    ppl = None if args.no_perplexity else perplexities(model, tokenizer, task, policy)
     fraction = policy.kv_fraction(args.context)
     verdict = {
         "memory": f"KV cache at {args.context} tokens: {fraction:.0%} of the full cache "
                   f"({1 - fraction:.0%} saved); {policy.describe()}",
         "quality": (f"passkey at ~{args.eval_length} tokens: {check['policy']['correct']}/{check['policy']['prompts']} "
                     f"with the policy vs {check['full']['correct']}/{check['full']['prompts']} with the full cache"
-                    if check else "not measured (--eval-keys 0)"),
+                    if check else "passkey not measured (--eval-keys 0)")
+                   + (f"; perplexity {ppl['policy']['perplexity']:.2f} through the policy vs "
+                      f"{ppl['full']['perplexity']:.2f} with the full cache ({ppl['policy']['tokens']:,} tokens of "
+                      f"{task.source()}, {task.max_length}-token windows)" if ppl else ""),
         "use": f"headwise.apply_kv_policy(model, '{Path(args.out) / 'policy.json'}'); then model.generate(...)",
     }
     summary = {"verdict": verdict, "model": args.model, "kv_budget": args.kv_budget, "context": args.context,
                "kv_fraction": fraction, "sink": args.sink, "window": args.window, "ranking": args.ranking,
                "full_heads": [list(p) for p in policy.full_heads()], "calibration": scores.counts,
-               "passkey_check": check}
+               "passkey_check": check, "perplexity": ppl}
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         policy.save(tmp / "policy.json")
         (tmp / "scores.json").write_text(json.dumps(scores.to_dict()))

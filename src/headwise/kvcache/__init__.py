@@ -1,7 +1,7 @@
 """Per-head KV cache policies: full or sink + window per (layer, KV head), stored physically smaller, used by
 ``model.generate()`` unchanged. See docs/kv-policy.md."""
 
-from .apply import apply_kv_policy, policy_cache, policy_of, remove_kv_policy
+from .apply import apply_kv_policy, policy_cache, policy_forward, policy_of, remove_kv_policy
 from .cache import PolicyCache
 from .choose import full_heads_for_budget, kv_policy, rank_kv_heads
 from .config import FULL, HeadCache, KVPolicy, streaming
@@ -9,7 +9,7 @@ from .passkey import passkey_prompts
 from .scores import HeadScores, ScoreConfig, head_scores
 
 __all__ = [
-    "apply_kv_policy", "policy_cache", "policy_of", "remove_kv_policy", "PolicyCache", "FULL", "HeadCache",
+    "apply_kv_policy", "policy_cache", "policy_forward", "policy_of", "remove_kv_policy", "PolicyCache", "FULL", "HeadCache",
     "KVPolicy", "streaming", "full_heads_for_budget", "kv_policy", "rank_kv_heads", "passkey_prompts", "HeadScores",
     "ScoreConfig", "head_scores",
 ]

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import types
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from torch import nn
 from transformers.cache_utils import DynamicCache
@@ -54,6 +55,28 @@ def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCach
         raise HeadwiseError(f"a per-head KV cache needs the headwise attention implementation, not "
                             f"{model.config._attn_implementation!r}: call headwise.enable(model)")
     return PolicyCache(policy)
+
+
+@contextmanager
+def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator[nn.Module]:
+    """Inside the block, every forward call of ``model`` that passes no ``past_key_values`` runs through a fresh
+    ``PolicyCache`` (``policy``, or the model's recorded one): each head's rule applies to every query of the
+    prefill, as in decoding, so a task's metric (e.g. ``lm`` perplexity) measures what the policy keeps.
+
+    ``with policy_forward(model): task.evaluate(model, tokenizer)``. Validated before anything changes."""
+    policy = policy or policy_of(model)
+    policy_cache(model, policy)  # refuses a missing or mismatched policy, or the wrong attention implementation
+
+    def through_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        if kwargs.get("past_key_values") is None:
+            kwargs = {**kwargs, "past_key_values": PolicyCache(policy), "use_cache": True}
+        return args, kwargs
+
+    handle = model.register_forward_pre_hook(through_cache, with_kwargs=True)
+    try:
+        yield model
+    finally:
+        handle.remove()
 
 
 def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *args, **kwargs) -> Any:

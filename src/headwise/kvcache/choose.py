@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from .config import KVPolicy, model_shape
+from .config import FULL, KVPolicy, latent_layers, model_shape, streaming
 from .scores import HeadScores, ScoreConfig, head_scores
 
 RANKINGS = ("combined", "retrieval", "copy", "induction", "echo", "outside", "random")
@@ -58,12 +58,16 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     """Score the heads (or reuse ``scores``), keep the top-ranked KV heads full and give the others
     ``streaming(sink, window)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
 
+    On a latent-converted model (``convert_latent``: a layer's KV heads share one cached latent) whole layers are
+    kept full or streamed, ranked by their best-ranked KV head, as many as fit the budget.
+
     Returns ``(policy, scores)``; apply with ``headwise.apply_kv_policy(model, policy)``.
     """
     shape = model_shape(model)
     if len(set(shape)) != 1:
         raise HeadwiseError(f"layers have different KV head counts {shape}; rank heads per layer by hand")
-    n_full = full_heads_for_budget(sum(shape), kv_budget, context, sink, window)
+    per_layer = bool(latent_layers(model))
+    n_full = full_heads_for_budget(len(shape) if per_layer else sum(shape), kv_budget, context, sink, window)
     if scores is None and ranking != "random":
         config = config or ScoreConfig(sink=sink, window=window)
         scores = head_scores(model, tokenizer, config, texts=texts if ranking in ("combined", "outside") else None,
@@ -71,4 +75,8 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     if scores is None:
         scores = HeadScores({}, shape)
     order = rank_kv_heads(scores, ranking)
+    if per_layer:
+        layers = list(dict.fromkeys(layer for layer, _ in order))[:n_full]
+        rules = [FULL if layer in layers else streaming(sink, window) for layer in range(len(shape))]
+        return KVPolicy(tuple((rule,) * n for rule, n in zip(rules, shape))), scores
     return KVPolicy.keep_full(model, set(order[:n_full]), sink, window), scores

@@ -22,6 +22,7 @@ from ..errors import HeadwiseError
 FORMAT = "headwise-kv-policy"
 VERSION = 1
 FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
+LATENT_EDIT = "latent_kv"  # the edit kind of headwise.conversion.convert_latent
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,17 @@ def model_shape(model: nn.Module) -> list[int]:
     return [s.num_kv_heads for s in sites]
 
 
+def latent_layers(model: nn.Module) -> list[int]:
+    """Decoder layers whose keys/values are decoded from one shared latent per token (the sites listed by the
+    ``latent_kv`` edits ``convert_latent`` records): their KV heads cannot keep different tokens, so a policy gives
+    all of them one rule there."""
+    from ..sites import find_sites
+
+    edits = (getattr(model.config, "headwise", None) or {}).get("edits", [])
+    paths = {path for e in edits if e.get("kind") == LATENT_EDIT for path in e.get("sites", {})}
+    return [s.layer for s in find_sites(model) if s.kind == "dec-self" and s.path in paths]
+
+
 @dataclass(frozen=True)
 class KVPolicy:
     """``heads[layer][kv_head]``: the cache of every key/value head (see the module docstring)."""
@@ -156,6 +168,13 @@ class KVPolicy:
                 f"KV policy for {self.num_layers} layers x {self.kv_heads[0]} KV heads does not fit "
                 f"{type(model).__name__} ({len(shape)} layers, KV heads per layer {_compact(shape)}); "
                 "build the policy for this model (headwise.kv_policy or KVPolicy.uniform)"
+            )
+        mixed = [l for l in latent_layers(model) if len(set(self.heads[l])) > 1]
+        if mixed:
+            raise HeadwiseError(
+                f"layers {mixed[:5]} of {type(model).__name__} cache one latent per token shared by their KV heads "
+                "(convert_latent), so their heads cannot keep different tokens; give every KV head of a layer the "
+                "same rule (headwise.kv_policy chooses per layer on such models, or KVPolicy.uniform)"
             )
 
     def describe(self) -> str:
