@@ -13,8 +13,8 @@ The same sweep from the CLI (one job, all settings):
 
     headwise quantize --task lm --model smollm2-135m --max-length 512 --max-tokens 4096 --bits 2..4
 
-Sizes are reduced for a shared 2-core CPU: the first 4,096 tokens of the eval part (last 10% of lines of
-``shared/data/wikitext-2/valid.txt``) in 512-token disjoint windows.
+Sizes are reduced for a shared 2-core CPU (see ``--help``): the first 1,024 tokens of the eval part (last 10% of
+lines of ``shared/data/wikitext-2/valid.txt``) in 512-token disjoint windows, and no distinct-value counts.
 """
 
 from __future__ import annotations
@@ -63,8 +63,10 @@ def main() -> None:
     parser.add_argument("--methods", default="all", help="comma-separated quantizers, all, or none")
     parser.add_argument("--bits", default="2,3,4")
     parser.add_argument("--thresholds", default="none", help="pruning-only thresholds, comma-separated, or none")
-    parser.add_argument("--eval-tokens", type=int, default=4096)
+    parser.add_argument("--eval-tokens", type=int, default=1024)
     parser.add_argument("--eval-length", type=int, default=512)
+    parser.add_argument("--distinct-calls", type=int, default=0,
+                        help="calls per site whose distinct values are counted (torch.unique; slow on a CPU)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--table", action="store_true", help="print the markdown tables of --out and stop")
     args = parser.parse_args()
@@ -76,7 +78,7 @@ def main() -> None:
 
     methods = tuple(METHODS) if args.methods == "all" else parse_list(args.methods, str)
     config = SweepConfig(methods=methods, bits=parse_list(args.bits, int),
-                         thresholds=parse_list(args.thresholds, float))
+                         thresholds=parse_list(args.thresholds, float), distinct_calls=args.distinct_calls)
     done = {r["label"] for r in results["rows"]} if results else set()
     if all(s.label in done for s in config.settings()):
         print("every setting is already in", out)
