@@ -31,6 +31,7 @@ from ..io import atomic_write_text
 from ..tasks.batching import collate
 from ..tasks.bleu import corpus_bleu, translate
 from ..tasks.corpus import train_tokenizer
+from ..tasks.paths import shared_data
 from ..tasks.translation import Translation
 from .token_batches import token_batches
 
@@ -132,7 +133,9 @@ def smoothed_loss(model: nn.Module, batch: dict[str, torch.Tensor], label_smooth
 
 
 def _data_key(task: Translation, val_split: str) -> dict[str, Any]:
-    root = task.data_dir or "shared/data/multi30k"
+    """What identifies the training data (a resumed or cached run must match it)."""
+    root = (Path(task.data_dir).expanduser().resolve() if task.data_dir
+            else shared_data("multi30k", "--data-dir DIR (a folder of {split}.{lang}[.gz] files)").resolve())
     return {"data_dir": str(root), "src": task.src, "tgt": task.tgt, "train_split": task.train_split,
             "val_split": val_split, "max_length": task.max_length}
 
@@ -199,8 +202,8 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
     task = task or Translation()
     recipe = recipe or TranslationRecipe()
     out = Path(out)
-    key = _data_key(task, val_split)
     train, val = task.corpus("train"), task.corpus(val_split).head(recipe.val_size)  # bad data fails first
+    key = _data_key(task, val_split)
     cached = _prepare_out(out, key, recipe, resume, force)
     if cached is not None:
         return cached
