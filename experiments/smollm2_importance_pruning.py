@@ -100,7 +100,8 @@ def recover(args: argparse.Namespace) -> None:
     model, tokenizer = headwise.load_model("smollm2-135m", task=eval_task)
     inputs = rank_task.batches(tokenizer, "train", batch_size=4, limit=args.importance_windows)
     keep = sorted({int(k) for k in args.keep.split(",")} - {270}, reverse=True)
-    intact = {name: p.detach().clone() for name, p in model.named_parameters()}
+    points = len(keep) * len(args.units.split(","))  # a copy of the weights only when several points share the run
+    intact = {name: p.detach().clone() for name, p in model.named_parameters()} if points > 1 else None
     out = Path(args.out)
     recovery = (f"task.finetune: {args.recovery_steps} steps x {args.recovery_batch} windows of "
                            f"{args.importance_length} tokens (train part), AdamW lr {args.recovery_lr:g}, 10% warm-up")
@@ -120,9 +121,10 @@ def recover(args: argparse.Namespace) -> None:
                                                           for s in find_sites(model)),
                      "perplexity": round(eval_task.evaluate(model, tokenizer, progress=False)["perplexity"], 3),
                      "steps": args.recovery_steps, "seconds": round(time.time() - start)}
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    p.copy_(intact[name])
+            if intact is not None:
+                with torch.no_grad():
+                    for name, p in model.named_parameters():
+                        p.copy_(intact[name])
             results = json.loads(out.read_text()) | {"recovery": recovery}  # re-read: points merge across jobs
             points = [p for p in results.setdefault("recovered", {}).get(unit, []) if p["query_heads"] != kept]
             results["recovered"][unit] = sorted(points + [point], key=lambda p: -p["query_heads"])
