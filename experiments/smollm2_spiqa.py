@@ -37,8 +37,12 @@ def parse_list(text: str, kind: type) -> tuple:
     return () if text.strip() == "none" else tuple(kind(p) for p in text.split(",") if p.strip())
 
 
+def cell(row: dict) -> str:
+    return f"{row['perplexity']:.2f} ({100 * row['sparsity']:.0f}%)"
+
+
 def table(results: dict) -> str:
-    """Markdown: perplexity per quantizer × bits, then threshold pruning (perplexity vs. measured sparsity)."""
+    """Markdown: perplexity (measured sparsity) per quantizer × bits, then threshold pruning."""
     rows = results["rows"]
     bits = sorted({r["bits"] for r in rows if r["bits"] is not None})
     lines = [f"baseline perplexity {results['baseline']:.2f}", "",
@@ -47,11 +51,9 @@ def table(results: dict) -> str:
     for method in dict.fromkeys(r["method"] for r in rows if r["method"] != "none"):
         by_bits = {r["bits"]: r for r in rows if r["method"] == method}
         if None in by_bits:  # binarization: one setting
-            lines.append(f"| {method} (1 bit) | " + " | ".join([f"{by_bits[None]['perplexity']:.2f}"] +
-                                                               ["—"] * (len(bits) - 1)) + " |")
+            lines.append(f"| {method} (1 bit) | " + " | ".join([cell(by_bits[None])] + ["—"] * (len(bits) - 1)) + " |")
             continue
-        lines.append(f"| {method} | " + " | ".join(
-            f"{by_bits[b]['perplexity']:.2f}" if b in by_bits else "—" for b in bits) + " |")
+        lines.append(f"| {method} | " + " | ".join(cell(by_bits[b]) if b in by_bits else "—" for b in bits) + " |")
     lines += ["", "| threshold | sparsity | perplexity |", "|---|---|---|"]
     for r in sorted((r for r in rows if r["method"] == "none"), key=lambda r: r["threshold"]):
         lines.append(f"| {r['threshold']:g} | {100 * r['sparsity']:.1f}% | {r['perplexity']:.2f} |")

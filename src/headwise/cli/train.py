@@ -41,7 +41,7 @@ def cmd_train_translation(args: argparse.Namespace) -> int:
     task = Translation(data_dir=args.data_dir, src=args.src, tgt=args.tgt, train_split=args.train_split,
                        max_length=args.max_length)
     result = train_translation_model(args.out, task, recipe, val_split=args.val_split, resume=args.resume,
-                                     force=args.force, progress=not args.json)
+                                     force=args.force, device=args.device, progress=not args.json)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -69,6 +69,7 @@ def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     for flag, (_, kind, text) in RECIPE_FLAGS.items():
         p.add_argument(flag, type=kind, default=None, help=text)
     p.add_argument("--no-time-limit", action="store_true", help="no --minutes budget (give --epochs/--max-steps)")
+    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda (default: cpu)")
     p.add_argument("--resume", action="store_true", help="continue the unfinished training in --out")
     p.add_argument("--force", action="store_true", help="delete --out and start over")
     p.set_defaults(run=cmd_train_translation)

@@ -190,12 +190,14 @@ def _save_checkpoint(out: Path, state: dict[str, Any]) -> None:
 
 def train_translation_model(out: str | os.PathLike, task: Translation | None = None,
                             recipe: TranslationRecipe | None = None, *, val_split: str = "val",
-                            resume: bool = False, force: bool = False, progress: bool = True) -> dict[str, Any]:
+                            resume: bool = False, force: bool = False, device: str | torch.device = "cpu",
+                            progress: bool = True) -> dict[str, Any]:
     """Train a tokenizer and a Marian model from scratch on ``task``'s train split (default: Multi30k de→en) into
     ``out``; returns the result (``best_val_bleu``, ``best_step``, ``steps``, ``epochs``, ``minutes``, …).
 
     A finished training in ``out`` with the same data and recipe is returned as cached; an unfinished one
     continues with ``resume`` (budgets may grow); ``force`` starts over. Refuses another training's folder.
+    On the CPU a resumed run continues exactly (the dropout RNG is restored); on ``device="cuda"`` up to dropout.
     """
     from transformers import get_inverse_sqrt_schedule
 
@@ -213,14 +215,14 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(out)
-        state = torch.load(out / CHECKPOINT, weights_only=False)
+        state = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=False)
     else:
         tokenizer = train_tokenizer([*train.source, *train.target], recipe.vocab_size, recipe.min_frequency,
                                     nfkc=True)
         tokenizer.model_max_length = recipe.max_positions
         tokenizer.save_pretrained(out)
         state = None
-    model = marian_model(recipe, tokenizer)
+    model = marian_model(recipe, tokenizer).to(device)
     examples = task.examples(tokenizer, "train").items
     src_lengths = [len(e["input_ids"]) for e in examples]
     tgt_lengths = [len(e["labels"]) for e in examples]
@@ -283,7 +285,8 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
         bar = tqdm(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}", unit="step",
                    disable=not progress)
         while state["batch"] < len(batches) and not spent():
-            batch = collate([examples[i] for i in batches[state["batch"]]], tokenizer.pad_token_id)
+            batch = {k: v.to(device) for k, v in
+                     collate([examples[i] for i in batches[state["batch"]]], tokenizer.pad_token_id).items()}
             loss = smoothed_loss(model, batch, recipe.label_smoothing)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
