@@ -10,7 +10,8 @@ last 10% of lines).
     python experiments/smollm2_importance_pruning.py            # one-shot curves: experiments/results/smollm2_importance_pruning.json
     python experiments/smollm2_importance_pruning.py --recover --units kv-group --keep 216 --recovery-steps 50
 
-``--recover`` adds points after recovery: the same one-shot masks, then ``task.finetune`` (next-token loss, AdamW,
+``--recover`` adds points after recovery (``--keep 270``: the control, the unpruned model fine-tuned the same way,
+which separates recovery from adapting the instruct model to WikiText): the same one-shot masks, then ``task.finetune`` (next-token loss, AdamW,
 10% warm-up) for ``--recovery-steps`` steps of ``--recovery-batch`` windows of ``--importance-length`` tokens from
 the train part, masked heads kept masked; the weights are restored before the next point. Points are merged into
 the results file (``recovered``), so each can run as a short job.
@@ -99,7 +100,7 @@ def recover(args: argparse.Namespace) -> None:
     eval_task = LanguageModeling(max_length=args.eval_length, max_tokens=args.eval_tokens)
     model, tokenizer = headwise.load_model("smollm2-135m", task=eval_task)
     inputs = rank_task.batches(tokenizer, "train", batch_size=4, limit=args.importance_windows)
-    keep = sorted({int(k) for k in args.keep.split(",")} - {270}, reverse=True)
+    keep = sorted({int(k) for k in args.keep.split(",")}, reverse=True)  # 270: the control, fine-tuned unpruned
     points = len(keep) * len(args.units.split(","))  # a copy of the weights only when several points share the run
     intact = {name: p.detach().clone() for name, p in model.named_parameters()} if points > 1 else None
     out = Path(args.out)
@@ -112,6 +113,7 @@ def recover(args: argparse.Namespace) -> None:
                                        unit=unit)
             atomic_write_text(cache, json.dumps({str(step.kept): step.masks for step in curve.steps}))
         masks = json.loads(cache.read_text())
+        masks["270"] = {s.path: [1.0] * s.num_heads for s in find_sites(model)}
         for kept in keep:
             start = time.time()
             apply_masks(model, masks[str(kept)])
