@@ -285,15 +285,18 @@ def build_synthetic_corpus(directory: str | Path, sizes: dict[str, int] | None =
 SPECIAL_TOKENS = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>"}
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000, min_frequency: int = 2):
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000, min_frequency: int = 2, nfkc: bool = False):
     """A joint BPE tokenizer (``PreTrainedTokenizerFast``) over source and target texts; every encoding ends
     with ``</s>``. Metaspace pre-tokenisation keeps decoding reversible, so names and numbers can be copied piece by
-    piece and BLEU sees the original spacing. Ids: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    piece and BLEU sees the original spacing. ``nfkc``: NFKC-normalise texts first (real text: ligatures, full-width
+    forms). Ids: ``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials = list(SPECIAL_TOKENS.values())
     tok = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS["unk_token"]))
+    if nfkc:
+        tok.normalizer = normalizers.NFKC()
     tok.pre_tokenizer = pre_tokenizers.Metaspace()
     tok.decoder = decoders.Metaspace()
     tok.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
