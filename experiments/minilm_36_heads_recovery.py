@@ -12,6 +12,10 @@ Runs (``--runs``, comma-separated; ``E`` = recovery epochs):
   heads kept, then E epochs of distillation;
 - ``l0-distill`` / ``l0-distill+distill:E``: distillation from the teacher during the L0 phase too.
 
+``--teacher packaged`` distils from the packaged (not fine-tuned) model instead, and importance then ranks the
+heads of the packaged model: what ``headwise prune --recover distill`` does without ``--teacher``. ``--max-steps``
+cuts every recovery to N steps (quick comparisons; L0 always trains 1 epoch).
+
 Distillation: ``(1 − α) · task loss + α · MSE (or 1 − cos) between the student's and the teacher's mean-pooled
 embeddings`` (``--alpha``, ``--distance``). Every run appends to ``experiments/results/minilm_36_heads_recovery.json``
 (re-running a run with the same settings replaces it); the summary takes the median over seeds.
@@ -54,20 +58,21 @@ def cached(path: Path, build):
 
 def record(entry: dict) -> None:
     data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"runs": []}
-    key = ("name", "seed", "alpha", "temperature", "distance")
+    key = ("name", "seed", "alpha", "temperature", "distance", "teacher_model", "max_steps")
     data["runs"] = [r for r in data["runs"] if tuple(r.get(k) for k in key) != tuple(entry[k] for k in key)]
     data["runs"].append(entry)
     groups: dict[tuple, list[dict]] = {}
     for r in data["runs"]:
-        groups.setdefault((r["name"], r["alpha"], r["temperature"], r["distance"]), []).append(r)
+        groups.setdefault((r["name"], r["alpha"], r["temperature"], r["distance"], r.get("teacher_model", "fine-tuned"),
+                           r.get("max_steps", -1)), []).append(r)
     data["summary"] = [
-        {"name": n, "alpha": a, "temperature": t, "distance": d, "seeds": sorted(r["seed"] for r in rs),
+        {"name": n, "alpha": a, "temperature": t, "distance": d, "teacher_model": tm, "max_steps": ms,
+         "teacher": rs[-1]["teacher"], "seeds": sorted(r["seed"] for r in rs),
          "median_after_l0": _median([r["after_l0"] for r in rs]),
          "median_before_recovery": _median([r["before_recovery"] for r in rs]),
          "median_after_recovery": statistics.median(r["after_recovery"] for r in rs),
          "reaches_88_83": statistics.median(r["after_recovery"] for r in rs) >= 88.83}
-        for (n, a, t, d), rs in sorted(groups.items())]
-    data["teacher"] = entry["teacher"] or data.get("teacher")
+        for (n, a, t, d, tm, ms), rs in sorted(groups.items(), key=str)]
     data["setup"] = ("all-MiniLM-L6-v2 (6 x 12 heads), STS-B dev Spearman x100; teacher: the shared recipe (1 "
                      "epoch, batch 16, lr 2e-5, 10% warm-up, seed 0); recovery batch 16, lr 2e-5; 1 torch thread "
                      "on a shared CPU")
@@ -86,6 +91,8 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--temperature", type=float, default=2.0)
     parser.add_argument("--distance", default="mse", choices=("mse", "cosine"))
+    parser.add_argument("--teacher", default="fine-tuned", choices=("fine-tuned", "packaged"))
+    parser.add_argument("--max-steps", type=int, default=-1, help="cut every recovery to N steps")
     parser.add_argument("--out", default="/tmp/headwise-minilm-recovery", help="cache of the teacher and L0 models")
     args = parser.parse_args()
     out, task = Path(args.out), Stsb()
@@ -97,7 +104,8 @@ def main() -> None:
 
     teacher, teacher_score = None, None
     if any(r != "l0" for r in args.runs.split(",")):  # every other run reads the teacher
-        teacher, _ = cached(out / "teacher", fine_tuned)
+        teacher, _ = cached(out / "teacher", fine_tuned) if args.teacher == "fine-tuned" else \
+            (headwise.load_model()[0], 0.0)
         teacher_score = score(teacher, tokenizer)
         print(f"teacher {teacher_score}", flush=True)
     distill = dict(alpha=args.alpha, temperature=args.temperature, distance=args.distance)
@@ -126,10 +134,11 @@ def main() -> None:
             before = after_l0 if after_l0 is not None else score(model, tokenizer)
             if mode:
                 headwise.recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs, seed=seed,
-                                 progress=False, **distill)
+                                 max_steps=args.max_steps, progress=False, **distill)
             after = score(model, tokenizer) if mode else before
             heads = sum(s.num_heads for s in headwise.find_sites(model))
-            entry = {"name": run, "seed": seed, **distill, "heads": heads, "teacher": teacher_score,
+            entry = {"name": run, "seed": seed, **distill, "teacher_model": args.teacher,
+                     "max_steps": args.max_steps, "heads": heads, "teacher": teacher_score,
                      "after_l0": after_l0, "before_recovery": before, "after_recovery": after,
                      "minutes": round((time.time() - start) / 60, 1)}
             record(entry)
