@@ -16,8 +16,8 @@ def add_pruning_section(report: Report, result: dict) -> None:
     )
     recovery = result.get("recovery") or {"mode": "none"}
     if recovery["mode"] != "none":
-        teacher = f", distilled from {recovery['teacher']} (α {recovery['alpha']:g})" if recovery["mode"] == "distill" \
-            else ""
+        distill = recovery["mode"] == "distill"
+        teacher = f", distilled from {recovery['teacher']} (α {recovery['alpha']:g})" if distill else ""
         section.text(f"Recovery: **{recovery['mode']}** for {recovery['epochs']:g} epoch(s) on the task{teacher}.")
     points = [p for p in result.get("curve", []) if p[1] is not None]
     metric = result.get("metric_name", "metric")
