@@ -8,7 +8,7 @@ from .analysis import AnalysisConfig, HeadStats, analyze
 from .collaborative import CollaborativeConfig, compress
 from .conversion import convert_gqa, convert_latent
 from .errors import HeadwiseError
-from .tasks import evaluate_stsb, fidelity, get_task
+from .tasks import evaluate_stsb, fidelity, get_task, recover
 from .io import from_pretrained, save_pretrained
 from .kvcache import KVPolicy, apply_kv_policy, kv_policy, remove_kv_policy
 from .mechanisms import apply as replace_attention
@@ -44,5 +44,5 @@ __all__ = [
     # per-head KV cache
     "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy",
     # tasks
-    "get_task", "evaluate_stsb", "fidelity",
+    "get_task", "evaluate_stsb", "fidelity", "recover",
 ]

@@ -10,17 +10,19 @@ from dataclasses import fields
 from typing import Any
 
 from ..errors import HeadwiseError
-from .base import HEADS, Task, TaskObjective, check_head, model_inputs
+from .base import HEADS, Task, TaskObjective, TaskOutputs, check_head, model_inputs
 from .batching import Examples, batches, check_context, collate, context_length
 from .bleu import BleuMetric, BleuResult, corpus_bleu, evaluate_bleu, translate
 from .classification import Classification
 from .corpus import (ParallelCorpus, SyntheticGrammar, build_synthetic_corpus, read_corpus, train_tokenizer,
                      write_corpus)
 from .embeddings import encode, ensure_encoder, fidelity, mean_pool
+from .distillation import distillation_loss, embedding_distillation, logit_distillation
 from .lm import LanguageModeling
 from .stsb import Stsb, StsbResult, evaluate_stsb, stsb_scores
 from .stsb_data import StsbPairs, read_stsb, stsb_file
 from .translation import Translation, read_parallel
+from .recovery import DistillationObjective, recover
 
 TASKS: dict[str, type[Task]] = {"stsb": Stsb, "lm": LanguageModeling, "translation": Translation,
                                 "classification": Classification}
@@ -41,7 +43,8 @@ def get_task(name: str | Task, **options: Any) -> Task:
 
 
 __all__ = [
-    "TASKS", "get_task", "Task", "HEADS", "TaskObjective", "check_head", "model_inputs", "Stsb", "LanguageModeling",
+    "TASKS", "get_task", "Task", "HEADS", "TaskObjective", "TaskOutputs", "recover", "DistillationObjective",
+    "distillation_loss", "logit_distillation", "embedding_distillation", "check_head", "model_inputs", "Stsb", "LanguageModeling",
     "Translation", "Classification", "Examples", "batches", "collate", "check_context", "context_length",
     "read_parallel", "StsbPairs", "read_stsb", "stsb_file", "encode", "ensure_encoder", "fidelity", "mean_pool",
     "StsbResult", "evaluate_stsb", "stsb_scores", "corpus_bleu", "BleuMetric", "BleuResult", "translate",

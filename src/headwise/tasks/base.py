@@ -2,9 +2,10 @@
 
 A task knows which model head it needs (``head``), reads and checks its data before any model is loaded
 (``check``), evaluates a model into a dict of metrics (``evaluate``), gives tokenised examples of a split
-(``examples``: ``"train"``, ``"eval"`` or ``"calibration"``), a per-example loss ``[B]`` on a collated batch
-(``loss``, used by fine-tuning, L0, mixing, recovery and gradient importance) and model inputs for calibration
-(``calibration_inputs``). Batching goes through ``tasks.batching`` for every task.
+(``examples``: ``"train"``, ``"eval"`` or ``"calibration"``), what one forward pass yields on a collated batch
+(``outputs``: logits or embeddings, read by the loss and by distillation), a per-example loss ``[B]`` from them
+(``loss_from``; ``loss`` runs both, used by fine-tuning, L0, mixing, recovery and gradient importance) and model
+inputs for calibration (``calibration_inputs``). Batching goes through ``tasks.batching`` for every task.
 """
 
 from __future__ import annotations
@@ -21,7 +22,25 @@ from ..errors import HeadwiseError
 from .batching import Examples, batches, collate, pad_id_of
 
 HEADS = ("base", "causal-lm", "seq2seq", "classification")
+OUTPUT_KINDS = ("logits", "embeddings")
 Metric = Callable[[nn.Module], float]
+
+
+@dataclass
+class TaskOutputs:
+    """What a task's loss reads from one forward pass on a collated batch.
+
+    ``values``: ``[B, ..., V]`` logits over V classes (kind ``"logits"``: distilled by KL) or ``[B, ..., D]``
+    embeddings (kind ``"embeddings"``: distilled by a distance); ``mask``: ``[B, ...]`` bool, the positions that
+    count (padding and unscored tokens False), or None when every position counts."""
+
+    values: torch.Tensor
+    kind: str
+    mask: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in OUTPUT_KINDS:
+            raise HeadwiseError(f"task output kind {self.kind!r} is not one of {', '.join(OUTPUT_KINDS)}")
 
 
 class Task:
@@ -42,9 +61,17 @@ class Task:
     def examples(self, tokenizer: Any, split: str = "train") -> Examples:
         raise NotImplementedError
 
+    def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
+        """The model's logits or embeddings on a collated batch (one forward pass)."""
+        raise NotImplementedError
+
+    def loss_from(self, outputs: TaskOutputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Per-example training loss ``[B]`` (float32) from ``outputs`` and the batch's labels."""
+        raise NotImplementedError
+
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Per-example training loss ``[B]`` on a collated batch."""
-        raise NotImplementedError
+        return self.loss_from(self.outputs(model, batch), batch)
 
     def texts(self, split: str = "calibration") -> list[str]:
         """Plain input texts of a split (what ``analyze`` reads)."""
@@ -84,6 +111,20 @@ class Task:
                  progress: bool = True, **training_args: Any) -> nn.Module:
         """Fine-tune ``model`` in place on the train split with ``loss`` (``HeadwiseTrainer``: penalties, head
         learning rate, callbacks); returns it in eval mode."""
+        self.train_objective(TaskObjective(self, model), tokenizer, epochs=epochs, max_steps=max_steps,
+                             penalties=penalties, head_learning_rate=head_learning_rate, callbacks=callbacks,
+                             limit=limit, batch_size=batch_size, learning_rate=learning_rate, seed=seed,
+                             progress=progress, **training_args)
+        model.eval()
+        return model
+
+    def train_objective(self, objective: nn.Module, tokenizer: Any, *, epochs: float = 1.0, max_steps: int = -1,
+                        penalties: Sequence[Any] = (), head_learning_rate: float | None = None,
+                        callbacks: Sequence[Any] = (), limit: int | None = None, batch_size: int | None = None,
+                        learning_rate: float | None = None, seed: int = 0, progress: bool = True,
+                        **training_args: Any) -> None:
+        """Train ``objective`` (a module whose ``forward(**batch)`` returns ``{"loss": scalar}``, e.g.
+        ``TaskObjective``) on the train split with ``HeadwiseTrainer``; runs unchanged under ``torchrun``."""
         from transformers import TrainingArguments, set_seed
 
         from ..training import HeadwiseTrainer
@@ -99,13 +140,11 @@ class Task:
             data_seed=seed, save_strategy="no", report_to="none", remove_unused_columns=False,
             disable_tqdm=not progress, logging_steps=training_args.pop("logging_steps", 50),
             use_cpu=training_args.pop("use_cpu", not torch.cuda.is_available()), **training_args)
-        trainer = HeadwiseTrainer(model=TaskObjective(self, model), args=args, train_dataset=ListDataset(data.items),
+        trainer = HeadwiseTrainer(model=objective, args=args, train_dataset=ListDataset(data.items),
                                   data_collator=lambda items: collate(items, pad_id_of(tokenizer)),
                                   penalties=penalties, head_learning_rate=head_learning_rate,
                                   callbacks=list(callbacks))
         trainer.train()
-        model.eval()
-        return model
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

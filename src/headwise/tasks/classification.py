@@ -24,7 +24,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
-from .base import Task
+from .base import Task, TaskOutputs
 from .batching import Examples, batches, tokenize
 
 TRAIN_SHARE = 0.9
@@ -243,9 +243,14 @@ class Classification(Task):
             classification_metrics(true, pred, len(self.label_names()))
         return out | {"examples": len(data), "truncated": data.truncated}
 
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
+        """Class logits ``[B, C]``; a regression's predicted value ``[B, 1]`` is an embedding (no distribution)."""
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return TaskOutputs(logits, "embeddings" if self.is_regression() else "logits")
+
+    def loss_from(self, outputs: TaskOutputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Cross-entropy per example ``[B]`` (squared error for regression)."""
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+        logits = outputs.values.float()
         if self.is_regression():
             return (logits[:, 0] - batch["label"].float()) ** 2
         return F.cross_entropy(logits, batch["label"], reduction="none")

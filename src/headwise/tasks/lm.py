@@ -23,7 +23,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
-from .base import Task
+from .base import Task, TaskOutputs
 from .batching import LABEL_PAD, Examples, check_context
 from .paths import existing_file, read_lines, shared_data
 
@@ -165,10 +165,17 @@ class LanguageModeling(Task):
         return {"perplexity": math.exp(total / count), "nll": total / count, "tokens": count,
                 "windows": len(self.windows(len(ids)))}
 
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
+        """Next-token logits ``[B, T-1, V]`` (position ``t`` predicts token ``t + 1``), scored positions masked."""
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[:, :-1]
+        return TaskOutputs(logits, "logits", batch["labels"][:, 1:] != LABEL_PAD)
+
+    def loss_from(self, outputs: TaskOutputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-token NLL per window ``[B]``."""
-        nll, scored = next_token_nll(model, batch["input_ids"], batch.get("attention_mask"), batch["labels"])
-        return nll / scored.clamp(min=1)
+        target = batch["labels"][:, 1:]
+        nll = F.cross_entropy(outputs.values.float().transpose(1, 2), target.clamp(min=0), reduction="none")
+        scored = outputs.mask
+        return (nll * scored).sum(1) / scored.sum(1).clamp(min=1)
 
 
 def _disjoint(n: int, length: int) -> list[tuple[int, int, int]]:

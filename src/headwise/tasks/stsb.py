@@ -12,7 +12,7 @@ from scipy.stats import pearsonr, spearmanr
 from torch import nn
 
 from ..batching import mean_pool
-from .base import Task
+from .base import Task, TaskOutputs
 from .batching import Examples, tokenize
 from .embeddings import encode, ensure_encoder
 from .stsb_data import StsbPairs, read_stsb, stsb_file
@@ -101,12 +101,16 @@ class Stsb(Task):
         return Examples([{"input_ids_a": x, "input_ids_b": y, "score": float(s) / SCORE_SCALE}
                          for x, y, s in zip(a, b, pairs.scores)], cut_a + cut_b)
 
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
+        """Mean-pooled embeddings of both sentences, ``[B, 2, D]``."""
         def embed(side: str) -> torch.Tensor:
             mask = batch[f"attention_mask_{side}"]
             return mean_pool(model(input_ids=batch[f"input_ids_{side}"], attention_mask=mask).last_hidden_state, mask)
 
-        cos = F.cosine_similarity(embed("a"), embed("b"), dim=-1)
+        return TaskOutputs(torch.stack([embed("a"), embed("b")], dim=1), "embeddings")
+
+    def loss_from(self, outputs: TaskOutputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        cos = F.cosine_similarity(outputs.values[:, 0], outputs.values[:, 1], dim=-1)
         return (cos.float() - batch["score"].float()) ** 2
 
     def finetune(self, model: nn.Module, tokenizer: Any, **options: Any) -> nn.Module:

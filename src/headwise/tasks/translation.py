@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import HeadwiseError
-from .base import Task
+from .base import Task, TaskOutputs
 from .batching import LABEL_PAD, Examples, check_context, pad_id_of, tokenize
 from .bleu import translate
 from .corpus import ParallelCorpus
@@ -129,12 +129,16 @@ class Translation(Task):
                 "chrf": float(sacrebleu.corpus_chrf(hypotheses, refs).score), "sentences": len(corpus),
                 "beam": self.beam}
 
-    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean target-token cross-entropy per sentence pair ``[B]`` (teacher forcing)."""
+    def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
+        """Teacher-forced target logits ``[B, T, V]``, real target tokens masked."""
         labels = batch["labels"]
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=labels).logits
-        nll = F.cross_entropy(logits.float().transpose(1, 2), labels.clamp(min=0), reduction="none")
-        real = labels != LABEL_PAD
+        return TaskOutputs(logits, "logits", labels != LABEL_PAD)
+
+    def loss_from(self, outputs: TaskOutputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean target-token cross-entropy per sentence pair ``[B]`` (teacher forcing)."""
+        labels, real = batch["labels"], outputs.mask
+        nll = F.cross_entropy(outputs.values.float().transpose(1, 2), labels.clamp(min=0), reduction="none")
         return (nll * real).sum(1) / real.sum(1).clamp(min=1)
 
     def calibration_inputs(self, tokenizer: Any, limit: int | None = 256, batch_size: int = 16,

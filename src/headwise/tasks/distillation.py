@@ -1,0 +1,67 @@
+"""Distillation losses between a student's and a teacher's ``TaskOutputs`` (same batch, same task).
+
+Logits: Hinton's soft targets, ``T² · KL(softmax(t / T) ‖ softmax(s / T))`` per position (the ``T²`` keeps the
+gradient scale independent of ``T``), as CoFi and Sheared-LLaMA distil a pruned student. Embeddings: the mean
+squared difference over the feature dimension (``"mse"``) or ``1 − cos`` (``"cosine"``). Both are averaged over the
+positions the mask keeps (padding and unscored tokens excluded) into one value per example ``[B]``, in float32.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import HeadwiseError
+from .base import TaskOutputs
+
+DISTANCES = ("mse", "cosine")
+
+
+def logit_distillation(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor | None = None,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """``[B, ..., V]`` logits (and a ``[B, ...]`` bool mask) → ``[B]`` mean over kept positions of
+    ``T² · KL(p_teacher ‖ p_student)`` at temperature ``T``."""
+    if temperature <= 0:
+        raise HeadwiseError(f"temperature {temperature} must be > 0 (1 keeps the logits as they are; 2 is usual)")
+    log_s = F.log_softmax(student.float() / temperature, dim=-1)
+    log_t = F.log_softmax(teacher.float() / temperature, dim=-1)
+    kl = (log_t.exp() * (log_t - log_s)).sum(-1) * temperature**2
+    return _mean_over_positions(kl, mask)
+
+
+def embedding_distillation(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor | None = None,
+                           distance: str = "mse") -> torch.Tensor:
+    """``[B, ..., D]`` embeddings (and a ``[B, ...]`` bool mask) → ``[B]`` mean over kept positions of the
+    squared difference averaged over ``D`` (``"mse"``) or of ``1 − cos`` (``"cosine"``)."""
+    if distance not in DISTANCES:
+        raise HeadwiseError(f"distance {distance!r} is not one of {', '.join(DISTANCES)}")
+    s, t = student.float(), teacher.float()
+    if distance == "cosine":
+        if s.shape[-1] < 2:
+            raise HeadwiseError("distance 'cosine' needs embeddings of 2 or more features; use distance='mse'")
+        per_position = 1 - F.cosine_similarity(s, t, dim=-1)
+    else:
+        per_position = (s - t).pow(2).mean(-1)
+    return _mean_over_positions(per_position, mask)
+
+
+def distillation_loss(student: TaskOutputs, teacher: TaskOutputs, *, temperature: float = 2.0,
+                      distance: str = "mse") -> torch.Tensor:
+    """Per-example distillation loss ``[B]`` of ``student`` toward ``teacher`` (logits: KL, embeddings: distance);
+    the student's mask decides which positions count."""
+    if student.kind != teacher.kind or student.values.shape != teacher.values.shape:
+        raise HeadwiseError(f"student outputs ({student.kind}, {tuple(student.values.shape)}) and teacher outputs "
+                            f"({teacher.kind}, {tuple(teacher.values.shape)}) differ; the teacher must be the unedited "
+                            "model of the same task (same head, same vocabulary)")
+    if student.kind == "logits":
+        return logit_distillation(student.values, teacher.values, student.mask, temperature)
+    return embedding_distillation(student.values, teacher.values, student.mask, distance)
+
+
+def _mean_over_positions(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``[B, ...]`` → ``[B]``: the mean over the positions ``mask`` keeps (all when None)."""
+    values = values.reshape(values.shape[0], -1)
+    if mask is None:
+        return values.mean(1)
+    keep = mask.reshape(mask.shape[0], -1).to(values.dtype)
+    return (values * keep).sum(1) / keep.sum(1).clamp(min=1)
