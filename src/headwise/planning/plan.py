@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
 from ..sites import find_sites
-from ..tasks import Task, get_task
+from ..tasks import Task, get_task, recover
 from .budget import Budget
 from .candidates import (Candidate, dk_candidates, kv_candidates, mechanism_candidates, prune_candidates,
                          quantization_candidates)
@@ -187,12 +187,7 @@ def recover_model(model: nn.Module, tokenizer: Any, task: Task, teacher: nn.Modu
     """``headwise.recover`` (the tasks layer's recovery), or nothing for ``mode="none"``."""
     if mode == "none":
         return
-    try:
-        from ..tasks.recovery import recover
-    except ImportError:
-        raise HeadwiseError(f"--recover {mode}: this headwise has no recovery (headwise.tasks.recovery); "
-                            "use --recover none") from None
-    recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs)
+    recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs, progress=False)
 
 
 def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | str | dict, *,

@@ -49,7 +49,7 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
 
 
 def removal_order(model: nn.Module, scores: dict[str, list[float]], allow_empty_layers: bool = False
-                  ) -> list[tuple[str, list[int]]]:
+                  ) -> list[list]:
     """Removal units, least important first: ``(site name, heads)``, one query head each, or a whole key/value
     group (its query heads, summed scores) where a site shares key/value heads (so the removal is physical and
     shrinks the KV cache). Each site keeps one unit unless ``allow_empty_layers``."""
@@ -64,7 +64,7 @@ def removal_order(model: nn.Module, scores: dict[str, list[float]], allow_empty_
     order = []
     for _, name, heads in units:
         if left[name] > (0 if allow_empty_layers else 1):
-            order.append((name, heads))
+            order.append([name, heads])
             left[name] -= 1
     return order
 
