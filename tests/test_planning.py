@@ -246,3 +246,16 @@ def test_impossible_budget_writes_nothing(tmp_path, bert_dir, stsb_dir, capsys):
                  "--out", str(out)]) == 2
     assert "kv-cache" in capsys.readouterr().err and not out.exists()
     assert main(["plan", "--budget", "speed=2", "--out", str(out)]) == 2 and not out.exists()
+
+
+def test_retime_measures_latency_again_and_keeps_the_plan_consistent(bert_plan, tokenizer):
+    model, task, plan = bert_plan
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    for p in again.points:
+        p.measured["latency_ms"] = -1.0
+    again.retime(model, tokenizer, repeats=1, task=task, progress=False)
+    assert all(p.measured["latency_ms"] > 0 for p in again.points) and again.base.measured["latency"] == 1.0
+    assert [p.measured["score"] for p in again.points] == [p.measured["score"] for p in plan.points]
+    rec = again.recommended_point
+    assert rec is None or rec.meets_budget
+    assert any(p.on_front for p in again.points)

@@ -32,7 +32,7 @@ from .candidates import (Candidate, dk_candidates, kv_candidates, mechanism_cand
 from .costs import measure_latency, sequence_length, static_costs
 from .edits import Edit, apply_edit
 from .pareto import COST_AXES, front
-from .proxies import head_scores, output_error, reference_outputs, removal_order
+from .proxies import head_scores, outputs, relative_error, removal_order
 from .search import finalists
 
 SCHEMA = "headwise.plan/1"
@@ -143,6 +143,21 @@ class Plan:
             calibration = self.calibration(tokenizer, task, next(model.parameters()).device)
         return apply_edit(model, edit, calibration, self.settings.get("allow_empty_layers", False), progress)
 
+    def retime(self, model: nn.Module, tokenizer: Any, repeats: int = 15, task: Task | None = None,
+               progress: bool | None = None) -> None:
+        """Measure every point's latency again beside the unedited ``model`` (e.g. on an idle machine), then
+        recompute the budget fits, the front and the recommended point. Scores are not re-measured."""
+        task = task or self.make_task()
+        device = next(model.parameters()).device
+        size = self.settings["timing_batch"][0]
+        timing = task.calibration_inputs(tokenizer, limit=size, batch_size=size, device=device)[0]
+        for p in tqdm(self.points, desc="re-time", unit="edit", disable=None if progress is None else not progress):
+            edited = self.apply(copy.deepcopy(model), tokenizer, p.name, task) if p.kind != "base" else model
+            latency, ms = measure_latency(edited, model, timing, repeats)
+            p.measured["latency"], p.measured["latency_ms"] = (1.0 if p.kind == "base" else latency), ms
+        self.settings["latency_repeats"] = repeats
+        self.recommended = _finish(self.points, Budget.parse(self.budget), self.base, self.sign)
+
     # ---- files ---------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return {"schema": self.schema, "model": self.model, "task": self.task, "budget": self.budget,
@@ -215,11 +230,13 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     shape_size = getattr(task, "batch_size", None) or 1
     timing = task.calibration_inputs(tokenizer, limit=shape_size, batch_size=shape_size, device=device)[0]
     length = sequence_length(calib)
-    probe, reference = calib[:2], reference_outputs(model, calib[:2])
+    probe, reference = calib[:2], outputs(model, calib[:2])
 
-    def measure(edit: Edit) -> dict[str, Any]:
-        edited = apply_edit(copy.deepcopy(model), edit, calib if edit.needs_calibration() else None,
-                            allow_empty_layers)
+    def edit_copy(edit: Edit) -> nn.Module:
+        return apply_edit(copy.deepcopy(model), edit, calib if edit.needs_calibration() else None,
+                          allow_empty_layers)
+
+    def measure(edited: nn.Module) -> dict[str, Any]:
         recover_model(edited, tokenizer, task, model, recover, recover_epochs)
         metrics = task.evaluate(edited, tokenizer, progress=False)
         costs = static_costs(edited, length)
@@ -261,9 +278,9 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     for cand in tqdm(singles, desc="measure single methods", unit="edit",
                      disable=None if progress is None else not progress):
         try:
-            cand.proxy = output_error(model, cand.edit, probe, reference,
-                                      calib if cand.edit.needs_calibration() else None)
-            measured = measure(cand.edit)
+            candidate = edit_copy(cand.edit)
+            cand.proxy = relative_error(reference, outputs(candidate, probe))
+            measured = measure(candidate)
         except HeadwiseError as err:
             skipped.setdefault(cand.method, f"{cand.name}: {err}")
             continue
@@ -278,7 +295,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     for name, parts, edit, pred in tqdm(chosen, desc="measure combined plans", unit="edit",
                                         disable=None if progress is None else not progress):
         try:
-            measured = measure(edit)
+            measured = measure(edit_copy(edit))
         except HeadwiseError as err:
             skipped.setdefault("combined", f"{name}: {err}")
             continue
@@ -301,6 +318,7 @@ def _finish(points: list[Point], budget: Budget, base: Point, sign: float) -> st
     """Mark budget fits and the front; return the recommended point's name."""
     for p in points:
         p.meets_budget = budget.met_by(p.measured, base.measured)
+        p.on_front = False
     vectors = [[-sign * p.measured["score"]] + [float(p.measured[a]) for a in COST_AXES] for p in points]
     for i in front(vectors):
         points[i].on_front = True

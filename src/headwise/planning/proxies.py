@@ -81,7 +81,8 @@ def prune_edit(order: Sequence[tuple[str, list[int]]], remove: int) -> Edit:
     return Edit(prune={k: sorted(v) for k, v in prune.items()})
 
 
-def _outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+def outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The model's outputs (logits, else last hidden states) on ``batches``, in float32."""
     out = []
     with torch.inference_mode():
         for b in batches:
@@ -90,20 +91,17 @@ def _outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> li
     return out
 
 
-def output_error(model: nn.Module, edit: Edit, batches: Sequence[dict[str, torch.Tensor]],
-                 reference: Sequence[torch.Tensor] | None = None,
-                 calibration: Sequence[dict[str, torch.Tensor]] | None = None) -> float:
-    """``‖y − ŷ‖ / ‖y‖`` of the model's outputs (last hidden states or logits) on ``batches``, ``ŷ`` from a copy
-    with ``edit`` applied (padding positions included, identically on both sides)."""
-    reference = reference if reference is not None else _outputs(model, batches)
-    edited = apply_edit(copy.deepcopy(model), edit, calibration)
-    got = _outputs(edited, batches)
+def relative_error(reference: Sequence[torch.Tensor], got: Sequence[torch.Tensor]) -> float:
+    """``‖y − ŷ‖ / ‖y‖`` over all batches (padding positions included, identically on both sides)."""
     num = sum(float((a - b).pow(2).sum()) for a, b in zip(reference, got))
     den = sum(float(a.pow(2).sum()) for a in reference)
     return math.sqrt(num / max(den, 1e-30))
 
 
-def reference_outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-    """The unedited outputs ``output_error`` compares against (compute once, reuse)."""
-    return _outputs(model, batches)
-
+def output_error(model: nn.Module, edit: Edit, batches: Sequence[dict[str, torch.Tensor]],
+                 reference: Sequence[torch.Tensor] | None = None,
+                 calibration: Sequence[dict[str, torch.Tensor]] | None = None) -> float:
+    """``relative_error`` of a copy of ``model`` with ``edit`` applied, against ``reference`` (the unedited
+    outputs on ``batches``, computed when not given)."""
+    reference = reference if reference is not None else outputs(model, batches)
+    return relative_error(reference, outputs(apply_edit(copy.deepcopy(model), edit, calibration), batches))
