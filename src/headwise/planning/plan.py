@@ -291,7 +291,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     prunes = [(by_name[p.name], p.measured) for p in points if p.kind == "single" and p.methods == ["prune"]]
     others = [(by_name[p.name], p.measured) for p in points
               if p.kind == "single" and p.methods and p.methods[0] in ("kv_heads", "dk", "mechanism")]
-    chosen = finalists(prunes, others, base.measured, budget, sign, top_k)
+    chosen = finalists(prunes, others, base.measured, budget, sign, top_k, valid=lambda e: _sensible(model, e))
     for name, parts, edit, pred in tqdm(chosen, desc="measure combined plans", unit="edit",
                                         disable=None if progress is None else not progress):
         try:
@@ -326,6 +326,15 @@ def _finish(points: list[Point], budget: Budget, base: Point, sign: float) -> st
     if not fitting:
         return None
     return max(fitting, key=lambda p: sign * p.measured["score"]).name
+
+
+def _sensible(model: nn.Module, edit: Edit) -> bool:
+    """Whether a combination means what it says: a collaborative width below what every pruned site needs for
+    its exact form (a larger one is cut to the exact form, the same point as a smaller ``dk``)."""
+    if not edit.dk:
+        return True
+    exact = max((s.num_heads - len(edit.prune.get(s.name, []))) * s.head_dim for s in find_sites(model))
+    return edit.dk < exact
 
 
 def _layers(model: nn.Module, scores: dict[str, list[float]], mech_errors: dict[str, float]) -> dict[str, Any]:

@@ -5,7 +5,7 @@ finalists that are then measured."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .budget import Budget
 from .candidates import Candidate
@@ -34,17 +34,30 @@ def predict(base: dict[str, Any], a: dict[str, Any], b: dict[str, Any], sign: fl
 
 
 def finalists(prunes: Sequence[tuple[Candidate, dict]], others: Sequence[tuple[Candidate, dict]],
-              base: dict[str, Any], budget: Budget, sign: float, top_k: int
+              base: dict[str, Any], budget: Budget, sign: float, top_k: int,
+              valid: Callable[[Edit], bool] = lambda edit: True
               ) -> list[tuple[str, list[str], Edit, dict[str, Any]]]:
-    """The ``top_k`` pairs of best predicted score whose predicted costs meet ``budget`` (if none does, the
-    ``top_k`` least over budget): ``(name, parts, edit, prediction)``."""
+    """What to measure among the pairs ``valid`` accepts: the ``top_k`` of best predicted score whose predicted
+    costs meet ``budget`` (if none does, the ``top_k`` least over budget), then, for each level of heads removed,
+    its best predicted pair (so the combined curve spans the front). Returns ``(name, parts, edit, prediction)``."""
     pairs = []
     for p, pm in prunes:
         for o, om in others:
+            edit = combine(p.edit, o.edit)
+            if not valid(edit):
+                continue
             pred = predict(base, pm, om, sign)
             over = budget.violations(pred, base)
-            pairs.append((len(over), -pred["goodness"], f"{p.name}+{o.name}", [p.name, o.name],
-                          combine(p.edit, o.edit), pred))
+            pairs.append((len(over), -pred["goodness"], f"{p.name}+{o.name}", [p.name, o.name], edit, pred))
     fitting = [x for x in pairs if x[0] == 0] or pairs
-    fitting.sort(key=lambda x: (x[0], x[1]))
-    return [(name, parts, edit, pred) for _, _, name, parts, edit, pred in fitting[:top_k]]
+    chosen = sorted(fitting, key=lambda x: (x[0], x[1]))[:top_k]
+    for p, _ in prunes:
+        level = [x for x in pairs if x[3][0] == p.name]
+        if level:
+            chosen.append(min(level, key=lambda x: x[1]))
+    seen, out = set(), []
+    for _, _, name, parts, edit, pred in chosen:
+        if name not in seen:
+            seen.add(name)
+            out.append((name, parts, edit, pred))
+    return out
