@@ -259,3 +259,20 @@ def test_retime_measures_latency_again_and_keeps_the_plan_consistent(bert_plan, 
     rec = again.recommended_point
     assert rec is None or rec.meets_budget
     assert any(p.on_front for p in again.points)
+
+
+def test_l0_ranking_reads_gate_logits_and_leaves_the_model_alone(tokenizer, stsb_dir):
+    from headwise.planning.proxies import head_scores, removal_order
+
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    task = get_task("stsb", data=str(stsb_dir))
+    scores = head_scores(model, tokenizer, task, "l0", examples=16, keep=4, epochs=4)
+    assert set(scores) == {"enc-self.0", "enc-self.1"} and all(len(v) == 4 for v in scores.values())
+    assert any(abs(x - 3.0) > 1e-4 for v in scores.values() for x in v)  # the gates moved from log α = 3
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    order = removal_order(model, scores)
+    first = min(((n, h) for n, v in scores.items() for h, _ in enumerate(v)), key=lambda nh: scores[nh[0]][nh[1]])
+    assert order[0] == [first[0], [first[1]]] and len(order) == 6  # one head stays in each layer
+    with pytest.raises(headwise.HeadwiseError, match="ranking"):
+        head_scores(model, tokenizer, task, "ablation")

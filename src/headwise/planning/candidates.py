@@ -10,6 +10,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from ..sites import find_sites
@@ -75,7 +76,7 @@ def quantization_candidates() -> list[Candidate]:
 
 
 def mechanism_candidates(model: nn.Module, length: float, batches: Sequence[dict[str, torch.Tensor]],
-                         reference: Sequence[torch.Tensor]) -> tuple[list[Candidate], dict[str, float], str | None]:
+                         reference: Sequence[torch.Tensor], progress: bool | None = None) -> tuple[list[Candidate], dict[str, float], str | None]:
     """A sliding local window (a quarter of the sequence, a power of two) on the half of the self-attention
     layers whose outputs it changes least, then on all; returns the candidates, the per-layer errors and why
     none (if so)."""
@@ -86,7 +87,8 @@ def mechanism_candidates(model: nn.Module, length: float, batches: Sequence[dict
     if not sites:
         return [], {}, "no self-attention site with absolute or rotary positions"
     errors = {}
-    for site in sites:
+    for site in tqdm(sites, desc="local-window error per layer", unit="layer", disable=None if progress is None
+                     else not progress):
         one = Edit(mechanism={"name": "local", "args": {"window": window}, "sites": [site.name]})
         try:
             errors[site.name] = output_error(model, one, batches, reference)

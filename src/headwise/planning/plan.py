@@ -267,7 +267,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
         singles += dk_candidates(model)
     mech_errors: dict[str, float] = {}
     if "mechanism" in allowed:
-        mechs, mech_errors, why = mechanism_candidates(model, length, probe, reference)
+        mechs, mech_errors, why = mechanism_candidates(model, length, probe, reference, progress)
         singles += mechs
         if why:
             skipped["mechanism"] = why
