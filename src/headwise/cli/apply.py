@@ -10,6 +10,7 @@ from . import model_args
 
 RECOVERY = ("none", "distill", "finetune")
 PLAIN_FAMILIES = ("llama", "mistral", "qwen2")  # headwise.pruning.export.PLAIN_FAMILIES
+PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
 
 
 def register(verbs, parents) -> None:
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, args.force)
     task = plan.make_task()
     task.check()
-    args.model = args.model or (None if plan.model == "all-MiniLM-L6-v2" else plan.model)
+    args.model = args.model or (None if plan.model.startswith(PACKAGED) else plan.model)
     model, tokenizer = load_task_model(args, task)
     teacher = None
     if mode == "distill":
