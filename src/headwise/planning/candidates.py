@@ -76,7 +76,8 @@ def quantization_candidates() -> list[Candidate]:
 
 
 def mechanism_candidates(model: nn.Module, length: float, batches: Sequence[dict[str, torch.Tensor]],
-                         reference: Sequence[torch.Tensor], progress: bool | None = None) -> tuple[list[Candidate], dict[str, float], str | None]:
+                         reference: Sequence[torch.Tensor], progress: bool | None = None
+                         ) -> tuple[list[Candidate], dict[str, float], str | None]:
     """A sliding local window (a quarter of the sequence, a power of two) on the half of the self-attention
     layers whose outputs it changes least, then on all; returns the candidates, the per-layer errors and why
     none (if so)."""

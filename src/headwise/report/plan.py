@@ -74,7 +74,8 @@ def add_plan_sections(report: Report, plan: dict[str, Any]) -> None:
     for key, label in AXES:
         if not any(p["measured"].get(key) for p in points) or (key == "kv_bytes" and not base["measured"][key]):
             continue
-        figures.append((svg.lines(_series(points, key, plan["task"]["higher_is_better"]), label, metric, f"{metric} vs. {label}"), None))
+        series = _series(points, key, plan["task"]["higher_is_better"])
+        figures.append((svg.lines(series, label, metric, f"{metric} vs. {label}"), None))
     fronts.grid(figures)
     table = report.add_section("Measured points", "Predicted values (combined plans only) come from the measured "
                                                   "single methods: score changes added, cost ratios multiplied.")
