@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..planning import Budget
 from ..planning.pareto import front
 from . import svg
 from .builder import Report
@@ -42,7 +43,7 @@ def verdict(plan: dict[str, Any], path: str = "plan.json") -> str:
     base = points["base"]
     metric = plan["task"]["metric"]
     rec = points.get(plan["recommended"]) if plan["recommended"] else None
-    budget = ",".join(f"{k.replace('_', '-')}={v:g}" for k, v in plan["budget"].items())
+    budget = str(Budget.parse(plan["budget"]))
     if rec is None:
         sign = 1 if plan["task"]["higher_is_better"] else -1
         best = max((p for p in plan["points"] if p["kind"] != "base"), default=None,
