@@ -276,3 +276,16 @@ def test_l0_ranking_reads_gate_logits_and_leaves_the_model_alone(tokenizer, stsb
     assert order[0] == [first[0], [first[1]]] and len(order) == 6  # one head stays in each layer
     with pytest.raises(headwise.HeadwiseError, match="ranking"):
         head_scores(model, tokenizer, task, "ablation")
+
+
+def test_the_verdict_names_the_edit_its_score_savings_and_command_or_says_none_fits(bert_plan):
+    from headwise.report.plan import verdict
+
+    _, _, plan = bert_plan
+    data = plan.to_dict()
+    rec = plan.recommended_point
+    text = verdict(data, "out/plan.json")
+    assert text.startswith(f"**Recommended: {rec.edit.describe()}**") and f"{rec.measured['score']:.2f}" in text
+    assert f"heads 8 → {rec.measured['heads']}" in text and "headwise apply out/plan.json" in text
+    data["recommended"] = None
+    assert verdict(data).startswith("**No measured edit meets the budget heads=6,params=0.8x.**")
