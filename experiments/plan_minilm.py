@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -69,8 +70,7 @@ def main() -> None:
                              repeats=args.repeats, model_name="all-MiniLM-L6-v2 (packaged)", progress=True)
         data, timing = {}, {"retimed": None, "repeats": args.repeats}
     budget = headwise.Budget.parse(plan.budget)
-    data.update({"command": " ".join(["python experiments/plan_minilm.py", *(["--timing-only"] if args.timing_only
-                                                                            else [])]),
+    data.update({"command": " ".join(["python", *sys.argv]),
                  "machine_note": "latency measured while other jobs shared the CPU unless 'retimed' says otherwise",
                  "timing": timing, "seconds": round(time.time() - start, 1),
                  "verdict": verdict(plan, budget.latency or 1.0), "plan": plan.to_dict()})

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -71,7 +72,7 @@ def main() -> None:
         plan = headwise.plan(model, tokenizer, task, args.budget, examples=args.examples,
                              calibration=args.calibration, top_k=args.top_k, repeats=args.repeats,
                              methods=tuple(args.methods.split(",")), model_name="smollm2-135m", progress=True)
-        data = {"command": "python experiments/plan_smollm2.py", "timing": {"retimed": None, "repeats": args.repeats},
+        data = {"command": " ".join(["python", *sys.argv]), "timing": {"retimed": None, "repeats": args.repeats},
                 "machine_note": "latency measured while other jobs shared the CPU unless 'retimed' says otherwise"}
     data.update({"seconds": round(time.time() - start, 1), "fronts": fronts(plan), "recommended": plan.recommended,
                  "plan": plan.to_dict()})

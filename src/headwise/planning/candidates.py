@@ -17,7 +17,7 @@ from ..sites import find_sites
 from .edits import Edit
 from .proxies import output_error, prune_edit
 
-PRUNE_FRACTIONS = (0.125, 0.25, 0.375, 0.5, 0.625, 0.75)
+PRUNE_FRACTIONS = (0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75)
 DK_FRACTIONS = (0.75, 0.5, 0.375, 0.25)
 QUANTIZERS = ({"method": "linear_slog_clamped_midval", "bits": 3}, {"method": "none", "threshold": 0.01})
 MIN_WINDOW = 16  # a local window is tried when sequences hold at least 4 windows of this size

@@ -230,7 +230,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     shape_size = getattr(task, "batch_size", None) or 1
     timing = task.calibration_inputs(tokenizer, limit=shape_size, batch_size=shape_size, device=device)[0]
     length = sequence_length(calib)
-    probe, reference = calib[:2], outputs(model, calib[:2])
+    probe = [{k: v[:4] for k, v in calib[0].items()}]  # proxies: the first four calibration examples
+    reference = outputs(model, probe)
 
     def edit_copy(edit: Edit) -> nn.Module:
         return apply_edit(copy.deepcopy(model), edit, calib if edit.needs_calibration() else None,
