@@ -133,15 +133,19 @@ def test_quantize_with_the_lm_task_scores_negative_perplexity(llama_dir, tmp_pat
 def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, capsys):
     out = tmp_path / "l0"
     assert main(["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-                 "--method", "l0", "--keep", "12", "--max-steps", "2", "--finetune", "1", "--finetune-steps", "2",
+                 "--method", "l0", "--keep", "12", "--max-steps", "2", "--recover", "distill", "--recover-steps", "2",
                  "--max-length", "32", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the Trainer logs before it
     assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_after"] is not None
+    assert result["recovery"] == {"mode": "distill", "epochs": 1.0, "steps": 2, "teacher": "the model before the edit",
+                                  "alpha": 0.5, "temperature": 2.0, "distance": "mse"}
+    assert result["metric_before_recovery"] is not None and result["metric_before_recovery"] != result["metric_after"]
 
 
 @pytest.mark.parametrize("verb", ["mix", "replace"])
 def test_mix_and_replace_report_the_task_metric(llama_dir, tmp_path, capsys, verb):
-    extra = ["--finetune", "0.5"] if verb == "mix" else ["local", "--arg", "window=4"]
+    extra = ["--finetune", "0.5"] if verb == "mix" else ["local", "--arg", "window=4", "--recover", "finetune",
+                                                          "--recover-steps", "4"]
     out = tmp_path / verb
     assert main([verb, *extra, "--task", "lm", "--model", str(llama_dir / "model"), "--data",
                  str(llama_dir / "text.txt"), "--max-length", "32", "--out", str(out), "--json"]) == 0
@@ -150,3 +154,6 @@ def test_mix_and_replace_report_the_task_metric(llama_dir, tmp_path, capsys, ver
     ppl = LanguageModeling(data=str(llama_dir / "text.txt"), max_length=32).evaluate(model, tokenizer)["perplexity"]
     assert result["metric_name"] == "lm perplexity" and result["metric_before"] == pytest.approx(ppl, abs=0.006)
     assert result["metric_after"] != result["metric_before"]  # mixers trained on the lm loss / a 4-token window
+    if verb == "replace":
+        assert result["recovery"] == {"mode": "finetune", "epochs": 1.0, "steps": 4}
+        assert result["metric_recovered"] != result["metric_after"]

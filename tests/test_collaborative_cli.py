@@ -42,6 +42,10 @@ def test_compress_writes_model_json_and_report(compressed, tmp_path, capsys):
     assert main(["compress", "--model", str(source), "--dk", "10", "--no-eval", "--calibration",
                  str(tmp_path / "missing.txt"), "--out", str(tmp_path / "o2")]) == 2
     assert "calibration file not found" in capsys.readouterr().err
+    assert main(["compress", "--model", str(source), "--dk", "10", "--recover", "distill", "--alpha", "3",
+                 "--out", str(tmp_path / "o3")]) == 2
+    assert "alpha 3" in capsys.readouterr().err and not (tmp_path / "o3").exists()
+    assert summary["recovery"] == {"mode": "none"} and summary["metric_recovered"] is None
 
 
 @pytest.mark.browser

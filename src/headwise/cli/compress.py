@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
+from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_for_task, metric_label, task_args, task_from_args
 
 
@@ -29,10 +30,10 @@ def register(verbs, parents) -> None:
                    help="closed-form start (default: auto = block with --calibration, hosvd without)")
     p.add_argument("--curve", default="auto",
                    help="comma-separated dk values for the report's trade-off curve, 'auto' or 'none'")
-    p.add_argument("--finetune", type=float, default=0.0, help="epochs of re-fine-tuning on the task (default: 0)")
     p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
     p.add_argument("--out", default="headwise-compressed", help="output folder: model/, compression.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    recovery_args(p)
     task_args(p)
     p.set_defaults(run=run)
 
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
     if args.calibration and not from_task and not texts:
         raise HeadwiseError(f"the calibration set {args.calibration} holds no text")
     evaluate = not args.no_eval
-    task = task_from_args(args, skip=("limit",)) if evaluate or args.finetune or from_task else None
+    recovering = recovery_mode(args) != "none"
+    task = task_from_args(args, skip=("limit",)) if evaluate or recovering or from_task else None
     if task is not None and task.name != "stsb":
         model, tokenizer = load_for_task(args, task)
     else:  # STS-B: the base encoder, as before
@@ -107,19 +109,18 @@ def run(args: argparse.Namespace) -> int:
         return round(float(task.evaluate(model, tokenizer, progress=False)[task.metric]), 2) if evaluate else None
 
     metric_before = metric()
+    teacher = teacher_for(args, model, task)
     result = compress(model, config=config, moments=moments)
     metric_after = metric()
-    metric_finetuned = None
-    if args.finetune:
-        task.finetune(model, tokenizer, epochs=args.finetune)
-        metric_finetuned = metric()
+    recovery = recover_after_edit(args, model, tokenizer, task, teacher)
+    metric_recovered = metric() if recovering else None
     summary = {
         "model": args.model or "all-MiniLM-L6-v2", "calibration": args.calibration, "config": vars(config),
         **result.as_dict(), "parameters_before": before, "parameters_after": sum(p.numel() for p in model.parameters()),
         "task": None if task is None else task.name,
         "metric_name": metric_label(task),
         "metric_before": metric_before, "metric_after": metric_after,
-        "metric_finetuned": metric_finetuned, "finetune_epochs": args.finetune,
+        "metric_recovered": metric_recovered, "recovery": recovery,
         "curve": [c.as_dict() for c in curve],
     }
     report = Report("headwise compression report", f"{summary['model']}: collaborative heads, dk={result.dk}")
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         name = "" if task is None else {"stsb": "STS-B dev"}.get(task.name, task.metric)
         metric_text = "" if not evaluate else f", {name} {metric_before} → {metric_after}" + (
-            f" → {metric_finetuned} after {args.finetune:g} epoch(s) of re-fine-tuning" if args.finetune else "")
+            f" → {metric_recovered} after {recovery['mode']} recovery" if recovering else "")
         print(f"collaborative heads, dk={result.dk} ({result.objective} objective): query/key parameters "
               f"{result.params_before:,} → {result.params_after:,}{metric_text}")
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")

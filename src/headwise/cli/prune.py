@@ -7,6 +7,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
+from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_for_task, metric_label, task_args, task_from_args
 
 METHODS = ("l0", "importance", "mask")
@@ -29,9 +30,6 @@ def register(verbs, parents) -> None:
     p.add_argument("--max-steps", type=int, default=-1, help="l0: stop joint training after N steps (quick trials)")
     p.add_argument("--importance-pairs", type=int, default=256,
                    help="importance: training examples for gradient importance (default: 256)")
-    p.add_argument("--finetune", type=float, default=0.0,
-                   help="epochs of recovery fine-tuning on the task after removal (default: 0)")
-    p.add_argument("--finetune-steps", type=int, default=-1, help="stop recovery fine-tuning after N steps")
     p.add_argument("--allow-empty-layers", action="store_true",
                    help="allow removing every head of a layer (its attention sublayer then only adds its bias)")
     p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
@@ -39,6 +37,7 @@ def register(verbs, parents) -> None:
                    help="also save DIR/plain, a checkpoint plain transformers loads (Llama family, uniform heads)")
     p.add_argument("--out", default="headwise-pruned", help="output folder: model/, pruning.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    recovery_args(p)
     task_args(p)
     p.set_defaults(run=run)
 
@@ -49,8 +48,9 @@ def _check(args: argparse.Namespace) -> None:
             raise HeadwiseError("--method mask needs --mask FILE (JSON/YAML: site or kind -> 0/1 per head)")
     elif args.keep is None or args.keep < 1:
         raise HeadwiseError(f"--method {args.method} needs --keep N with N ≥ 1 (the number of heads to keep)")
-    if args.epochs <= 0 or args.finetune < 0:
-        raise HeadwiseError("--epochs must be > 0 and --finetune ≥ 0")
+    if args.epochs <= 0:
+        raise HeadwiseError(f"--epochs {args.epochs:g} must be > 0")
+    recovery_mode(args)
     if args.unit != "query" and args.method != "importance":
         raise HeadwiseError(f"--unit {args.unit} applies to --method importance; l0 and mask choose query heads")
 
@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     _check(args)
     check_writable_dir(args.out, args.force)
     spec = load_masks(args.mask) if args.method == "mask" else None
-    needs_data = args.method != "mask" or args.finetune or not args.no_eval
+    needs_data = args.method != "mask" or recovery_mode(args) != "none" or not args.no_eval
     task = task_from_args(args) if needs_data else None  # bad data fails before the model loads
     if task is not None:
         model, tokenizer = load_for_task(args, task)
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return round(float(task.evaluate(m, tokenizer, progress=False)[task.metric]), 2)
 
     metric_before = None if args.no_eval else metric(model)
+    teacher = teacher_for(args, model, task)
     curve, masked_only = [], False
     if args.method == "mask":
         apply_masks(model, spec)
@@ -103,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         removed = l0_prune(model, tokenizer, args.keep, task, epochs=args.epochs, max_steps=args.max_steps)
         masked_only = sum(s.num_heads for s in find_sites(model)) == before["heads"] and any(removed.values())
-    if args.finetune:
-        task.finetune(model, tokenizer, epochs=args.finetune, max_steps=args.finetune_steps)
+    metric_edited = None if args.no_eval or recovery_mode(args) == "none" else metric(model)
+    recovery = recover_after_edit(args, model, tokenizer, task, teacher)
     after_sites = find_sites(model)
     kept = before["heads"] - sum(map(len, removed.values()))
     result = {
@@ -115,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         "parameters_before": before["parameters"], "parameters_after": sum(p.numel() for p in model.parameters()),
         "removed": {n: removed.get(n, []) for n in names},
         "survivors": {s.name: [0 if h in removed.get(s.name, []) else 1 for h in range(s.num_heads)] for s in sites},
-        "metric_name": metric_label(task), "metric_before": metric_before,
+        "metric_name": metric_label(task), "metric_before": metric_before, "recovery": recovery,
+        "metric_before_recovery": metric_edited,
         "metric_after": None if args.no_eval else metric(model), "curve": curve,
     }
     if args.plain:
@@ -136,7 +138,9 @@ def run(args: argparse.Namespace) -> int:
         what = "masked (partial key/value groups stay in the weights)" if masked_only else "heads"
         print(f"{result['method']}: {result['heads_before']} → {result['heads_after']} {what}, "
               f"{result['parameters_before']:,} → {result['parameters_after']:,} parameters"
-              + ("" if args.no_eval else f", {task.metric} {metric_before} → {result['metric_after']}"))
+              + ("" if args.no_eval else f", {task.metric} {metric_before} → "
+                 + (f"{metric_edited} → {result['metric_after']} after {recovery['mode']} recovery"
+                    if recovery["mode"] != "none" else f"{result['metric_after']}")))
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html"
               + (f", {args.out}/plain (plain transformers)" if args.plain else ""))
     return 0

@@ -8,6 +8,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
+from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_task_model, metric_label, task_args, task_from_args, task_metric
 
 
@@ -19,10 +20,10 @@ def register(verbs, parents) -> None:
     p.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
                    help="a mechanism argument (repeatable), e.g. --arg window=32")
     p.add_argument("--kinds", default=None, help="comma-separated attention kinds (default: every site)")
-    p.add_argument("--finetune", type=float, default=0.0, help="epochs of fine-tuning on the task after (default: 0)")
     p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
     p.add_argument("--out", default="headwise-replaced", help="output folder: model/, replace.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    recovery_args(p)
     task_args(p)
     p.set_defaults(run=run)
 
@@ -57,12 +58,12 @@ def run(args: argparse.Namespace) -> int:
     if args.mechanism not in MECHANISMS:
         raise HeadwiseError(f"unknown mechanism {args.mechanism!r}; see `headwise mechanisms list`")
     mechanism_args = parse_mechanism_args(args.mechanism, args.arg)
-    if args.finetune < 0:
-        raise HeadwiseError("--finetune must be ≥ 0")
+    recovering = recovery_mode(args) != "none"
     check_writable_dir(args.out, args.force)
     evaluate = not args.no_eval
-    task = task_from_args(args) if evaluate or args.finetune else None  # bad data fails before the model loads
+    task = task_from_args(args) if evaluate or recovering else None  # bad data fails before the model loads
     model, tokenizer = load_task_model(args, task)
+    teacher = teacher_for(args, model, task)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
 
     def metric() -> float | None:
@@ -72,15 +73,16 @@ def run(args: argparse.Namespace) -> int:
     ops = apply(model, args.mechanism, kinds=kinds, **mechanism_args)
     result = {"model": args.model or "all-MiniLM-L6-v2", "mechanism": args.mechanism, "args": mechanism_args,
               "sites": sorted(ops), "metric_name": metric_label(task), "metric_before": before,
-              "metric_after": metric(), "finetune_epochs": args.finetune}
-    if args.finetune:
-        task.finetune(model, tokenizer, epochs=args.finetune)
-        result["metric_finetuned"] = metric()
+              "metric_after": metric()}
+    result["recovery"] = recover_after_edit(args, model, tokenizer, task, teacher)
+    if recovering:
+        result["metric_recovered"] = metric()
     report = Report("headwise attention replacement", f"{result['model']}: {args.mechanism} attention")
     report.add_section("Replacement", f"Softmax attention replaced by {args.mechanism} at {len(ops)} sites.").table(
         [[k, v] for k, v in [("arguments", json.dumps(mechanism_args)), (f"{metric_label(task)} before", before),
                              ("after", result["metric_after"]),
-                             ("after fine-tuning", result.get("metric_finetuned"))]], ["", ""])
+                             (f"after {result['recovery']['mode']} recovery", result.get("metric_recovered"))]],
+        ["", ""])
     save_run(args.out, model, tokenizer, "replace.json", result, report, overwrite=args.force)
     if args.json:
         print(json.dumps(result))

@@ -15,7 +15,7 @@ def add_compression_section(report: Report, summary: dict) -> None:
         f"(objective: {objective}). Relative errors are ‖T − T̂‖ / ‖T‖ over the stacked per-head products.",
     )
     metrics = [("STS-B dev before", summary["metric_before"]), ("after compression", summary["metric_after"]),
-               ("after re-fine-tuning", summary["metric_finetuned"])]
+               (f"after {(summary.get('recovery') or {}).get('mode', 'no')} recovery", summary["metric_recovered"])]
     rows = [("query/key parameters", f"{summary['params_before']:,}", f"{summary['params_after']:,}"),
             ("model parameters", f"{summary['parameters_before']:,}", f"{summary['parameters_after']:,}")]
     section.table(rows, ["", "before", "after"])

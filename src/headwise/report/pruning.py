@@ -14,6 +14,11 @@ def add_pruning_section(report: Report, result: dict) -> None:
         "Removed heads are physically cut from the q/k/v and output projections; the saved model reloads with "
         "`headwise.from_pretrained`.",
     )
+    recovery = result.get("recovery") or {"mode": "none"}
+    if recovery["mode"] != "none":
+        distill = recovery["mode"] == "distill"
+        teacher = f", distilled from {recovery['teacher']} (α {recovery['alpha']:g})" if distill else ""
+        section.text(f"Recovery: **{recovery['mode']}** for {recovery['epochs']:g} epoch(s) on the task{teacher}.")
     points = [p for p in result.get("curve", []) if p[1] is not None]
     metric = result.get("metric_name", "metric")
     if points:
@@ -35,5 +40,7 @@ def add_pruning_section(report: Report, result: dict) -> None:
     rows = [["heads", result["heads_before"], result["heads_after"]],
             ["parameters", result["parameters_before"], result["parameters_after"]]]
     if result.get("metric_before") is not None:
+        if result.get("metric_before_recovery") is not None:
+            rows.append([f"{metric} before recovery", result["metric_before"], result["metric_before_recovery"]])
         rows.append([metric, result["metric_before"], result.get("metric_after")])
     section.table(rows, ["", "before", "after"])

@@ -44,7 +44,8 @@ def get_task(name: str | Task, **options: Any) -> Task:
 
 __all__ = [
     "TASKS", "get_task", "Task", "HEADS", "TaskObjective", "TaskOutputs", "recover", "DistillationObjective",
-    "distillation_loss", "logit_distillation", "embedding_distillation", "check_head", "model_inputs", "Stsb", "LanguageModeling",
+    "distillation_loss", "logit_distillation", "embedding_distillation", "check_head", "model_inputs", "Stsb",
+    "LanguageModeling",
     "Translation", "Classification", "Examples", "batches", "collate", "check_context", "context_length",
     "read_parallel", "StsbPairs", "read_stsb", "stsb_file", "encode", "ensure_encoder", "fidelity", "mean_pool",
     "StsbResult", "evaluate_stsb", "stsb_scores", "corpus_bleu", "BleuMetric", "BleuResult", "translate",

@@ -14,14 +14,17 @@ from ..pruning import (L0Config, L0Penalty, PruningCurve, add_l0_gates, importan
 from ..pruning.schedule import Metric
 from ..sites import find_sites
 from .base import Task
+from .recovery import DistillationObjective, check_recovery
 
 
 def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config: L0Config | None = None,
-             epochs: float = 1.0, head_learning_rate: float = 0.1, progress: bool = True,
+             epochs: float = 1.0, head_learning_rate: float = 0.1, teacher: nn.Module | None = None,
+             alpha: float = 0.5, temperature: float = 2.0, distance: str = "mse", progress: bool = True,
              **train: Any) -> dict[str, list[int]]:
-    """Train L0 gates toward ``keep`` open heads while fine-tuning on the task's train split (its loss), keep
-    exactly the ``keep`` heads of largest ``log α``, fold their gate values and remove the rest (masked only when
-    grouped-query sites would lose part of a key/value group, see ``removable``). Returns ``{site: removed heads}``.
+    """Train L0 gates toward ``keep`` open heads while fine-tuning on the task's train split (its loss; with a
+    ``teacher``, blended with distillation from it as in ``recover``), keep exactly the ``keep`` heads of largest
+    ``log α``, fold their gate values and remove the rest (masked only when grouped-query sites would lose part of
+    a key/value group, see ``removable``). Returns ``{site: removed heads}``.
 
     Default config: λ from 0 by dual ascent (``lambda_lr=0.01``), the target reached linearly over the first
     half of training, gates starting open (``log α = 3``)."""
@@ -35,8 +38,17 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config:
     if config.target_heads != keep:
         raise HeadwiseError(f"config.target_heads ({config.target_heads}) differs from keep ({keep})")
     add_l0_gates(model, config)
-    task.finetune(model, tokenizer, epochs=epochs, penalties=[L0Penalty(model, config)],
-                  head_learning_rate=head_learning_rate, progress=progress, **train)
+    penalty = L0Penalty(model, config)
+    if teacher is None:
+        task.finetune(model, tokenizer, epochs=epochs, penalties=[penalty], head_learning_rate=head_learning_rate,
+                      progress=progress, **train)
+    else:
+        check_recovery("distill", epochs, train.get("max_steps", -1), alpha, temperature, distance)
+        objective = DistillationObjective(task, model, teacher, alpha=alpha, temperature=temperature,
+                                          distance=distance)
+        task.train_objective(objective, tokenizer, epochs=epochs, penalties=[penalty],
+                             head_learning_rate=head_learning_rate, progress=progress, **train)
+        model.eval()
     return keep_l0_heads(model, keep, remove=removable(model, l0_keep(model, keep)))
 
 

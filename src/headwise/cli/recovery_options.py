@@ -1,0 +1,75 @@
+"""``--recover distill|finetune|none`` and its options, shared by the verbs that edit a model (prune, compress,
+replace): the teacher is taken before the edit, recovery runs after it, and the verb records what ran."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from typing import Any
+
+from ..errors import HeadwiseError
+
+MODES = ("distill", "finetune", "none")  # headwise.tasks.recovery.MODES
+
+
+def recovery_args(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("recovery after the edit")
+    g.add_argument("--recover", choices=MODES, default=None,
+                   help="distill: fine-tune on the task with distillation from the unedited model (or --teacher); "
+                        "finetune: the task loss only; none (default): keep the edited model as it is")
+    g.add_argument("--recover-epochs", type=float, default=1.0, help="epochs of recovery (default: 1)")
+    g.add_argument("--recover-steps", type=int, default=-1, help="stop recovery after N steps (quick trials)")
+    g.add_argument("--finetune", type=float, default=0.0, metavar="EPOCHS",
+                   help="shorthand for --recover finetune --recover-epochs EPOCHS")
+    g.add_argument("--teacher", default=None,
+                   help="distill: the model to distil from (default: the model as loaded, before the edit)")
+    g.add_argument("--alpha", type=float, default=0.5,
+                   help="distill: weight of the distillation loss, 0-1 (default: 0.5; the task loss gets 1 - alpha)")
+    g.add_argument("--temperature", type=float, default=2.0, help="distill: softening of logits (default: 2)")
+    g.add_argument("--distance", choices=("mse", "cosine"), default="mse",
+                   help="distill: distance between embeddings (stsb, regression; default: mse)")
+
+
+def recovery_mode(args: argparse.Namespace) -> str:
+    """The recovery mode the options ask for, checked (before any model loads)."""
+    from ..tasks.recovery import check_recovery
+
+    if args.finetune < 0:
+        raise HeadwiseError(f"--finetune {args.finetune:g} must be ≥ 0")
+    if args.finetune and args.recover not in (None, "finetune"):
+        raise HeadwiseError(f"--finetune is shorthand for --recover finetune; drop it or --recover {args.recover}")
+    mode = "finetune" if args.finetune else args.recover or "none"
+    epochs = args.finetune or args.recover_epochs
+    if args.teacher and mode != "distill":
+        raise HeadwiseError("--teacher applies to --recover distill")
+    check_recovery(mode, epochs, args.recover_steps, args.alpha, args.temperature, args.distance)
+    return mode
+
+
+def teacher_for(args: argparse.Namespace, model: Any, task: Any) -> Any:
+    """The teacher of ``--recover distill`` (``--teacher``, or a copy of ``model`` taken before the edit)."""
+    if recovery_mode(args) != "distill":
+        return None
+    if args.teacher is None:
+        return copy.deepcopy(model)
+    from ..models import load_model
+
+    teacher, _ = load_model(args.teacher, args.device, args.dtype, with_tokenizer=False, task=task)
+    return teacher
+
+
+def recover_after_edit(args: argparse.Namespace, model: Any, tokenizer: Any, task: Any, teacher: Any) -> dict:
+    """Run the recovery the options ask for on the edited ``model``; returns what ran (for the verb's JSON)."""
+    from ..tasks.recovery import recover
+
+    mode = recovery_mode(args)
+    if mode == "none":
+        return {"mode": mode}
+    epochs = args.finetune or args.recover_epochs
+    recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs, max_steps=args.recover_steps,
+            alpha=args.alpha, temperature=args.temperature, distance=args.distance)
+    done = {"mode": mode, "epochs": epochs, "steps": args.recover_steps}
+    if mode == "distill":
+        done |= {"teacher": args.teacher or "the model before the edit", "alpha": args.alpha,
+                 "temperature": args.temperature, "distance": args.distance}
+    return done

@@ -1,0 +1,253 @@
+"""Recovery with distillation: the losses against hand-computed references (masking, precisions, meta device),
+the objective on tiny models of each task kind (zero when student == teacher, gradients only in the student) and
+``headwise.recover``'s modes and bad input."""
+
+import copy
+import gzip
+import math
+
+import pytest
+import torch
+import transformers as tf
+
+import headwise
+from headwise.errors import HeadwiseError
+from headwise.tasks import (Classification, DistillationObjective, LanguageModeling, Stsb, TaskOutputs, Translation,
+                            collate, distillation_loss, embedding_distillation, logit_distillation, train_tokenizer)
+from headwise.tasks.recipes import l0_prune
+from tiny import VOCAB, tiny_seq2seq
+
+WORDS = "the a cat dog sat on mat ran to house big small red blue tree sun".split()
+
+
+def sentence(i: int, n: int = 5) -> str:
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n + i % 3))
+
+
+# ---- the losses against hand computations --------------------------------------------------------------------
+
+def reference_kl(student: list[float], teacher: list[float], temperature: float) -> float:
+    """T² · Σ p_t (log p_t − log p_s), with plain-Python softmaxes."""
+    def softmax(x):
+        e = [math.exp(v / temperature) for v in x]
+        return [v / sum(e) for v in e]
+
+    p_s, p_t = softmax(student), softmax(teacher)
+    return temperature**2 * sum(t * (math.log(t) - math.log(s)) for s, t in zip(p_s, p_t))
+
+
+def test_kl_distillation_matches_a_hand_computation():
+    # p_t = (3/4, 1/4), p_s = (1/2, 1/2) at T = 1: KL = 3/4 ln(3/2) + 1/4 ln(1/2)
+    got = logit_distillation(torch.tensor([[0.0, 0.0]]), torch.tensor([[math.log(3), 0.0]]), temperature=1.0)
+    assert got.item() == pytest.approx(0.75 * math.log(1.5) + 0.25 * math.log(0.5), rel=1e-6)
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(2, 3, 5, generator=g), torch.randn(2, 3, 5, generator=g)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    for temperature in (1.0, 2.0, 4.0):
+        got = logit_distillation(s, t, mask, temperature)
+        for b in range(2):
+            kept = [reference_kl(s[b, i].tolist(), t[b, i].tolist(), temperature) for i in range(3) if mask[b, i]]
+            assert got[b].item() == pytest.approx(sum(kept) / len(kept), rel=1e-5)
+
+
+def test_masked_positions_do_not_count():
+    g = torch.Generator().manual_seed(1)
+    s, t = torch.randn(2, 4, 6, generator=g), torch.randn(2, 4, 6, generator=g)
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    changed = s.clone()
+    changed[~mask] = 100 * torch.randn_like(changed[~mask])
+    assert torch.equal(logit_distillation(s, t, mask), logit_distillation(changed, t, mask))
+    assert torch.equal(embedding_distillation(s, t, mask), embedding_distillation(changed, t, mask))
+    assert not torch.equal(logit_distillation(s, t), logit_distillation(changed, t))
+
+
+def test_embedding_distillation_matches_a_hand_computation():
+    s, t = torch.tensor([[[1.0, 0.0], [3.0, 4.0]]]), torch.tensor([[[0.0, 1.0], [3.0, 4.0]]])
+    assert embedding_distillation(s, t, distance="mse").item() == pytest.approx((1.0 + 0.0) / 2)  # (1+1)/2, 0
+    assert embedding_distillation(s, t, distance="cosine").item() == pytest.approx((1.0 + 0.0) / 2)  # 1 − 0, 1 − 1
+    mask = torch.tensor([[False, True]])
+    assert embedding_distillation(s, t, mask).item() == 0.0
+    with pytest.raises(HeadwiseError, match="distance 'l1'"):
+        embedding_distillation(s, t, distance="l1")
+    with pytest.raises(HeadwiseError, match="use distance='mse'"):
+        embedding_distillation(s[..., :1], t[..., :1], distance="cosine")
+    with pytest.raises(HeadwiseError, match="temperature 0"):
+        logit_distillation(s, t, temperature=0)
+
+
+def test_zero_only_when_the_student_is_the_teacher():
+    g = torch.Generator().manual_seed(2)
+    t = torch.randn(3, 5, 7, generator=g)
+    for kind in ("logits", "embeddings"):
+        same = distillation_loss(TaskOutputs(t.clone(), kind), TaskOutputs(t, kind))
+        other = distillation_loss(TaskOutputs(t + 0.1 * torch.randn(3, 5, 7, generator=g), kind), TaskOutputs(t, kind))
+        assert torch.allclose(same, torch.zeros(3), atol=1e-6) and (other > 1e-4).all()
+    with pytest.raises(HeadwiseError, match="teacher must be the unedited model"):
+        distillation_loss(TaskOutputs(t, "logits"), TaskOutputs(t[..., :3], "logits"))
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-3), (torch.bfloat16, 2e-2)])
+def test_losses_in_half_precision_match_float32(dtype, tol):
+    g = torch.Generator().manual_seed(3)
+    s, t = torch.randn(2, 6, 50, generator=g), torch.randn(2, 6, 50, generator=g)
+    mask = torch.rand(2, 6, generator=g) > 0.3
+    for fn, kw in ((logit_distillation, {"temperature": 2.0}), (embedding_distillation, {"distance": "mse"}),
+                   (embedding_distillation, {"distance": "cosine"})):
+        ref = fn(s, t, mask, **kw)
+        got = fn(s.to(dtype), t.to(dtype), mask, **kw)
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, ref, rtol=tol * 5, atol=tol)
+
+
+def test_losses_on_the_meta_device():
+    s, t = torch.empty(2, 6, 50, device="meta"), torch.empty(2, 6, 50, device="meta")
+    mask = torch.ones(2, 6, dtype=torch.bool, device="meta")
+    for out in (logit_distillation(s, t, mask, 2.0), embedding_distillation(s, t, mask, "cosine"),
+                embedding_distillation(s, t, None, "mse")):
+        assert out.device.type == "meta" and out.shape == (2,)
+
+
+# ---- the objective on tiny models of each task kind -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer([sentence(i) for i in range(200)], vocab_size=80, min_frequency=1)
+
+
+def stsb_case(tmp_path, tokenizer):
+    for name, n in (("sts-train.tsv", 24), ("sts-dev.tsv", 8)):
+        rows = [f"g\tc\ty\t{i:04d}\t{(i * 1.7) % 5:.3f}\t{sentence(i)}\t{sentence(i + 3)}" for i in range(n)]
+        (tmp_path / name).write_text("\n".join(rows) + "\n")
+    torch.manual_seed(0)
+    config = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                           vocab_size=VOCAB, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                           attention_probs_dropout_prob=0.0)
+    return Stsb(data=str(tmp_path)), tf.AutoModel.from_config(config, attn_implementation="headwise").eval()
+
+
+def lm_case(tmp_path, tokenizer):
+    (tmp_path / "text.txt").write_text("\n".join(sentence(i) for i in range(60)) + "\n")
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+    return LanguageModeling(data=str(tmp_path / "text.txt"), max_length=16), model
+
+
+def translation_case(tmp_path, tokenizer):
+    for split, n in (("train", 12), ("val", 4), ("test", 5)):
+        for lang, shift in (("de", 1), ("en", 2)):
+            lines = "".join(sentence(i + shift) + "\n" for i in range(n)).encode()
+            (tmp_path / f"{split}.{lang}.gz").write_bytes(gzip.compress(lines))
+    model = tiny_seq2seq("marian", pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         decoder_start_token_id=tokenizer.pad_token_id, dropout=0.0)
+    return Translation(data_dir=str(tmp_path), split="test", max_length=32), model
+
+
+def classification_case(tmp_path, tokenizer, regression=False):
+    for split, n in (("train", 16), ("dev", 6)):
+        label = (lambda i: f"{i * 0.3:.2f}") if regression else (lambda i: ["neg", "pos", "mid"][i % 3])
+        (tmp_path / f"{split}.tsv").write_text("text\tlabel\n" + "".join(f"{sentence(i)}\t{label(i)}\n"
+                                                                          for i in range(n)))
+    torch.manual_seed(0)
+    config = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                           vocab_size=VOCAB, max_position_embeddings=64, num_labels=1 if regression else 3,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    model = tf.AutoModelForSequenceClassification.from_config(config, attn_implementation="headwise").eval()
+    return Classification(data=str(tmp_path), max_length=32), model
+
+
+CASES = {"stsb": stsb_case, "lm": lm_case, "translation": translation_case, "classification": classification_case,
+         "regression": lambda p, t: classification_case(p, t, regression=True)}
+
+
+def perturbed(model):
+    student = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    return student
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_objective_is_zero_for_the_teacher_itself_and_trains_only_the_student(case, tmp_path, tokenizer):
+    task, teacher = CASES[case](tmp_path, tokenizer)
+    batch = collate(task.examples(tokenizer, "train").items[:4], tokenizer.pad_token_id)
+    same = DistillationObjective(task, copy.deepcopy(teacher), teacher, alpha=0.5)(**batch)
+    assert same["distill_loss"].item() == pytest.approx(0.0, abs=1e-6)
+    assert same["loss"].item() == pytest.approx(0.5 * same["task_loss"].item(), rel=1e-5)
+
+    student = perturbed(teacher)
+    objective = DistillationObjective(task, student, teacher, alpha=0.3, temperature=2.0)
+    assert [n for n, _ in objective.named_parameters()] == [f"model.{n}" for n, _ in student.named_parameters()]
+    out = objective(**batch)
+    assert out["distill_loss"].item() > 1e-5
+    s, t = task.outputs(student, batch), task.outputs(teacher, batch)
+    ref = 0.7 * task.loss(student, batch).mean() + 0.3 * distillation_loss(s, t, temperature=2.0).mean()
+    assert out["loss"].item() == pytest.approx(ref.item(), rel=1e-5)
+    out["loss"].backward()
+    assert all(p.grad is None for p in teacher.parameters())
+    assert sum(float(p.grad.abs().sum()) for p in student.parameters() if p.grad is not None) > 0
+
+
+def test_the_task_loss_is_unchanged_by_the_outputs_split(tmp_path, tokenizer):
+    task, model = lm_case(tmp_path, tokenizer)
+    batch = collate(task.examples(tokenizer, "train").items[:3], tokenizer.pad_token_id)
+    out = task.outputs(model, batch)
+    assert out.kind == "logits" and out.values.shape[:2] == out.mask.shape
+    with torch.no_grad():
+        for b in range(3):
+            real = batch["attention_mask"][b].bool()
+            expected = model(input_ids=batch["input_ids"][b:b + 1][:, real],
+                             labels=batch["labels"][b:b + 1][:, real]).loss
+            assert task.loss(model, batch)[b].item() == pytest.approx(expected.item(), rel=1e-5)
+
+
+# ---- headwise.recover ------------------------------------------------------------------------------------------
+
+def test_recover_distills_toward_the_teacher_and_leaves_it_alone(tmp_path, tokenizer):
+    task, teacher = lm_case(tmp_path, tokenizer)
+    student = perturbed(teacher)
+    batch = collate(task.examples(tokenizer, "train").items, tokenizer.pad_token_id)
+    state = {k: v.clone() for k, v in teacher.state_dict().items()}
+
+    def gap():
+        with torch.no_grad():
+            return distillation_loss(task.outputs(student, batch), task.outputs(teacher, batch)).mean().item()
+
+    before = gap()
+    out = headwise.recover(student, tokenizer, task, teacher=teacher, alpha=1.0, max_steps=15, learning_rate=3e-3,
+                           batch_size=4, progress=False)
+    assert out is student and not student.training
+    assert gap() < 0.7 * before
+    assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in state.items())
+
+
+def test_recover_modes_and_bad_input(tmp_path, tokenizer):
+    task, model = lm_case(tmp_path, tokenizer)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert headwise.recover(model, tokenizer, task, mode="none") is model
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    headwise.recover(model, tokenizer, task, mode="finetune", max_steps=2, batch_size=4, progress=False)
+    assert any(not torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    with pytest.raises(HeadwiseError, match="needs teacher=.*copy.deepcopy"):
+        headwise.recover(model, tokenizer, task)
+    with pytest.raises(HeadwiseError, match="the teacher is the student itself"):
+        headwise.recover(model, tokenizer, task, teacher=model)
+    with pytest.raises(HeadwiseError, match="recovery mode 'fast'"):
+        headwise.recover(model, tokenizer, task, mode="fast")
+    with pytest.raises(HeadwiseError, match="alpha 2"):
+        headwise.recover(model, tokenizer, task, teacher=copy.deepcopy(model), alpha=2)
+    with pytest.raises(HeadwiseError, match="epochs 0"):
+        headwise.recover(model, tokenizer, task, mode="finetune", epochs=0)
+    base = tf.AutoModel.from_config(model.config)
+    with pytest.raises(HeadwiseError, match="needs a language-modelling head"):
+        headwise.recover(model, tokenizer, task, teacher=base)
+
+
+def test_l0_with_distillation_keeps_the_target(tmp_path, tokenizer):
+    task, teacher = stsb_case(tmp_path, tokenizer)
+    student = copy.deepcopy(teacher)
+    removed = l0_prune(student, tokenizer, 5, task, teacher=teacher, max_steps=4, batch_size=4, progress=False)
+    assert sum(s.num_heads for s in headwise.find_sites(student)) == 5 == 8 - sum(map(len, removed.values()))
+    assert sum(s.num_heads for s in headwise.find_sites(teacher)) == 8
