@@ -60,20 +60,21 @@ def main() -> None:
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args()
     torch.manual_seed(0)
-    task = get_task("lm", max_length=args.max_length, max_tokens=args.max_tokens)
+    data = json.loads(Path(args.out).read_text()) if args.timing_only else {}
+    plan = Plan.from_dict(data["plan"]) if args.timing_only else None
+    task = plan.make_task() if plan else get_task("lm", max_length=args.max_length, max_tokens=args.max_tokens)
     model, tokenizer = headwise.load_model("smollm2-135m", task=task)
     start = time.time()
-    if args.timing_only:
-        data = json.loads(Path(args.out).read_text())
-        plan = Plan.from_dict(data["plan"])
+    if plan is not None:  # the plan's own task: same windows, same calibration
         plan.retime(model, tokenizer, repeats=args.repeats, task=task, progress=True)
         data["timing"] = {"retimed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeats": args.repeats}
     else:
         plan = headwise.plan(model, tokenizer, task, args.budget, examples=args.examples,
                              calibration=args.calibration, top_k=args.top_k, repeats=args.repeats,
                              methods=tuple(args.methods.split(",")), model_name="smollm2-135m", progress=True)
-        data = {"command": " ".join(["python", *sys.argv]), "timing": {"retimed": None, "repeats": args.repeats},
-                "machine_note": "latency measured while other jobs shared the CPU unless 'retimed' says otherwise"}
+        data.update({"command": " ".join(["python", *sys.argv]),
+                     "timing": {"retimed": None, "repeats": args.repeats},
+                     "machine_note": "latency measured while other jobs shared the CPU unless 'retimed' says otherwise"})
     data.update({"seconds": round(time.time() - start, 1), "fronts": fronts(plan), "recommended": plan.recommended,
                  "plan": plan.to_dict()})
     atomic_write_text(args.out, json.dumps(data, indent=1))

@@ -65,10 +65,11 @@ def run(args: argparse.Namespace) -> int:
     native = (model.config.model_type in PLAIN_FAMILIES and not point.edit.mechanism
               and not point.edit.quantization and plain_problem(model) is None)
     report = Report("headwise apply", f"{plan.model}: {point.edit.describe()}")
+    shown = {k: "—" if v is None else f"{v:.2f}" for k, v in (("before", before), ("after", after))}
     section = report.add_section(
-        "Verdict", f"**Applied {point.edit.describe()}** (`{point.name}`): {task.metric} "
-                   f"{'—' if after is None else f'{after:.2f}'} (before {'—' if before is None else f'{before:.2f}'}, "
-                   f"planned {point.measured['score']:.2f} without recovery={mode}); {summary['saves']}. "
+        "Verdict", f"**Applied {point.edit.describe()}** (`{point.name}`): {task.metric} {shown['after']} "
+                   f"(before {shown['before']}; the plan measured {point.measured['score']:.2f} with recovery "
+                   f"{plan.settings.get('recover', 'none')}, this run recovered with {mode}); {summary['saves']}. "
                    f"Reload with `headwise.from_pretrained('{args.out}/model')`"
                    + (f"; `{args.out}/plain` loads in plain transformers." if native else "."))
     section.table([[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in summary.items()],
