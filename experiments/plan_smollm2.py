@@ -74,7 +74,7 @@ def main() -> None:
                              methods=tuple(args.methods.split(",")), model_name="smollm2-135m", progress=True)
         data.update({"command": " ".join(["python", *sys.argv]),
                      "timing": {"retimed": None, "repeats": args.repeats},
-                     "machine_note": "latency measured while other jobs shared the CPU unless 'retimed' says otherwise"})
+                     "machine_note": "latency measured while other jobs shared the CPU unless 'retimed' says so"})
     data.update({"seconds": round(time.time() - start, 1), "fronts": fronts(plan), "recommended": plan.recommended,
                  "plan": plan.to_dict()})
     atomic_write_text(args.out, json.dumps(data, indent=1))
