@@ -20,7 +20,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("persistence", ("headwise.io", "headwise.models")),
     ("methods", ("headwise.analysis", "headwise.pruning", "headwise.collaborative", "headwise.quantization",
                  "headwise.mixing", "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")),
-    ("tasks", ("headwise.training", "headwise.tasks")),
+    ("tasks", ("headwise.training", "headwise.tasks", "headwise.planning")),
     ("report", ("headwise.report",)),
     ("cli", ("headwise.cli",)),
     ("public", ("headwise",)),

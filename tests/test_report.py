@@ -200,7 +200,7 @@ def test_write_is_atomic_and_refuses_to_clobber(tmp_path):
 # ---------------------------------------------------------------------------------------------- analysis
 
 
-SECTIONS = ["How to read this page", "Per-head metrics", "Most important heads", "Top and bottom heads",
+SECTIONS = ["Verdict", "How to read this page", "Per-head metrics", "Most important heads", "Top and bottom heads",
             "Positional heads", "Attention weight distributions", "Head similarity", "Attention maps"]
 
 
@@ -239,8 +239,9 @@ def test_analysis_report_handles_ragged_and_minimal_stats(tmp_path):
     minimal = {k: stats[k] for k in ("headwise_stats", "model", "data", "sentences", "tokens", "sites")}
     minimal["heads"] = {"entropy": stats["heads"]["entropy"]}
     rep = analysis_report(minimal)
-    assert [s.title for s in rep.sections] == ["How to read this page", "Per-head metrics", "Top and bottom heads",
-                                               "Positional heads"]
+    assert [s.title for s in rep.sections] == ["Verdict", "How to read this page", "Per-head metrics",
+                                               "Top and bottom heads", "Positional heads"]
+    assert "No importance was measured" in rep.render()
     path = write_report(minimal, tmp_path)
     assert path == tmp_path / "report.html" and path.stat().st_size > 1000
 
@@ -278,3 +279,19 @@ def test_browser_reports_script_errors(tmp_path):
     page = browser.load(page_path)
     assert page.attribute("data-hw-ready") == "1"
     assert "undefinedFunction" in (page.attribute("data-hw-errors") or "")
+
+
+def test_analysis_report_opens_with_a_verdict_naming_the_removable_heads():
+    stats = make_stats(layers=3, heads=4)
+    table = [[1.0, 0.9, 0.8, 0.7], [0.05, 1.1, 0.95, 0.85], [0.9, 0.1, 1.2, 0.01]]  # median 0.875
+    stats["heads"] = {"importance_gradient": table}
+    stats["metric_info"] = {}
+    stats["task"] = "stsb"
+    rep = analysis_report(stats)
+    assert rep.sections[0].title == "Verdict"
+    html = rep.sections[0].render()
+    # below a quarter of the median (0.219): L2 H3 (0.01), L1 H0 (0.05), L2 H1 (0.1), least important first
+    assert "3 of 12 heads look removable" in html and "L2 H3, L1 H0, L2 H1" in html
+    assert "headwise plan --model tiny-bert &lt;test&gt; --task stsb --budget heads=9" in html
+    stats["heads"] = {"importance_gradient": [[1.0] * 4] * 3}
+    assert "No head stands out" in analysis_report(stats).sections[0].render()

@@ -15,6 +15,7 @@ from .mechanisms import apply as replace_attention
 from .mechanisms import remove as restore_attention
 from .mixing import MixingConfig, add_mixers, fold_mixing, remove_mixers, swap_heads
 from .models import load_model
+from .planning import Budget, Plan, plan
 from .pruning import (L0Config, add_l0_gates, apply_masks, prune_heads, prune_masked, remove_l0_gates,
                       remove_masks)
 from .quantization import QuantizationConfig, quantize_attention, remove_quantization
@@ -43,6 +44,8 @@ __all__ = [
     "convert_gqa", "convert_latent",
     # per-head KV cache
     "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy",
+    # planning
+    "Budget", "Plan", "plan",
     # tasks
     "get_task", "evaluate_stsb", "fidelity", "recover",
 ]

@@ -19,7 +19,8 @@ Command = Callable[[argparse.Namespace], int]
 PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headwise.cli.eval", "headwise.cli.prune",
                            "headwise.cli.quantize", "headwise.cli.mechanisms", "headwise.cli.compress", "headwise.cli.mix",
                            "headwise.cli.replace", "headwise.cli.kv_policy",
-                           "headwise.cli.convert", "headwise.cli.train")
+                           "headwise.cli.convert", "headwise.cli.train", "headwise.cli.plan",
+                           "headwise.cli.apply")
 
 
 def model_args(parser: argparse.ArgumentParser) -> None:

@@ -81,6 +81,7 @@ def run(args: argparse.Namespace) -> int:
         inputs = task.batches(tokenizer, "train", args.batch_size, args.importance_examples) \
             if "gradient" in importance else None
         stats = analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs).to_dict()
+    stats["task"] = args.task
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "stats.json").write_text(json.dumps(stats))
         write_report(stats, tmp)

@@ -1,0 +1,89 @@
+"""``headwise apply plan.json``: perform a planned edit, recover, evaluate, save the model and a report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import HeadwiseError
+from . import model_args
+
+RECOVERY = ("none", "distill", "finetune")
+PLAIN_FAMILIES = ("llama", "mistral", "qwen2")  # headwise.pruning.export.PLAIN_FAMILIES
+PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
+
+
+def register(verbs, parents) -> None:
+    p = verbs.add_parser("apply", parents=parents, help="perform the edit of a plan.json (headwise plan)")
+    p.add_argument("plan", help="the plan.json written by headwise plan")
+    model_args(p)
+    p.add_argument("--point", default=None, help="apply this point of the plan (default: the recommended one)")
+    p.add_argument("--recover", choices=RECOVERY, default=None,
+                   help="recovery after the edit (default: what the plan used, else none)")
+    p.add_argument("--epochs", type=float, default=1.0, help="epochs of recovery (default: 1)")
+    p.add_argument("--max-steps", type=int, default=-1, help="stop recovery after N steps")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
+    p.add_argument("--out", default="headwise-applied", help="output folder: model/, apply.json, report.html")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..io import check_writable_dir
+    from ..planning import Plan
+    from ..pruning import export_plain, plain_problem
+    from ..report import Report
+    from ..report.plan import savings
+    from ..tasks import recover
+    from .output import save_run
+    from .task_options import load_task_model
+
+    plan = Plan.load(args.plan)
+    point = plan.point(args.point)
+    mode = args.recover or plan.settings.get("recover", "none")
+    if args.epochs <= 0 and mode != "none":
+        raise HeadwiseError("--epochs must be > 0 with --recover distill|finetune")
+    check_writable_dir(args.out, args.force)
+    task = plan.make_task()
+    task.check()
+    args.model = args.model or (None if plan.model.startswith(PACKAGED) else plan.model)
+    model, tokenizer = load_task_model(args, task)
+    teacher = None
+    if mode == "distill":
+        import copy
+
+        teacher = copy.deepcopy(model)
+    before = None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
+    plan.apply(model, tokenizer, point.name, task, progress=None)
+    if mode != "none":
+        recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.epochs, max_steps=args.max_steps)
+    after = None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
+    summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.to_dict(),
+               "describe": point.edit.describe(), "recover": mode, "metric": task.metric, "before": before,
+               "after": after, "planned": point.measured["score"],
+               "saves": savings(point.to_dict(), plan.base.to_dict())}
+    native = (model.config.model_type in PLAIN_FAMILIES and not point.edit.mechanism
+              and not point.edit.quantization and plain_problem(model) is None)
+    report = Report("headwise apply", f"{plan.model}: {point.edit.describe()}")
+    shown = {k: "—" if v is None else f"{v:.2f}" for k, v in (("before", before), ("after", after))}
+    section = report.add_section(
+        "Verdict", f"**Applied {point.edit.describe()}** (`{point.name}`): {task.metric} {shown['after']} "
+                   f"(before {shown['before']}; the plan measured {point.measured['score']:.2f} with recovery "
+                   f"{plan.settings.get('recover', 'none')}, this run recovered with {mode}); {summary['saves']}. "
+                   f"Reload with `headwise.from_pretrained('{args.out}/model')`"
+                   + (f"; `{args.out}/plain` loads in plain transformers." if native else "."))
+    section.table([[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in summary.items()],
+                  ["", "value"])
+    save_run(args.out, model, tokenizer, "apply.json", summary, report, overwrite=args.force)
+    if native:
+        export_plain(model, f"{args.out}/plain", overwrite=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(f"{args.out}/plain")
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        print(f"applied {point.name}: {point.edit.describe()}"
+              + ("" if after is None else f", {task.metric} {before:.2f} → {after:.2f}"))
+        print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html"
+              + (f", {args.out}/plain (plain transformers)" if native else ""))
+    return 0

@@ -1,0 +1,74 @@
+"""``headwise plan``: a budget in; a measured Pareto front, a recommended edit, plan.json and a report out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ..errors import HeadwiseError
+from . import model_args
+from .task_options import load_task_model, task_args, task_from_args
+
+METHODS = ("prune", "kv_heads", "dk", "mechanism", "quantization")  # headwise.planning.edits.METHODS
+RECOVERY = ("none", "distill", "finetune")
+
+
+def register(verbs, parents) -> None:
+    p = verbs.add_parser("plan", parents=parents, help="search edits under a budget; measure them; recommend one")
+    model_args(p)
+    p.add_argument("--budget", required=True,
+                   help="limits, comma-separated: heads=N|fraction, latency=0.75x, params=-20%% (attention "
+                        "parameters), kv-cache=-50%% (decoders), flops=-30%%")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"methods to combine (default: all of {','.join(METHODS)})")
+    p.add_argument("--ranking", choices=("gradient", "l0"), default="gradient",
+                   help="how heads are ranked for removal: gradient importance of the task loss, or L0 gates "
+                        "trained on a copy (default: gradient)")
+    p.add_argument("--importance-examples", type=int, default=256, help="training examples for the ranking")
+    p.add_argument("--calibration", type=int, default=64,
+                   help="calibration examples (collaborative and KV fits, output-error proxies; default: 64)")
+    p.add_argument("--top-k", type=int, default=3, help="combined plans measured (default: 3)")
+    p.add_argument("--repeats", type=int, default=7, help="latency repeats per point (default: 7)")
+    p.add_argument("--recover", choices=RECOVERY, default="none",
+                   help="recover every measured edit before scoring it (costly; default: none)")
+    p.add_argument("--recover-epochs", type=float, default=1.0, help="epochs of recovery per edit")
+    p.add_argument("--allow-empty-layers", action="store_true",
+                   help="allow removing every head of a layer (fewer heads than layers)")
+    p.add_argument("--out", default="headwise-plan", help="output folder: plan.json, report.html")
+    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    task_args(p)
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..io import atomic_dir, check_writable_dir
+    from ..planning import Budget, plan
+    from ..report import Report
+    from ..report.plan import add_plan_sections, verdict
+
+    budget = Budget.parse(args.budget)  # a bad budget fails before anything loads
+    methods = tuple(m.strip().replace("-", "_") for m in args.methods.split(",") if m.strip())
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise HeadwiseError(f"--methods {args.methods!r}: use some of {','.join(METHODS)}")
+    check_writable_dir(args.out, args.force)
+    task = task_from_args(args)
+    model, tokenizer = load_task_model(args, task)
+    budget.validate(model, args.allow_empty_layers)
+    result = plan(model, tokenizer, task, budget, ranking=args.ranking, examples=args.importance_examples,
+                  top_k=args.top_k, repeats=args.repeats, calibration=args.calibration, recover=args.recover,
+                  recover_epochs=args.recover_epochs, allow_empty_layers=args.allow_empty_layers, methods=methods,
+                  model_name=args.model or "all-MiniLM-L6-v2", progress=None)
+    data = result.to_dict()
+    data["command"] = result.command(f"{args.out}/plan.json")
+    report = Report("headwise plan", f"{data['model']} on {task.name}, budget {budget}")
+    add_plan_sections(report, data)
+    with atomic_dir(args.out, args.force) as tmp:
+        (tmp / "plan.json").write_text(json.dumps(data, indent=1))
+        report.write(tmp)
+    if args.json:
+        print(json.dumps({k: data[k] for k in ("recommended", "command", "front", "budget")}))
+    else:
+        print(verdict(data, f"{args.out}/plan.json").replace("**", "").replace("`", ""))
+        print(f"saved {args.out}/plan.json and {args.out}/report.html")
+    return 0

@@ -1,0 +1,157 @@
+"""Budgets a user thinks in: ``heads=36,latency=0.75x,params=-20%,kv-cache=-50%,flops=-30%``.
+
+Every axis but ``heads`` is a ratio to the unedited model (``0.75x``, ``75%``, ``-25%`` and ``0.75`` all mean
+"at most three quarters"); ``params`` counts attention parameters (q/k/v/o and what replaces them), ``flops`` the
+attention FLOPs at the task's sequence length, ``kv-cache`` the key/value cache bytes per token (decoders),
+``latency`` the measured forward time on this machine at the task's batch shape.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from torch import nn
+
+from ..errors import HeadwiseError
+from ..sites import find_sites
+
+AXES = ("heads", "latency", "params", "kv_cache", "flops")
+RATIO = re.compile(r"^(?P<sign>[-+]?)(?P<num>\d+(\.\d*)?|\.\d+)(?P<unit>x|%)?$")
+EXAMPLE = "heads=36,latency=0.75x,params=-20%,kv-cache=-50%,flops=-30%"
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Upper limits: ``heads`` (a count, or a fraction of the model's heads when < 1), the rest ratios in (0, 1]
+    of the unedited model (``latency`` may exceed 1). ``None``: no limit on that axis."""
+
+    heads: float | None = None
+    latency: float | None = None
+    params: float | None = None
+    kv_cache: float | None = None
+    flops: float | None = None
+
+    @classmethod
+    def parse(cls, text: "str | Budget | dict[str, Any]") -> "Budget":
+        """``"heads=36,latency=0.75x"`` (also a dict of the same, or a Budget) → Budget; a bad entry raises."""
+        if isinstance(text, Budget):
+            return text
+        items = text.items() if isinstance(text, dict) else _pairs(str(text))
+        values: dict[str, float] = {}
+        for key, raw in items:
+            axis = str(key).strip().replace("-", "_")
+            if axis not in AXES:
+                raise HeadwiseError(f"budget {key!r}: unknown axis; use {', '.join(a.replace('_', '-') for a in AXES)}"
+                                    f" (e.g. {EXAMPLE})")
+            if axis in values:
+                raise HeadwiseError(f"budget {key!r} is given twice; give each axis once")
+            values[axis] = _heads(raw) if axis == "heads" else _ratio(axis, raw)
+        if not values:
+            raise HeadwiseError(f"the budget is empty; give at least one limit, e.g. {EXAMPLE}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, float]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def __str__(self) -> str:
+        parts = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is not None:
+                parts.append(f"{f.name.replace('_', '-')}={_show(f.name, v)}")
+        return ",".join(parts)
+
+    def head_count(self, total: int) -> int | None:
+        """The heads limit as a count of ``total`` heads."""
+        if self.heads is None:
+            return None
+        return int(round(self.heads * total)) if self.heads < 1 else int(self.heads)
+
+    def validate(self, model: nn.Module, allow_empty_layers: bool = False) -> None:
+        """Raise ``HeadwiseError`` if ``model`` cannot meet this budget at all (before any work is done)."""
+        sites = find_sites(model)
+        total = sum(s.num_heads for s in sites)
+        heads = self.head_count(total)
+        if heads is not None:
+            floor = 1 if allow_empty_layers else len(sites)
+            if heads > total:
+                raise HeadwiseError(f"budget heads={_show('heads', self.heads)}: the model has only {total} heads")
+            if heads < floor:
+                raise HeadwiseError(
+                    f"budget heads={_show('heads', self.heads)} is fewer than the {len(sites)} attention layers "
+                    f"(each keeps at least one head); raise it to ≥ {len(sites)} or pass --allow-empty-layers"
+                    if not allow_empty_layers else f"budget heads={heads}: keep at least one head")
+        if self.kv_cache is not None and not any(s.causal and s.kind != "dec-enc" for s in sites):
+            raise HeadwiseError(f"budget kv-cache={_show('kv_cache', self.kv_cache)}: {type(model).__name__} has no "
+                                "decoder self-attention, so it keeps no key/value cache; drop the kv-cache limit")
+
+    def met_by(self, costs: dict[str, float | None], base: dict[str, float | None]) -> bool:
+        """Whether measured ``costs`` (see ``planning.costs``) fit, relative to the unedited ``base``."""
+        return not self.violations(costs, base)
+
+    def violations(self, costs: dict[str, float | None], base: dict[str, float | None]) -> list[str]:
+        """The axes on which ``costs`` exceed this budget (an unmeasured axis counts as exceeded)."""
+        out = []
+        heads = self.head_count(int(base["heads"]))
+        if heads is not None and costs["heads"] > heads:
+            out.append("heads")
+        for axis, key in (("latency", "latency"), ("params", "attention_params"), ("kv_cache", "kv_bytes"),
+                          ("flops", "flops")):
+            limit = getattr(self, axis)
+            if limit is None:
+                continue
+            if axis == "latency":
+                ratio = costs.get("latency")
+            else:
+                ratio = costs[key] / base[key] if base[key] else None
+            if ratio is None or ratio > limit + 1e-9:
+                out.append(axis)
+        return out
+
+
+def _pairs(text: str) -> list[tuple[str, str]]:
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise HeadwiseError(f"budget entry {part!r}: write axis=value, e.g. {EXAMPLE}")
+        out.append((key, value.strip()))
+    return out
+
+
+def _heads(raw: Any) -> float:
+    text = str(raw).strip()
+    try:
+        value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
+    except ValueError:
+        raise HeadwiseError(f"budget heads={text!r}: give a head count (36) or a fraction (0.5, 50%)") from None
+    if value <= 0 or (value >= 1 and value != int(value)):
+        raise HeadwiseError(f"budget heads={text!r}: give a positive head count (36) or a fraction below 1 (0.5)")
+    return int(value) if value >= 1 else value
+
+
+def _ratio(axis: str, raw: Any) -> float:
+    text = str(raw).strip().replace(" ", "")
+    m = RATIO.match(text)
+    if not m:
+        raise HeadwiseError(f"budget {axis.replace('_', '-')}={text!r}: give a ratio such as 0.75x, 75% or -25%")
+    num = float(m["num"])
+    if m["sign"] == "-":
+        if m["unit"] != "%":
+            raise HeadwiseError(f"budget {axis.replace('_', '-')}={text!r}: a reduction is a percentage (-25%)")
+        value = 1 - num / 100
+    else:
+        value = num / 100 if m["unit"] == "%" else num
+    upper = 10.0 if axis == "latency" else 1.0
+    if not 0 < value <= upper:
+        raise HeadwiseError(f"budget {axis.replace('_', '-')}={text!r} means {value:g}× the unedited model; it must "
+                            f"lie in (0, {upper:g}]")
+    return value
+
+
+def _show(axis: str, value: float) -> str:
+    if axis == "heads":
+        return f"{value:g}"
+    return f"{value:g}x"

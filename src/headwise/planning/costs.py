@@ -1,0 +1,147 @@
+"""What an edited model costs: heads, attention parameters, attention FLOPs at the task's sequence length and
+key/value-cache bytes per token, counted on the model as it is (after physical removal), and forward latency
+measured on this machine beside the unedited model.
+
+FLOPs per sequence of ``T`` tokens and attention site (multiply-adds count 2):
+``T · 2 · (weights of the q/k/v/o projections and whatever replaced them)`` plus
+``T · 2 · H · (d_qk + d_v) · T_k`` for the scores and ``A·V``, where ``T_k`` is ``T`` (bidirectional),
+``(T + 1) / 2`` on average (causal) or the window of a local mechanism, ``d_qk`` the query/key width per head
+(``dk`` for collaborative heads, which mix the whole shared space) and ``d_v`` the head dim.
+KV bytes per token: ``Σ`` over decoder self-attention layers of ``(k width + v width) × element size``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..runtime.ops import ATTR
+from ..sites import AttentionSite, find_sites
+
+
+@dataclass
+class Costs:
+    heads: int  # query heads left (summed over sites)
+    kv_heads: int
+    attention_params: int
+    flops: float  # attention FLOPs per sequence at the task's length
+    kv_bytes: int  # key/value cache bytes per token (0 without decoder self-attention)
+    latency: float | None = None  # measured forward time / the unedited model's, same batch
+    latency_ms: float | None = None  # median forward time
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+
+def _linears(site: AttentionSite) -> list[nn.Module]:
+    """The modules holding the site's projections (q/k/v/o and replacements), without headwise ops."""
+    seen: dict[int, nn.Module] = {}
+    for module in [site.module, site.o.module]:
+        for name, sub in module.named_modules():
+            if ATTR in name.split("."):
+                continue
+            if getattr(sub, "weight", None) is not None and sub.weight.dim() == 2:
+                seen.setdefault(id(sub), sub)
+    return list(seen.values())
+
+
+def site_params(site: AttentionSite) -> int:
+    """Attention parameters of one site: its module's and its output projection's, headwise ops excluded."""
+    seen: dict[int, torch.Tensor] = {}
+    for module in [site.module, site.o.module]:
+        for name, p in module.named_parameters():
+            if ATTR not in name.split("."):
+                seen.setdefault(id(p), p)
+    return sum(p.numel() for p in seen.values())
+
+
+def _width(module: nn.Module, transposed: bool) -> int:
+    return module.weight.shape[1 if transposed else 0]
+
+
+def _out_width(site: AttentionSite, proj) -> int:
+    """Output features of a key or value projection (its slice of a fused one, e.g. GPT-2's ``c_attn``)."""
+    if proj.module is site.q.module:
+        return site.num_kv_heads * site.head_dim
+    return _width(proj.module, proj.transposed)
+
+
+def key_span(site: AttentionSite, length: float) -> float:
+    """Keys each query attends to on average at sequence length ``length``."""
+    span = (length + 1) / 2 if site.causal else length
+    ops = getattr(site.module, ATTR, None)
+    for mech in ([] if ops is None else list(ops.mechanism.values())):
+        window = getattr(getattr(mech.core, "config", None), "window", None)
+        if mech.name == "local" and window:
+            span = min(span, window if site.causal else 2 * window - 1)
+    return span
+
+
+def site_flops(site: AttentionSite, length: float) -> float:
+    """Attention FLOPs of one site for a sequence of ``length`` tokens (see the module docstring)."""
+    proj = sum(2 * m.weight.numel() for m in _linears(site))
+    dqk = getattr(site.module, "dk", None) or site.head_dim
+    return length * (proj + 2 * site.num_heads * (dqk + site.head_dim) * key_span(site, length))
+
+
+def kv_bytes(site: AttentionSite) -> int:
+    """Key/value cache bytes per token of one site (0 unless decoder self-attention)."""
+    if not site.causal or site.kind == "dec-enc":
+        return 0
+    k, v = _out_width(site, site.k), _out_width(site, site.v)
+    return (k + v) * site.k.module.weight.element_size() * len(site.layers)
+
+
+def static_costs(model: nn.Module, length: float) -> Costs:
+    """Heads, attention parameters, FLOPs at ``length`` tokens and KV bytes per token of ``model`` as it is."""
+    sites = find_sites(model)
+    return Costs(
+        heads=sum(s.num_heads * len(s.layers) for s in sites),
+        kv_heads=sum(s.num_kv_heads * len(s.layers) for s in sites),
+        attention_params=sum(site_params(s) for s in sites),
+        flops=float(sum(site_flops(s, length) * len(s.layers) for s in sites)),
+        kv_bytes=sum(kv_bytes(s) for s in sites),
+    )
+
+
+@torch.inference_mode()
+def _time(model: nn.Module, batch: dict[str, torch.Tensor]) -> float:
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    model(**batch)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start
+
+
+def measure_latency(model: nn.Module, base: nn.Module, batch: dict[str, torch.Tensor], repeats: int = 7,
+                    warmup: int = 1) -> tuple[float, float]:
+    """``(median time of model / median time of base, median ms of model)``: forwards of ``batch`` alternated
+    between the two models ``repeats`` times after ``warmup`` rounds, so drifts in machine load hit both."""
+    for _ in range(warmup):
+        _time(base, batch), _time(model, batch)
+    mine: list[float] = []
+    theirs: list[float] = []
+    for _ in range(repeats):
+        theirs.append(_time(base, batch))
+        mine.append(_time(model, batch))
+    ms = statistics.median(mine)
+    return ms / statistics.median(theirs), 1000 * ms
+
+
+def sequence_length(batches: Sequence[dict[str, torch.Tensor]]) -> float:
+    """Mean number of real tokens per sequence in ``batches`` (the length FLOPs are counted at)."""
+    tokens = seqs = 0
+    for b in batches:
+        mask = b.get("attention_mask")
+        ids = b["input_ids"]
+        tokens += int(ids.numel() if mask is None else mask.sum())
+        seqs += ids.shape[0]
+    return tokens / max(seqs, 1)

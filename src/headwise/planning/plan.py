@@ -1,0 +1,356 @@
+"""``headwise.plan``: a budget in, a measured Pareto front and a recommended edit out.
+
+1. The budget is checked against the model before any work. 2. Proxies rank candidates: head importance orders
+removals, the output error on calibration batches ranks layers for a mechanism. 3. Every single-method level is
+applied to a copy and measured (task score on the dev data, costs after physical removal, latency beside the
+unedited model). 4. Pairs (heads removed × another method) are predicted from the singles and the best inside
+the budget are measured too. 5. The front is taken over measured points only; the recommended plan is the
+best-scoring measured point that meets the whole budget.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import HeadwiseError
+from ..io import atomic_write_text
+from ..sites import find_sites
+from ..tasks import Task, get_task, recover
+from .budget import Budget
+from .candidates import (Candidate, dk_candidates, kv_candidates, mechanism_candidates, prune_candidates,
+                         quantization_candidates)
+from .costs import measure_latency, sequence_length, static_costs
+from .edits import Edit, apply_edit
+from .pareto import COST_AXES, front
+from .proxies import head_scores, outputs, relative_error, removal_order
+from .search import finalists
+
+SCHEMA = "headwise.plan/1"
+RECOVERY = ("none", "distill", "finetune")
+
+
+@dataclass
+class Point:
+    """One measured edit. ``measured``: ``score`` (the task's main metric), ``metrics`` (all of them) and the
+    costs (``heads``, ``kv_heads``, ``attention_params``, ``flops``, ``kv_bytes``, ``latency`` ratio,
+    ``latency_ms``); ``predicted``: the same keys as predicted before measuring (combinations only)."""
+
+    name: str
+    kind: str  # "base", "single" or "combined"
+    methods: list[str]
+    edit: Edit
+    measured: dict[str, Any]
+    predicted: dict[str, Any] | None = None
+    proxy: float | None = None
+    parts: list[str] = field(default_factory=list)
+    meets_budget: bool = False
+    on_front: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["edit"] = self.edit.to_dict()
+        out["describe"] = self.edit.describe()
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Point":
+        d = {k: v for k, v in d.items() if k != "describe"}
+        return cls(**{**d, "edit": Edit.from_dict(d["edit"])})
+
+
+@dataclass
+class Plan:
+    """What ``plan`` found: every measured point, the front, the recommended one, and how to apply it."""
+
+    model: str
+    task: dict[str, Any]  # {"name", "options", "metric", "higher_is_better"}
+    budget: dict[str, float]
+    settings: dict[str, Any]
+    points: list[Point]
+    proxies: dict[str, Any]
+    layers: dict[str, dict[str, Any]]  # per site: heads, importance per head, mechanism error
+    recommended: str | None
+    skipped: dict[str, str] = field(default_factory=dict)  # method -> why it was not tried
+    schema: str = SCHEMA
+
+    # ---- views ---------------------------------------------------------------------------------------------
+    @property
+    def base(self) -> Point:
+        return next(p for p in self.points if p.kind == "base")
+
+    @property
+    def frontier(self) -> list[Point]:
+        """Measured points on the Pareto front (score against every cost axis at once), best score first."""
+        return sorted((p for p in self.points if p.on_front), key=lambda p: -self.sign * p.measured["score"])
+
+    @property
+    def recommended_point(self) -> Point | None:
+        return next((p for p in self.points if p.name == self.recommended), None)
+
+    @property
+    def sign(self) -> float:
+        return 1.0 if self.task["higher_is_better"] else -1.0
+
+    def point(self, name: str | None = None) -> Point:
+        """The point called ``name`` (default: the recommended one)."""
+        name = name or self.recommended
+        if name is None:
+            raise HeadwiseError("no measured point meets the budget, so there is no recommended plan; pick one with "
+                                f"--point NAME ({', '.join(p.name for p in self.points)})")
+        for p in self.points:
+            if p.name == name:
+                return p
+        raise HeadwiseError(f"plan has no point {name!r}; points: {', '.join(p.name for p in self.points)}")
+
+    def command(self, path: str = "plan.json", point: str | None = None, out: str = "headwise-applied") -> str:
+        """The ``headwise apply`` command line for ``point`` (default: recommended)."""
+        parts = ["headwise", "apply", path, "--out", out]
+        if point and point != self.recommended:
+            parts += ["--point", point]
+        if self.settings.get("recover", "none") != "none":
+            parts += ["--recover", self.settings["recover"]]
+        return shlex.join(parts)
+
+    # ---- acting --------------------------------------------------------------------------------------------
+    def make_task(self) -> Task:
+        return get_task(self.task["name"], **self.task["options"])
+
+    def calibration(self, tokenizer: Any, task: Task | None = None, device: torch.device | str = "cpu") -> list[dict]:
+        task = task or self.make_task()
+        n = self.settings["calibration"]
+        return task.calibration_inputs(tokenizer, limit=n, batch_size=min(16, n), device=device)
+
+    def apply(self, model: nn.Module, tokenizer: Any = None, point: str | None = None, task: Task | None = None,
+              progress: bool | None = False) -> nn.Module:
+        """Perform the recommended edit (or ``point``) on ``model`` in place, exactly as it was measured
+        (calibrated parts need ``tokenizer`` to rebuild the same calibration batches). No recovery here: see
+        ``headwise.recover``."""
+        edit = self.point(point).edit
+        calibration = None
+        if edit.needs_calibration():
+            if tokenizer is None:
+                raise HeadwiseError(f"point {self.point(point).name} uses calibrated edits; pass the tokenizer")
+            calibration = self.calibration(tokenizer, task, next(model.parameters()).device)
+        return apply_edit(model, edit, calibration, self.settings.get("allow_empty_layers", False), progress)
+
+    def retime(self, model: nn.Module, tokenizer: Any, repeats: int = 15, task: Task | None = None,
+               progress: bool | None = None) -> None:
+        """Measure every point's latency again beside the unedited ``model`` (e.g. on an idle machine), then
+        recompute the budget fits, the front and the recommended point. Scores are not re-measured."""
+        task = task or self.make_task()
+        device = next(model.parameters()).device
+        size = self.settings["timing_batch"][0]
+        timing = task.calibration_inputs(tokenizer, limit=size, batch_size=size, device=device)[0]
+        for p in tqdm(self.points, desc="re-time", unit="edit", disable=None if progress is None else not progress):
+            edited = self.apply(copy.deepcopy(model), tokenizer, p.name, task) if p.kind != "base" else model
+            latency, ms = measure_latency(edited, model, timing, repeats)
+            p.measured["latency"], p.measured["latency_ms"] = (1.0 if p.kind == "base" else latency), ms
+        self.settings["latency_repeats"] = repeats
+        self.recommended = _finish(self.points, Budget.parse(self.budget), self.base, self.sign)
+
+    # ---- files ---------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": self.schema, "model": self.model, "task": self.task, "budget": self.budget,
+                "settings": self.settings, "recommended": self.recommended, "command": self.command(),
+                "front": [p.name for p in self.frontier], "skipped": self.skipped, "proxies": self.proxies,
+                "layers": self.layers, "points": [p.to_dict() for p in self.points]}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        if d.get("schema") != SCHEMA:
+            raise HeadwiseError(f"plan schema {d.get('schema')!r} is not {SCHEMA!r}; re-run headwise plan")
+        return cls(model=d["model"], task=d["task"], budget=d["budget"], settings=d["settings"],
+                   points=[Point.from_dict(p) for p in d["points"]], proxies=d["proxies"], layers=d["layers"],
+                   recommended=d["recommended"], skipped=d.get("skipped", {}))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        path = Path(path)
+        if not path.is_file():
+            raise HeadwiseError(f"{path} is not a file; pass the plan.json written by headwise plan")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise HeadwiseError(f"{path} is not JSON ({err.msg} at line {err.lineno}); pass a plan.json") from None
+        return cls.from_dict(data)
+
+
+def task_spec(task: Task) -> dict[str, Any]:
+    from dataclasses import fields
+
+    options = {f.name: getattr(task, f.name) for f in fields(task) if getattr(task, f.name) is not None}
+    return {"name": task.name, "options": options, "metric": task.metric, "higher_is_better": task.higher_is_better}
+
+
+def recover_model(model: nn.Module, tokenizer: Any, task: Task, teacher: nn.Module, mode: str,
+                  epochs: float) -> None:
+    """``headwise.recover`` (the tasks layer's recovery), or nothing for ``mode="none"``."""
+    if mode == "none":
+        return
+    recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs, progress=False)
+
+
+def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | str | dict, *,
+         ranking: str = "gradient", examples: int = 256, top_k: int = 3, repeats: int = 7, calibration: int = 64,
+         recover: str = "none", recover_epochs: float = 1.0, allow_empty_layers: bool = False,
+         methods: tuple[str, ...] | None = None, model_name: str | None = None,
+         progress: bool | None = None) -> Plan:
+    """Search edits of ``model`` (unchanged) for ``task`` under ``budget`` and measure them; see the module
+    docstring. ``methods`` restricts the methods tried (``edits.METHODS``); ``recover`` recovers every measured
+    edit first (costly); ``repeats``: latency repeats per point."""
+    task = get_task(task) if isinstance(task, str) else task
+    budget = Budget.parse(budget)
+    if recover not in RECOVERY:
+        raise HeadwiseError(f"recover={recover!r}; use one of {', '.join(RECOVERY)}")
+    if top_k < 1 or repeats < 1 or calibration < 1 or examples < 1:
+        raise HeadwiseError("top_k, repeats, calibration and examples must be ≥ 1")
+    budget.validate(model, allow_empty_layers)
+    task.check_model(model, tokenizer)
+    model.eval()
+    device = next(model.parameters()).device
+    sign = 1.0 if task.higher_is_better else -1.0
+    allowed = set(methods or ("prune", "kv_heads", "dk", "mechanism", "quantization"))
+
+    calib = task.calibration_inputs(tokenizer, limit=calibration, batch_size=min(16, calibration), device=device)
+    shape_size = getattr(task, "batch_size", None) or 1
+    timing = task.calibration_inputs(tokenizer, limit=shape_size, batch_size=shape_size, device=device)[0]
+    length = sequence_length(calib)
+    probe = [{k: v[:4] for k, v in calib[0].items()}]  # proxies: the first four calibration examples
+    reference = outputs(model, probe)
+
+    def edit_copy(edit: Edit) -> nn.Module:
+        return apply_edit(copy.deepcopy(model), edit, calib if edit.needs_calibration() else None,
+                          allow_empty_layers)
+
+    def measure(edited: nn.Module) -> dict[str, Any]:
+        recover_model(edited, tokenizer, task, model, recover, recover_epochs)
+        metrics = task.evaluate(edited, tokenizer, progress=False)
+        costs = static_costs(edited, length)
+        costs.latency, costs.latency_ms = measure_latency(edited, model, timing, repeats)
+        return {"score": float(metrics[task.metric]), "metrics": _plain(metrics), **costs.to_dict()}
+
+    # the unedited model
+    base_metrics = task.evaluate(model, tokenizer, progress=False)
+    base_costs = static_costs(model, length)
+    base_costs.latency, base_costs.latency_ms = measure_latency(model, model, timing, repeats)
+    base_costs.latency = 1.0
+    base = Point("base", "base", [], Edit(), {"score": float(base_metrics[task.metric]),
+                                              "metrics": _plain(base_metrics), **base_costs.to_dict()})
+    # proxies and single-method candidates
+    skipped: dict[str, str] = {}
+    total = base_costs.heads
+    scores = head_scores(model, tokenizer, task, ranking, examples, budget.head_count(total), progress=progress)
+    order = removal_order(model, scores, allow_empty_layers)
+    singles: list[Candidate] = []
+    if "prune" in allowed:
+        singles += prune_candidates(model, order, budget.head_count(total))
+    if "kv_heads" in allowed:
+        kv, why = kv_candidates(model)
+        singles += kv
+        if why:
+            skipped["kv_heads"] = why
+    if "dk" in allowed:
+        singles += dk_candidates(model)
+    mech_errors: dict[str, float] = {}
+    if "mechanism" in allowed:
+        mechs, mech_errors, why = mechanism_candidates(model, length, probe, reference, progress)
+        singles += mechs
+        if why:
+            skipped["mechanism"] = why
+    if "quantization" in allowed:
+        singles += quantization_candidates()
+
+    points = [base]
+    for cand in tqdm(singles, desc="measure single methods", unit="edit",
+                     disable=None if progress is None else not progress):
+        try:
+            candidate = edit_copy(cand.edit)
+            cand.proxy = relative_error(reference, outputs(candidate, probe))
+            measured = measure(candidate)
+        except HeadwiseError as err:
+            skipped.setdefault(cand.method, f"{cand.name}: {err}")
+            continue
+        points.append(Point(cand.name, "single", list(cand.edit.methods), cand.edit, measured, proxy=cand.proxy))
+
+    # combinations: heads removed × another method, predicted, then the best inside the budget measured
+    by_name = {c.name: c for c in singles}
+    prunes = [(by_name[p.name], p.measured) for p in points if p.kind == "single" and p.methods == ["prune"]]
+    others = [(by_name[p.name], p.measured) for p in points
+              if p.kind == "single" and p.methods and p.methods[0] in ("kv_heads", "dk", "mechanism")]
+    chosen = finalists(prunes, others, base.measured, budget, sign, top_k, valid=lambda e: _sensible(model, e))
+    for name, parts, edit, pred in tqdm(chosen, desc="measure combined plans", unit="edit",
+                                        disable=None if progress is None else not progress):
+        try:
+            measured = measure(edit_copy(edit))
+        except HeadwiseError as err:
+            skipped.setdefault("combined", f"{name}: {err}")
+            continue
+        points.append(Point(name, "combined", list(edit.methods), edit, measured, predicted=pred, parts=parts))
+
+    recommended = _finish(points, budget, base, sign)
+    layers = _layers(model, scores, mech_errors)
+    settings = {"ranking": ranking, "importance_examples": examples, "top_k": top_k, "latency_repeats": repeats,
+                "calibration": calibration, "recover": recover, "recover_epochs": recover_epochs,
+                "allow_empty_layers": allow_empty_layers, "sequence_length": length,
+                "timing_batch": list(timing["input_ids"].shape), "device": str(device),
+                "evaluated_on": _subsample(task), "methods": sorted(allowed)}
+    return Plan(model=model_name or getattr(model, "name_or_path", "") or type(model).__name__, task=task_spec(task),
+                budget=budget.to_dict(), settings=settings, points=points,
+                proxies={"head_scores": scores, "removal_order": order, "mechanism_errors": mech_errors},
+                layers=layers, recommended=recommended, skipped=skipped)
+
+
+def _finish(points: list[Point], budget: Budget, base: Point, sign: float) -> str | None:
+    """Mark budget fits and the front; return the recommended point's name."""
+    for p in points:
+        p.meets_budget = budget.met_by(p.measured, base.measured)
+        p.on_front = False
+    vectors = [[-sign * p.measured["score"]] + [float(p.measured[a]) for a in COST_AXES] for p in points]
+    for i in front(vectors):
+        points[i].on_front = True
+    fitting = [p for p in points if p.meets_budget and p.kind != "base"]
+    if not fitting:
+        return None
+    return max(fitting, key=lambda p: sign * p.measured["score"]).name
+
+
+def _sensible(model: nn.Module, edit: Edit) -> bool:
+    """Whether a combination means what it says: a collaborative width below what every pruned site needs for
+    its exact form (a larger one is cut to the exact form, the same point as a smaller ``dk``)."""
+    if not edit.dk:
+        return True
+    exact = max((s.num_heads - len(edit.prune.get(s.name, []))) * s.head_dim for s in find_sites(model))
+    return edit.dk < exact
+
+
+def _layers(model: nn.Module, scores: dict[str, list[float]], mech_errors: dict[str, float]) -> dict[str, Any]:
+    return {s.name: {"heads": s.num_heads, "kv_heads": s.num_kv_heads, "importance": scores.get(s.name),
+                     "mechanism_error": mech_errors.get(s.name)} for s in find_sites(model)}
+
+
+def _subsample(task: Task) -> str:
+    limit, tokens = getattr(task, "limit", None), getattr(task, "max_tokens", None)
+    if limit:
+        return f"first {limit} examples of the {task.split} split"
+    if tokens:
+        return f"first {tokens} tokens of the {task.split} split"
+    return f"the whole {task.split} split"
+
+
+def _plain(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: (float(v) if isinstance(v, float) else v) for k, v in metrics.items()}

@@ -1,0 +1,107 @@
+"""Cheap proxies that rank candidate edits before anything is measured on the task: head importance (gradient
+of the task loss, or L0 gate logits after a short joint training) and the relative output error of an edited
+copy on calibration batches (reconstruction / calibration error of a collaborative width, a KV merge, a
+quantizer or a mechanism on one layer)."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+from ..analysis.importance import gradient_importance
+from ..errors import HeadwiseError
+from ..pruning import L0Config, L0Penalty, add_l0_gates, l0_gates
+from ..pruning.schedule import site_importance
+from ..sites import find_sites
+from ..tasks import Task
+from .edits import Edit, apply_edit
+
+RANKINGS = ("gradient", "l0")
+
+
+def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gradient", examples: int = 256,
+                keep: int | None = None, epochs: float = 1.0, progress: bool | None = None) -> dict[str, list[float]]:
+    """``{site name: [score per head]}``, higher = more important. ``"gradient"``: Michel et al. importance of the
+    task loss on ``examples`` training examples; ``"l0"``: ``log α`` of Hard-Concrete gates trained toward ``keep``
+    open heads with the task loss on a copy (the model itself is not changed)."""
+    if ranking not in RANKINGS:
+        raise HeadwiseError(f"unknown head ranking {ranking!r}; use one of {', '.join(RANKINGS)}")
+    names = {s.path: s.name for s in find_sites(model)}
+    if ranking == "gradient":
+        device = next(model.parameters()).device
+        inputs = task.batches(tokenizer, "train", 8, examples, device)
+        table = gradient_importance(model, tokenizer, inputs=inputs, loss_fn=task.loss, progress=progress)
+        return {names[p]: [float(x) for x in v] for p, v in site_importance(model, table).items()}
+    trained = copy.deepcopy(model)
+    total = sum(s.num_heads for s in find_sites(model))
+    batch = task.train_defaults["batch_size"]
+    steps = math.ceil(len(task.examples(tokenizer, "train").head(examples)) / batch * epochs)
+    config = L0Config(lam=0.0, target_heads=keep or total // 2, lambda_lr=0.01, target_warmup=max(1, steps // 2),
+                      init=3.0)
+    add_l0_gates(trained, config)
+    task.finetune(trained, tokenizer, epochs=epochs, limit=examples, penalties=[L0Penalty(trained, config)],
+                  head_learning_rate=0.1, progress=bool(progress))
+    return {names[p]: [float(x) for x in g.log_alpha.detach().cpu()] for p, g in l0_gates(trained).items()}
+
+
+def removal_order(model: nn.Module, scores: dict[str, list[float]], allow_empty_layers: bool = False
+                  ) -> list[list]:
+    """Removal units, least important first: ``(site name, heads)``, one query head each, or a whole key/value
+    group (its query heads, summed scores) where a site shares key/value heads (so the removal is physical and
+    shrinks the KV cache). Each site keeps one unit unless ``allow_empty_layers``."""
+    units = []
+    for site in find_sites(model):
+        g = site.group_size
+        for k in range(site.num_heads // g):
+            heads = list(range(k * g, (k + 1) * g))
+            units.append((sum(scores[site.name][h] for h in heads), site.name, heads))
+    units.sort(key=lambda u: u[0])
+    left = {s.name: s.num_heads // s.group_size for s in find_sites(model)}
+    order = []
+    for _, name, heads in units:
+        if left[name] > (0 if allow_empty_layers else 1):
+            order.append([name, heads])
+            left[name] -= 1
+    return order
+
+
+def prune_edit(order: Sequence[tuple[str, list[int]]], remove: int) -> Edit:
+    """The edit removing at least ``remove`` query heads, following ``order``."""
+    prune: dict[str, list[int]] = {}
+    gone = 0
+    for name, heads in order:
+        if gone >= remove:
+            break
+        prune.setdefault(name, []).extend(heads)
+        gone += len(heads)
+    return Edit(prune={k: sorted(v) for k, v in prune.items()})
+
+
+def outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
+    """The model's outputs (logits, else last hidden states) on ``batches``, in float32."""
+    out = []
+    with torch.inference_mode():
+        for b in batches:
+            y = model(**b)
+            out.append((y.logits if getattr(y, "logits", None) is not None else y[0]).float())
+    return out
+
+
+def relative_error(reference: Sequence[torch.Tensor], got: Sequence[torch.Tensor]) -> float:
+    """``‖y − ŷ‖ / ‖y‖`` over all batches (padding positions included, identically on both sides)."""
+    num = sum(float((a - b).pow(2).sum()) for a, b in zip(reference, got))
+    den = sum(float(a.pow(2).sum()) for a in reference)
+    return math.sqrt(num / max(den, 1e-30))
+
+
+def output_error(model: nn.Module, edit: Edit, batches: Sequence[dict[str, torch.Tensor]],
+                 reference: Sequence[torch.Tensor] | None = None,
+                 calibration: Sequence[dict[str, torch.Tensor]] | None = None) -> float:
+    """``relative_error`` of a copy of ``model`` with ``edit`` applied, against ``reference`` (the unedited
+    outputs on ``batches``, computed when not given)."""
+    reference = reference if reference is not None else outputs(model, batches)
+    return relative_error(reference, outputs(apply_edit(copy.deepcopy(model), edit, calibration), batches))

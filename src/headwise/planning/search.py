@@ -1,0 +1,63 @@
+"""Combined plans from measured single methods: every pair (heads removed) × (another method's level) is
+predicted — score drops add, cost ratios multiply — and the best predicted pairs inside the budget become
+finalists that are then measured."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable, Sequence
+
+from .budget import Budget
+from .candidates import Candidate
+from .edits import Edit
+
+RATIO_AXES = ("attention_params", "flops", "kv_bytes", "latency")
+
+
+def combine(first: Edit, second: Edit) -> Edit:
+    """``first`` (heads removed) with ``second``'s other method."""
+    return replace(second, prune=dict(first.prune))
+
+
+def predict(base: dict[str, Any], a: dict[str, Any], b: dict[str, Any], sign: float) -> dict[str, Any]:
+    """Predicted measurement of a combination of two measured single edits ``a`` (heads) and ``b``: the score
+    changes add (``sign`` = +1 when higher is better), cost ratios to ``base`` multiply, heads come from ``a``."""
+    out = {"score": base["score"] + (a["score"] - base["score"]) + (b["score"] - base["score"]),
+           "heads": a["heads"]}
+    for axis in RATIO_AXES:
+        if base.get(axis) and a.get(axis) is not None and b.get(axis) is not None:
+            out[axis] = a[axis] * b[axis] / base[axis]
+        else:
+            out[axis] = None
+    out["goodness"] = sign * out["score"]
+    return out
+
+
+def finalists(prunes: Sequence[tuple[Candidate, dict]], others: Sequence[tuple[Candidate, dict]],
+              base: dict[str, Any], budget: Budget, sign: float, top_k: int,
+              valid: Callable[[Edit], bool] = lambda edit: True
+              ) -> list[tuple[str, list[str], Edit, dict[str, Any]]]:
+    """What to measure among the pairs ``valid`` accepts: the ``top_k`` of best predicted score whose predicted
+    costs meet ``budget`` (if none does, the ``top_k`` least over budget), then, for each level of heads removed,
+    its best predicted pair (so the combined curve spans the front). Returns ``(name, parts, edit, prediction)``."""
+    pairs = []
+    for p, pm in prunes:
+        for o, om in others:
+            edit = combine(p.edit, o.edit)
+            if not valid(edit):
+                continue
+            pred = predict(base, pm, om, sign)
+            over = budget.violations(pred, base)
+            pairs.append((len(over), -pred["goodness"], f"{p.name}+{o.name}", [p.name, o.name], edit, pred))
+    fitting = [x for x in pairs if x[0] == 0] or pairs
+    chosen = sorted(fitting, key=lambda x: (x[0], x[1]))[:top_k]
+    for p, _ in prunes:
+        level = [x for x in pairs if x[3][0] == p.name]
+        if level:
+            chosen.append(min(level, key=lambda x: x[1]))
+    seen, out = set(), []
+    for _, _, name, parts, edit, pred in chosen:
+        if name not in seen:
+            seen.add(name)
+            out.append((name, parts, edit, pred))
+    return out

@@ -1,0 +1,128 @@
+"""The plan report: the verdict first (recommended edit, its score, what it saves, the command that applies it),
+then the Pareto fronts (score vs. each cost axis, each single method's curve beside the combined front), every
+measured point, and the per-layer choices."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..planning import Budget
+from ..planning.pareto import front
+from . import svg
+from .builder import Report
+
+AXES = (("latency", "latency (× unedited, measured)"), ("attention_params", "attention parameters"),
+        ("flops", "attention FLOPs per sequence"), ("kv_bytes", "KV-cache bytes per token"))
+
+
+def _ratio(point: dict, base: dict, key: str) -> float | None:
+    if key == "latency":
+        return point["measured"].get("latency")
+    return point["measured"][key] / base["measured"][key] if base["measured"][key] else None
+
+
+def savings(point: dict, base: dict) -> str:
+    """``heads 72 → 36, attention params −50%, latency 0.74×`` for the axes the edit changed."""
+    out = []
+    m, b = point["measured"], base["measured"]
+    if m["heads"] != b["heads"]:
+        out.append(f"heads {b['heads']} → {m['heads']}")
+    for key, label in (("attention_params", "attention params"), ("flops", "attention FLOPs"),
+                       ("kv_bytes", "KV cache")):
+        r = _ratio(point, base, key)
+        if r is not None and abs(r - 1) > 1e-3:
+            out.append(f"{label} {100 * (r - 1):+.0f}%")
+    if m.get("latency") is not None:
+        out.append(f"latency {m['latency']:.2f}× (measured)")
+    return ", ".join(out)
+
+
+def verdict(plan: dict[str, Any], path: str = "plan.json") -> str:
+    """One paragraph: what to do, what it scores and saves, the command."""
+    points = {p["name"]: p for p in plan["points"]}
+    base = points["base"]
+    metric = plan["task"]["metric"]
+    rec = points.get(plan["recommended"]) if plan["recommended"] else None
+    budget = str(Budget.parse(plan["budget"]))
+    if rec is None:
+        sign = 1 if plan["task"]["higher_is_better"] else -1
+        best = max((p for p in plan["points"] if p["kind"] != "base"), default=None,
+                   key=lambda p: sign * p["measured"]["score"])
+        return (f"**No measured edit meets the budget {budget}.** The unedited model scores {metric} "
+                f"{base['measured']['score']:.2f}. Loosen the budget, or look at the front below"
+                + (f" (e.g. `{best['name']}`: {metric} {best['measured']['score']:.2f}, {savings(best, base)})."
+                   if best else "."))
+    return (f"**Recommended: {rec['describe']}** (`{rec['name']}`): {metric} {rec['measured']['score']:.2f} "
+            f"(unedited {base['measured']['score']:.2f}), {savings(rec, base)}; meets the budget {budget}. "
+            f"Apply it with `{plan['command'].replace('plan.json', path)}`.")
+
+
+def add_plan_sections(report: Report, plan: dict[str, Any]) -> None:
+    """``plan`` is the ``plan.json`` dict written by ``headwise plan`` (``Plan.to_dict``)."""
+    report.add_section("Verdict", verdict(plan))
+    points = plan["points"]
+    base = next(p for p in points if p["kind"] == "base")
+    metric = plan["task"]["metric"]
+    settings = plan["settings"]
+    fronts = report.add_section(
+        "Pareto fronts",
+        f"Every point is **measured**: {metric} on {settings['evaluated_on']}, costs counted on the edited model "
+        f"after physical removal, latency timed beside the unedited model on a batch of shape "
+        f"{settings['timing_batch']} ({settings['latency_repeats']} alternating repeats, median) on "
+        f"{settings['device']}. Lines: each single method at its levels; the combined front joins the "
+        "non-dominated points of every kind.")
+    figures = []
+    for key, label in AXES:
+        if not any(p["measured"].get(key) for p in points) or (key == "kv_bytes" and not base["measured"][key]):
+            continue
+        series = _series(points, key, plan["task"]["higher_is_better"])
+        figures.append((svg.lines(series, label, metric, f"{metric} vs. {label}"), None))
+    fronts.grid(figures)
+    table = report.add_section("Measured points", "Predicted values (combined plans only) come from the measured "
+                                                  "single methods: score changes added, cost ratios multiplied.")
+    rows = []
+    for p in points:
+        m, pred = p["measured"], p.get("predicted") or {}
+        rows.append([p["name"], p["kind"], p["describe"], f"{m['score']:.2f}",
+                     "" if pred.get("score") is None else f"{pred['score']:.2f}", m["heads"],
+                     f"{_ratio(p, base, 'attention_params'):.2f}", f"{_ratio(p, base, 'flops'):.2f}",
+                     "" if not base["measured"]["kv_bytes"] else f"{_ratio(p, base, 'kv_bytes'):.2f}",
+                     f"{m['latency']:.2f}", "" if p.get("proxy") is None else f"{p['proxy']:.3g}",
+                     "yes" if p["meets_budget"] else "", "yes" if p["on_front"] else ""])
+    table.table(rows, ["point", "kind", "edit", metric, "predicted", "heads", "params ×", "FLOPs ×", "KV ×",
+                       "latency ×", "output error", "in budget", "front"])
+    layers = report.add_section("Per layer", "Head importance (the ranking that orders removals), the heads the "
+                                             "recommended plan removes, and other choices per layer.")
+    rec = next((p for p in points if p["name"] == plan["recommended"]), None)
+    rows = []
+    for name, layer in plan["layers"].items():
+        removed = rec["edit"]["prune"].get(name, []) if rec else []
+        mech = rec["edit"].get("mechanism") if rec else None
+        rows.append([name, layer["heads"], layer["kv_heads"], ", ".join(str(h) for h in removed) or "—",
+                     " ".join(f"{x:.2f}" for x in (layer["importance"] or [])),
+                     "" if layer.get("mechanism_error") is None else f"{layer['mechanism_error']:.3g}",
+                     mech["name"] if mech and name in mech["sites"] else ""])
+    layers.table(rows, ["layer", "heads", "KV heads", "removed (recommended)", "importance per head",
+                        "local-window error", "mechanism (recommended)"])
+    if plan.get("skipped"):
+        report.add_section("Not tried", "\n".join(f"- **{k}**: {v}" for k, v in plan["skipped"].items()))
+
+
+def _series(points: list[dict], key: str, higher_is_better: bool) -> dict[str, tuple[list[float], list[float]]]:
+    groups: dict[str, list[dict]] = {}
+    base = next(p for p in points if p["kind"] == "base")
+    for p in points:
+        if p["kind"] == "single":
+            groups.setdefault(p["methods"][0], []).append(p)
+    series = {}
+    for method, ps in groups.items():
+        ps = sorted(ps + [base], key=lambda p: p["measured"][key])
+        series[method] = ([p["measured"][key] for p in ps], [p["measured"]["score"] for p in ps])
+    combined = sorted((p for p in points if p["kind"] == "combined"), key=lambda p: p["measured"][key])
+    if combined:
+        series["combined"] = ([p["measured"][key] for p in combined], [p["measured"]["score"] for p in combined])
+    sign = -1 if higher_is_better else 1
+    on = sorted((points[i] for i in front([[p["measured"][key], sign * p["measured"]["score"]] for p in points])),
+                key=lambda p: p["measured"][key])
+    series["front (all measured)"] = ([p["measured"][key] for p in on], [p["measured"]["score"] for p in on])
+    return series

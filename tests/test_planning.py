@@ -1,0 +1,291 @@
+"""``headwise.plan`` / ``headwise apply``: budgets, the cost model against hand counts, the measured front, plan
+round-trips, apply reproducing the measured score, and the two verbs end to end on tiny models."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+import pytest
+import torch
+import transformers as tf
+from tiny import VOCAB, tiny_model
+
+import headwise
+from headwise.cli import main
+from headwise.planning import Budget, Plan, front, static_costs
+from headwise.planning.pareto import dominates
+from headwise.tasks import get_task, train_tokenizer
+
+WORDS = "the a cat dog sat on mat ran to house big small red blue tree sun".split()
+
+
+def sentence(i: int, n: int = 6) -> str:
+    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(n + i % 3))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    tok = train_tokenizer([sentence(i) for i in range(200)], vocab_size=80, min_frequency=1)
+    tok.model_max_length = 64
+    return tok
+
+
+@pytest.fixture(scope="module")
+def stsb_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("stsb")
+    for split, n in (("train", 40), ("dev", 24)):
+        rows = [f"g\tf\t2015\t{i:04d}\t{(i * 37 % 50) / 10}\t{sentence(i)}\t{sentence(i + 3)}" for i in range(n)]
+        (folder / f"sts-{split}.tsv").write_text("\n".join(rows) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("lm") / "text.txt"
+    path.write_text("\n".join(sentence(i) for i in range(60)) + "\n")
+    return path
+
+
+def tiny_bert():
+    torch.manual_seed(0)
+    config = tf.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+                           vocab_size=VOCAB)
+    return tf.AutoModel.from_config(config, attn_implementation="headwise").eval()
+
+
+def tiny_llama_lm():
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+
+
+FAST = dict(repeats=1, examples=16, calibration=8, progress=False)
+
+
+# ---- budgets ------------------------------------------------------------------------------------------------
+def test_budget_parses_every_axis_and_form():
+    b = Budget.parse("heads=36,latency=0.75x,params=-20%,kv-cache=-50%,flops=70%")
+    assert (b.heads, b.latency, b.params, b.kv_cache, b.flops) == (36, 0.75, 0.8, 0.5, 0.7)
+    assert Budget.parse("heads=0.5").head_count(72) == 36 and Budget.parse("heads=50%").head_count(72) == 36
+    assert Budget.parse({"latency": "0.9"}).latency == 0.9
+    assert Budget.parse(str(b)) == b
+
+
+@pytest.mark.parametrize("text, words", [
+    ("speed=2x", "unknown axis"), ("heads", "axis=value"), ("latency=fast", "ratio"), ("params=-120%", "(0, 1]"),
+    ("heads=3,heads=4", "twice"), ("", "empty"), ("params=0.8x,flops=-20", "percentage"), ("heads=2.5", "head count"),
+])
+def test_bad_budgets_are_refused_with_the_fix(text, words):
+    with pytest.raises(headwise.HeadwiseError, match=words.replace("(", r"\(").replace(")", r"\)").replace("]", r"\]")):
+        Budget.parse(text)
+
+
+def test_impossible_budgets_are_refused_before_any_work():
+    bert = tiny_model("bert")  # 2 layers × 4 heads
+    with pytest.raises(headwise.HeadwiseError, match="fewer than the 2 attention layers.*allow-empty-layers"):
+        Budget.parse("heads=1").validate(bert)
+    Budget.parse("heads=1").validate(bert, allow_empty_layers=True)
+    with pytest.raises(headwise.HeadwiseError, match="only 8 heads"):
+        Budget.parse("heads=9").validate(bert)
+    with pytest.raises(headwise.HeadwiseError, match="no decoder self-attention.*kv-cache"):
+        Budget.parse("kv-cache=-50%").validate(bert)
+    Budget.parse("kv-cache=-50%").validate(tiny_model("llama"))
+
+
+# ---- costs against hand counts -------------------------------------------------------------------------------
+def test_costs_of_bert_match_hand_counts_before_and_after_removal():
+    bert = tiny_model("bert")  # hidden 32, 4 heads of 8, biases everywhere
+    c = static_costs(bert, length=7)
+    assert c.heads == 8 and c.kv_bytes == 0
+    assert c.attention_params == 2 * 4 * (32 * 32 + 32)
+    per_token = 2 * 4 * 32 * 32 + 2 * 4 * (8 + 8) * 7  # projections + QKᵀ and A·V over 7 keys
+    assert c.flops == 2 * 7 * per_token
+    headwise.prune_heads(bert, {"enc-self.0": [1]})
+    c = static_costs(bert, length=7)
+    layer0 = 3 * (24 * 32 + 24) + (32 * 24 + 32)
+    assert c.heads == 7 and c.attention_params == layer0 + 4 * (32 * 32 + 32)
+    assert c.flops == 7 * (2 * 4 * 24 * 32 + 2 * 3 * 16 * 7) + 7 * per_token
+
+
+@pytest.mark.parametrize("dtype, size", [(torch.float32, 4), (torch.float16, 2), (torch.bfloat16, 2)])
+def test_kv_bytes_of_a_gqa_decoder_by_hand(dtype, size):
+    llama = tiny_model("llama").to(dtype)  # 2 layers, 2 KV heads of 8
+    c = static_costs(llama, length=10)
+    assert c.kv_bytes == 2 * (2 * 8 + 2 * 8) * size
+    assert c.attention_params == 2 * (32 * 32 + 2 * 32 * 16 + 32 * 32)
+    assert c.flops == 2 * 10 * (2 * 3072 + 2 * 4 * 16 * 5.5)  # causal: (10 + 1) / 2 keys on average
+    headwise.convert_gqa(llama, kv_heads=1, init="mean")
+    assert static_costs(llama, length=10).kv_bytes == 2 * (8 + 8) * size
+
+
+def test_costs_on_the_meta_device():
+    with torch.device("meta"):
+        bert = tiny_model("bert")
+    assert static_costs(bert, length=7) == static_costs(tiny_model("bert"), length=7)
+
+
+# ---- fronts ------------------------------------------------------------------------------------------------
+def test_front_is_exactly_the_non_dominated_set():
+    rng = random.Random(0)
+    vectors = [[rng.randint(0, 5) for _ in range(3)] for _ in range(40)]
+    got = set(front(vectors))
+    for i, v in enumerate(vectors):
+        assert (i in got) == (not any(dominates(w, v) for w in vectors))
+    assert not any(dominates(vectors[a], vectors[b]) for a, b in itertools.permutations(got, 2))
+
+
+# ---- plans on tiny models ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bert_plan(tokenizer, stsb_dir):
+    model = tiny_bert()
+    task = get_task("stsb", data=str(stsb_dir))
+    return model, task, headwise.plan(model, tokenizer, task, "heads=6,params=-20%", **FAST)
+
+
+@pytest.fixture(scope="module")
+def llama_plan(tokenizer, text_file):
+    model = tiny_llama_lm()
+    task = get_task("lm", data=str(text_file), max_length=16)
+    return model, task, headwise.plan(model, tokenizer, task, "kv-cache=-50%", **FAST)
+
+
+@pytest.mark.parametrize("which", ["bert_plan", "llama_plan"])
+def test_plan_measures_every_point_and_recommends_one_in_budget(request, which):
+    model, task, plan = request.getfixturevalue(which)
+    kinds = {p.kind for p in plan.points}
+    assert kinds == {"base", "single", "combined"}
+    assert all(p.measured["score"] is not None and p.measured["latency"] is not None for p in plan.points)
+    rec = plan.recommended_point
+    assert rec is not None and rec.meets_budget
+    budget = Budget.parse(plan.budget)
+    assert budget.violations(rec.measured, plan.base.measured) == []
+    sign = plan.sign
+    assert all(sign * rec.measured["score"] >= sign * p.measured["score"] for p in plan.points
+               if p.meets_budget and p.kind != "base")
+    vectors = {p.name: [-sign * p.measured["score"]] + [p.measured[a] for a in
+                                                           ("latency", "attention_params", "flops", "kv_bytes")]
+               for p in plan.points}
+    for p in plan.frontier:
+        assert not any(dominates(v, vectors[p.name]) for v in vectors.values())
+    for p in plan.points:
+        if not p.on_front:
+            assert any(dominates(v, vectors[p.name]) for v in vectors.values())
+    assert "prune" in {m for p in plan.points for m in p.methods}
+
+
+def test_llama_plan_tries_kv_merges_and_combines_them_with_removal(llama_plan):
+    _, _, plan = llama_plan
+    names = {p.name for p in plan.points}
+    assert "kv-1" in names and any(p.kind == "combined" and "kv_heads" in p.methods for p in plan.points)
+    kv1 = next(p for p in plan.points if p.name == "kv-1")
+    assert kv1.measured["kv_bytes"] * 2 == plan.base.measured["kv_bytes"]
+    removed = [p for p in plan.points if p.methods == ["prune"]]
+    assert all(len(h) % 2 == 0 for p in removed for h in p.edit.prune.values())  # whole key/value groups
+
+
+@pytest.mark.parametrize("which", ["bert_plan", "llama_plan"])
+def test_apply_reproduces_the_measured_score_and_the_plan_round_trips(request, which, tmp_path, tokenizer):
+    model, task, plan = request.getfixturevalue(which)
+    plan.save(tmp_path / "plan.json")
+    again = Plan.load(tmp_path / "plan.json")
+    assert again.to_dict() == plan.to_dict()
+    fresh = tiny_bert() if which == "bert_plan" else tiny_llama_lm()
+    again.apply(fresh, tokenizer)
+    got = task.evaluate(fresh, tokenizer, progress=False)[task.metric]
+    assert got == pytest.approx(plan.recommended_point.measured["score"], abs=1e-5)
+    assert static_costs(fresh, plan.settings["sequence_length"]).attention_params == \
+        plan.recommended_point.measured["attention_params"]
+
+
+def test_plan_files_refuse_other_schemas(tmp_path):
+    (tmp_path / "p.json").write_text(json.dumps({"schema": "other/9"}))
+    with pytest.raises(headwise.HeadwiseError, match="schema"):
+        Plan.load(tmp_path / "p.json")
+    with pytest.raises(headwise.HeadwiseError, match="not a file"):
+        Plan.load(tmp_path / "missing.json")
+
+
+# ---- the verbs end to end -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bert_dir(tmp_path_factory, tokenizer):
+    path = tmp_path_factory.mktemp("bert")
+    tiny_bert().save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_plan_and_apply_verbs_end_to_end(tmp_path, bert_dir, stsb_dir, capsys):
+    out = tmp_path / "plan"
+    common = ["--model", str(bert_dir), "--task", "stsb", "--data", str(stsb_dir)]
+    assert main(["plan", *common, "--budget", "heads=5", "--repeats", "1", "--importance-examples", "16",
+                 "--calibration", "8", "--methods", "prune,dk", "--out", str(out)]) == 0
+    data = json.loads((out / "plan.json").read_text())
+    assert data["schema"] == "headwise.plan/1" and data["recommended"] and data["front"]
+    html = (out / "report.html").read_text()
+    assert html.index("Verdict") < html.index("Pareto fronts") and "headwise apply" in html
+    applied = tmp_path / "applied"
+    assert main(["apply", str(out / "plan.json"), "--model", str(bert_dir), "--out", str(applied), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["after"] == pytest.approx(summary["planned"], abs=1e-5)
+    reloaded = headwise.from_pretrained(applied / "model")
+    assert sum(s.num_heads for s in headwise.find_sites(reloaded)) <= 5
+    # refusing to overwrite without --force, nothing changed
+    assert main(["apply", str(out / "plan.json"), "--model", str(bert_dir), "--out", str(applied)]) == 2
+    assert "--force" in capsys.readouterr().err
+
+
+def test_impossible_budget_writes_nothing(tmp_path, bert_dir, stsb_dir, capsys):
+    out = tmp_path / "never"
+    assert main(["plan", "--model", str(bert_dir), "--task", "stsb", "--data", str(stsb_dir), "--budget", "heads=1",
+                 "--out", str(out)]) == 2
+    assert "allow-empty-layers" in capsys.readouterr().err and not out.exists()
+    assert main(["plan", "--model", str(bert_dir), "--budget", "kv-cache=-50%", "--data", str(stsb_dir),
+                 "--out", str(out)]) == 2
+    assert "kv-cache" in capsys.readouterr().err and not out.exists()
+    assert main(["plan", "--budget", "speed=2", "--out", str(out)]) == 2 and not out.exists()
+
+
+def test_retime_measures_latency_again_and_keeps_the_plan_consistent(bert_plan, tokenizer):
+    model, task, plan = bert_plan
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    for p in again.points:
+        p.measured["latency_ms"] = -1.0
+    again.retime(model, tokenizer, repeats=1, task=task, progress=False)
+    assert all(p.measured["latency_ms"] > 0 for p in again.points) and again.base.measured["latency"] == 1.0
+    assert [p.measured["score"] for p in again.points] == [p.measured["score"] for p in plan.points]
+    rec = again.recommended_point
+    assert rec is None or rec.meets_budget
+    assert any(p.on_front for p in again.points)
+
+
+def test_l0_ranking_reads_gate_logits_and_leaves_the_model_alone(tokenizer, stsb_dir):
+    from headwise.planning.proxies import head_scores, removal_order
+
+    model = tiny_bert()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    task = get_task("stsb", data=str(stsb_dir))
+    scores = head_scores(model, tokenizer, task, "l0", examples=16, keep=4, epochs=4)
+    assert set(scores) == {"enc-self.0", "enc-self.1"} and all(len(v) == 4 for v in scores.values())
+    assert any(abs(x - 3.0) > 1e-4 for v in scores.values() for x in v)  # the gates moved from log α = 3
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    order = removal_order(model, scores)
+    first = min(((n, h) for n, v in scores.items() for h, _ in enumerate(v)), key=lambda nh: scores[nh[0]][nh[1]])
+    assert order[0] == [first[0], [first[1]]] and len(order) == 6  # one head stays in each layer
+    with pytest.raises(headwise.HeadwiseError, match="ranking"):
+        head_scores(model, tokenizer, task, "ablation")
+
+
+def test_the_verdict_names_the_edit_its_score_savings_and_command_or_says_none_fits(bert_plan):
+    from headwise.report.plan import verdict
+
+    _, _, plan = bert_plan
+    data = plan.to_dict()
+    rec = plan.recommended_point
+    text = verdict(data, "out/plan.json")
+    assert text.startswith(f"**Recommended: {rec.edit.describe()}**") and f"{rec.measured['score']:.2f}" in text
+    assert f"heads 8 → {rec.measured['heads']}" in text and "headwise apply out/plan.json" in text
+    data["recommended"] = None
+    assert verdict(data).startswith("**No measured edit meets the budget heads=6,params=0.8x.**")
