@@ -144,11 +144,17 @@ class EVAPaper(Mechanism):
         log_w = torch.einsum("bhnkd,bhnd->bhnk", ck, omega) - ck.pow(2).sum(-1) / 2
         beta = torch.einsum("bhnk,bhnkd->bhnd", log_w.masked_fill(~ckeep, fill).softmax(-1), cv)
         valid = count[..., 0] > 0  # [b, 1, nc]
-        local = torch.einsum("bhnqd,bhnkd->bhnqk", wq, wk).masked_fill(~wkeep[:, :, :, None, :], fill)
-        chunk = torch.einsum("bhnqd,bhcd->bhnqc", wq, chunk_key).masked_fill(~valid[:, :, None, None, :], fill)
-        probs = torch.cat([local, chunk], dim=-1).softmax(-1)
-        kw = local.shape[-1]
-        out = torch.einsum("bhnqk,bhnkd->bhnqd", probs[..., :kw], wv) + probs[..., kw:] @ beta[:, :, None]
+        # one fused SDPA call per block over [its window keys, every chunk key] and [window values, β]
+        n, nc = wq.shape[2], chunk_key.shape[2]
+        spread = lambda x: x[:, :, None].expand(b, h, n, nc, d)  # noqa: E731
+        keys = torch.cat([wk, spread(chunk_key)], dim=3)
+        values = torch.cat([wv, spread(beta)], dim=3)
+        allowed = torch.cat([wkeep, valid[:, :, None].expand(b, 1, n, nc)], dim=-1)  # [b, 1, n, kw + nc]
+        mask = torch.zeros_like(allowed, dtype=q.dtype).masked_fill_(~allowed, fill)  # finite: no NaN rows
+        flat = lambda x: rearrange(x, "b h n k e -> (b n) h k e")  # noqa: E731
+        out = F.scaled_dot_product_attention(flat(wq), flat(keys), flat(values),
+                                             attn_mask=rearrange(mask, "b o n k -> (b n) o 1 k"), scale=1.0)
+        out = rearrange(out, "(b n) h w d -> b h n w d", b=b)
         return self._merge(out, t)
 
     def _merge(self, out: torch.Tensor, t: int) -> torch.Tensor:
