@@ -46,6 +46,41 @@ def test_eva_paper_matches_the_per_query_formula():
     torch.testing.assert_close(got[1, :, :10], ref[1, :, :10], atol=1e-5, rtol=0)
 
 
+def _eva_paper_causal_reference(q, k, v, keep, window, overlap, chunk, scale):
+    """Causal EVA per query: its block's keys up to itself (and ``overlap`` before the block) exactly, and every
+    chunk of ``chunk`` tokens that ends before its block through (k̄_c, β_c); adaptive=mean."""
+    t = q.shape[2]
+    q, k = q * scale ** 0.5, k * scale ** 0.5
+    out = torch.zeros_like(q)
+    for b in range(q.shape[0]):
+        for i in range(t):
+            start = i // window * window
+            near = [j for j in range(start - overlap, i + 1) if 0 <= j and keep[b, j]]
+            keys, values = [k[b][:, near]], [v[b][:, near]]
+            for c0 in range(0, start, chunk):
+                span = [j for j in range(c0, c0 + chunk) if keep[b, j]]
+                if span:
+                    qb, kb = q[b][:, span].mean(1), k[b][:, span].mean(1)
+                    logw = torch.einsum("hjd,hd->hj", k[b][:, span], (qb + kb) / 2) - k[b][:, span].pow(2).sum(-1) / 2
+                    keys.append(kb[:, None])
+                    values.append(torch.einsum("hj,hjd->hd", logw.softmax(-1), v[b][:, span])[:, None])
+            probs = torch.einsum("hd,hjd->hj", q[b][:, i], torch.cat(keys, 1)).softmax(-1)
+            out[b, :, i] = torch.einsum("hj,hjd->hd", probs, torch.cat(values, 1))
+    return out
+
+
+@pytest.mark.parametrize("overlap,chunk", [(0, 4), (2, 2)])
+def test_causal_eva_paper_matches_the_per_query_formula(overlap, chunk):
+    q, k, v = qkv(15)
+    keep = torch.ones(2, 15, dtype=torch.bool)
+    keep[1, :3] = False  # left padding, as in generation batches
+    core = build_core("eva-paper", H, D, window=4, overlap=overlap, chunk_size=chunk, adaptive="mean").eval()
+    got = core(q, k, v, ~keep, causal=True)
+    ref = _eva_paper_causal_reference(q, k, v, keep, 4, overlap, chunk, D ** -0.5)
+    torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(got[1, :, 3:], ref[1, :, 3:], atol=1e-5, rtol=0)
+
+
 def _lara_reference(q, k, v, landmarks, mis, alpha_coeff, scale):
     """LARA in evaluation (ω_c = μ_c), from the paper's multiple-importance-sampling estimator, one query at a time."""
     q, k = q * scale ** 0.5, k * scale ** 0.5
@@ -92,6 +127,7 @@ GRADIENT_CASES = [
     ("eva", {"window": 4, "chunk_size": 2, "proposal": "key"}, True),
     ("eva-paper", {"window": 3, "overlap": 1, "num_landmarks": 3, "redraw": "fixed"}, False),
     ("eva-paper", {"window": 2, "num_landmarks": 4, "grid": 3, "redraw": "fixed", "adaptive": "no-ln"}, False),
+    ("eva-paper", {"window": 4, "chunk_size": 2, "overlap": 1, "redraw": "fixed"}, True),
     ("lara", {"num_landmarks": 3, "redraw": "fixed"}, False),
     ("lara", {"num_landmarks": 3, "redraw": "fixed", "mis": "bh", "proposal": "learned"}, False),
 ]
