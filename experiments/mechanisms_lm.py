@@ -114,7 +114,10 @@ def main() -> None:
             print(f"{label}: already measured ({row})")
             continue
         row.pop("finetuned", None)
-        rows[label] = run_row(label, row, args)
+        row = run_row(label, row, args)
+        if args.out.exists():  # rows another invocation finished meanwhile are kept
+            rows.update({k: v for k, v in json.loads(args.out.read_text())["rows"].items() if k not in args.rows})
+        rows[label] = row
         atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
     print(table(results))
 
