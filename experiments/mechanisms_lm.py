@@ -11,9 +11,9 @@ windows at ``--lr``, seed 0 — identical for every row, softmax included. Mecha
 
 Results accumulate in ``--out`` (a row's zero-shot value is kept when it is later fine-tuned):
     python experiments/mechanisms_lm.py --steps 0 --all   # zero-shot perplexity of every row
-    python experiments/mechanisms_lm.py softmax            # fine-tune one row (100 updates; ~6 CPU-minutes idle)
+    python experiments/mechanisms_lm.py softmax            # fine-tune one row (40 updates: the docs' setting)
     python experiments/mechanisms_lm.py --list             # the rows
-    python experiments/mechanisms_lm.py --table            # the markdown table of docs/mechanisms.md
+    python experiments/mechanisms_lm.py                    # no rows: the markdown table of docs/mechanisms.md
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def table(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", nargs="*", help="row labels to run (see --list)")
-    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--max-length", type=int, default=256)
@@ -92,7 +92,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--all", action="store_true", help="run every row")
     parser.add_argument("--list", action="store_true")
-    parser.add_argument("--table", action="store_true")
     parser.add_argument("--force", action="store_true", help="re-run rows already in --out")
     args = parser.parse_args()
     if args.list:
