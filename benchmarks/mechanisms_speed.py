@@ -47,6 +47,7 @@ CONFIGS = {  # label -> (mechanism, causal, args)
     "causal scatterbrain w=64 m=64": ("scatterbrain", True, {"window": 64, "features": 64}),
     "causal eva w=128 c=8": ("eva", True, {"window": 128, "chunk_size": 8}),
     "causal eva w=128 C=64": ("eva", True, {"window": 128, "num_chunks": 64}),
+    "causal eva-paper w=128 c=8": ("eva-paper", True, {"window": 128, "chunk_size": 8}),
 }
 DEVICE, DTYPE = torch.device("cpu"), torch.float32  # set by --device / --dtype
 
@@ -158,7 +159,8 @@ def crossover(ratios: dict[int, float]) -> str:
 # and Scatterbrain use blocks, so the block rows are the like-for-like comparison
 ANCHOR = {"local w=128": (0.13, 0.13), "local block w=128": (0.13, 0.13), "performer m=64": (0.15, 0.15),
           "eva w=128 C=64": (0.20, 0.18), "eva-paper w=128 C=64": (0.20, 0.18), "lara C=64": (0.18, 0.16),
-          "scatterbrain w=64 m=64": (0.25, 0.21), "causal eva w=128 c=8": (1.78, 1.25)}
+          "scatterbrain w=64 m=64": (0.25, 0.21), "causal eva w=128 c=8": (1.78, 1.25),
+          "causal eva-paper w=128 c=8": (1.78, 1.25)}
 
 
 def report(times: dict, memory: dict, sizes: list[int], memory_sizes: list[int]) -> str:
@@ -204,7 +206,7 @@ def report(times: dict, memory: dict, sizes: list[int], memory_sizes: list[int])
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="512,1024,2048,4096,8192,16384")
-    parser.add_argument("--memory-sizes", default="8192")
+    parser.add_argument("--memory-sizes", default="2048,4096,8192")
     parser.add_argument("--memory-only", action="store_true",
                         help="re-measure memory only, reusing the timings saved in --json by an earlier run")
     parser.add_argument("--json", default=None, help="also write the raw numbers here")

@@ -32,6 +32,8 @@ ROWS = {  # label -> (mechanism or None for plain softmax, args)
     "lara C=4": ("lara", {"num_landmarks": 4}),
     "ra (1 sample)": ("ra", {}),
     "scatterbrain w=4 m=64": ("scatterbrain", {"window": 4, "features": 64}),
+    "scatterbrain w=8 m=64": ("scatterbrain", {"window": 8, "features": 64}),
+    "scatterbrain sliding w=4 m=64": ("scatterbrain", {"window": 4, "features": 64, "mode": "sliding"}),
 }
 
 

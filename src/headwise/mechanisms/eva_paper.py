@@ -1,5 +1,5 @@
 """EVA as published (Zheng et al., ICLR 2023; the HKUNLP reference's ``eva``): local windows + one randomized
-control-variate summary per chunk, with adaptive (learned) proposals. Not causal.
+control-variate summary per chunk, with adaptive (learned) proposals; 1D (causal or not) and 2D.
 
 Tokens are cut into blocks of ``window`` queries that attend exactly to their block plus ``overlap`` keys on each
 side (overlapping windows), and into ``C = num_landmarks`` chunks (also extended by ``overlap``). Chunk ``c`` has a
@@ -13,6 +13,13 @@ the chunk scores ``qᵀf_k(k̄_c)`` and mixes window values and ``β``. Queries 
 training). Linear maps start at the identity. ``grid > 0``: the 2D form for image tokens (a ``grid``-wide row-major
 grid; windows and chunks are squares). Every step is differentiable (nothing detached): the gradient is that of
 the estimator.
+
+Causal (the paper's decoder form, the reference's ``causal_eva``): chunks of ``chunk_size`` tokens (default
+``window``) aligned with the blocks; a query sees its block's keys up to itself (and the ``overlap`` keys before the
+block) and the summaries of the chunks that end before its block. A chunk's summary depends on its own tokens only,
+so the output is causal; incremental decoding keeps the history and recomputes (exact, like the full forward; the
+summaries use past queries, so a model's cached generation, which keeps only keys and values, needs
+``adaptive="none"``). Cost ``O(T (w + T/c) d)``.
 """
 
 from __future__ import annotations
@@ -43,6 +50,8 @@ class EVAPaperConfig(RandomConfig):
     adaptive: str = field(default="default", metadata={"help": "proposal maps: default (Linear+LayerNorm), no-ln, "
                                                                 "none or mean (no parameters)", "choices": ADAPTIVE})
     grid: int = field(default=0, metadata={"help": "2D form: grid width in tokens (0: 1D)"})
+    chunk_size: int = field(default=0, metadata={"help": "causal: tokens per chunk summary, a divisor of window "
+                                                         "(0: window)"})
 
     def check(self) -> None:
         super().check()
@@ -50,6 +59,9 @@ class EVAPaperConfig(RandomConfig):
         positive("overlap", self.overlap, 0)
         positive("num_landmarks", self.num_landmarks)
         positive("grid", self.grid, 0)
+        positive("chunk_size", self.chunk_size, 0)
+        if self.chunk_size and self.window % self.chunk_size:
+            raise HeadwiseError(f"eva-paper: chunk_size {self.chunk_size} must divide window {self.window}")
         if self.adaptive not in ADAPTIVE:
             raise HeadwiseError(f"eva-paper: adaptive must be one of {', '.join(ADAPTIVE)}, got {self.adaptive!r}")
         if self.grid and self.overlap:
@@ -84,7 +96,6 @@ class EVAPaper(Mechanism):
     name = "eva-paper"
     config_class = EVAPaperConfig
     complexity = "O(T (w + C) d)"
-    can_be_causal = False
 
     def __init__(self, num_heads: int, head_dim: int, **args) -> None:
         super().__init__(num_heads, head_dim, **args)
@@ -93,8 +104,16 @@ class EVAPaper(Mechanism):
         self.q_map = {"default": Adaptive, "no-ln": LinearMap}.get(kind, lambda d: None)(head_dim)
         self.k_map = {"default": Adaptive, "no-ln": LinearMap, "none": Adaptive}.get(kind, lambda d: None)(head_dim)
 
-    def _pieces(self, q, k, v, keep, t):
-        """Blocks and chunks as ``[b, h, n, k, e]`` pieces with their ``[b, 1, n, k]`` masks (1D or 2D)."""
+    def check_causal(self, causal: bool) -> None:
+        if causal and self.config.grid:
+            raise HeadwiseError("eva-paper: the 2D form (grid > 0) cannot be causal; use grid=0 for a decoder")
+
+    def uses_past_queries(self) -> bool:
+        return self.config.adaptive != "none"  # proposals use the chunks' mean queries
+
+    def _pieces(self, q, k, v, keep, t, causal):
+        """Blocks and chunks as ``[b, h, n, k, e]`` pieces with their ``[b, 1, n, k]`` masks (1D or 2D); causal
+        chunks have ``chunk_size`` tokens (default ``window``), aligned with the blocks, and no overlap."""
         cfg = self.config
         if cfg.grid:
             rows, cols = ceil_div(t, cfg.grid), cfg.grid
@@ -114,20 +133,31 @@ class EVAPaper(Mechanism):
                     [split(x, chunk) for x in (q, k, v)], split(mask, chunk)[..., 0] > 0)
         w = min(cfg.window, t)
         n = ceil_div(t, w)
-        c = ceil_div(t, min(cfg.num_landmarks, t))
+        c = (cfg.chunk_size or cfg.window) if causal else ceil_div(t, min(cfg.num_landmarks, t))
         nc = ceil_div(t, c)
         ext = cfg.overlap
         blocks = [partition(q, w, 0, n)] + [partition(x, w, ext, n) for x in (k, v)]
         block_keep = partition(keep[:, None, :, None], w, ext, n)[..., 0]
-        chunks = [partition(x, c, ext, nc) for x in (q, k, v)]
-        return blocks, block_keep, chunks, partition(keep[:, None, :, None], c, ext, nc)[..., 0]
+        chunk_ext = 0 if causal else ext
+        chunks = [partition(x, c, chunk_ext, nc) for x in (q, k, v)]
+        return blocks, block_keep, chunks, partition(keep[:, None, :, None], c, chunk_ext, nc)[..., 0]
+
+    def _causal_mask(self, n: int, w: int, kw: int, nc: int, device: torch.device) -> torch.Tensor:
+        """``[n, w, kw + nc]``: a query sees its block's keys up to itself (and the ``overlap`` before the block)
+        and the chunks that end before its block starts."""
+        c, ext = self.config.chunk_size or self.config.window, self.config.overlap
+        query = torch.arange(w, device=device)[:, None]
+        window = (torch.arange(kw, device=device)[None, :] - ext <= query)[None].expand(n, w, kw)
+        chunk_end = (torch.arange(nc, device=device) + 1) * c
+        chunks = (chunk_end[None, :] <= torch.arange(n, device=device)[:, None] * w)[:, None].expand(n, w, nc)
+        return torch.cat([window, chunks], dim=-1)
 
     def attend(self, q, k, v, keep, causal, scale):
         b, h, t, d = q.shape
         keep = keep_or_ones(keep, q)
         self.draws.step(self.training)
         q, k = q * scale ** 0.5, k * scale ** 0.5
-        (wq, wk, wv), wkeep, (cq, ck, cv), ckeep = self._pieces(q, k, v, keep, t)
+        (wq, wk, wv), wkeep, (cq, ck, cv), ckeep = self._pieces(q, k, v, keep, t, causal)
         weight = ckeep[..., None].to(q.dtype)
         count = weight.sum(-2)
         q_bar, k_bar = ((x * weight).sum(-2) / count.clamp_min(1) for x in (cq, ck))  # [b, h, nc, d]
@@ -144,11 +174,18 @@ class EVAPaper(Mechanism):
         log_w = torch.einsum("bhnkd,bhnd->bhnk", ck, omega) - ck.pow(2).sum(-1) / 2
         beta = torch.einsum("bhnk,bhnkd->bhnd", log_w.masked_fill(~ckeep, fill).softmax(-1), cv)
         valid = count[..., 0] > 0  # [b, 1, nc]
-        local = torch.einsum("bhnqd,bhnkd->bhnqk", wq, wk).masked_fill(~wkeep[:, :, :, None, :], fill)
-        chunk = torch.einsum("bhnqd,bhcd->bhnqc", wq, chunk_key).masked_fill(~valid[:, :, None, None, :], fill)
-        probs = torch.cat([local, chunk], dim=-1).softmax(-1)
-        kw = local.shape[-1]
-        out = torch.einsum("bhnqk,bhnkd->bhnqd", probs[..., :kw], wv) + probs[..., kw:] @ beta[:, :, None]
+        # one fused SDPA call per block over [its window keys, every chunk key] and [window values, β]
+        n, nc = wq.shape[2], chunk_key.shape[2]
+        spread = lambda x: x[:, :, None].expand(b, h, n, nc, d)  # noqa: E731
+        keys = torch.cat([wk, spread(chunk_key)], dim=3)
+        values = torch.cat([wv, spread(beta)], dim=3)
+        allowed = torch.cat([wkeep, valid[:, :, None].expand(b, 1, n, nc)], dim=-1)[:, :, :, None]  # [b,1,n,1,k]
+        if causal:
+            allowed = allowed & self._causal_mask(n, wq.shape[3], wk.shape[3], nc, q.device)
+        mask = torch.zeros_like(allowed, dtype=q.dtype).masked_fill_(~allowed, fill)  # finite: no NaN rows
+        flat = lambda x: rearrange(x, "b h n k e -> (b n) h k e")  # noqa: E731
+        out = F.scaled_dot_product_attention(flat(wq), flat(keys), flat(values), attn_mask=flat(mask), scale=1.0)
+        out = rearrange(out, "(b n) h w d -> b h n w d", b=b)
         return self._merge(out, t)
 
     def _merge(self, out: torch.Tensor, t: int) -> torch.Tensor:

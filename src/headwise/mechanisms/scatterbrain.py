@@ -3,10 +3,14 @@ estimates for every other key.
 
 ``num_i = Σ_{j∉W(i)} φ(q_i)ᵀφ(k_j) v_j + Σ_{j∈W(i)} exp(s_ij) v_j`` (and the same without ``v`` for the
 denominator). ``mode="block"`` (default, as the HKUNLP reference): ``W(i)`` is the block of ``window`` tokens of
-``i`` (causal: up to ``i``), and the low-rank sum over the other keys adds the ``[m, d]`` summaries of the other
-blocks (exclusive prefix and suffix sums; causal: the prefix only), so nothing of size ``T × window × m`` is
-formed. ``mode="sliding"``: ``W(i) = {|i − j| < window}`` (as ``local``), the low-rank sum minus its per-entry window
-part. Everything is kept relative to a per-query reference ``max(log-scale of the features, max_j s_ij)``, so no
+``i`` (causal: up to ``i``); ``mode="sliding"``: ``W(i) = {|i − j| < window}`` (as ``local``). Two ways to compute
+the same matrix, chosen by cost: the low-rank sum over every key minus its per-entry part inside ``W(i)``
+(``O(T (w + m) d + T w m)``; sliding windows, non-causal blocks, causal blocks shorter than the kernel chunk), or,
+for causal blocks of at least ``CHUNK`` tokens, the ``[m, d]`` low-rank summaries of the earlier blocks (an
+exclusive prefix sum), which needs no ``T × w × m`` tensor. Per-block summaries of short blocks cost ``T m d / w``
+memory traffic (with ``w = 4`` on MiniLM-sized inputs, an order of magnitude slower than the subtraction).
+A sequence no longer than ``window`` is one block: exact attention (SDPA), no features.
+Everything is kept relative to a per-query reference ``max(log-scale of the features, max_j s_ij)``, so no
 exponential overflows; features and sums are float32 for half inputs.
 """
 
@@ -22,10 +26,11 @@ from einops import rearrange
 from ..errors import HeadwiseError
 from .base import Mechanism, ceil_div, keep_or_ones, pad_to, positive, register
 from .features import RandomProjection
-from .kernel import exclusive_cumsum, linear_attention
+from .kernel import CHUNK, exclusive_cumsum, linear_attention
 from .local import band
 from .performer import favor_features
 from .randomness import RandomConfig
+from .softmax import sdpa
 
 
 @dataclass
@@ -57,57 +62,65 @@ class Scatterbrain(Mechanism):
         self.projection = RandomProjection(num_heads, c.features, head_dim, c)
 
     def attend(self, q, k, v, keep, causal, scale):
-        keep = keep_or_ones(keep, q)
         omega = self.projection.get(self.training)
+        t, w = q.shape[2], self.config.window
+        if t <= w:  # one block (or window) holds every key: the low-rank part is empty and this is exact attention
+            return sdpa(q, k, v, keep, causal, scale)
+        keep = keep_or_ones(keep, q)
         qf, kf, q_stab, k_stab = favor_features(q, k, keep, scale, omega)
         kf = kf * keep[:, None, :, None].to(kf.dtype)
         log_scale = q_stab + k_stab - q.pow(2).sum(-1, keepdim=True) * (scale / 2) - math.log(omega.shape[1])
-        if self.config.mode == "block":
-            return self._blocks(q, k, v, keep, causal, scale, qf, kf, log_scale)
-        return self._sliding(q, k, v, keep, causal, scale, qf, kf, log_scale)
+        features = (qf, kf, log_scale)
+        if self.config.mode == "sliding":
+            _, inside = band(w, w, causal, q.device)
+            return _corrected(q, k, v, keep, causal, scale, *features, w, w, 0 if causal else w, inside)
+        if causal and w >= CHUNK:
+            return _causal_blocks(q, k, v, keep, scale, *features, w)
+        inside = torch.ones(w, w, dtype=torch.bool, device=q.device)
+        return _corrected(q, k, v, keep, causal, scale, *features, w, 0, 0, inside.tril() if causal else inside)
 
-    def _blocks(self, q, k, v, keep, causal, scale, qf, kf, log_scale):
-        t = q.shape[2]
-        w = min(self.config.window, t)
-        blocks = lambda x: rearrange(pad_to(x, w, 2), "b h (n w) e -> b h n w e", w=w)  # noqa: E731
-        qb, kb, vb, qfb, kfb = (blocks(x) for x in (q * scale, k, v, qf, kf))
-        kv = torch.einsum("bhnwm,bhnwd->bhnmd", kfb, vb)  # low-rank summary of each block
-        z = kfb.sum(3)
-        other_kv, other_z = exclusive_cumsum(kv, 2), exclusive_cumsum(z, 2)  # earlier blocks
-        if not causal:  # and later ones (sums of positive terms: no cancellation against the own block)
-            other_kv, other_z = other_kv + exclusive_cumsum(kv, 2, True), other_z + exclusive_cumsum(z, 2, True)
-        allowed = rearrange(pad_to(keep, w, 1), "b (n w) -> b n w", w=w)[:, None, :, None, :]
-        if causal:
-            allowed = allowed & torch.ones(w, w, dtype=torch.bool, device=q.device).tril()
-        scores = (qb @ kb.transpose(-1, -2)).masked_fill(~allowed, -math.inf)  # [b, h, n, w, w]
-        log_scale = blocks(log_scale)[..., 0]
-        ref = torch.maximum(log_scale, scores.amax(-1)).detach()
-        low = (log_scale - ref).exp()[..., None]
-        weights = (scores - ref[..., None]).exp()
-        num = weights @ vb + low * (qfb @ other_kv)
-        den = weights.sum(-1) + low[..., 0] * torch.einsum("bhnwm,bhnm->bhnw", qfb, other_z)
-        out = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
-        return rearrange(out, "b h n w d -> b h (n w) d")[:, :, :t]
 
-    def _sliding(self, q, k, v, keep, causal, scale, qf, kf, log_scale):
-        t = q.shape[2]
-        num_lr, den_lr = linear_attention(qf, kf, v, causal)
-        w = min(self.config.window, t)
-        n = ceil_div(t, w)
-        kw = 2 * w if causal else 3 * w
-        right = n * w - t + (0 if causal else w)
-        windows = lambda x: F.pad(x, (0, 0, w, right)).unfold(2, kw, w)  # noqa: E731 - [b, h, n, e, kw] views
-        blocks = lambda x: rearrange(pad_to(x, w, 2), "b h (n w) e -> b h n w e", w=w)  # noqa: E731
-        _, inside = band(self.config.window, w, causal, q.device)
-        allowed = inside & F.pad(keep, (w, right)).unfold(1, kw, w)[:, None, :, None, :]  # [b, 1, n, w, kw]
-        scores = torch.einsum("bhnqd,bhndk->bhnqk", blocks(q * scale), windows(k)).masked_fill_(~allowed, -math.inf)
-        approx = torch.einsum("bhnqm,bhnmk->bhnqk", blocks(qf), windows(kf)).mul_(allowed)
-        log_scale = blocks(log_scale)[..., 0]  # [b, h, n, w]
-        ref = torch.maximum(log_scale, scores.amax(-1)).detach()
-        low = (log_scale - ref).exp()[..., None]
-        # window part: the exact weight minus what the low-rank sum already counted
-        weights = (scores - ref[..., None]).exp_() - approx.mul_(low)
-        num = blocks(num_lr) * low + torch.einsum("bhnqk,bhndk->bhnqd", weights, windows(v))
-        den = blocks(den_lr[..., None])[..., 0] * low[..., 0] + weights.sum(-1)
-        out = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
-        return rearrange(out, "b h n w d -> b h (n w) d")[:, :, :t]
+def _causal_blocks(q, k, v, keep, scale, qf, kf, log_scale, w):
+    """Causal blocks of ``w ≥ CHUNK`` tokens: exact inside the block up to the query, and the ``[m, d]`` low-rank
+    summaries of the earlier blocks (an exclusive prefix sum over blocks), so nothing of size ``T × w × m``."""
+    t = q.shape[2]
+    blocks = lambda x: rearrange(pad_to(x, w, 2), "b h (n w) e -> b h n w e", w=w)  # noqa: E731
+    qb, kb, vb, qfb, kfb = (blocks(x) for x in (q * scale, k, v, qf, kf))
+    earlier_kv = exclusive_cumsum(torch.einsum("bhnwm,bhnwd->bhnmd", kfb, vb), 2)
+    earlier_z = exclusive_cumsum(kfb.sum(3), 2)
+    allowed = rearrange(pad_to(keep, w, 1), "b (n w) -> b n w", w=w)[:, None, :, None, :]
+    allowed = allowed & torch.ones(w, w, dtype=torch.bool, device=q.device).tril()
+    scores = (qb @ kb.transpose(-1, -2)).masked_fill(~allowed, -math.inf)  # [b, h, n, w, w]
+    log_scale = blocks(log_scale)[..., 0]
+    ref = torch.maximum(log_scale, scores.amax(-1)).detach()
+    low = (log_scale - ref).exp()[..., None]
+    weights = (scores - ref[..., None]).exp()
+    num = weights @ vb + low * (qfb @ earlier_kv)
+    den = weights.sum(-1) + low[..., 0] * torch.einsum("bhnwm,bhnm->bhnw", qfb, earlier_z)
+    out = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
+    return rearrange(out, "b h n w d -> b h (n w) d")[:, :, :t]
+
+
+def _corrected(q, k, v, keep, causal, scale, qf, kf, log_scale, w, left, right, inside):
+    """The low-rank sum over every (causal: earlier) key, plus, for the keys ``inside`` the span of each query
+    block (``left`` keys before the block of ``w`` queries, ``right`` after; ``inside [w, left + w + right]``), the
+    exact weight minus what the low-rank sum counted: ``O(T (w + left + right) (d + m))``, no per-block summaries."""
+    t = q.shape[2]
+    num_lr, den_lr = linear_attention(qf, kf, v, causal)
+    n = ceil_div(t, w)
+    kw, right = w + left + right, n * w - t + right
+    windows = lambda x: F.pad(x, (0, 0, left, right)).unfold(2, kw, w)  # noqa: E731 - [b, h, n, e, kw] views
+    blocks = lambda x: rearrange(pad_to(x, w, 2), "b h (n w) e -> b h n w e", w=w)  # noqa: E731
+    allowed = inside & F.pad(keep, (left, right)).unfold(1, kw, w)[:, None, :, None, :]  # [b, 1, n, w, kw]
+    scores = torch.einsum("bhnqd,bhndk->bhnqk", blocks(q * scale), windows(k)).masked_fill_(~allowed, -math.inf)
+    approx = torch.einsum("bhnqm,bhnmk->bhnqk", blocks(qf), windows(kf)).mul_(allowed)
+    log_scale = blocks(log_scale)[..., 0]  # [b, h, n, w]
+    ref = torch.maximum(log_scale, scores.amax(-1)).detach()
+    low = (log_scale - ref).exp()[..., None]
+    # inside the span: the exact weight minus what the low-rank sum already counted
+    weights = (scores - ref[..., None]).exp_() - approx.mul_(low)
+    num = blocks(num_lr) * low + torch.einsum("bhnqk,bhndk->bhnqd", weights, windows(v))
+    den = blocks(den_lr[..., None])[..., 0] * low[..., 0] + weights.sum(-1)
+    out = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
+    return rearrange(out, "b h n w d -> b h (n w) d")[:, :, :t]
+
