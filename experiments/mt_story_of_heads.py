@@ -70,23 +70,24 @@ def per_kind(model, removed: dict[str, list[int]]) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phases", default="baseline,control,l0-48,l0-36,l0-24,analysis")
-    p.add_argument("--steps", type=int, default=250, help="fine-tuning updates per arm (batch 64 pairs)")
+    p.add_argument("--phases", default="baseline,control,l0-36,l0-18,analysis")
+    p.add_argument("--steps", type=int, default=60, help="fine-tuning updates per arm (batch 64 pairs)")
+    p.add_argument("--limit", type=int, default=500, help="first N test pairs scored (all: 1000)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--learning-rate", type=float, default=3e-4)
-    p.add_argument("--analysis-pairs", type=int, default=300, help="val pairs for roles/confidence")
+    p.add_argument("--analysis-pairs", type=int, default=500, help="val pairs for roles/confidence")
     p.add_argument("--importance-pairs", type=int, default=128, help="train pairs for gradient importance")
     p.add_argument("--out", default=str(OUT))
     args = p.parse_args()
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.is_file() else {}
     results.setdefault("setup", {
-        "model": MODEL, "eval": "greedy sacreBLEU, test_2016_flickr (1,000 pairs), max_new_tokens 96",
+        "model": MODEL, "eval": f"greedy sacreBLEU, test_2016_flickr (first {args.limit} pairs), max_new_tokens 96",
         "train": f"Multi30k train, batches of {args.batch_size} pairs, AdamW lr {args.learning_rate}, "
                  f"{args.steps} updates per arm (~{args.steps * args.batch_size / 29000:.2f} epoch), seed 0",
         "l0": "Hard-Concrete gates on all 72 heads (log alpha 3), lambda by dual ascent (lambda_lr 0.01), target "
               "reached linearly over the first half, gate lr 0.1; then exactly K heads kept and removed"})
-    task = get_task("translation", batch_size=args.batch_size)
+    task = get_task("translation", batch_size=args.batch_size, limit=args.limit)
     train = {"max_steps": args.steps, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
              "progress": False}
 
