@@ -1,25 +1,14 @@
 """analyze_seq2seq on a tiny Marian: confidence against eager attention maps, gradient importance of the label
-loss (every kind, cross-attention included) against central finite differences of a head's output scale, dtypes,
-and ``headwise analyze --task translation``."""
-
-import gzip
-import json
+loss (every kind, cross-attention included) against central finite differences of a head's output scale, dtypes.
+The CLI (``headwise analyze --task translation``) is tested in test_cli_translation.py."""
 
 import pytest
 import torch
 
 from headwise.analysis import analyze_seq2seq, gradient_importance
-from headwise.cli import main
 from headwise.errors import HeadwiseError
 from headwise.sites import find_sites
-from headwise.tasks import Translation, train_tokenizer
-from tiny import VOCAB, seq2seq_inputs, tiny_seq2seq
-
-WORDS = "the a cat dog sat on mat ran to house big small red blue tree sun".split()
-
-
-def sentence(i: int) -> str:
-    return " ".join(WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(5 + i % 3))
+from tiny import seq2seq_inputs, tiny_seq2seq
 
 
 def labelled(inputs: dict) -> dict:
@@ -131,49 +120,3 @@ def test_refusals():
 
     with pytest.raises(HeadwiseError, match="needs an encoder-decoder"):
         analyze_seq2seq(tiny_model("bert"), [inputs])
-
-
-@pytest.fixture(scope="module")
-def marian_dir(tmp_path_factory):
-    """A tiny Marian saved with a trained BPE tokenizer, and a folder of parallel {split}.{de,en}.gz files."""
-    root = tmp_path_factory.mktemp("cli-marian")
-    tokenizer = train_tokenizer([sentence(i) for i in range(200)], vocab_size=80, min_frequency=1)
-    assert len(tokenizer) <= VOCAB
-    model = tiny_seq2seq("marian", pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         decoder_start_token_id=tokenizer.pad_token_id)
-    model.save_pretrained(root / "model")
-    tokenizer.save_pretrained(root / "model")
-    for split, n in (("train", 12), ("val", 6), ("test_2016_flickr", 5)):
-        for lang, shift in (("de", 1), ("en", 2)):
-            lines = "".join(sentence(i + shift) + "\n" for i in range(n)).encode()
-            (root / f"{split}.{lang}.gz").write_bytes(gzip.compress(lines))
-    return root
-
-
-def test_cli_analyze_translation_writes_every_kind(marian_dir, tmp_path):
-    out = tmp_path / "a"
-    argv = ["analyze", "--task", "translation", "--model", str(marian_dir / "model"), "--data-dir", str(marian_dir),
-            "--limit", "4", "--importance-examples", "4", "--batch-size", "2", "--max-length", "32", "--out", str(out)]
-    assert main(argv) == 0
-    stats = json.loads((out / "stats.json").read_text())
-    assert (out / "report.html").is_file() and "dec-enc heads" in (out / "report.html").read_text()
-    assert {s["kind"] for s in stats["sites"]} == {"enc-self", "dec-self", "dec-enc"}
-    gradient = torch.tensor(stats["importance_gradient"])
-    assert gradient.shape == (6, 4) and (gradient > 0).all()
-    # the same numbers as the library on the same batches
-    import headwise
-
-    model, tok = headwise.load_model(str(marian_dir / "model"), task="translation")
-    task = Translation(data_dir=str(marian_dir), max_length=32)
-    direct = analyze_seq2seq(model, task.calibration_inputs(tok, limit=4, batch_size=2), loss_fn=task.loss,
-                             loss_inputs=task.batches(tok, "train", 2, 4))
-    assert torch.allclose(gradient, torch.tensor(direct.importance), atol=1e-6)
-    assert stats["scores"]["confidence"] == direct.roles.scores["confidence"]
-
-
-def test_cli_analyze_translation_refuses_ablation_and_writes_nothing(marian_dir, tmp_path, capsys):
-    out = tmp_path / "never"
-    argv = ["analyze", "--task", "translation", "--model", str(marian_dir / "model"), "--data-dir", str(marian_dir),
-            "--importance", "gradient,ablation", "--out", str(out)]
-    assert main(argv) != 0
-    assert "ablation" in capsys.readouterr().err and not out.exists()
