@@ -8,7 +8,7 @@ picks a subset, each phase stays under ~8 minutes on one shared CPU thread):
 - ``control``: the model fine-tuned ``--steps`` updates on train with nothing else (the control for L0);
 - ``l0-<K>``: Hard-Concrete gates on all 72 heads, λ by dual ascent towards ``K`` open heads (target reached
   linearly over the first half of the updates, as ``headwise prune --method l0``), ``--steps`` updates with the
-  label loss; open heads per kind traced every 25 updates; then exactly ``K`` heads kept (``keep_l0_heads``, at
+  label loss; open heads per kind traced every 5 updates; then exactly ``K`` heads kept (``keep_l0_heads``, at
   least one per layer), the rest removed physically; greedy test BLEU of the smaller model;
 - ``analysis``: ``headwise.analysis.analyze_seq2seq`` on the baseline over val: Voita's roles (positional,
   rare-token, alignment by the diagonal proxy: Multi30k has no gold word alignments here), confidence, and
@@ -71,9 +71,11 @@ def per_kind(model, removed: dict[str, list[int]]) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--phases", default="baseline,control,l0-36,l0-18,analysis")
-    p.add_argument("--steps", type=int, default=60, help="fine-tuning updates per arm (batch 64 pairs)")
+    p.add_argument("--steps", type=int, default=30, help="fine-tuning updates per arm (batch 64 pairs)")
     p.add_argument("--limit", type=int, default=500, help="first N test pairs scored (all: 1000)")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--head-lr", type=float, default=0.3, help="learning rate of the L0 gates (Adam)")
+    p.add_argument("--lambda-lr", type=float, default=0.05, help="dual-ascent step of the L0 coefficient")
     p.add_argument("--learning-rate", type=float, default=3e-4)
     p.add_argument("--analysis-pairs", type=int, default=500, help="val pairs for roles/confidence")
     p.add_argument("--importance-pairs", type=int, default=128, help="train pairs for gradient importance")
@@ -85,8 +87,9 @@ def main() -> None:
         "model": MODEL, "eval": f"greedy sacreBLEU, test_2016_flickr (first {args.limit} pairs), max_new_tokens 96",
         "train": f"Multi30k train, batches of {args.batch_size} pairs, AdamW lr {args.learning_rate}, "
                  f"{args.steps} updates per arm (~{args.steps * args.batch_size / 29000:.2f} epoch), seed 0",
-        "l0": "Hard-Concrete gates on all 72 heads (log alpha 3), lambda by dual ascent (lambda_lr 0.01), target "
-              "reached linearly over the first half, gate lr 0.1; then exactly K heads kept and removed"})
+        "l0": f"Hard-Concrete gates on all 72 heads (log alpha 3), lambda by dual ascent (lambda_lr {args.lambda_lr}), "
+              f"target reached linearly over the first half, gate lr {args.head_lr}; then exactly K heads kept and "
+              "removed"})
     task = get_task("translation", batch_size=args.batch_size, limit=args.limit)
     train = {"max_steps": args.steps, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
              "progress": False}
@@ -110,10 +113,12 @@ def main() -> None:
             results[phase] = {"bleu": bleu(model, tok)}
         elif phase.startswith("l0-"):
             keep = int(phase[3:])
-            config = L0Config(lam=0.0, target_heads=keep, lambda_lr=0.01, target_warmup=args.steps // 2, init=3.0)
+            config = L0Config(lam=0.0, target_heads=keep, lambda_lr=args.lambda_lr, target_warmup=args.steps // 2,
+                              init=3.0)
             add_l0_gates(model, config)
-            penalty, trace = L0Penalty(model, config), GateTrace(model, 25)
-            task.finetune(model, tok, penalties=[penalty], head_learning_rate=0.1, callbacks=[trace], **train)
+            penalty, trace = L0Penalty(model, config), GateTrace(model, 5)
+            task.finetune(model, tok, penalties=[penalty], head_learning_rate=args.head_lr, callbacks=[trace],
+                          **train)
             trace.record(args.steps)
             open_end = trace.trace[-1]
             removed = keep_l0_heads(model, keep)
