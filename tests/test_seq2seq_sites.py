@@ -233,9 +233,10 @@ def test_collaborative_self_attention_is_exact_and_reloads(family, tmp_path):
     tokens = _generate(model, inputs)
     state = _state(model)
     exact = 24 if family == "t5" else 32  # H·d
-    with pytest.raises(headwise.HeadwiseError, match="dec-enc.0 is cross-attention.*kinds="):
-        compress(model, dk=exact)
-    assert _same_state(model, state)
+    if family == "t5":  # T5's collaborative forward is self-attention only
+        with pytest.raises(headwise.HeadwiseError, match="dec-enc.0 is cross-attention.*only for bart, marian.*kinds="):
+            compress(model, dk=exact)
+        assert _same_state(model, state)
     compress(model, config=CollaborativeConfig(dk=exact, kinds=["enc-self", "dec-self"]))
     assert [is_collaborative(s.module) for s in find_sites(model)] == [True] * 4 + [False] * 2
     with torch.no_grad():
@@ -245,6 +246,95 @@ def test_collaborative_self_attention_is_exact_and_reloads(family, tmp_path):
     headwise.save_pretrained(model, tmp_path / "collab")
     with torch.no_grad():
         assert torch.equal(headwise.from_pretrained(tmp_path / "collab")(**inputs).logits, got)
+
+
+@pytest.mark.parametrize("family", ["bart", "marian"])
+def test_collaborative_cross_attention_is_exact_under_the_cache_and_reloads(family, tmp_path):
+    """Every kind collaborative at dk = H·d (query from the decoder, shared key and values from the encoder): the
+    logits and the cached greedy generation of the original model; save/reload keeps them."""
+    from headwise.collaborative import compress, is_collaborative
+
+    model = tiny_seq2seq(family)
+    with torch.no_grad():  # a query bias, so the content bias c_h (key side: encoder states) is not zero
+        for site in find_sites(model):
+            site.q.module.bias.normal_(0.0, 0.5)
+    inputs, _, tgt = seq2seq_inputs(family)
+    with torch.no_grad():
+        want = model(**inputs).logits
+    tokens = _generate(model, inputs)
+    compress(model, dk=32)
+    assert all(is_collaborative(s.module) for s in find_sites(model))
+    with torch.no_grad():
+        got = model(**inputs).logits
+    torch.testing.assert_close(got[tgt], want[tgt], **CLOSE)
+    assert torch.equal(_generate(model, inputs), tokens) and torch.equal(_generate(model, inputs, cache=False), tokens)
+    headwise.save_pretrained(model, tmp_path / "collab")
+    with torch.no_grad():
+        assert torch.equal(headwise.from_pretrained(tmp_path / "collab")(**inputs).logits, got)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 2e-2), (torch.bfloat16, 8e-2)], ids=str)
+def test_collaborative_cross_attention_in_half_precision(dtype, tol):
+    from headwise.collaborative import CollaborativeConfig, compress
+
+    inputs, _, tgt = seq2seq_inputs("marian")
+    model = tiny_seq2seq("marian")
+    compress(model, config=CollaborativeConfig(dk=12, kinds=["dec-enc"]))
+    with torch.no_grad():
+        reference = model(**inputs).logits
+        low = model.to(dtype)(**inputs).logits
+    assert low.dtype == dtype
+    scale = reference[tgt].abs().max()
+    torch.testing.assert_close(low[tgt].float() / scale, reference[tgt] / scale, rtol=tol, atol=tol)
+
+
+def test_collaborative_cross_attention_on_the_meta_device():
+    """The collaborative cross-attention forward creates nothing on the CPU: the converted module on ``meta``, with
+    and without an ``EncoderDecoderCache`` (transformers' own mask code reads masks with ``.item()``, so the module
+    is called directly)."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+    from headwise.collaborative import CollaborativeConfig, compress
+
+    inputs, _, _ = seq2seq_inputs("marian")
+    model = tiny_seq2seq("marian")
+    compress(model, config=CollaborativeConfig(dk=12, kinds=["dec-enc"]), calibration=[inputs] * 4)
+    site = next(s for s in find_sites(model) if s.kind == "dec-enc")
+    module = site.module.to("meta")
+    queries, keys = torch.randn(3, 5, 32, device="meta"), torch.randn(3, 7, 32, device="meta")
+    mask = torch.ones(3, 1, 5, 7, dtype=torch.bool, device="meta")
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with torch.no_grad():
+        for past in (None, cache, cache):  # the second cached call reuses the stored key and values
+            out, _ = module(queries, key_value_states=keys, attention_mask=mask, past_key_values=past)
+            assert out.device.type == "meta" and out.shape == (3, 5, 32)
+    assert cache.is_updated[site.module.layer_idx]
+
+
+def test_cross_attention_moments_take_queries_from_the_decoder_and_keys_from_the_encoder():
+    from headwise.collaborative import input_moments
+
+    model = tiny_seq2seq("marian")
+    inputs, src, tgt = seq2seq_inputs("marian")
+    sites = [s for s in find_sites(model) if s.kind == "dec-enc"]
+    seen = {}
+
+    def keep_first_inputs(name):
+        def hook(module, args, kwargs):
+            seen.setdefault(name, (args[0] if args else kwargs["hidden_states"], kwargs["key_value_states"]))
+        return hook
+
+    hooks = [s.module.register_forward_pre_hook(keep_first_inputs(s.name), with_kwargs=True) for s in sites]
+    moments = input_moments(model, sites, [inputs] * 3)
+    for hook in hooks:
+        hook.remove()
+    for site in sites:
+        queries, keys = seen[site.name]
+        x = queries[tgt].double()
+        torch.testing.assert_close(moments[site.path][0], x.T @ x / len(x), msg=site.name)
+        centred = [keys[b][src[b]].double() - keys[b][src[b]].double().mean(0) for b in range(len(src))]
+        y = torch.cat(centred)
+        torch.testing.assert_close(moments[site.path][1], y.T @ y / len(y), msg=site.name)
 
 
 @pytest.mark.parametrize("family", SEQ2SEQ)

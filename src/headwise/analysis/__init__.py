@@ -22,7 +22,8 @@ Metrics: ``confidence``, ``confidence_no_special``, ``mhr_base``, ``mhr_advanced
 ``importance_ablation`` when computed (definitions: ``metrics.METRIC_INFO`` and ``importance``).
 
 ``head_roles(model, batches)`` finds Voita's positional, rare-token and (cross-attention) alignment-like heads
-in every attention kind, encoder-decoders included (``roles``).
+in every attention kind, encoder-decoders included (``roles``); ``analyze_seq2seq(model, batches, loss_fn=...,
+loss_inputs=...)`` puts them next to gradient importance of a label loss for every head of an encoder-decoder.
 """
 
 from .analyze import analyze
@@ -31,9 +32,11 @@ from .importance import ablation_importance, gradient_importance
 from .metrics import METRIC_INFO
 from .roles import HeadRoles, RoleConfig, head_roles
 from .rows import Row, rows_of
+from .seq2seq import Seq2SeqStats, analyze_seq2seq
 from .stats import HeadStats
 
 __all__ = [
     "analyze", "AnalysisConfig", "DEFAULT_THRESHOLDS", "HeadStats", "gradient_importance", "ablation_importance",
     "METRIC_INFO", "Row", "rows_of", "head_roles", "HeadRoles", "RoleConfig",
+    "analyze_seq2seq", "Seq2SeqStats",
 ]

@@ -125,13 +125,14 @@ def gradient_sums(
     model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *, index: Sequence[int] | None = None,
     pairs: Pairs | None = None, loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None,
     abs_scope: str = "example", seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
-    inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+    inputs: Sequence[dict[str, torch.Tensor]] | None = None, cross_attention: bool = False,
 ) -> tuple[torch.Tensor, int]:
     """This process's ``(Σ |∂L/∂g| [rows, H] float64 on CPU, number of examples)``; see the module docstring.
-    ``inputs``: ready batches (any keys ``loss_fn`` reads, e.g. a task's collated batches) instead of texts."""
+    ``inputs``: ready batches (any keys ``loss_fn`` reads, e.g. a task's collated batches) instead of texts;
+    ``cross_attention``: also score ``dec-enc`` rows (``rows_of(model, cross_attention=True)`` order)."""
     if abs_scope not in ABS_SCOPES:
         raise HeadwiseError(f"unknown abs_scope {abs_scope!r}; use one of {', '.join(ABS_SCOPES)}")
-    rows = rows_of(model)
+    rows = rows_of(model, cross_attention)
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
     total = (sum(len(next(iter(b.values()))) for b in inputs) if inputs is not None
              else len(pairs[0]) if pairs is not None else len(texts or ()))
@@ -156,22 +157,23 @@ def gradient_importance(
     model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *, pairs: Pairs | None = None,
     loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None, abs_scope: str = "example",
     normalize: bool = True, seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
-    inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+    inputs: Sequence[dict[str, torch.Tensor]] | None = None, cross_attention: bool = False,
 ) -> torch.Tensor:
     """Michel et al. gradient importance ``[rows, H]`` (float64, CPU); see the module docstring.
 
     ``loss_fn(model, {"input_ids", "attention_mask"}) -> [B]`` per-example losses (optional);
     ``pairs=(first, second, gold scores)`` selects the STS-B objective (scores divided by ``score_scale``);
-    ``inputs`` (ready batches) with ``loss_fn(model, batch) -> [B]`` any other objective, e.g. a task's loss.
+    ``inputs`` (ready batches) with ``loss_fn(model, batch) -> [B]`` any other objective, e.g. a task's loss
+    (an encoder-decoder's label loss; ``cross_attention=True`` adds the ``dec-enc`` rows).
     """
     sums, count = gradient_sums(model, tokenizer, texts, pairs=pairs, loss_fn=loss_fn, batch_size=batch_size,
                                 max_length=max_length, abs_scope=abs_scope, seed=seed, score_scale=score_scale,
-                                progress=progress, inputs=inputs)
+                                progress=progress, inputs=inputs, cross_attention=cross_attention)
     sums, count = reduce_sums(sums, count)
     table = sums / count
     if normalize:
         table = table / (table.norm(dim=1, keepdim=True) + 1e-20)
-    return _mask_missing(table, rows_of(model))
+    return _mask_missing(table, rows_of(model, cross_attention))
 
 
 def _heads(rows: list[Row]) -> list[tuple[int, int]]:

@@ -28,14 +28,15 @@ class Row:
         return info
 
 
-def rows_of(model: nn.Module) -> list[Row]:
-    """Every self-attention row of ``model``, in site order then layer order.
+def rows_of(model: nn.Module, cross_attention: bool = False) -> list[Row]:
+    """Every self-attention row of ``model``, in site order then layer order; with ``cross_attention`` the
+    ``dec-enc`` rows too (encoder-decoders analysed with source and target inputs, ``analyze_seq2seq``).
 
-    Cross-attention sites are left out: the analysis runs base models on one text input.
+    Cross-attention sites are left out by default: ``analyze`` runs base models on one text input.
     """
     rows: list[Row] = []
     for site in find_sites(model):
-        if site.kind == "dec-enc":
+        if site.kind == "dec-enc" and not cross_attention:
             continue
         for layer in site.layers:
             rows.append(Row(len(rows), site, layer))

@@ -20,8 +20,9 @@ def register(verbs, parents) -> None:
     p.add_argument("--limit", type=int, default=None, help="analyse only the first N texts")
     p.add_argument("--out", default="headwise-report", help="output folder (default: headwise-report)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
-    p.add_argument("--importance", default="gradient,ablation",
-                   help="comma-separated: gradient, ablation; or none (default: gradient,ablation)")
+    p.add_argument("--importance", default=None,
+                   help="comma-separated: gradient, ablation; or none (default: gradient,ablation; translation: "
+                        "gradient, of the label loss)")
     p.add_argument("--ablation-texts", type=int, default=256,
                    help="texts used by ablation importance, one pass per head (default: 256)")
     p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept")
@@ -64,7 +65,10 @@ def run(args: argparse.Namespace) -> int:
     from ..models import load_model
     from ..report import write_report
 
-    importance = () if args.importance == "none" else tuple(k for k in args.importance.split(",") if k)
+    if args.task == "translation":
+        return run_seq2seq(args)
+    chosen = args.importance or "gradient,ablation"
+    importance = () if chosen == "none" else tuple(k for k in chosen.split(",") if k)
     config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=args.examples,
                             importance=importance, ablation_texts=args.ablation_texts, model_name=args.model or "all-MiniLM-L6-v2 (packaged)")
     check_writable_dir(args.out, args.force)  # before any slow work
@@ -89,5 +93,37 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(stats))
     else:
         print(f"analysed {stats['sentences']} texts ({stats['tokens']} tokens) with {model.config.model_type}: "
+              f"{args.out}/report.html, {args.out}/stats.json")
+    return 0
+
+
+def run_seq2seq(args: argparse.Namespace) -> int:
+    """``analyze --task translation``: roles, confidence and gradient importance of every head of every kind
+    (``headwise.analysis.analyze_seq2seq``), over teacher-forced pairs of the calibration split."""
+    from ..analysis import analyze_seq2seq
+    from ..io import atomic_dir, check_writable_dir
+    from ..report.seq2seq import seq2seq_report
+
+    importance = {k for k in (args.importance or "gradient").split(",") if k} - {"none"}
+    if importance - {"gradient"}:
+        raise HeadwiseError(f"--importance {args.importance}: translation supports gradient (of the label loss) or "
+                            "none; ablation scores an embedding and has no encoder-decoder form")
+    check_writable_dir(args.out, args.force)
+    task = task_from_args(args, skip=("limit", "batch_size"))
+    model, tokenizer = load_for_task(args, task)
+    batches = task.calibration_inputs(tokenizer, limit=args.limit, batch_size=args.batch_size)
+    loss_inputs = task.batches(tokenizer, "train", args.batch_size, args.importance_examples) if importance else None
+    stats = analyze_seq2seq(model, batches, loss_fn=task.loss if importance else None, loss_inputs=loss_inputs)
+    result = stats.to_dict() | {"model": args.model, "data": f"{task.name} task, {task.calibration_split} split, "
+                                f"{sum(len(b['input_ids']) for b in batches)} pairs (teacher forcing)"}
+    with atomic_dir(args.out, overwrite=args.force) as tmp:
+        (tmp / "stats.json").write_text(json.dumps(result))
+        seq2seq_report(result).write(tmp)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        counts = ", ".join(f"{kind} {role} {len(heads)}" for kind, roles in result["by_kind"].items()
+                           for role, heads in roles.items()) or "no head passes a role threshold"
+        print(f"analysed {len(result['heads'])} heads of {model.config.model_type} ({counts}): "
               f"{args.out}/report.html, {args.out}/stats.json")
     return 0

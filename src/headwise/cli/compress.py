@@ -24,7 +24,8 @@ def register(verbs, parents) -> None:
                         "error")
     p.add_argument("--limit", type=int, default=2000, help="calibration texts used, a seeded random sample when the file holds more (default: 2000)")
     p.add_argument("--kinds", default=None,
-                   help="convert only these attention kinds, comma-separated (an encoder-decoder: enc-self,dec-self)")
+                   help="convert only these attention kinds, comma-separated (an encoder-decoder: enc-self, dec-self, dec-enc; "
+                        "T5 converts enc-self,dec-self only)")
     p.add_argument("--iterations", type=int, default=20, help="ALS sweeps after the closed-form start (default: 20)")
     p.add_argument("--init", choices=["auto", "block", "hosvd"], default="auto",
                    help="closed-form start (default: auto = block with --calibration, hosvd without)")

@@ -21,6 +21,9 @@ def register(verbs, parents) -> None:
                    help="epochs of fine-tuning on the task with alpha mixers on every site, folded afterwards "
                         "(default: 0)")
     p.add_argument("--gamma", type=float, default=1.0, help="nuclear-norm coefficient while fine-tuning (default: 1)")
+    p.add_argument("--no-mixers", action="store_true",
+                   help="fine-tune without alpha mixers: the swapped model trains as it is (MHR's static swap), or, "
+                        "with no --swap, a plain fine-tune with the same updates (the control)")
     p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
     p.add_argument("--out", default="headwise-mixed", help="output folder: model/, mixing.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
@@ -39,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError("nothing to do: give --swap 'SITE:HEAD <-> SITE:HEAD' and/or --finetune EPOCHS")
     if args.finetune < 0 or args.gamma < 0:
         raise HeadwiseError("--finetune and --gamma must be ≥ 0")
+    if args.no_mixers and not args.finetune:
+        raise HeadwiseError("--no-mixers changes fine-tuning; give --finetune EPOCHS with it")
     check_writable_dir(args.out, args.force)
     evaluate = not args.no_eval
     task = task_from_args(args) if evaluate or args.finetune else None  # bad data fails before the model loads
@@ -50,11 +55,14 @@ def run(args: argparse.Namespace) -> int:
 
     result = {"model": args.model or "all-MiniLM-L6-v2", "swaps": list(args.swap),
               "include_output": args.include_output, "metric_name": metric_label(task),
-              "metric_before": metric(), "finetune_epochs": args.finetune, "gamma": args.gamma}
+              "metric_before": metric(), "finetune_epochs": args.finetune, "mixers": bool(args.finetune) and
+              not args.no_mixers, "gamma": None if args.no_mixers else args.gamma}
     swap_heads(model, args.swap, include_output=args.include_output)
     result["metric_after_swaps"] = metric() if args.swap else result["metric_before"]
     report = Report("headwise mixing report", f"{result['model']}: head swaps and mixing")
-    if args.finetune:
+    if args.finetune and args.no_mixers:
+        task.finetune(model, tokenizer, epochs=args.finetune)
+    elif args.finetune:
         config = MixingConfig(gamma=args.gamma)
         add_mixers(model, config)
         term = NuclearNormPenalty(model, config)
@@ -71,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{len(args.swap)} swap(s)" + (f", {args.finetune:g} epoch(s) with mixers (folded)" if args.finetune else "")
+        tuned = "" if not args.finetune else f", {args.finetune:g} epoch(s) " + (
+            "fine-tuned" if args.no_mixers else "with mixers (folded)")
+        print(f"{len(args.swap)} swap(s)" + tuned
               + ("" if not evaluate else f", {metric_label(task)} {result['metric_before']} → {result['metric_after']}"))
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
     return 0

@@ -37,6 +37,8 @@ def parse_floats(text: str, flag: str) -> tuple[float, ...]:
 def parse_methods(text: str) -> tuple[str, ...]:
     from ..quantization.functional import METHODS
 
+    if text.strip() == "none":
+        return ()  # the threshold sweep alone
     return tuple(METHODS) if text.strip() in ("all", "") else tuple(m.strip() for m in text.split(",") if m.strip())
 
 
@@ -90,7 +92,8 @@ def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentP
                          help="attention pruning/quantization (SPIQA) against STS-B: report.html + results.json")
     model_args(p)
     p.add_argument("--methods", default="all",
-                   help="comma-separated quantizers, or all (default); see docs/quantization.md")
+                   help="comma-separated quantizers, all (default), or none (only the --thresholds sweep); see "
+                        "docs/quantization.md")
     p.add_argument("--bits", default="1..8", help="bit widths: a range 1..8 (default) or a list 2,3,8 (1 to 16)")
     p.add_argument("--thresholds", default="1e-4,1e-3,3e-3,0.01,0.02,0.03,0.05,0.1,0.2",
                    help="pruning-only thresholds in [0, 1), comma-separated, or none")

@@ -18,7 +18,7 @@ from ..sites import AttentionSite, find_sites, select_sites
 from .calibration import input_moments
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
-from .families import FORWARDS, install, is_collaborative
+from .families import CROSS_ATTENTION, FORWARDS, install, is_collaborative
 
 EDIT_KIND = "collaborative"
 
@@ -88,9 +88,10 @@ def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object)
         if site.positions != "absolute" and not site.layout.position_bias:
             raise HeadwiseError(f"{site.name}: {site.positions} position scores depend on per-head queries and keys, "
                                 "which collaborative heads replace; only absolute positions are supported")
-        if site.kind == "dec-enc":
-            raise HeadwiseError(f"{site.name} is cross-attention; collaborative heads convert self-attention only "
-                                "(in an encoder-decoder pass kinds=['enc-self', 'dec-self'])")
+        if site.kind == "dec-enc" and site.family not in CROSS_ATTENTION:
+            raise HeadwiseError(f"{site.name} is cross-attention, which collaborative heads convert only for "
+                                f"{', '.join(CROSS_ATTENTION)} ({site.family}'s collaborative forward scores "
+                                "self-attention only); pass kinds=['enc-self', 'dec-self'] (--kinds enc-self,dec-self)")
         if is_collaborative(site.module):
             raise HeadwiseError(f"{site.name} is already collaborative; compress the original model to change dk")
         ops = ops_of(site)

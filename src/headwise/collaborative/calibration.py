@@ -3,7 +3,9 @@
 For the scores ``S_h = X A_h Xᵀ`` the error a softmax sees is ``Σ ‖X (A_h − Â_h) (X − 1 x̄ᵀ)ᵀ‖²`` (terms
 constant over keys cancel), i.e. ``tr(Eᵀ C_q E C_k)`` with ``C_q = Σ x xᵀ`` over query tokens and ``C_k`` the
 covariance of key tokens centred per sequence. Padding is excluded (decoder sites of an encoder-decoder use the
-``decoder_attention_mask``); a shared module (ALBERT) pools every layer.
+``decoder_attention_mask``); in cross-attention (``dec-enc``) the queries are the decoder's tokens and the keys
+the encoder's output tokens (``key_value_states``, real where the ``attention_mask`` is); a shared module (ALBERT)
+pools every layer.
 """
 
 from __future__ import annotations
@@ -30,21 +32,29 @@ class _Moments:
         self.dim = dim
         self.query: torch.Tensor | None = None
         self.key: torch.Tensor | None = None
-        self.count: torch.Tensor | None = None  # real tokens seen, 0-dim on the inputs' device
+        self.count: torch.Tensor | None = None  # real query tokens seen, 0-dim on the inputs' device
+        self.key_count: torch.Tensor | None = None  # real key tokens seen
 
-    def add(self, x: torch.Tensor, real: torch.Tensor) -> None:
-        """``x[B, T, D]``, ``real[B, T]`` bool (any device: moved to ``x``'s)."""
+    def add(self, x: torch.Tensor, real: torch.Tensor, keys: torch.Tensor | None = None,
+            key_real: torch.Tensor | None = None) -> None:
+        """Query tokens ``x[B, T, D]``, ``real[B, T]`` bool (any device: moved to ``x``'s); key tokens
+        ``keys[B, S, D]``, ``key_real[B, S]`` (default: the query tokens, self-attention)."""
         dtype = moment_dtype(x.device)
         if self.query is None:
             self.query = torch.zeros(self.dim, self.dim, dtype=dtype, device=x.device)
             self.key = torch.zeros(self.dim, self.dim, dtype=dtype, device=x.device)
             self.count = torch.zeros((), dtype=dtype, device=x.device)
+            self.key_count = torch.zeros((), dtype=dtype, device=x.device)
         x, w = x.detach().to(dtype), real.to(device=x.device, dtype=dtype)[..., None]
         xr = x * w
         self.query += xr.flatten(0, 1).T @ xr.flatten(0, 1)
+        self.count += w.sum()
+        if keys is not None:
+            x, w = keys.detach().to(dtype), key_real.to(device=x.device, dtype=dtype)[..., None]
+            xr = x * w
         centred = (x - xr.sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)) * w
         self.key += centred.flatten(0, 1).T @ centred.flatten(0, 1)
-        self.count += w.sum()
+        self.key_count += w.sum()
 
 
 def _real_tokens(mask: torch.Tensor | None, ids: torch.Tensor) -> int:
@@ -81,11 +91,15 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
     def hook(site: AttentionSite):
         side = "source" if site.kind == "enc-self" else "target"
 
+        def mask_of(x: torch.Tensor, which: str) -> torch.Tensor:
+            matched = real[which].shape == x.shape[:2]
+            return real[which] if matched else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+
         def capture(module, args, kwargs):
             x = args[0] if args else kwargs["hidden_states"]
             matched = real[side].shape == x.shape[:2]
-            mask = real[side] if matched else torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
-            moments[site.path].add(x, mask)
+            keys = kwargs.get("key_value_states") if site.kind == "dec-enc" else None
+            moments[site.path].add(x, mask_of(x, side), keys, None if keys is None else mask_of(keys, "source"))
             tokens[site.path] += counts[side] if matched else x.shape[0] * x.shape[1]
         return capture
 
@@ -123,4 +137,4 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
     for m in moments.values():
         if m.query is None:  # a site the calibration never reached: zero moments, as an empty sum
             m.add(torch.zeros(1, 1, m.dim, device=device), torch.zeros(1, 1, dtype=torch.bool, device=device))
-    return {p: (m.query / m.count.clamp(min=1), m.key / m.count.clamp(min=1)) for p, m in moments.items()}
+    return {p: (m.query / m.count.clamp(min=1), m.key / m.key_count.clamp(min=1)) for p, m in moments.items()}

@@ -19,8 +19,8 @@ class CollaborativeConfig:
     sweep with no host sync (GPUs, the ``meta`` device).
     With a calibration set the objective is the attention-score error on its tokens (``ridge`` regularises the
     input covariances, relative to their mean eigenvalue); without, the weight error. ``kinds``: convert only
-    the sites of these attention kinds (None: every site), e.g. ``["enc-self", "dec-self"]`` in an encoder-decoder,
-    whose cross-attention cannot be converted.
+    the sites of these attention kinds (None: every site), e.g. ``["dec-enc"]`` in BART/Marian, or
+    ``["enc-self", "dec-self"]`` in T5, whose cross-attention cannot be converted.
     """
 
     dk: int

@@ -79,13 +79,23 @@ def _gpt2_forward(self, hidden_states, past_key_values=None, attention_mask=None
 
 
 def _bart_forward(self, hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
-    if key_value_states is not None:
-        raise HeadwiseError("collaborative BART/Marian attention is self-attention only; cross-attention was not "
-                            "converted")
-    query, key = self.collaborative_qk(self.q_proj(hidden_states), self.k_proj(hidden_states), hidden_states)
-    value = _heads(self.v_proj(hidden_states), self.mixing.shape[0])
-    if past_key_values is not None:
-        key, value = _self_cache(past_key_values).update(key, value, self.layer_idx)
+    """Self- and cross-attention: in cross-attention (``key_value_states``: the encoder's output) the query comes
+    from the decoder and the shared key and the values from the encoder; an ``EncoderDecoderCache`` keeps them
+    after the first decoding step, as the family's forward does."""
+    cross = key_value_states is not None
+    source = key_value_states if cross else hidden_states
+    cache = past_key_values.cross_attention_cache if cross and isinstance(past_key_values, EncoderDecoderCache) \
+        else None if cross else past_key_values
+    if cross and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+        key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+    else:
+        key = self.collaborative_key(self.k_proj(source), source)
+        value = _heads(self.v_proj(source), self.mixing.shape[0])
+        if cache is not None:
+            key, value = (cache if cross else _self_cache(cache)).update(key, value, self.layer_idx)
+            if cross:
+                past_key_values.is_updated[self.layer_idx] = True
+    query = self.collaborative_query(self.q_proj(hidden_states))
     out, probs = self.attend(query, key, value, attention_mask, self.dropout if self.training else 0.0, **kwargs)
     return self.out_proj(out), probs
 
@@ -117,6 +127,9 @@ def v_width(module: nn.Module) -> int:
     """Width of GPT-2's value section in the fused ``c_attn`` ``[q̃ (R) | k̃ (R) | v (H·d)]``."""
     return module.c_attn.nf - 2 * module.mixing.shape[1]
 
+
+# Families whose collaborative forward also runs cross-attention (query from the decoder, key from the encoder).
+CROSS_ATTENTION = ("bart", "marian")
 
 # The collaborative forward of each family; which attributes hold its projections is the family's
 # ``site.layout`` (headwise.sites).

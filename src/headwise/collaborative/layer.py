@@ -60,12 +60,20 @@ class CollaborativeAttention(nn.Module):
                          ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q̃[B, Tq, R]``, ``k̃[B, Tk, R]``, key-side hidden states ``[B, Tk, D]`` → per-head query
         ``[B, H, Tq, R + H]`` and the shared key ``[B, 1, Tk, R + H]``."""
+        return self.collaborative_query(q), self.collaborative_key(k, keys_from)
+
+    def collaborative_query(self, q: torch.Tensor) -> torch.Tensor:
+        """``q̃[B, Tq, R]`` → per-head query ``[q̃ ⊙ m_h, e_h]`` ``[B, H, Tq, R + H]``."""
         mixing = self.mixing.to(q.dtype)
         heads = mixing.shape[0]
         mixed = rearrange(q, "b t r -> b 1 t r") * rearrange(mixing, "h r -> 1 h 1 r")
         tag = torch.eye(heads, dtype=q.dtype, device=q.device)[None, :, None, :].expand(q.shape[0], -1, q.shape[1], -1)
-        key = torch.cat([k, self.content_bias(keys_from)], dim=-1)
-        return torch.cat([mixed, tag], dim=-1), rearrange(key, "b t r -> b 1 t r")
+        return torch.cat([mixed, tag], dim=-1)
+
+    def collaborative_key(self, k: torch.Tensor, keys_from: torch.Tensor) -> torch.Tensor:
+        """``k̃[B, Tk, R]`` and the key-side hidden states ``[B, Tk, D]`` (the encoder's, in cross-attention) →
+        the shared key ``[k̃, C x]`` ``[B, 1, Tk, R + H]``."""
+        return rearrange(torch.cat([k, self.content_bias(keys_from)], dim=-1), "b t r -> b 1 t r")
 
     def attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask, dropout: float,
                **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
