@@ -289,3 +289,15 @@ def test_the_verdict_names_the_edit_its_score_savings_and_command_or_says_none_f
     assert f"heads 8 → {rec.measured['heads']}" in text and "headwise apply out/plan.json" in text
     data["recommended"] = None
     assert verdict(data).startswith("**No measured edit meets the budget heads=6,params=0.8x.**")
+
+
+@pytest.mark.parametrize("edit", [{"dk": 16}, {"kv_heads": 1}])
+def test_calibrated_edit_without_calibration_is_refused_and_changes_nothing(edit):
+    from headwise.planning.edits import Edit, apply_edit
+
+    model = tiny_bert() if "dk" in edit else tiny_llama_lm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(headwise.HeadwiseError, match="calibration"):
+        apply_edit(model, Edit(**edit))
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)

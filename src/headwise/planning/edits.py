@@ -93,13 +93,15 @@ class Edit:
 def apply_edit(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, torch.Tensor]] | None = None,
                allow_empty_layers: bool = False, progress: bool | None = False) -> nn.Module:
     """Perform ``edit`` on ``model`` in place (see the module docstring for the order); returns the model.
-    ``calibration``: model-input batches for the calibrated KV merge and collaborative objective (without them
-    both fall back to their weight-space forms)."""
+    ``calibration``: model-input batches for the calibrated KV merge and the collaborative objective; an edit
+    that uses either is refused without them (the plan measured the calibrated forms)."""
+    if edit.needs_calibration() and not calibration:
+        raise HeadwiseError(f"edit '{edit.describe()}' merges KV heads or compresses to collaborative heads, which "
+                            "are calibrated: pass calibration batches (Plan.apply builds them from the tokenizer)")
     if edit.prune and any(edit.prune.values()):
         prune_heads(model, {k: v for k, v in edit.prune.items() if v}, allow_empty_layers=allow_empty_layers)
     if edit.kv_heads:
-        convert_gqa(model, kv_heads=edit.kv_heads, init="calibrated" if calibration else "mean",
-                    calibration=calibration, progress=progress)
+        convert_gqa(model, kv_heads=edit.kv_heads, init="calibrated", calibration=calibration, progress=progress)
     if edit.dk:
         compress(model, dk=edit.dk, calibration=calibration, progress=progress)
     if edit.mechanism:
