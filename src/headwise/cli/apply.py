@@ -76,9 +76,7 @@ def run(args: argparse.Namespace) -> int:
                   ["", "value"])
     save_run(args.out, model, tokenizer, "apply.json", summary, report, overwrite=args.force)
     if native:
-        export_plain(model, f"{args.out}/plain", overwrite=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(f"{args.out}/plain")
+        export_plain(model, f"{args.out}/plain", tokenizer, overwrite=True)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -129,9 +129,7 @@ def run(args: argparse.Namespace) -> int:
     add_pruning_section(report, result)
     save_run(args.out, model, tokenizer, "pruning.json", result, report, overwrite=args.force)
     if args.plain:
-        export_plain(model, f"{args.out}/plain", overwrite=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(f"{args.out}/plain")
+        export_plain(model, f"{args.out}/plain", tokenizer, overwrite=True)
     if args.json:
         print(json.dumps(result))
     else:

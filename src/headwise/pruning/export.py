@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 
@@ -37,10 +38,11 @@ def plain_problem(model: nn.Module) -> str | None:
     return None
 
 
-def export_plain(model: nn.Module, path: str | os.PathLike, overwrite: bool = False) -> Path:
+def export_plain(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None, overwrite: bool = False) -> Path:
     """Save ``model`` with ``transformers``' own ``save_pretrained`` and a config that states the pruned head
     counts; ``AutoModel.from_pretrained(path)`` then loads it without headwise. Requires every layer to keep
-    the same number of query and key/value heads and no attached headwise ops (``prune_masked`` folds gates)."""
+    the same number of query and key/value heads and no attached headwise ops (``prune_masked`` folds gates).
+    ``tokenizer``, when given, is saved in the same folder."""
     config = model.config
     problem = plain_problem(model)
     if problem:
@@ -51,4 +53,4 @@ def export_plain(model: nn.Module, path: str | os.PathLike, overwrite: bool = Fa
     plain = copy.deepcopy(config)
     plain.num_attention_heads, plain.num_key_value_heads = heads, kv_heads
     plain.head_dim = sites[0].head_dim
-    return save_native(model, path, config=plain, overwrite=overwrite)
+    return save_native(model, path, config=plain, tokenizer=tokenizer, overwrite=overwrite)
