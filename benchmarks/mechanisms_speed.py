@@ -212,6 +212,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the raw numbers here")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (memory probes run on the CPU only)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    parser.add_argument("--section", default="mechanisms", help="the section of docs/benchmarks.md to write")
     parser.add_argument("--only", default=None, help="comma-separated labels to time (SDPA rows are always kept)")
     args = parser.parse_args()
     global DEVICE, DTYPE
@@ -242,7 +243,7 @@ def main() -> None:
             json.dump({"times": times, "memory": memory}, f)
     text = report(times, memory, sizes, memory_sizes)
     print(text)
-    update_section("mechanisms", text)
+    update_section(args.section, text)
 
 
 if __name__ == "__main__":

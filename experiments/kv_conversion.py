@@ -90,9 +90,12 @@ def uptrain(model, ids: torch.Tensor, window: int, lr: float) -> dict:
                              num_train_epochs=1, lr_scheduler_type="constant", logging_steps=1, save_strategy="no",
                              report_to=[], use_cpu=True, seed=0)
     model.train()
+    wall, cpu = time.time(), time.process_time()
     result = HeadwiseTrainer(model=model, args=args, train_dataset=data).train()
     model.eval()
     return {"uptrain_tokens": sum(d["input_ids"].numel() for d in data), "uptrain_steps": result.global_step,
+            "uptrain_wall_seconds": round(time.time() - wall), "uptrain_cpu_seconds": round(time.process_time() - cpu),
+            "torch_threads": torch.get_num_threads(),
             "uptrain_loss": result.training_loss, "uptrain_lr": lr, "uptrain_window": window}
 
 

@@ -46,22 +46,23 @@ def score(model, tokenizer) -> float:
     return round(float(Stsb().evaluate(model, tokenizer, progress=False)["spearman"]), 2)
 
 
-def cached(path: Path, build):
-    """The model saved at ``path``, or ``build()`` saved there first; returns (model, seconds spent building)."""
+def cached(path: Path, build, device: str = "cpu"):
+    """The model saved at ``path`` (moved to ``device``), or ``build()`` saved there first; returns (model, seconds
+    spent building)."""
     if (path / "config.json").is_file():
-        return headwise.from_pretrained(path), 0.0
+        return headwise.from_pretrained(path).to(device), 0.0
     start = time.time()
     model, tokenizer = build()
     headwise.save_pretrained(model, path, tokenizer, overwrite=True)
     return model, time.time() - start
 
 
-def record(entry: dict) -> None:
-    data = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {"runs": []}
+def record(entry: dict, results: Path = RESULTS) -> None:
+    data = json.loads(results.read_text()) if results.is_file() else {"runs": []}
     key = ("name", "seed", "alpha", "temperature", "distance", "teacher_model", "max_steps")
     data["runs"] = [r for r in data["runs"] if tuple(r.get(k) for k in key) != tuple(entry[k] for k in key)]
     data["runs"].append(entry)
-    atomic_write_text(RESULTS, json.dumps(summarize(data), indent=1) + "\n")
+    atomic_write_text(results, json.dumps(summarize(data), indent=1) + "\n")
 
 
 def summarize(data: dict) -> dict:
@@ -83,7 +84,7 @@ def summarize(data: dict) -> dict:
     data["setup"] = ("all-MiniLM-L6-v2 (6 x 12 heads), STS-B dev Spearman x100; teacher_model fine-tuned: the "
                      "shared recipe (1 epoch, batch 16, lr 2e-5, 10% warm-up, seed 0), packaged: the packaged model "
                      "as is; recovery batch 16, lr 2e-5, 10% warm-up, max_steps -1 = whole epochs; 1 torch thread "
-                     "on a shared CPU (minutes are not comparable)")
+                     "on a shared CPU for device cpu (minutes are not comparable)")
     return data
 
 
@@ -102,18 +103,26 @@ def main() -> None:
     parser.add_argument("--teacher", default="fine-tuned", choices=("fine-tuned", "packaged"))
     parser.add_argument("--max-steps", type=int, default=-1, help="cut every recovery to N steps")
     parser.add_argument("--out", default="/tmp/headwise-minilm-recovery", help="cache of the teacher and L0 models")
+    parser.add_argument("--model", default=None, help="the packaged all-MiniLM-L6-v2 unless a folder is given")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (training follows the model's device)")
+    parser.add_argument("--results", default=str(RESULTS), help="the results JSON (appended to)")
     args = parser.parse_args()
     out, task = Path(args.out), Stsb()
-    _, tokenizer = headwise.load_model()
+
+    def load():
+        """The starting model in float32 on ``--device`` (a float16 copy of the weights is upcast)."""
+        return headwise.load_model(args.model, device=args.device, dtype="float32")
+
+    _, tokenizer = load()
 
     def fine_tuned():
-        model, tok = headwise.load_model()
+        model, tok = load()
         return finetune_stsb(model, tok, seed=0, progress=False), tok
 
     teacher, teacher_score = None, None
     if any(r != "l0" for r in args.runs.split(",")):  # every other run reads the teacher
-        teacher, _ = cached(out / "teacher", fine_tuned) if args.teacher == "fine-tuned" else \
-            (headwise.load_model()[0], 0.0)
+        teacher, _ = cached(out / "teacher", fine_tuned, args.device) if args.teacher == "fine-tuned" else \
+            (load()[0], 0.0)
         teacher_score = score(teacher, tokenizer)
         print(f"teacher {teacher_score}", flush=True)
     distill = dict(alpha=args.alpha, temperature=args.temperature, distance=args.distance)
@@ -126,13 +135,13 @@ def main() -> None:
             after_l0 = None
             if base in ("l0", "l0-distill"):
                 def pruned(base=base):
-                    model, tok = headwise.load_model()
+                    model, tok = load()
                     extra = {"teacher": teacher, **distill} if base == "l0-distill" else {}
                     l0_prune(model, tok, KEEP, task, seed=seed, progress=False, **extra)
                     return model, tok
 
                 tag = "" if base == "l0" else f"-a{args.alpha}-{args.distance}"
-                model, _ = cached(out / f"{base}{tag}-seed{seed}", pruned)
+                model, _ = cached(out / f"{base}{tag}-seed{seed}", pruned, args.device)
                 after_l0 = score(model, tokenizer)
             elif base == "importance":
                 model = copy.deepcopy(teacher)
@@ -148,8 +157,8 @@ def main() -> None:
             entry = {"name": run, "seed": seed, **distill, "teacher_model": args.teacher,
                      "max_steps": args.max_steps, "heads": heads, "teacher": teacher_score,
                      "after_l0": after_l0, "before_recovery": before, "after_recovery": after,
-                     "minutes": round((time.time() - start) / 60, 1)}
-            record(entry)
+                     "minutes": round((time.time() - start) / 60, 1), "device": args.device}
+            record(entry, Path(args.results))
             print(json.dumps(entry), flush=True)
 
 

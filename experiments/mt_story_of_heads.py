@@ -80,6 +80,7 @@ def main() -> None:
     p.add_argument("--analysis-pairs", type=int, default=500, help="val pairs for roles/confidence")
     p.add_argument("--importance-pairs", type=int, default=128, help="train pairs for gradient importance")
     p.add_argument("--out", default=str(OUT))
+    p.add_argument("--device", default="cpu", help="cpu or cuda (training follows the model's device)")
     args = p.parse_args()
     out = Path(args.out)
     results = json.loads(out.read_text()) if out.is_file() else {}
@@ -105,7 +106,7 @@ def main() -> None:
             print(f"{phase}: cached")
             continue
         start = time.time()
-        model, tok = headwise.load_model(MODEL, task=task)
+        model, tok = headwise.load_model(MODEL, task=task, device=args.device)
         if phase == "baseline":
             results[phase] = {"bleu": bleu(model, tok)}
         elif phase == "control":
