@@ -10,7 +10,7 @@ from .conversion import convert_gqa, convert_latent
 from .errors import HeadwiseError
 from .tasks import evaluate_stsb, fidelity, get_task, recover
 from .io import from_pretrained, save_pretrained
-from .kvcache import KVPolicy, apply_kv_policy, kv_policy, remove_kv_policy
+from .kvcache import KVGateConfig, KVPolicy, apply_kv_policy, kv_policy, learn_kv_gates, remove_kv_policy
 from .mechanisms import apply as replace_attention
 from .mechanisms import remove as restore_attention
 from .mixing import MixingConfig, add_mixers, fold_mixing, remove_mixers, swap_heads
@@ -43,7 +43,7 @@ __all__ = [
     # KV-cache conversion
     "convert_gqa", "convert_latent",
     # per-head KV cache
-    "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy",
+    "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy", "KVGateConfig", "learn_kv_gates",
     # planning
     "Budget", "Plan", "plan",
     # tasks

@@ -25,7 +25,20 @@ def register(verbs, parents) -> None:
     p.add_argument("--sink", type=int, default=4, help="sink tokens of streaming heads (default 4)")
     p.add_argument("--window", type=int, default=124, help="recent tokens of streaming heads (default 124)")
     p.add_argument("--ranking", default="combined",
-                   help="combined, retrieval, copy, induction, echo, outside or random (default combined)")
+                   help="combined, retrieval, copy, induction, echo, outside or random (default combined); "
+                        "--scores learned ranks by the learned gates")
+    p.add_argument("--scores", default="training-free", choices=["training-free", "learned"],
+                   help="training-free head scores (one forward per calibration prompt, the default) or learned: a "
+                        "DuoAttention-style gate per KV head trained on synthetic passkey prompts, model frozen")
+    p.add_argument("--gate-steps", type=int, default=500, help="--scores learned: Adam steps, one prompt each")
+    p.add_argument("--gate-lr", type=float, default=0.02, help="--scores learned: learning rate of the gates")
+    p.add_argument("--gate-l1", type=float, default=0.05, help="--scores learned: weight of mean(alpha) in the loss")
+    p.add_argument("--gate-length", type=int, default=1024, help="--scores learned: tokens per training prompt")
+    p.add_argument("--gate-region", default="answer", choices=["answer", "all"],
+                   help="--scores learned: distil the last hidden states on the positions that predict the key "
+                        "(answer, the default) or on every position (all)")
+    p.add_argument("--gate-haystack", default="filler", choices=["filler", "text"],
+                   help="--scores learned: haystack of repeated filler sentences (default) or the --data text")
     p.add_argument("--data", default=None,
                    help="lm text file (default: shared/data/wikitext-2/valid.txt): the longest lines of its first "
                         "90%% calibrate the 'outside' score, its last 10%% measure perplexity")
@@ -68,6 +81,22 @@ def perplexities(model, tokenizer, task, policy) -> dict:
     return out
 
 
+def gate_config(args: argparse.Namespace):
+    """The ``KVGateConfig`` of ``--scores learned`` (None otherwise); checked before the model loads."""
+    from ..kvcache import KVGateConfig
+
+    if args.scores != "learned":
+        return None
+    if args.ranking not in ("combined", "learned"):
+        raise HeadwiseError(f"--scores learned ranks by the learned gates; drop --ranking {args.ranking}")
+    args.ranking = "learned"
+    config = KVGateConfig(steps=args.gate_steps, lr=args.gate_lr, l1=args.gate_l1, length=args.gate_length,
+                          sink=args.sink, window=args.window, region=args.gate_region, haystack=args.gate_haystack,
+                          seed=args.seed)
+    config.check()
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir
     from ..kvcache import KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, passkey_prompts, remove_kv_policy
@@ -80,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, args.force)
     if args.model is None:
         raise HeadwiseError("kv-policy needs --model (a decoder-only LM such as smollm2-135m)")
+    gates = gate_config(args)
     task = lm_task(args)  # bad data fails before the model loads
     model, tokenizer = load_for_task(args, task)
     tokenizer.model_max_length = getattr(model.config, "max_position_embeddings", tokenizer.model_max_length)
@@ -88,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
     texts = calibration_texts(task)
     config = ScoreConfig(length=args.calibration_length, sink=args.sink, window=args.window, seed=args.seed)
     policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
-                               texts=texts, config=config)
+                               texts=texts, config=config, gates=gates)
     check = {}
     if args.eval_keys > 0:
         prompts = passkey_prompts(tokenizer, args.eval_length, [0.0, 0.25, 0.5, 0.75, 1.0], args.eval_keys,
@@ -113,6 +143,7 @@ def run(args: argparse.Namespace) -> int:
     }
     summary = {"verdict": verdict, "model": args.model, "kv_budget": args.kv_budget, "context": args.context,
                "kv_fraction": fraction, "sink": args.sink, "window": args.window, "ranking": args.ranking,
+               "scores": args.scores, "gates": None if gates is None else vars(gates),
                "full_heads": [list(p) for p in policy.full_heads()], "calibration": scores.counts,
                "passkey_check": check, "perplexity": ppl}
     with atomic_dir(args.out, overwrite=args.force) as tmp:

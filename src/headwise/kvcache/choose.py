@@ -9,10 +9,12 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from ..sites import find_sites
 from .config import FULL, KVPolicy, latent_layers, model_shape, streaming
+from .learn import KVGateConfig, learn_kv_gates
 from .scores import HeadScores, ScoreConfig, head_scores
 
-RANKINGS = ("combined", "retrieval", "copy", "induction", "echo", "outside", "random")
+RANKINGS = ("combined", "retrieval", "copy", "induction", "echo", "outside", "learned", "random")
 
 
 def full_heads_for_budget(num_heads: int, kv_budget: float, context: int, sink: int, window: int) -> int:
@@ -33,7 +35,8 @@ def full_heads_for_budget(num_heads: int, kv_budget: float, context: int, sink: 
 
 def rank_kv_heads(scores: HeadScores, by: str = "combined", seed: int = 0) -> list[tuple[int, int]]:
     """``(layer, kv_head)`` from most to least needing the full cache. ``combined``: the sum of every score
-    divided by its largest value; ``random``: a seeded shuffle (a baseline)."""
+    divided by its largest value (training-free scores only); ``learned``: the gates of ``learn_kv_gates``;
+    ``random``: a seeded shuffle (a baseline)."""
     if by not in RANKINGS:
         raise HeadwiseError(f"unknown ranking {by!r}; use one of {', '.join(RANKINGS)}")
     layers, heads = len(scores.kv_heads), scores.kv_heads[0]
@@ -42,9 +45,14 @@ def rank_kv_heads(scores: HeadScores, by: str = "combined", seed: int = 0) -> li
         random.Random(seed).shuffle(pairs)
         return pairs
     if by == "combined":
-        value = sum(s / s.max().clamp(min=1e-12) for s in (scores.kv(n) for n in scores.scores))
+        free = [n for n in scores.scores if n != "learned"]
+        if not free:
+            raise HeadwiseError("ranking by 'combined' needs the training-free scores (head_scores); these scores "
+                                "hold only 'learned': rank by 'learned'")
+        value = sum(s / s.max().clamp(min=1e-12) for s in (scores.kv(n) for n in free))
     elif by not in scores.scores:
-        raise HeadwiseError(f"ranking by {by!r} needs that score; it was not computed (outside needs texts)")
+        raise HeadwiseError(f"ranking by {by!r} needs that score; it was not computed (outside needs texts; "
+                            "learned needs learn_kv_gates)")
     else:
         value = scores.kv(by)
     order = torch.argsort(value.flatten(), descending=True, stable=True).tolist()
@@ -54,9 +62,13 @@ def rank_kv_heads(scores: HeadScores, by: str = "combined", seed: int = 0) -> li
 def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context: int = 2048, sink: int = 4,
               window: int = 124, ranking: str = "combined", texts: list[str] | None = None,
               config: ScoreConfig | None = None, scores: HeadScores | None = None,
-              progress: bool = True) -> tuple[KVPolicy, HeadScores]:
+              progress: bool = True, gates: KVGateConfig | None = None) -> tuple[KVPolicy, HeadScores]:
     """Score the heads (or reuse ``scores``), keep the top-ranked KV heads full and give the others
     ``streaming(sink, window)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
+
+    ``ranking="learned"`` trains a DuoAttention-style gate per KV head instead of the training-free scores
+    (``learn_kv_gates`` with ``gates``, default ``KVGateConfig(sink=sink, window=window)``; its sink and window must
+    be the policy's; ``texts`` serve as its haystack when ``gates.haystack == "text"``).
 
     On a latent-converted model (``convert_latent``: a layer's KV heads share one cached latent) whole layers are
     kept full or streamed, ranked by their best-ranked KV head, as many as fit the budget.
@@ -68,7 +80,14 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
         raise HeadwiseError(f"layers have different KV head counts {shape}; rank heads per layer by hand")
     per_layer = bool(latent_layers(model))
     n_full = full_heads_for_budget(len(shape) if per_layer else sum(shape), kv_budget, context, sink, window)
-    if scores is None and ranking != "random":
+    if scores is None and ranking == "learned":
+        gates = gates or KVGateConfig(sink=sink, window=window)
+        if (gates.sink, gates.window) != (sink, window):
+            raise HeadwiseError(f"the gates learn streaming(sink={gates.sink}, window={gates.window}) but the policy "
+                                f"streams with sink={sink}, window={window}; give both the same sink and window")
+        heads = next(s for s in find_sites(model) if s.kind == "dec-self").num_heads
+        scores = learn_kv_gates(model, tokenizer, gates, texts=texts, progress=progress).scores(heads)
+    elif scores is None and ranking != "random":
         config = config or ScoreConfig(sink=sink, window=window)
         scores = head_scores(model, tokenizer, config, texts=texts if ranking in ("combined", "outside") else None,
                              progress=progress)

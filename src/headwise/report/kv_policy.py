@@ -7,7 +7,8 @@ from .builder import Report
 
 SCORES = {"retrieval": "mass on the passkey while predicting it", "copy": "arg-max on the digit being copied",
           "induction": "mass on the token after the previous occurrence", "echo": "mass on the previous occurrence",
-          "outside": "mass a sink + window cache would drop"}
+          "outside": "mass a sink + window cache would drop",
+          "learned": "gate alpha: 1 full attention, 0 sink + window (DuoAttention-style, trained)"}
 
 
 def add_kv_policy_section(report: Report, summary: dict, scores: dict) -> None:
