@@ -12,6 +12,9 @@ Run one step at a time (each < 8 CPU-minutes on one thread); results accumulate 
   python experiments/kv_policy.py arm full             # then policy, policy-retrieval, random, streaming, ...
   python experiments/kv_policy.py arm policy --length 2048 --keys 1   # stored as "policy@2048"
   python experiments/kv_policy.py arm policy-retrieval --window 252     # fewer full heads, wider windows
+  python experiments/kv_policy.py learn --device cuda --steps 1000 --gate-length 2048   # DuoAttention-style gates
+  python experiments/kv_policy.py arm policy-learned --device cuda     # the heads the gates keep full
+  python experiments/kv_policy.py learn --quick        # smoke run on CPU: 4 steps at 512 tokens ("learned-quick")
   python experiments/kv_policy.py plot                 # docs/kv-policy-{perplexity,passkey}.svg from the JSON
 Perplexity is computed here (token NLL through a PolicyCache prefill, which applies each head's rule to every
 query exactly as decoding does); the shared ``lm`` task was not on main when this was written.
@@ -30,12 +33,12 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from headwise.io import atomic_write_text
-from headwise.kvcache import (KVPolicy, ScoreConfig, apply_kv_policy, full_heads_for_budget, head_scores,
-                              passkey_prompts, policy_cache, rank_kv_heads, streaming)
+from headwise.kvcache import (KVGateConfig, KVPolicy, ScoreConfig, apply_kv_policy, full_heads_for_budget,
+                              head_scores, learn_kv_gates, passkey_prompts, policy_cache, rank_kv_heads, streaming)
 from headwise.kvcache.scores import HeadScores
 from headwise.models import resolve_model
+from headwise.tasks.paths import shared_data
 
-WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2" / "valid.txt"
 RESULTS = Path(__file__).with_name("kv_policy_results.json")
 
 
@@ -80,6 +83,47 @@ def run_scores(args, model, tokenizer, results: dict) -> None:
                          "full_heads": n_full, "seeds": seeds, "jaccard_pairs": stability}
 
 
+def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Rank correlation of two score tables (ties broken by position)."""
+    ra, rb = (torch.argsort(torch.argsort(x.flatten(), stable=True)).double() for x in (a, b))
+    return float(torch.corrcoef(torch.stack([ra, rb]))[0, 1])
+
+
+def run_learn(args, model, tokenizer, results: dict) -> None:
+    """Train one gate per KV head (model frozen), keep the top ``full_heads`` by α; compare with the training-free
+    rankings of calibration seed 0 (Jaccard of the kept heads, Spearman over all 90 KV heads)."""
+    config = KVGateConfig(steps=args.steps, lr=args.gate_lr, l1=args.gate_l1, length=args.gate_length,
+                          sink=args.sink, window=args.window, region=args.gate_region, haystack=args.gate_haystack,
+                          seed=args.seed)
+    texts = wikitext_lines(args.data)[0] if args.gate_haystack == "text" else None
+    start = time.time()
+    learned = learn_kv_gates(model, tokenizer, config, texts=texts)
+    seconds = time.time() - start
+    scores = learned.scores(model.config.num_attention_heads)
+    n_full = (results["scores"]["full_heads"] if "scores" in results
+              else full_heads_for_budget(90, args.budget, args.length, args.sink, args.window))
+    kept = sorted(rank_kv_heads(scores, "learned")[:n_full])
+    row = {"config": learned.to_dict()["config"], "device": str(model.device), "seconds": round(seconds, 1),
+           "alpha": learned.alpha.tolist(), "open_gates": int((learned.alpha > 0).sum()),
+           "full_heads": [list(p) for p in kept],
+           "history": [h for h in learned.history if h["step"] % 10 == 0 or h["step"] == config.steps - 1]}
+    if "scores" in results:
+        seed0 = results["scores"]["seeds"]["0"]
+        stored = HeadScores({k: torch.tensor(v) for k, v in seed0["scores"]["per_query_head"].items()}, [3] * 30)
+        row["jaccard"] = {by: round(jaccard(set(kept), set(map(tuple, seed0["full_heads"][by]))), 3)
+                          for by in ("combined", "retrieval")}
+        combined = torch.zeros(30 * 3)
+        for rank, (layer, head) in enumerate(rank_kv_heads(stored, "combined")):
+            combined[layer * 3 + head] = -rank
+        row["spearman"] = {"combined": round(spearman(learned.alpha, combined), 3),
+                           "retrieval": round(spearman(learned.alpha, stored.kv("retrieval")), 3)}
+    if args.quick:
+        row["note"] = "smoke run (--quick): a handful of steps to prove the pipeline, not a result"
+    results["learned-quick" if args.quick else "learned"] = row
+    print({k: row[k] for k in ("seconds", "device", "open_gates", "jaccard", "spearman") if k in row},
+          "mean alpha", round(learned.alpha.mean().item(), 3))
+
+
 def policies(args, model, results: dict) -> dict[str, KVPolicy]:
     n_full = results["scores"]["full_heads"]
     chosen = {by: set(map(tuple, heads)) for by, heads in results["scores"]["seeds"]["0"]["full_heads"].items()}
@@ -89,6 +133,8 @@ def policies(args, model, results: dict) -> dict[str, KVPolicy]:
         scores = HeadScores({k: torch.tensor(v) for k, v in stored.items() if k != "outside"}, [3] * 30)
         chosen = {by: set(rank_kv_heads(scores, by)[:n_full]) for by in ("retrieval", "copy", "induction")}
     random_heads = set(rank_kv_heads(HeadScores({}, [3] * 30), "random", seed=0)[:n_full])
+    if "learned" in results and results["learned"]["config"]["window"] == args.window:  # the gates' top heads
+        chosen["learned"] = set(map(tuple, results["learned"]["full_heads"]))
     # every head keeps budget·length tokens (the scored policies were sized at the calibration's length)
     stream_window = int(args.budget * args.length) - args.sink
     return {"full": KVPolicy.uniform(model),
@@ -103,7 +149,7 @@ def passkey(model, tokenizer, args) -> dict:
     prompts = passkey_prompts(tokenizer, args.length, [0.0, 0.25, 0.5, 0.75, 1.0], args.keys, seed=1000)
     rows, stored = [], []
     for p in prompts:
-        ids = p.ids[None]
+        ids = p.ids[None].to(model.device)
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(p.answer_ids),
                              do_sample=False, return_dict_in_generate=True, pad_token_id=tokenizer.eos_token_id)
         text = tokenizer.decode(out.sequences[0, ids.shape[1]:])
@@ -123,10 +169,11 @@ def perplexity(model, tokenizer, args) -> dict:
     ids = tokenizer("\n".join(evaluation), add_special_tokens=False, return_tensors="pt")["input_ids"][0]
     nll, count = 0.0, 0
     for c in range(args.chunks):
-        chunk = ids[c * args.length: (c + 1) * args.length][None]
+        chunk = ids[c * args.length: (c + 1) * args.length][None].to(model.device)
         with torch.no_grad():
             logits = model(chunk, past_key_values=policy_cache(model), use_cache=True).logits
-        nll += torch.nn.functional.cross_entropy(logits[0, :-1].float(), chunk[0, 1:], reduction="sum").item()
+        nll += torch.nn.functional.cross_entropy(logits[0, :-1].float(), chunk[0, 1:],
+                                                 reduction="sum").item()
         count += chunk.shape[1] - 1
     return {"chunks": args.chunks, "tokens_per_chunk": args.length, "ppl": math.exp(nll / count)}
 
@@ -141,6 +188,7 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
     row["passkey"] = passkey(model, tokenizer, args)
     row["wikitext2"] = perplexity(model, tokenizer, args)
     row["seconds"] = round(time.time() - start, 1)
+    row["device"] = str(model.device)
     name = args.arm if args.length == results["scores"]["length"] else f"{args.arm}@{args.length}"
     name += "" if args.window == results["scores"]["window"] else f"@w{args.window}"
     results.setdefault("arms", {})[name] = row
@@ -149,7 +197,7 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
 
 ARM_LABELS = {"full": "full cache", "policy": "headwise policy (combined)",
               "policy-retrieval": "headwise policy (retrieval)", "policy-retrieval@w252": "retrieval, window 252",
-              "policy-outside": "headwise policy (outside)", "streaming": "StreamingLLM", "random": "random heads"}
+              "policy-outside": "headwise policy (outside)", "policy-learned": "headwise policy (learned gates)", "streaming": "StreamingLLM", "random": "random heads"}
 
 
 def plot(results: dict) -> tuple[str, str]:
@@ -169,19 +217,32 @@ def plot(results: dict) -> tuple[str, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["scores", "arm", "plot"])
+    parser.add_argument("step", choices=["scores", "learn", "arm", "plot"])
     parser.add_argument("arm", nargs="?",
                         choices=["full", "policy", "policy-retrieval", "policy-outside", "policy-copy",
-                                 "policy-induction", "random", "streaming"])
+                                 "policy-induction", "policy-learned", "random", "streaming"])
     parser.add_argument("--budget", type=float, default=0.5)
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--sink", type=int, default=4)
     parser.add_argument("--window", type=int, default=124)
     parser.add_argument("--keys", type=int, default=3, help="passkeys per depth (5 depths)")
     parser.add_argument("--chunks", type=int, default=3, help="WikiText-2 chunks of --length tokens")
-    parser.add_argument("--data", type=Path, default=WIKITEXT)
+    parser.add_argument("--data", type=Path, default=None, help="default: shared/data/wikitext-2/valid.txt")
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    parser.add_argument("--steps", type=int, default=1000, help="learn: gate training steps, one prompt each")
+    parser.add_argument("--gate-length", type=int, default=2048, help="learn: tokens per training prompt")
+    parser.add_argument("--gate-lr", type=float, default=0.02)
+    parser.add_argument("--gate-l1", type=float, default=0.05, help="learn: weight of mean(alpha)")
+    parser.add_argument("--gate-region", default="answer", choices=["answer", "all"])
+    parser.add_argument("--gate-haystack", default="filler", choices=["filler", "text"])
+    parser.add_argument("--seed", type=int, default=0, help="learn: seed of the training prompts")
+    parser.add_argument("--quick", action="store_true",
+                        help="learn: 4 steps at 512 tokens (CPU smoke run), stored as 'learned-quick'")
     args = parser.parse_args()
+    if args.quick:
+        args.steps, args.gate_length = min(args.steps, 4), 512
+    args.data = args.data or shared_data("wikitext-2/valid.txt", "--data")
     if args.step == "plot":
         docs = Path(__file__).resolve().parents[1] / "docs"
         for name, figure in zip(("kv-policy-perplexity.svg", "kv-policy-passkey.svg"), plot(load(args.out))):
@@ -191,10 +252,14 @@ def main() -> None:
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="headwise", dtype=torch.float32).eval()
+    model.to(args.device)
     results = load(args.out)
-    results["model"] = "smollm2-135m (SmolLM2-135M-Instruct, 30 layers x 3 KV heads, float32, CPU, 1 thread)"
+    results["model"] = ("smollm2-135m (SmolLM2-135M-Instruct, 30 layers x 3 KV heads, float32; CPU, 1 thread unless "
+                        "a row names another device)")
     if args.step == "scores":
         run_scores(args, model, tokenizer, results)
+    elif args.step == "learn":
+        run_learn(args, model, tokenizer, results)
     else:
         if "scores" not in results:
             parser.error("run the scores step first")

@@ -197,13 +197,16 @@ def test_bad_gate_options_are_refused_and_change_nothing(bad, match):
     assert not kv_gates(model) and all(p.requires_grad for p in model.parameters())
 
 
-def test_gates_refuse_encoders_and_busy_sites():
+def test_gates_refuse_encoders_busy_sites_and_saving(tmp_path):
     with pytest.raises(HeadwiseError, match="decoder-only"):
         add_kv_gates(tiny_model("bert"), SINK, WINDOW)
     model = causal_lm("llama")
     add_kv_gates(model, SINK, WINDOW)
     with pytest.raises(HeadwiseError, match="already runs a mechanism"):
         add_kv_gates(model, SINK, WINDOW)
+    with pytest.raises(HeadwiseError, match="cannot be saved"):  # transient: never written with the model
+        headwise.save_pretrained(model, tmp_path / "gated")
+    assert not (tmp_path / "gated").exists()
     remove_kv_gates(model)
     with pytest.raises(HeadwiseError, match="no KV gates"):
         kv_gate_values(model)
