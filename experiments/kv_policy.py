@@ -197,7 +197,8 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
 
 ARM_LABELS = {"full": "full cache", "policy": "headwise policy (combined)",
               "policy-retrieval": "headwise policy (retrieval)", "policy-retrieval@w252": "retrieval, window 252",
-              "policy-outside": "headwise policy (outside)", "policy-learned": "headwise policy (learned gates)", "streaming": "StreamingLLM", "random": "random heads"}
+              "policy-outside": "headwise policy (outside)", "policy-learned": "headwise policy (learned gates)",
+              "streaming": "StreamingLLM", "random": "random heads"}
 
 
 def plot(results: dict) -> tuple[str, str]:

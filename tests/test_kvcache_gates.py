@@ -228,6 +228,8 @@ def test_kv_policy_command_with_learned_scores(tmp_path, capsys):
     top = torch.argsort(alpha.flatten(), descending=True, stable=True)[:2].tolist()
     assert sorted(summary["full_heads"]) == sorted([list(divmod(i, alpha.shape[1])) for i in top])
     assert "gate alpha" in (tmp_path / "out" / "report.html").read_text()
+    assert main(args + ["--gate-haystack", "text", "--gate-steps", "1", "--force"]) == 0  # haystack: --data text
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["gates"]["haystack"] == "text"
     for extra, match in ((["--gate-steps", "0"], "steps"), (["--ranking", "retrieval"], "drop --ranking"),
                          (["--gate-length", "10"], "gate length")):
         assert main(args[:-1] + [str(tmp_path / "bad")] + extra) == 2

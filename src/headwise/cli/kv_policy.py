@@ -116,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     shape = model_shape(model)
     full_heads_for_budget(sum(shape), args.kv_budget, args.context, args.sink, args.window)  # fail before work
     texts = calibration_texts(task)
+    if gates is not None and gates.haystack == "text":  # the gates' haystack: the whole calibration part
+        texts = [line for line in task.texts("calibration") if line.strip()]
     config = ScoreConfig(length=args.calibration_length, sink=args.sink, window=args.window, seed=args.seed)
     policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
                                texts=texts, config=config, gates=gates)
