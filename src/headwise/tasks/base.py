@@ -5,7 +5,7 @@ A task knows which model head it needs (``head``), reads and checks its data bef
 (``examples``: ``"train"``, ``"eval"`` or ``"calibration"``), what one forward pass yields on a collated batch
 (``outputs``: logits or embeddings, read by the loss and by distillation), a per-example loss ``[B]`` from them
 (``loss_from``; ``loss`` runs both, used by fine-tuning, L0, mixing, recovery and gradient importance) and model
-inputs for calibration (``calibration_inputs``). Batching goes through ``tasks.batching`` for every task.
+inputs for calibration (``calibration_inputs``). Batching goes through ``headwise.batching`` for every task.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..batching import Examples, batches, collate, pad_id_of
 from ..errors import HeadwiseError
-from .batching import Examples, batches, collate, pad_id_of
 
 HEADS = ("base", "causal-lm", "seq2seq", "classification")
 OUTPUT_KINDS = ("logits", "embeddings")
