@@ -6,6 +6,7 @@ windows), evaluation on the first 4,096 tokens of the last 10% of the lines in 1
 baseline used the first 4,096 tokens of the whole file, which lie inside the calibration part; we do not).
 
     python experiments/kv_conversion.py --out experiments/kv_conversion.json [--arms original,gqa-mean,...]
+        [--data FILE] [--device cuda]
     python experiments/kv_conversion.py --plot     # docs/kv-conversion.svg from the JSON
 
 Input moments are computed once and cached (``--moments-cache``). Arms ending in ``+uptrain`` train every weight
@@ -23,12 +24,12 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+import common
 from headwise.conversion import convert_gqa, convert_latent, input_moments, kv_cache_bytes
 from headwise.conversion.checks import convertible_sites
-from headwise.io.files import atomic_write_text
 from headwise.models import resolve_model
 
-DATA = Path("/work/shared/data/wikitext-2/valid.txt")
+RESULTS = common.EXPERIMENTS / "kv_conversion.json"
 WINDOW = 1024
 ARMS = {
     "original": None,
@@ -44,9 +45,9 @@ ARMS = {
 }
 
 
-def split_tokens(tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids of the first 90% of the lines (calibration) and of the last 10% (evaluation)."""
-    lines = DATA.read_text(encoding="utf-8").splitlines(keepends=True)
+def split_tokens(tokenizer, data: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of the first 90% of the lines of ``data`` (calibration) and of the last 10% (evaluation)."""
+    lines = data.read_text(encoding="utf-8").splitlines(keepends=True)
     cut = int(len(lines) * 0.9)
     encode = lambda part: torch.tensor(tokenizer("".join(part))["input_ids"])  # noqa: E731
     return encode(lines[:cut]), encode(lines[cut:])
@@ -63,17 +64,19 @@ def perplexity(model, batches: list[torch.Tensor]) -> float:
     """exp of the mean next-token loss over every predicted token of every window."""
     total, count = 0.0, 0
     for ids in batches:
+        ids = ids.to(model.device)
         logits = model(input_ids=ids).logits[:, :-1].float()
         total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="sum"))
         count += ids.shape[1] - 1
     return math.exp(total / count)
 
 
-def moments_of(path: str, calibration: list[torch.Tensor], cache: Path) -> dict[str, torch.Tensor]:
+def moments_of(path: str, calibration: list[torch.Tensor], cache: Path,
+               device: str = "cpu") -> dict[str, torch.Tensor]:
     """Input moments of the original model's decoder sites (computed once, then read from ``cache``)."""
     if cache.is_file():
         return torch.load(cache)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(device).eval()
     moments = input_moments(model, convertible_sites(model, "experiment"), calibration, progress=True)
     torch.save(moments, cache)
     return moments
@@ -88,7 +91,7 @@ def uptrain(model, ids: torch.Tensor, window: int, lr: float) -> dict:
     data = [{"input_ids": w[0], "labels": w[0]} for w in windows(ids, len(ids), window)]
     args = TrainingArguments(output_dir="/tmp/headwise-kv-uptrain", per_device_train_batch_size=1, learning_rate=lr,
                              num_train_epochs=1, lr_scheduler_type="constant", logging_steps=1, save_strategy="no",
-                             report_to=[], use_cpu=True, seed=0)
+                             report_to=[], use_cpu=model.device.type == "cpu", seed=0)
     model.train()
     wall, cpu = time.time(), time.process_time()
     result = HeadwiseTrainer(model=model, args=args, train_dataset=data).train()
@@ -140,32 +143,35 @@ def main() -> None:
     parser.add_argument("--uptrain-window", type=int, default=256)
     parser.add_argument("--uptrain-lr", type=float, default=1e-4)
     parser.add_argument("--moments-cache", default="/tmp/headwise-kv-moments.pt")
-    parser.add_argument("--out", default="experiments/kv_conversion.json")
+    parser.add_argument("--out", default=str(RESULTS))
+    common.add_data(parser, common.WIKITEXT, "WikiText-2 valid.txt (first 90% of lines calibrate, last 10% evaluate)")
+    common.add_device(parser)
     parser.add_argument("--table", action="store_true", help="print the results in --out as a markdown table")
     parser.add_argument("--plot", action="store_true", help="write docs/kv-conversion.svg from the results in --out")
     args = parser.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.out).read_text())))
+        print(table(common.load_results(args.out)))
         return
     if args.plot:
-        atomic_write_text(Path(__file__).resolve().parents[1] / "docs" / "kv-conversion.svg",
-                          plot(json.loads(Path(args.out).read_text())))
+        common.write_doc("kv-conversion.svg", plot(common.load_results(args.out)))
         return
     torch.manual_seed(0)
+    data = common.data_file(args.data, common.WIKITEXT)
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    calib_ids, eval_ids = split_tokens(tokenizer)
+    calib_ids, eval_ids = split_tokens(tokenizer, data)
     calibration, evaluation = windows(calib_ids, args.calib_tokens), windows(eval_ids, args.eval_tokens)
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.is_file() else {}
-    results["setup"] = {"model": "smollm2-135m", "data": str(DATA), "window": WINDOW,
+    results = common.load_results(out)
+    results["setup"] = {"model": "smollm2-135m", "data": str(data), "window": WINDOW,
                         "calibration_tokens": sum(b.numel() for b in calibration),
                         "evaluation_tokens": sum(b.numel() for b in evaluation),
                         "split": "calibration: first 90% of lines; evaluation: first tokens of the last 10%"}
     for name in args.arms.split(","):
         arm = ARMS[name]
-        moments = moments_of(path, calibration, Path(args.moments_cache)) if arm and arm["init"] == "calibrated" else None
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        moments = moments_of(path, calibration, Path(args.moments_cache), args.device) \
+            if arm and arm["init"] == "calibrated" else None
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(args.device).eval()
         start = time.time()
         if arm and arm["kind"] == "gqa":
             convert_gqa(model, kv_heads=1, grouping=arm.get("grouping", "contiguous"), init=arm["init"], moments=moments)
@@ -181,7 +187,7 @@ def main() -> None:
         results[name] = {"perplexity": ppl, "kv_bytes_per_token_fp16": kv_cache_bytes(model, 2),
                          "fit_seconds_without_calibration": round(fit_s, 1), **(arm or {}), **extra}
         print(name, json.dumps(results[name]), flush=True)
-        atomic_write_text(out, json.dumps(results, indent=1))
+        common.save_results(out, results)
 
 
 if __name__ == "__main__":

@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
+import common
 from headwise.conversion.checks import convertible_sites
 from headwise.conversion.merge import energy, merge_group
 from headwise.conversion.rotary import to_complex
 from headwise.conversion.weights import SiteWeights
-from headwise.io.files import atomic_write_text
 from headwise.models import resolve_model
 
 
@@ -50,7 +49,7 @@ def errors(w: SiteWeights, sigma: torch.Tensor, init: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--moments", default="/tmp/headwise-kv-moments.pt")
-    parser.add_argument("--out", default="experiments/kv_conversion_errors.json")
+    parser.add_argument("--out", default=str(common.EXPERIMENTS / "kv_conversion_errors.json"))
     args = parser.parse_args()
     model = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m"), dtype=torch.float32)
     moments = torch.load(args.moments)
@@ -59,7 +58,7 @@ def main() -> None:
         w = SiteWeights.of(site)
         rows[site.name] = {init: errors(w, moments[site.path], init) for init in ("mean", "svd", "calibrated")}
         print(site.name, json.dumps(rows[site.name]), flush=True)
-    atomic_write_text(Path(args.out), json.dumps(rows, indent=1))
+    common.save_results(args.out, rows)
 
 
 if __name__ == "__main__":

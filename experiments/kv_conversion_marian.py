@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
+import common
 from headwise.conversion import convert_gqa, convert_latent, input_moments, kv_cache_bytes
 from headwise.conversion.checks import convertible_sites
-from headwise.io.files import atomic_write_text
 from headwise.models import load_model
 from headwise.tasks import get_task
 
-RESULTS = Path(__file__).with_name("kv_conversion_marian.json")
+RESULTS = common.EXPERIMENTS / "kv_conversion_marian.json"
 MODEL = "multi30k-marian-de-en"
 ARMS: dict[str, dict | None] = {
     "original": None,
@@ -94,17 +94,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--plot", action="store_true", help="write docs/kv-conversion-marian.svg from --out")
+    common.add_data(parser, "multi30k", "the Multi30k folder (the translation task's --data-dir)")
+    common.add_device(parser)
     args = parser.parse_args()
-    results = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    results = common.load_results(args.out)
     if args.table:
         print(table(results))
         return
     if args.plot:
-        atomic_write_text(Path(__file__).resolve().parents[1] / "docs" / "kv-conversion-marian.svg", plot(results))
+        common.write_doc("kv-conversion-marian.svg", plot(results))
         return
     torch.manual_seed(0)
-    task = get_task("translation", limit=args.limit)
-    model, tokenizer = load_model(MODEL, task=task)
+    task = get_task("translation", limit=args.limit, data_dir=None if args.data is None else str(args.data))
+    model, tokenizer = load_model(MODEL, task=task, device=args.device)
     calibration = task.calibration_inputs(tokenizer, limit=args.calib_pairs)
     moments = input_moments(model, convertible_sites(model, "experiment"), calibration, progress=True)
     results["setup"] = {"model": MODEL, "evaluation": f"test_2016_flickr, greedy, {args.limit or 1000} sentences",
@@ -112,7 +114,7 @@ def main() -> None:
                                                                           "lr": args.lr, "data": "train split"}}
     for name in args.arms.split(","):
         arm = ARMS[name]
-        model, _ = load_model(MODEL, task=task)
+        model, _ = load_model(MODEL, task=task, device=args.device)
         start = time.time()
         if arm:
             convert(model, arm, moments)
@@ -127,7 +129,7 @@ def main() -> None:
                                 "bleu": task.evaluate(model, tokenizer)["bleu"]}
         results.setdefault("arms", {}).setdefault(name, {}).update(row)  # a one-shot run keeps an earlier uptraining
         print(name, json.dumps(row), flush=True)
-        atomic_write_text(args.out, json.dumps(results, indent=1))
+        common.save_results(args.out, results)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ latent; transformers' cache still holds decoded keys/values) times the share of 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
@@ -33,23 +32,23 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).parent))
+import common  # noqa: E402
 import kv_conversion  # noqa: E402
 import kv_policy as policy_experiment  # noqa: E402
 
 import headwise  # noqa: E402
 from headwise.conversion import convert_gqa, convert_latent, kv_cache_bytes  # noqa: E402
-from headwise.io.files import atomic_write_text  # noqa: E402
 from headwise.kvcache import KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, streaming  # noqa: E402
 from headwise.models import resolve_model  # noqa: E402
 
-RESULTS = Path(__file__).with_name("kv_stacking.json")
+RESULTS = common.EXPERIMENTS / "kv_stacking.json"
 SINK, WINDOW, LENGTH, BUDGET = 4, 124, 1024, 0.5
 
 
-def build(kind: str, models: Path, tokens: int) -> dict:
+def build(kind: str, models: Path, tokens: int, data: Path) -> dict:
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)
-    calib_ids, _ = kv_conversion.split_tokens(tokenizer)
+    calib_ids, _ = kv_conversion.split_tokens(tokenizer, data)
     moments = kv_conversion.moments_of(path, kv_conversion.windows(calib_ids, 16384), Path("/tmp/headwise-kv-moments.pt"))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     start = time.time()
@@ -152,23 +151,24 @@ def main() -> None:
     parser.add_argument("step", choices=["build", "arms", "plot", "table"])
     parser.add_argument("kind", nargs="?", choices=["original", "gqa", "latent"])
     parser.add_argument("--models", type=Path, default=Path("/tmp/headwise-kv-stacking"))
-    parser.add_argument("--data", type=Path, default=policy_experiment.WIKITEXT)
+    common.add_data(parser, common.WIKITEXT, "WikiText-2 valid.txt")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--uptrain-tokens", type=int, default=2048)
     args = parser.parse_args()
     torch.manual_seed(0)
-    results = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    results = common.load_results(args.out)
     if args.step == "table":
         print(table(results))
         return
     if args.step == "plot":
-        atomic_write_text(Path(__file__).parents[1] / "docs" / "kv-stacking.svg", plot(results))
+        common.write_doc("kv-stacking.svg", plot(results))
         return
+    data = common.data_file(args.data, common.WIKITEXT)
     if args.step == "build":
-        results.setdefault("builds", {})[args.kind] = build(args.kind, args.models, args.uptrain_tokens)
+        results.setdefault("builds", {})[args.kind] = build(args.kind, args.models, args.uptrain_tokens, data)
     else:
-        results.setdefault("arms", {})[args.kind] = arms(args.kind, args.models, args.data)
-    atomic_write_text(args.out, json.dumps(results, indent=1))
+        results.setdefault("arms", {})[args.kind] = arms(args.kind, args.models, data)
+    common.save_results(args.out, results)
 
 
 if __name__ == "__main__":

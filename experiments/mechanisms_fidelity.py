@@ -10,12 +10,12 @@ reported next to softmax's (``--perplexity N``: on the first N sequences). Write
 docs/mechanisms.md).
 
     python experiments/mechanisms_fidelity.py [--tokens 256] [--sequences 2] [--no-causal] [--perplexity SEQUENCES]
+        [--data valid.txt] [--device cuda]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -23,15 +23,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from headwise.io import atomic_write_text
+import common
 from headwise.mechanisms import apply, build_core, mechanisms_of, remove
 from headwise.mechanisms.dropin import key_keep
 from headwise.models import load_model
 from headwise.sites import find_sites
 
-ROOT = Path(__file__).resolve().parents[1]
-TEXT = Path("/work/shared/data/wikitext-2/valid.txt")
-OUT = ROOT / "experiments" / "mechanisms_fidelity.json"
+OUT = common.EXPERIMENTS / "mechanisms_fidelity.json"
 
 BIDIRECTIONAL = [  # (label, mechanism, args), sizes well below the 256-token inputs so that all approximate
     ("local w=32", "local", {"window": 32}),
@@ -74,12 +72,12 @@ CAUSAL = [
 ]
 
 
-def texts(tokenizer, sequences: int, tokens: int) -> dict[str, torch.Tensor]:
+def texts(tokenizer, text: Path, sequences: int, tokens: int, device: str = "cpu") -> dict[str, torch.Tensor]:
     """``sequences`` windows of ``tokens`` tokens of WikiText-2 validation text (the first lines, in order)."""
-    words = " ".join(line.strip() for line in TEXT.read_text().splitlines() if line.strip() and not
+    words = " ".join(line.strip() for line in text.read_text().splitlines() if line.strip() and not
                      line.strip().startswith("="))
     ids = tokenizer(words[: 40 * tokens * sequences], add_special_tokens=False)["input_ids"]
-    batch = torch.tensor(ids[: sequences * tokens]).view(sequences, tokens)
+    batch = torch.tensor(ids[: sequences * tokens]).view(sequences, tokens).to(device)
     return {"input_ids": batch, "attention_mask": torch.ones_like(batch)}
 
 
@@ -116,9 +114,9 @@ def relative_error(name: str, args: dict, site: dict) -> float:
     return ((out - ref)[real].norm() / ref[real].norm()).item()
 
 
-def evaluate(model_name: str, configs: list, sequences: int, tokens: int) -> dict:
-    model, tokenizer = load_model(model_name)
-    inputs = texts(tokenizer, sequences, tokens)
+def evaluate(model_name: str, configs: list, text: Path, sequences: int, tokens: int, device: str = "cpu") -> dict:
+    model, tokenizer = load_model(model_name, device=device)
+    inputs = texts(tokenizer, text, sequences, tokens, device)
     n_layers = len(find_sites(model))
     layers = sorted({0, n_layers // 2, n_layers - 1})
     sites = capture(model, inputs, layers)
@@ -132,15 +130,16 @@ def evaluate(model_name: str, configs: list, sequences: int, tokens: int) -> dic
 
 
 @torch.no_grad()
-def perplexities(configs: list, sequences: int, tokens: int) -> dict:
+def perplexities(configs: list, text: Path, sequences: int, tokens: int, device: str = "cpu") -> dict:
     """Zero-shot perplexity of SmolLM2 with each causal mechanism at every site (softmax first)."""
     from transformers import AutoModelForCausalLM
 
     from headwise.models import load_tokenizer, resolve_model
     from headwise.runtime.attention import NAME
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m"), attn_implementation=NAME).eval()
-    inputs = texts(load_tokenizer("smollm2-135m"), sequences, tokens)
+    model = AutoModelForCausalLM.from_pretrained(resolve_model("smollm2-135m"), attn_implementation=NAME)
+    model = model.to(device).eval()
+    inputs = texts(load_tokenizer("smollm2-135m"), text, sequences, tokens, device)
     out = {}
     for label, name, args in tqdm([("softmax", "softmax", {})] + configs, desc="perplexity", unit="mechanism"):
         torch.manual_seed(0)
@@ -173,16 +172,22 @@ def main() -> None:
     parser.add_argument("--no-causal", action="store_true", help="skip SmolLM2 (the causal model)")
     parser.add_argument("--perplexity", type=int, default=0, metavar="SEQUENCES",
                         help="also SmolLM2's perplexity with each mechanism, on this many sequences (0: skip)")
+    common.add_data(parser, common.WIKITEXT, "WikiText-2 valid.txt")
+    common.add_device(parser)
+    parser.add_argument("--out", type=Path, default=OUT, help="the results JSON (replaced)")
     args = parser.parse_args()
+    text = common.data_file(args.data, common.WIKITEXT)
     torch.set_grad_enabled(False)
     start = time.time()
-    runs = [evaluate("minilm", BIDIRECTIONAL, args.sequences, args.tokens)]
+    runs = [evaluate("minilm", BIDIRECTIONAL, text, args.sequences, args.tokens, args.device)]
     if not args.no_causal:
-        runs.append(evaluate("smollm2-135m", CAUSAL, args.sequences, args.tokens))
-    ppl = perplexities(CAUSAL, args.perplexity, args.tokens) if args.perplexity and not args.no_causal else None
-    payload = {"script": "experiments/mechanisms_fidelity.py", "args": vars(args), "torch": torch.__version__,
+        runs.append(evaluate("smollm2-135m", CAUSAL, text, args.sequences, args.tokens, args.device))
+    ppl = perplexities(CAUSAL, text, args.perplexity, args.tokens, args.device) \
+        if args.perplexity and not args.no_causal else None
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    payload = {"script": "experiments/mechanisms_fidelity.py", "args": settings, "torch": torch.__version__,
                "seconds": round(time.time() - start, 1), "runs": runs, "perplexity": ppl}
-    atomic_write_text(OUT, json.dumps(payload, indent=1) + "\n")
+    common.save_results(args.out, payload)
     print(table(runs))
     if ppl:
         print("| mechanism in all SmolLM2 sites | perplexity |\n|---|---|")

@@ -19,18 +19,17 @@ Results accumulate in ``--out`` (a row's zero-shot value is kept when it is late
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import torch
 
-from headwise.io import atomic_write_text
+import common
 from headwise.mechanisms import apply
 from headwise.models import load_model
 from headwise.tasks import get_task
 
-OUT = Path(__file__).with_name("mechanisms_lm.json")
+OUT = common.EXPERIMENTS / "mechanisms_lm.json"
 ROWS = {  # label -> (mechanism or None for the unchanged model, args)
     "softmax": (None, {}),
     "local w=32": ("local", {"window": 32}),
@@ -48,8 +47,9 @@ ROWS = {  # label -> (mechanism or None for the unchanged model, args)
 def run_row(label: str, row: dict, args: argparse.Namespace) -> dict:
     """Zero-shot perplexity (unless ``row`` has it), then, with ``--steps``, the fine-tuned one."""
     torch.manual_seed(0)
-    task = get_task("lm", max_length=args.max_length, max_tokens=args.eval_tokens)
-    model, tokenizer = load_model("smollm2-135m", task=task)
+    task = get_task("lm", max_length=args.max_length, max_tokens=args.eval_tokens,
+                    data=None if args.data is None else str(args.data))
+    model, tokenizer = load_model("smollm2-135m", task=task, device=args.device)
     name, mech_args = ROWS[label]
     if name is not None:
         apply(model, name, **mech_args)
@@ -93,12 +93,14 @@ def main() -> None:
     parser.add_argument("--all", action="store_true", help="run every row")
     parser.add_argument("--list", action="store_true")
     parser.add_argument("--force", action="store_true", help="re-run rows already in --out")
+    common.add_data(parser, common.WIKITEXT, "the lm task's text file")
+    common.add_device(parser)
     args = parser.parse_args()
     if args.list:
         print("\n".join(ROWS))
         return
     args.rows = list(ROWS) if args.all else args.rows
-    results = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results = common.load_results(args.out)
     setup = {k: getattr(args, k) for k in ("batch_size", "lr", "max_length", "eval_tokens")}
     if args.rows and results.get("setup", setup) != setup:
         parser.error(f"{args.out} was measured with {results['setup']}; use the same settings or another --out")
@@ -114,10 +116,11 @@ def main() -> None:
             continue
         row.pop("finetuned", None)
         row = run_row(label, row, args)
-        if args.out.exists():  # rows another invocation finished meanwhile are kept
-            rows.update({k: v for k, v in json.loads(args.out.read_text())["rows"].items() if k not in args.rows})
+        # rows another invocation finished meanwhile are kept
+        rows.update({k: v for k, v in common.load_results(args.out, {"rows": {}})["rows"].items()
+                     if k not in args.rows})
         rows[label] = row
-        atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
+        common.save_results(args.out, results)
     print(table(results))
 
 

@@ -32,13 +32,13 @@ import statistics
 import time
 from pathlib import Path
 
+import common
 import headwise
-from headwise.io import atomic_write_text
 from headwise.tasks import Stsb
 from headwise.tasks.recipes import importance_prune, l0_prune
 from headwise.training import finetune_stsb
 
-RESULTS = Path(__file__).parent / "results" / "minilm_36_heads_recovery.json"
+RESULTS = common.RESULTS / "minilm_36_heads_recovery.json"
 KEEP = 36
 
 
@@ -58,11 +58,15 @@ def cached(path: Path, build, device: str = "cpu"):
 
 
 def record(entry: dict, results: Path = RESULTS) -> None:
-    data = json.loads(results.read_text()) if results.is_file() else {"runs": []}
+    """Append ``entry`` to the results (replacing a run with the same settings) and refresh the summary."""
     key = ("name", "seed", "alpha", "temperature", "distance", "teacher_model", "max_steps")
-    data["runs"] = [r for r in data["runs"] if tuple(r.get(k) for k in key) != tuple(entry[k] for k in key)]
-    data["runs"].append(entry)
-    atomic_write_text(results, json.dumps(summarize(data), indent=1) + "\n")
+
+    def update(data: dict) -> None:
+        data["runs"] = [r for r in data["runs"] if tuple(r.get(k) for k in key) != tuple(entry[k] for k in key)]
+        data["runs"].append(entry)
+        summarize(data)
+
+    common.merge_results(results, update, default={"runs": []})
 
 
 def summarize(data: dict) -> dict:
@@ -104,7 +108,7 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=-1, help="cut every recovery to N steps")
     parser.add_argument("--out", default="/tmp/headwise-minilm-recovery", help="cache of the teacher and L0 models")
     parser.add_argument("--model", default=None, help="the packaged all-MiniLM-L6-v2 unless a folder is given")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (training follows the model's device)")
+    common.add_device(parser)
     parser.add_argument("--results", default=str(RESULTS), help="the results JSON (appended to)")
     args = parser.parse_args()
     out, task = Path(args.out), Stsb()

@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import time
 from pathlib import Path
 
+import common
 import headwise
 from headwise.collaborative import CollaborativeConfig, compress, input_moments
-from headwise.io import atomic_write_text
 from headwise.sites import select_sites
 from headwise.tasks import get_task
 
-OUT = Path(__file__).parent / "results" / "mt_collaborative.json"
+OUT = common.RESULTS / "mt_collaborative.json"
 
 
 def main() -> None:
@@ -32,14 +31,15 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=500, help="first N test pairs scored (all: 1000)")
     p.add_argument("--calibration", type=int, default=256, help="val pairs for the score objective")
     p.add_argument("--out", default=str(OUT))
+    common.add_device(p)
     args = p.parse_args()
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.is_file() else {"runs": {}}
+    results = common.load_results(out, {"runs": {}})
     results["setup"] = {"model": "multi30k-marian-de-en", "eval": f"greedy sacreBLEU, test_2016_flickr (first "
                         f"{args.limit} pairs)", "objective": f"attention-score error on {args.calibration} "
                         "teacher-forced val pairs (ALS, 20 sweeps, block init)", "exact_dk": 256}
     task = get_task("translation", limit=args.limit)
-    model, tok = headwise.load_model("multi30k-marian-de-en", task=task)
+    model, tok = headwise.load_model("multi30k-marian-de-en", task=task, device=args.device)
     calibration = task.calibration_inputs(tok, limit=args.calibration, batch_size=32)
     for kind in args.kinds.split(","):
         moments = None
@@ -59,7 +59,7 @@ def main() -> None:
                                     "score_error": [round(s.score_error, 4) for s in result.sites],
                                     "qk_params_before": result.params_before, "qk_params_after": result.params_after,
                                     "seconds": round(time.time() - start, 1)}
-            atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+            common.save_results(out, results)
             print(key, results["runs"][key], flush=True)
 
 

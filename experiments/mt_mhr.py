@@ -22,9 +22,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from headwise.io import atomic_write_text
+import common
 
-OUT = Path(__file__).parent / "results" / "mt_mhr.json"
+OUT = common.RESULTS / "mt_mhr.json"
 KINDS = ("enc-self", "dec-self", "dec-enc")
 
 
@@ -52,16 +52,18 @@ def main() -> None:
     p.add_argument("--gamma", type=float, default=0.1, help="nuclear-norm coefficient of the mix arm")
     p.add_argument("--limit", type=int, default=None, help="first N test pairs scored (default: all 1,000)")
     p.add_argument("--out", default=str(OUT))
+    common.add_device(p)
     args = p.parse_args()
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.is_file() else {"arms": {}}
+    results = common.load_results(out, {"arms": {}})
     for arm in args.arms.split(","):
         if arm in results["arms"]:
             print(f"{arm}: cached")
             continue
         command = [sys.executable, "-m", "headwise.cli", "mix", "--task", "translation", "--model",
                    "multi30k-marian-de-en", "--split", "test_2016_flickr", *arm_args(arm, args.epochs, args.gamma),
-                   *(["--limit", str(args.limit)] if args.limit else []), "--json",
+                   *(["--limit", str(args.limit)] if args.limit else []),
+                   *(["--device", args.device] if args.device != "cpu" else []), "--json",
                    "--out", tempfile.mkdtemp(prefix="mt-mhr-"), "--force"]
         run = subprocess.run(command, capture_output=True, text=True, env=os.environ)
         if run.returncode:
@@ -69,7 +71,7 @@ def main() -> None:
         result = json.loads(run.stdout.strip().splitlines()[-1])
         result["command"] = "headwise " + " ".join(f"'{a}'" if " " in a else a for a in command[3:-3])
         results["arms"][arm] = result
-        atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+        common.save_results(out, results)
         print(arm, result["metric_before"], result["metric_after_swaps"], result["metric_after"], flush=True)
 
 

@@ -22,10 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from headwise.io import atomic_write_text
+import common
 from headwise.quantization.functional import METHODS
 
-OUT = Path(__file__).parent / "results" / "mt_spiqa.json"
+OUT = common.RESULTS / "mt_spiqa.json"
 CHUNKS = {
     "thresholds": ["--methods", "none", "--thresholds", "1e-4,1e-3,3e-3,0.01,0.02,0.03,0.05,0.1,0.2"],
     "linear": ["--methods", ",".join(m for m in METHODS if m.startswith("linear")), "--bits", "2..4",
@@ -40,15 +40,17 @@ def main() -> None:
     p.add_argument("--chunk", choices=sorted(CHUNKS), required=True)
     p.add_argument("--limit", type=int, default=200, help="first N pairs of test_2016_flickr scored")
     p.add_argument("--out", default=str(OUT))
+    common.add_device(p)
     args = p.parse_args()
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.is_file() else {"chunks": {}}
+    results = common.load_results(out, {"chunks": {}})
     if args.chunk in results["chunks"]:
         print(f"{args.chunk}: cached")
         return
     command = [sys.executable, "-m", "headwise.cli", "quantize", "--task", "translation", "--model",
                "multi30k-marian-de-en", "--split", "test_2016_flickr", "--limit", str(args.limit), *CHUNKS[args.chunk],
-               "--json", "--out", tempfile.mkdtemp(prefix="mt-spiqa-"), "--force"]
+               *(["--device", args.device] if args.device != "cpu" else []), "--json",
+               "--out", tempfile.mkdtemp(prefix="mt-spiqa-"), "--force"]
     run = subprocess.run(command, capture_output=True, text=True, env=os.environ)
     if run.returncode:
         raise SystemExit(run.stderr[-2000:])
@@ -59,7 +61,7 @@ def main() -> None:
                                      "rows": [{k: r[k] for k in ("label", "method", "bits", "threshold", "metric",
                                                                  "drop", "within", "sparsity", "distinct")}
                                               for r in result["rows"]], "summary": result["summary"]}
-    atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+    common.save_results(out, results)
     for r in results["chunks"][args.chunk]["rows"]:
         print(f"{r['label']:40} BLEU {r['metric']:.2f} sparsity {r['sparsity']:.3f}")
 

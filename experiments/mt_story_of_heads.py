@@ -20,19 +20,18 @@ picks a subset, each phase stays under ~8 minutes on one shared CPU thread):
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
+import common
 import headwise
-from headwise.io import atomic_write_text
 from headwise.pruning import L0Config, L0Penalty, add_l0_gates, keep_l0_heads, l0_gates
 from headwise.sites import find_sites
 from headwise.tasks import get_task
 
-OUT = Path(__file__).parent / "results" / "mt_story_of_heads.json"
+OUT = common.RESULTS / "mt_story_of_heads.json"
 MODEL = "multi30k-marian-de-en"
 KINDS = ("enc-self", "dec-self", "dec-enc")
 
@@ -80,10 +79,10 @@ def main() -> None:
     p.add_argument("--analysis-pairs", type=int, default=500, help="val pairs for roles/confidence")
     p.add_argument("--importance-pairs", type=int, default=128, help="train pairs for gradient importance")
     p.add_argument("--out", default=str(OUT))
-    p.add_argument("--device", default="cpu", help="cpu or cuda (training follows the model's device)")
+    common.add_device(p)
     args = p.parse_args()
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.is_file() else {}
+    results = common.load_results(out)
     results.setdefault("setup", {
         "model": MODEL, "eval": f"greedy sacreBLEU, test_2016_flickr (first {args.limit} pairs), max_new_tokens 96",
         "train": f"Multi30k train, batches of {args.batch_size} pairs, AdamW lr {args.learning_rate}, "
@@ -94,9 +93,6 @@ def main() -> None:
     task = get_task("translation", batch_size=args.batch_size, limit=args.limit)
     train = {"max_steps": args.steps, "batch_size": args.batch_size, "learning_rate": args.learning_rate,
              "progress": False}
-
-    def save() -> None:
-        atomic_write_text(out, json.dumps(results, indent=1) + "\n")
 
     def bleu(model, tok) -> float:
         return round(task.evaluate(model, tok, progress=False)["bleu"], 2)
@@ -137,7 +133,7 @@ def main() -> None:
         else:
             raise SystemExit(f"unknown phase {phase!r}")
         results[phase]["seconds"] = round(time.time() - start, 1)
-        save()
+        common.save_results(out, results)
         print(phase, {k: v for k, v in results[phase].items() if k in ("bleu", "kept", "open_after_l0", "seconds")},
               flush=True)
 

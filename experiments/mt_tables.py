@@ -6,16 +6,13 @@ mt_story_of_heads.py, mt_mhr.py, mt_spiqa.py and mt_collaborative.py (missing fi
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import common
 
-RESULTS = Path(__file__).parent / "results"
 KINDS = ("enc-self", "dec-self", "dec-enc")
 
 
 def load(name: str) -> dict | None:
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.is_file() else None
+    return common.load_results(common.RESULTS / name) or None
 
 
 def story(r: dict) -> None:

@@ -18,16 +18,15 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+import common
 import headwise
-from headwise.io import atomic_write_text
 from headwise.planning import Plan
 from headwise.tasks import get_task
 
-OUT = Path(__file__).parent / "results" / "plan_minilm.json"
+OUT = common.RESULTS / "plan_minilm.json"
 
 
 def verdict(plan: Plan, latency: float) -> dict:
@@ -55,17 +54,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9, help="latency repeats per point")
     parser.add_argument("--timing-only", action="store_true", help="re-time the points of the results file")
     parser.add_argument("--out", default=str(OUT))
+    common.add_data(parser, "stsb", "the STS-B folder (the stsb task's data)")
+    common.add_device(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
-    model, tokenizer = headwise.load_model()
+    model, tokenizer = headwise.load_model(device=args.device)
     start = time.time()
     if args.timing_only:
-        data = json.loads(Path(args.out).read_text())
+        data = common.load_results(args.out)
+        if "plan" not in data:
+            raise SystemExit(f"--timing-only re-times the plan in --out, and {args.out} holds none")
         plan = Plan.from_dict(data["plan"])
         plan.retime(model, tokenizer, repeats=args.repeats, progress=True)
         timing = {"retimed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeats": args.repeats}
     else:
-        task = get_task("stsb", split="dev", limit=args.limit)
+        task = get_task("stsb", split="dev", limit=args.limit, data=None if args.data is None else str(args.data))
         plan = headwise.plan(model, tokenizer, task, args.budget, examples=args.examples, top_k=args.top_k,
                              repeats=args.repeats, model_name="all-MiniLM-L6-v2 (packaged)", progress=True)
         data, timing = {}, {"retimed": None, "repeats": args.repeats}
@@ -74,7 +77,7 @@ def main() -> None:
                  "machine_note": "latency measured while other jobs shared the CPU unless 'retimed' says otherwise",
                  "timing": timing, "seconds": round(time.time() - start, 1),
                  "verdict": verdict(plan, budget.latency or 1.0), "plan": plan.to_dict()})
-    atomic_write_text(args.out, json.dumps(data, indent=1))
+    common.save_results(args.out, data)
     print(json.dumps(data["verdict"], indent=1))
 
 

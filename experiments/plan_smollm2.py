@@ -19,16 +19,15 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import torch
 
+import common
 import headwise
-from headwise.io import atomic_write_text
 from headwise.planning import Plan
 from headwise.tasks import get_task
 
-OUT = Path(__file__).parent / "results" / "plan_smollm2.json"
+OUT = common.RESULTS / "plan_smollm2.json"
 AXES = ("attention_params", "kv_bytes")
 
 
@@ -58,12 +57,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timing-only", action="store_true")
     parser.add_argument("--out", default=str(OUT))
+    common.add_data(parser, common.WIKITEXT, "the lm task's text file")
+    common.add_device(parser)
     args = parser.parse_args()
     torch.manual_seed(0)
-    data = json.loads(Path(args.out).read_text()) if args.timing_only else {}
+    data = common.load_results(args.out) if args.timing_only else {}
+    if args.timing_only and "plan" not in data:
+        raise SystemExit(f"--timing-only re-times the plan in --out, and {args.out} holds none")
     plan = Plan.from_dict(data["plan"]) if args.timing_only else None
-    task = plan.make_task() if plan else get_task("lm", max_length=args.max_length, max_tokens=args.max_tokens)
-    model, tokenizer = headwise.load_model("smollm2-135m", task=task)
+    task = plan.make_task() if plan else get_task("lm", max_length=args.max_length, max_tokens=args.max_tokens,
+                                                  data=None if args.data is None else str(args.data))
+    model, tokenizer = headwise.load_model("smollm2-135m", task=task, device=args.device)
     start = time.time()
     if plan is not None:  # the plan's own task: same windows, same calibration
         plan.retime(model, tokenizer, repeats=args.repeats, task=task, progress=True)
@@ -77,7 +81,7 @@ def main() -> None:
                      "machine_note": "latency measured while other jobs shared the CPU unless 'retimed' says so"})
     data.update({"seconds": round(time.time() - start, 1), "fronts": fronts(plan), "recommended": plan.recommended,
                  "plan": plan.to_dict()})
-    atomic_write_text(args.out, json.dumps(data, indent=1))
+    common.save_results(args.out, data)
     print(json.dumps({"recommended": plan.recommended, "fronts": data["fronts"]}, indent=1))
 
 

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 
+import common
 import headwise
-from headwise.io import atomic_write_text
 from headwise.pruning import apply_masks, importance_pruning
 from headwise.sites import find_sites
 from headwise.tasks import LanguageModeling
 
-OUT = Path(__file__).parent / "results" / "smollm2_importance_pruning.json"
+OUT = common.RESULTS / "smollm2_importance_pruning.json"
 ALL_KEEPS = (216, 162, 108)  # the recovery points share one ranking per unit (cached in the temp folder)
 
 
@@ -58,15 +58,16 @@ def main() -> None:
     parser.add_argument("--recovery-steps", type=int, default=50)
     parser.add_argument("--recovery-batch", type=int, default=2)
     parser.add_argument("--recovery-lr", type=float, default=5e-5)
+    common.add_data(parser, common.WIKITEXT, "the lm task's text file")
+    common.add_device(parser)
     args = parser.parse_args()
     if args.recover:
         recover(args)
         return
 
-    rank_task = LanguageModeling(max_length=args.importance_length)
-    eval_task = LanguageModeling(max_length=args.eval_length, max_tokens=args.eval_tokens)
-    model, tokenizer = headwise.load_model("smollm2-135m", task=eval_task)
-    inputs = rank_task.batches(tokenizer, "train", batch_size=4, limit=args.importance_windows)
+    rank_task, eval_task = tasks(args)
+    model, tokenizer = headwise.load_model("smollm2-135m", task=eval_task, device=args.device)
+    inputs = rank_task.batches(tokenizer, "train", batch_size=4, limit=args.importance_windows, device=args.device)
     keep = [int(k) for k in args.keep.split(",")]
 
     def perplexity(m) -> float:
@@ -89,17 +90,22 @@ def main() -> None:
         results["curves"][unit + "_seconds"] = round(time.time() - start)
         apply_masks(model, {s.path: [1.0] * s.num_heads for s in sites})  # back to the intact model
         print(unit, json.dumps(results["curves"][unit]), flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out, json.dumps(results, indent=1) + "\n")
+    common.save_results(args.out, results)
     print(f"wrote {args.out}")
+
+
+def tasks(args: argparse.Namespace) -> tuple[LanguageModeling, LanguageModeling]:
+    """The ranking task (train windows of ``--importance-length``) and the evaluation task."""
+    data = None if args.data is None else str(args.data)
+    return (LanguageModeling(data=data, max_length=args.importance_length),
+            LanguageModeling(data=data, max_length=args.eval_length, max_tokens=args.eval_tokens))
 
 
 def recover(args: argparse.Namespace) -> None:
     """Masks of the one-shot ranking at each ``--keep`` count, a short fine-tune, perplexity; merged into ``--out``."""
-    rank_task = LanguageModeling(max_length=args.importance_length)
-    eval_task = LanguageModeling(max_length=args.eval_length, max_tokens=args.eval_tokens)
-    model, tokenizer = headwise.load_model("smollm2-135m", task=eval_task)
-    inputs = rank_task.batches(tokenizer, "train", batch_size=4, limit=args.importance_windows)
+    rank_task, eval_task = tasks(args)
+    model, tokenizer = headwise.load_model("smollm2-135m", task=eval_task, device=args.device)
+    inputs = rank_task.batches(tokenizer, "train", batch_size=4, limit=args.importance_windows, device=args.device)
     keep = sorted({int(k) for k in args.keep.split(",")}, reverse=True)  # 270: the control, fine-tuned unpruned
     points = len(keep) * len(args.units.split(","))  # a copy of the weights only when several points share the run
     intact = {name: p.detach().clone() for name, p in model.named_parameters()} if points > 1 else None
@@ -111,8 +117,8 @@ def recover(args: argparse.Namespace) -> None:
         if not cache.is_file():  # the one-shot ranking, computed once per unit
             curve = importance_pruning(model, tokenizer, inputs=inputs, loss_fn=rank_task.loss, keep=ALL_KEEPS,
                                        unit=unit)
-            atomic_write_text(cache, json.dumps({str(step.kept): step.masks for step in curve.steps}))
-        masks = json.loads(cache.read_text())
+            common.save_results(cache, {str(step.kept): step.masks for step in curve.steps})
+        masks = common.load_results(cache)
         masks["270"] = {s.path: [1.0] * s.num_heads for s in find_sites(model)}
         for kept in keep:
             start = time.time()
@@ -127,10 +133,12 @@ def recover(args: argparse.Namespace) -> None:
                 with torch.no_grad():
                     for name, p in model.named_parameters():
                         p.copy_(intact[name])
-            results = json.loads(out.read_text()) | {"recovery": recovery}  # re-read: points merge across jobs
-            points = [p for p in results.setdefault("recovered", {}).get(unit, []) if p["query_heads"] != kept]
-            results["recovered"][unit] = sorted(points + [point], key=lambda p: -p["query_heads"])
-            atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+            def update(results: dict, unit: str = unit, kept: int = kept, point: dict = point) -> None:
+                results["recovery"] = recovery
+                points = [p for p in results.setdefault("recovered", {}).get(unit, []) if p["query_heads"] != kept]
+                results["recovered"][unit] = sorted(points + [point], key=lambda p: -p["query_heads"])
+
+            common.merge_results(out, update)  # re-read: points merge across jobs
             print(unit, json.dumps(point), flush=True)
         apply_masks(model, {s.path: [1.0] * s.num_heads for s in find_sites(model)})
 

@@ -20,17 +20,16 @@ lines of ``shared/data/wikitext-2/valid.txt``) in 512-token disjoint windows, an
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
+import common
 import headwise
-from headwise.io import atomic_write_text
 from headwise.quantization.functional import METHODS
 from headwise.quantization.sweep import SweepConfig, sweep
 from headwise.tasks import LanguageModeling
 
-OUT = Path(__file__).parent / "results" / "smollm2_spiqa.json"
+OUT = common.RESULTS / "smollm2_spiqa.json"
 
 
 def parse_list(text: str, kind: type) -> tuple:
@@ -71,9 +70,11 @@ def main() -> None:
                         help="calls per site whose distinct values are counted (torch.unique; slow on a CPU)")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--table", action="store_true", help="print the markdown tables of --out and stop")
+    common.add_data(parser, common.WIKITEXT, "the lm task's text file")
+    common.add_device(parser)
     args = parser.parse_args()
     out = Path(args.out)
-    results = json.loads(out.read_text()) if out.is_file() else None
+    results = common.load_results(out) or None
     if args.table:
         print(table(results))
         return
@@ -85,8 +86,9 @@ def main() -> None:
     if all(s.label in done for s in config.settings()):
         print("every setting is already in", out)
         return
-    task = LanguageModeling(max_length=args.eval_length, max_tokens=args.eval_tokens)
-    model, tokenizer = headwise.load_model("smollm2-135m", task=task)
+    task = LanguageModeling(data=None if args.data is None else str(args.data), max_length=args.eval_length,
+                            max_tokens=args.eval_tokens)
+    model, tokenizer = headwise.load_model("smollm2-135m", task=task, device=args.device)
     start = time.time()
     result = sweep(model, config, metric=task.metric_fn(tokenizer), progress=True)
     fresh = [{k: v for k, v in r.items() if k != "per_head"} | {"perplexity": -r["metric"]} for r in result.rows]
@@ -97,8 +99,7 @@ def main() -> None:
         "baseline": -result.baseline, "tolerance": result.tolerance, "rows": [], "seconds": 0}
     results["rows"] = [r for r in results["rows"] if r["label"] not in {f["label"] for f in fresh}] + fresh
     results["seconds"] += round(time.time() - start)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+    common.save_results(out, results)
     for r in fresh:
         print(f"{r['label']:40} perplexity {r['perplexity']:9.3f} sparsity {r['sparsity']:.3f}", flush=True)
     print(f"wrote {out}")

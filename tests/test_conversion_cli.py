@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -75,3 +76,29 @@ def test_text_shorter_than_a_window_is_refused(tiny_folder, tmp_path, capsys):
             str(tiny_folder / "text.txt"), "--window", "100000", "--out", str(out)]
     assert main(argv) == 2
     assert "fewer than one --window of 100000" in capsys.readouterr().err and not out.exists()
+
+
+def test_uptraining_resumes_from_its_checkpoints(tiny_folder, tmp_path):
+    """Checkpoints of the shared recovery (tied embeddings included) resume to the weights of an unbroken run."""
+    out = tmp_path / "resume"
+    argv = ["gqa", "--kv-heads", "1", "--uptrain-tokens", "256", "--distill", "0.5", "--out", str(out)]
+    assert _run(tiny_folder, *argv) == 0
+    checkpoints = tmp_path / "resume.checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [f"checkpoint-{i}" for i in range(1, 5)]
+    unbroken = headwise.from_pretrained(out / "model").state_dict()
+    for late in ("checkpoint-3", "checkpoint-4"):
+        shutil.rmtree(checkpoints / late)
+    # the learning rate comes back from the checkpoint too: a run that ignored --resume would train with 10
+    assert _run(tiny_folder, *argv, "--resume", "--force", "--lr", "10") == 0
+    summary = json.loads((out / "conversion.json").read_text())
+    assert summary["uptraining"]["steps"] == 4 and summary["uptraining"]["alpha"] == pytest.approx(1 / 3)
+    resumed = headwise.from_pretrained(out / "model").state_dict()
+    assert resumed.keys() == unbroken.keys()
+    for name, value in unbroken.items():
+        torch.testing.assert_close(resumed[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+def test_resume_without_checkpoints_is_refused(tiny_folder, tmp_path, capsys):
+    out = tmp_path / "fresh"
+    assert _run(tiny_folder, "gqa", "--kv-heads", "1", "--uptrain-tokens", "128", "--resume", "--out", str(out)) == 2
+    assert "no checkpoint in" in capsys.readouterr().err and not out.exists()

@@ -85,6 +85,41 @@ def test_damaged_checkpoint_is_refused(tmp_path):
         headwise.from_pretrained(tmp_path / "ckpt")
 
 
+
+def test_checkpoint_op_on_a_site_the_model_lacks_is_refused(tmp_path):
+    model = tiny_model("bert")
+    add_gates(model)
+    headwise.save_pretrained(model, tmp_path / "ckpt")
+    config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    config["headwise"]["ops"][0]["site"] = "encoder.layer.9.attention.self"
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(headwise.HeadwiseError, match=r"an op names site 'encoder.layer.9.attention.self', absent"):
+        headwise.from_pretrained(tmp_path / "ckpt")
+
+
+@pytest.mark.parametrize("record", [
+    {"kind": "gqa_kv_heads", "kv_heads": {"nope": 1}},
+    {"kind": "latent_kv", "sites": {"nope": {"rank": 2, "rope_rows": 0}}},
+    {"kind": "fold_mixing", "sites": ["nope"], "nuclear_norms": {"nope": 1.0}},
+    {"kind": "prune_heads", "heads": {"nope": [0]}},
+])
+def test_edit_naming_a_site_the_model_lacks_is_refused_untouched(record):
+    import headwise.conversion  # noqa: F401  (registers its edits)
+    import headwise.mixing  # noqa: F401
+    from headwise.io.checkpoint import EDITS
+
+    model = tiny_model("bert")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(headwise.HeadwiseError, match=f"edit {record['kind']} names site 'nope', absent from the model"):
+        EDITS[record["kind"]](model, record)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def test_recorded_sites_maps_every_path():
+    model = tiny_model("bert")
+    paths = [s.path for s in headwise.find_sites(model)]
+    assert list(headwise.sites.recorded_sites(model, paths[:2], "test")) == paths
+
 FRESH_PROCESS = """
 import sys, torch, headwise
 model, tok = headwise.load_model(sys.argv[1])

@@ -15,7 +15,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from headwise import HeadwiseError
 from headwise.cli import main
 from headwise.tasks import SyntheticGrammar, write_corpus
-from headwise.tasks.batching import collate
+from headwise.batching import collate
 from headwise.tasks.corpus import train_tokenizer
 from headwise.tasks.translation import Translation
 from headwise.training import TranslationRecipe, token_batches, train_translation_model

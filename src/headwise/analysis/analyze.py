@@ -15,7 +15,7 @@ from ..runtime import eval_mode, using_headwise
 from .attach import per_site
 from .config import AnalysisConfig
 from .importance import LossFn, Pairs, ablation_sums, gradient_sums
-from ..batching import batches, resolve_max_length
+from ..batching import resolve_max_length, text_batches
 from .observer import BatchContext, MapRecorder, StatsObserver
 from .rows import Row, rows_of
 from .stats import HeadStats
@@ -37,7 +37,7 @@ def observe(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[R
     device = next(model.parameters()).device
     bar = tqdm(total=len(texts), desc="analysing heads", unit="sent", disable=None if progress is None else not progress)
     with per_site(model, rows, lambda site, first, n: StatsObserver(stats, context, first, n)):
-        for batch in batches(tokenizer, texts, batch_size, max_length, device):
+        for batch in text_batches(tokenizer, texts, batch_size, max_length, device):
             context.set(batch.real, batch.special)
             model(**batch.inputs)
             stats.acc["sentences"] += len(batch.index)
@@ -55,7 +55,7 @@ def record_examples(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows
     for text in texts:
         maps: dict[int, torch.Tensor] = {}
         with per_site(model, rows, MapRecorder.build(maps)):
-            batch = next(batches(tokenizer, [text], 1, max_length, device), None)
+            batch = next(text_batches(tokenizer, [text], 1, max_length, device), None)
             if batch is None:
                 continue
             model(**batch.inputs)

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from ..errors import HeadwiseError
 from .config import ABS_SCOPES
 from .gates import row_gates
-from ..batching import Batch, batches, pooled, resolve_max_length
+from ..batching import Batch, pooled, resolve_max_length, text_batches
 from ..runtime import eval_mode, using_headwise
 from .rows import Row, rows_of
 
@@ -96,8 +96,8 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
             raise HeadwiseError("pairs must be three sequences of the same length (first, second, scores)")
         for start in range(0, len(first), batch_size):
             span = range(start, min(start + batch_size, len(first)))
-            a = next(batches(tokenizer, [first[k] for k in span], len(span), max_length, device, sort=False))
-            b = next(batches(tokenizer, [second[k] for k in span], len(span), max_length, device, sort=False))
+            a = next(text_batches(tokenizer, [first[k] for k in span], len(span), max_length, device, sort=False))
+            b = next(text_batches(tokenizer, [second[k] for k in span], len(span), max_length, device, sort=False))
             if len(a.index) != len(span) or len(b.index) != len(span):
                 raise HeadwiseError("a sentence of a pair tokenises to nothing")
             gold = torch.tensor([float(scores[k]) for k in span], device=device) / score_scale
@@ -110,7 +110,7 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
         return
     if texts is None:
         raise HeadwiseError("gradient importance needs texts or pairs")
-    for batch in batches(tokenizer, texts, batch_size, max_length, device, index=index):
+    for batch in text_batches(tokenizer, texts, batch_size, max_length, device, index=index):
         if loss_fn is not None:
             yield len(batch.index), lambda batch=batch: loss_fn(model, batch.inputs)
         else:
@@ -194,7 +194,7 @@ def ablation_sums(
     with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates:
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         heads = _heads(rows)
-        for batch in batches(tokenizer, texts, min(batch_size, sweep_batch), max_length, device):
+        for batch in text_batches(tokenizer, texts, min(batch_size, sweep_batch), max_length, device):
             b = len(batch.index)
             gates.set(gates.ones(1, device))
             reference = pooled(model, batch.inputs)  # [b, D]

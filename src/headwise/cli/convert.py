@@ -40,7 +40,8 @@ def register(verbs, parents) -> None:
         sub.add_argument("--eval-tokens", type=int, default=4096, help="evaluation tokens, 0 to skip (default: 4096)")
         sub.add_argument("--window", type=int, default=1024, help="tokens per sequence (default: 1024)")
         sub.add_argument("--uptrain-tokens", type=int, default=0, help="tokens of next-token uptraining (default: 0)")
-        sub.add_argument("--distill", type=float, default=0.0, help="weight of the KL to the original model's predictions")
+        sub.add_argument("--distill", type=float, default=0.0, help="weight W of the KL to the original model's "
+                         "predictions: (loss + W·KL) / (1 + W), headwise.recover with alpha W / (1 + W)")
         sub.add_argument("--lr", type=float, default=1e-4, help="uptraining learning rate (default: 1e-4)")
         sub.add_argument("--resume", action="store_true", help="resume uptraining from OUT.checkpoints")
         sub.add_argument("--out", required=True, help="output folder: model/ and conversion.json")
@@ -57,64 +58,59 @@ def _windows(ids, tokens: int, window: int, what: str) -> list:
     return [ids[i : i + window][None] for i in range(0, len(ids) - window + 1, window)]
 
 
-def _split(path: str, tokenizer) -> tuple:
-    import torch
+def _text_task(path: str, window: int, tokens: int | None = None):
+    """The ``lm`` task on ``--text``: its split policy (first 90% of lines calibrate and uptrain, the last 10%
+    evaluate), its token stream and, for uptraining, its disjoint windows of ``window`` tokens."""
+    from ..tasks import LanguageModeling
 
     file = Path(path)
     if not file.is_file():
         raise HeadwiseError(f"--text {path}: no such file (plain text, one paragraph a line)")
-    lines = file.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = file.read_text(encoding="utf-8").splitlines()
     if len(lines) < 10:
         raise HeadwiseError(f"--text {path} has {len(lines)} lines; it needs at least 10 (90%/10% split)")
-    cut = int(len(lines) * 0.9)
-    encode = lambda part: torch.tensor(tokenizer("".join(part))["input_ids"])  # noqa: E731
-    return encode(lines[:cut]), encode(lines[cut:])
+    return LanguageModeling(data=path, max_length=window, max_tokens=tokens)
 
 
 def perplexity(model, windows: list) -> float:
     """exp of the mean next-token loss over the windows (``[1, T]`` input ids)."""
     import torch
 
+    from ..tasks.lm import next_token_nll
+
     total, count = 0.0, 0
     with torch.no_grad():
         for ids in windows:
             ids = ids.to(model.device)
-            logits = model(input_ids=ids).logits[:, :-1].float()
-            total += float(torch.nn.functional.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten(), reduction="sum"))
-            count += ids.shape[1] - 1
+            nll, scored = next_token_nll(model, ids, None, ids)
+            total, count = total + float(nll.sum()), count + int(scored.sum())
     return math.exp(total / count)
 
 
-def _uptrain(model, teacher, windows: list, args: argparse.Namespace) -> dict:
-    import torch
-    from transformers import TrainingArguments
+def _uptrain(model, teacher, tokenizer, windows: list, args: argparse.Namespace) -> dict:
+    """Train every weight on ``windows`` through ``headwise.recover`` on the ``lm`` task: the next-token loss, or
+    with a teacher ``(1 − α)·loss + α·KL(teacher ‖ student)`` at temperature 1, ``α = W / (1 + W)`` for
+    ``--distill W`` (the loss ``loss + W·KL`` divided by ``1 + W``)."""
+    from transformers import TrainerCallback
 
-    from ..training import HeadwiseTrainer
+    from ..tasks import recover
 
-    class Distill(HeadwiseTrainer):
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            out = model(**inputs)
-            loss = out["loss"]
-            if teacher is not None and args.distill > 0:
-                with torch.no_grad():
-                    target = teacher(input_ids=inputs["input_ids"]).logits.float().log_softmax(-1)
-                student = out["logits"].float().log_softmax(-1)
-                kl = torch.nn.functional.kl_div(student, target, log_target=True, reduction="none").sum(-1).mean()
-                loss = loss + args.distill * kl
-            return (loss, out) if return_outputs else loss
+    class Result(TrainerCallback):
+        def on_train_end(self, train_args, state, control, **kwargs):
+            self.steps = state.global_step
+            self.loss = next((h["train_loss"] for h in reversed(state.log_history) if "train_loss" in h), None)
 
-    data = [{"input_ids": w[0], "labels": w[0]} for w in windows]
+    result, n = Result(), len(windows)
+    task = _text_task(args.text, args.window, tokens=n * args.window)
     checkpoints = f"{args.out.rstrip('/')}.checkpoints"
-    training = TrainingArguments(output_dir=checkpoints, per_device_train_batch_size=1, learning_rate=args.lr,
-                                 num_train_epochs=1, lr_scheduler_type="cosine", warmup_steps=max(1, len(data) // 20),
-                                 logging_steps=max(1, len(data) // 10), save_steps=max(1, len(data) // 4),
-                                 report_to=[], use_cpu=args.device == "cpu", seed=0)
-    model.train()
-    trainer = Distill(model=model, args=training, train_dataset=data)
-    result = trainer.train(resume_from_checkpoint=True if args.resume else None)
-    model.eval()
-    return {"tokens": sum(w.numel() for w in windows), "steps": result.global_step, "loss": result.training_loss,
-            "distill": args.distill, "learning_rate": args.lr, "checkpoints": checkpoints}
+    recover(model, tokenizer, task, teacher=teacher, mode="finetune" if teacher is None else "distill", epochs=1,
+            alpha=args.distill / (1 + args.distill), temperature=1.0, batch_size=1, learning_rate=args.lr, seed=0,
+            output_dir=checkpoints, resume=args.resume, lr_scheduler_type="cosine", warmup_steps=max(1, n // 20),
+            logging_steps=max(1, n // 10), save_steps=max(1, n // 4), use_cpu=args.device == "cpu",
+            callbacks=[result])
+    return {"tokens": sum(w.numel() for w in windows), "steps": result.steps, "loss": result.loss,
+            "distill": args.distill, "alpha": args.distill / (1 + args.distill), "learning_rate": args.lr,
+            "checkpoints": checkpoints}
 
 
 def _verdict(summary: dict) -> str:
@@ -150,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(path)
     calibration = evaluation = None
     if args.text:
-        calib_ids, eval_ids = _split(args.text, tokenizer)
+        text = _text_task(args.text, args.window)
+        calib_ids, eval_ids = text.token_stream(tokenizer, "train"), text.token_stream(tokenizer, "eval")
         calibration = _windows(calib_ids, args.calib_tokens, args.window, "calibration (first 90% of --text)")
         evaluation = _windows(eval_ids, args.eval_tokens, args.window, "evaluation (last 10% of --text)") \
             if args.eval_tokens > 0 else None
@@ -171,9 +168,8 @@ def run(args: argparse.Namespace) -> int:
     if ppl is not None:
         ppl["converted"] = perplexity(model, evaluation)
     if args.uptrain_tokens:
-        train_ids, _ = _split(args.text, tokenizer)
-        summary["uptraining"] = _uptrain(model, teacher, _windows(train_ids, args.uptrain_tokens, args.window,
-                                                                   "--uptrain-tokens"), args)
+        windows = _windows(calib_ids, args.uptrain_tokens, args.window, "--uptrain-tokens")
+        summary["uptraining"] = _uptrain(model, teacher, tokenizer, windows, args)
         if ppl is not None:
             ppl["uptrained"] = perplexity(model, evaluation)
     summary["perplexity"] = ppl

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
 from .checks import CONFIG_FAMILIES, check_calibration, convertible_sites
 from .config import GQAConfig
@@ -112,10 +112,8 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str = "
 
 
 def _replay(model: nn.Module, record: dict) -> None:
-    sites = {s.path: s for s in find_sites(model)}
+    sites = recorded_sites(model, record["kv_heads"], f"edit {EDIT_KIND}")
     for path, kv in record["kv_heads"].items():
-        if path not in sites:
-            raise HeadwiseError(f"{EDIT_KIND}: site {path!r} is absent from the model")
         resize_kv(sites[path], int(kv))
 
 

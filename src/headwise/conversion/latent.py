@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
 from .checks import check_calibration, convertible_sites
 from .config import LatentConfig
@@ -147,10 +147,8 @@ def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int |
 
 
 def _replay(model: nn.Module, record: dict) -> None:
-    sites = {s.path: s for s in find_sites(model)}
+    sites = recorded_sites(model, record["sites"], f"edit {EDIT_KIND}")
     for path, spec in record["sites"].items():
-        if path not in sites:
-            raise HeadwiseError(f"{EDIT_KIND}: site {path!r} is absent from the model")
         site = sites[path]
         n = site.hidden_size + int(site.k.module.bias is not None)
         rows = site.num_kv_heads * site.head_dim

@@ -23,7 +23,7 @@ from transformers.initialization import no_init_weights
 from ..errors import HeadwiseError
 from ..runtime import enable
 from ..runtime.ops import rebuild, saved_specs
-from ..sites import find_sites
+from ..sites import find_sites, recorded_sites
 from .files import atomic_dir
 
 FORMAT_VERSION = 1
@@ -129,10 +129,9 @@ def from_pretrained(
         if replay is None:
             raise HeadwiseError(f"{path} needs edit {record.get('kind')!r}, unknown to this headwise version")
         replay(model, record)
-    by_path = {s.path: s for s in find_sites(model)}
-    for record in state.get("ops", []):
-        if record["site"] not in by_path:
-            raise HeadwiseError(f"{path}: op {record['name']!r} names site {record['site']!r}, absent from the model")
+    ops = state.get("ops", [])
+    by_path = recorded_sites(model, [record["site"] for record in ops], f"{path}: an op")
+    for record in ops:
         rebuild(by_path[record["site"]], record)
     model.tie_weights()
     missing, unexpected = load_model(model, path / WEIGHTS, strict=False)

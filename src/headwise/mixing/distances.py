@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..batching import batches, resolve_max_length
+from ..batching import resolve_max_length, text_batches
 from ..errors import HeadwiseError
 from ..runtime import eval_mode
 from .alpha import mixers_of
@@ -59,7 +59,7 @@ def head_distances(model: nn.Module, tokenizer: Any, texts: Sequence[str], batch
     n = 0
     try:
         with eval_mode(model):
-            for batch in batches(tokenizer, list(texts), batch_size, resolve_max_length(model, tokenizer, max_length),
+            for batch in text_batches(tokenizer, list(texts), batch_size, resolve_max_length(model, tokenizer, max_length),
                                  device):
                 real_now[:] = [batch.real]
                 model(**batch.inputs)

@@ -14,7 +14,7 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
 from ..runtime.ops import detach, ops_of
-from ..sites import find_sites
+from ..sites import recorded_sites
 from .alpha import MIXER_NAME, mixers_of
 
 EDIT_KIND = "fold_mixing"
@@ -45,10 +45,7 @@ def fold_mixing(model: nn.Module) -> nn.Module:
 
 
 def _replay(model: nn.Module, record: dict) -> None:
-    paths = {s.path for s in find_sites(model)}
-    missing = [p for p in record["sites"] if p not in paths]
-    if missing:
-        raise HeadwiseError(f"fold_mixing record names site {missing[0]!r}, absent from the model")
+    recorded_sites(model, record["sites"], f"edit {EDIT_KIND}")
 
 
 register_edit(EDIT_KIND, _replay)

@@ -22,7 +22,7 @@ from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
 from ..runtime.attention import BIAS_HEADS
 from ..runtime.ops import SLOTS, ops_of
-from ..sites import AttentionSite, HeadProjection, find_sites
+from ..sites import AttentionSite, HeadProjection, find_sites, recorded_sites
 
 EDIT_KIND = "prune_heads"
 
@@ -171,7 +171,7 @@ def prune_heads(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[i
 
 
 def _replay(model: nn.Module, record: dict) -> None:
-    sites = {s.path: s for s in find_sites(model)}
+    sites = recorded_sites(model, record["heads"], f"edit {EDIT_KIND}")
     for path, hs in record["heads"].items():
         keep, keep_kv = validate_removal(sites[path], hs, record.get("allow_empty_layers", False))
         _prune_site(model, sites[path], keep, keep_kv)

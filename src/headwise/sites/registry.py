@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from torch import nn
 
@@ -62,6 +62,17 @@ def site_by_path(model: nn.Module, path: str) -> AttentionSite:
         if site.path == path or site.name == path:
             return site
     raise HeadwiseError(f"No attention site {path!r}. Sites: {', '.join(s.name for s in sites)}")
+
+
+def recorded_sites(model: nn.Module, paths: Iterable[str], what: str) -> dict[str, AttentionSite]:
+    """``{path: site}`` of the model, once every path a record names (an edit, a saved op) is one of them; a
+    missing path raises naming ``what`` and the sites there are."""
+    sites = {s.path: s for s in find_sites(model)}
+    missing = next((p for p in paths if p not in sites), None)
+    if missing is not None:
+        raise HeadwiseError(f"{what} names site {missing!r}, absent from the model (sites: {', '.join(sites)}); "
+                            "load it into the architecture it was saved from")
+    return sites
 
 
 def select_sites(model: nn.Module, kinds: Sequence[str] | None = None, *, layers: Sequence[int] | None = None,

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import HeadwiseError
 from .base import HEADS, Task, TaskObjective, TaskOutputs, check_head, model_inputs
-from .batching import Examples, batches, check_context, collate, context_length
+from ..batching import Examples, batches, check_context, collate, context_length
 from .bleu import BleuMetric, BleuResult, corpus_bleu, evaluate_bleu, translate
 from .classification import Classification
 from .corpus import (ParallelCorpus, SyntheticGrammar, build_synthetic_corpus, read_corpus, train_tokenizer,

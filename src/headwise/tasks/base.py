@@ -5,21 +5,22 @@ A task knows which model head it needs (``head``), reads and checks its data bef
 (``examples``: ``"train"``, ``"eval"`` or ``"calibration"``), what one forward pass yields on a collated batch
 (``outputs``: logits or embeddings, read by the loss and by distillation), a per-example loss ``[B]`` from them
 (``loss_from``; ``loss`` runs both, used by fine-tuning, L0, mixing, recovery and gradient importance) and model
-inputs for calibration (``calibration_inputs``). Batching goes through ``tasks.batching`` for every task.
+inputs for calibration (``calibration_inputs``). Batching goes through ``headwise.batching`` for every task.
 """
 
 from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..batching import Examples, batches, collate, pad_id_of
 from ..errors import HeadwiseError
-from .batching import Examples, batches, collate, pad_id_of
 
 HEADS = ("base", "causal-lm", "seq2seq", "classification")
 OUTPUT_KINDS = ("logits", "embeddings")
@@ -122,29 +123,37 @@ class Task:
                         penalties: Sequence[Any] = (), head_learning_rate: float | None = None,
                         callbacks: Sequence[Any] = (), limit: int | None = None, batch_size: int | None = None,
                         learning_rate: float | None = None, seed: int = 0, progress: bool = True,
-                        **training_args: Any) -> None:
+                        output_dir: str | None = None, resume: bool = False, **training_args: Any) -> None:
         """Train ``objective`` (a module whose ``forward(**batch)`` returns ``{"loss": scalar}``, e.g.
-        ``TaskObjective``) on the train split with ``HeadwiseTrainer``; runs unchanged under ``torchrun``."""
+        ``TaskObjective``) on the train split with ``HeadwiseTrainer``; runs unchanged under ``torchrun``.
+
+        ``output_dir``: keep checkpoints there (every ``save_steps``; default: a temporary folder, no checkpoints);
+        ``resume``: continue from its last checkpoint. ``training_args``: any other ``TrainingArguments``."""
         from transformers import TrainingArguments, set_seed
+        from transformers.trainer_utils import get_last_checkpoint
 
         from ..training import HeadwiseTrainer
 
+        if resume and not (output_dir and Path(output_dir).is_dir() and get_last_checkpoint(output_dir)):
+            raise HeadwiseError(f"resume: no checkpoint in {output_dir}; train without resume first")
         data = self.examples(tokenizer, "train").head(limit)
         if not len(data):
             raise HeadwiseError(f"task {self.name}: the train split holds no examples")
         set_seed(seed)
         args = TrainingArguments(
-            output_dir=tempfile.mkdtemp(prefix="headwise-train-"), num_train_epochs=epochs, max_steps=max_steps,
-            per_device_train_batch_size=batch_size or self.train_defaults["batch_size"],
-            learning_rate=learning_rate or self.train_defaults["learning_rate"], warmup_steps=0.1, seed=seed,
-            data_seed=seed, save_strategy="no", report_to="none", remove_unused_columns=False,
-            disable_tqdm=not progress, logging_steps=training_args.pop("logging_steps", 50),
+            output_dir=output_dir or tempfile.mkdtemp(prefix="headwise-train-"), num_train_epochs=epochs,
+            max_steps=max_steps, per_device_train_batch_size=batch_size or self.train_defaults["batch_size"],
+            learning_rate=learning_rate or self.train_defaults["learning_rate"],
+            warmup_steps=training_args.pop("warmup_steps", 0.1), seed=seed, data_seed=seed,
+            save_strategy=training_args.pop("save_strategy", "steps" if output_dir else "no"), report_to="none",
+            remove_unused_columns=False, disable_tqdm=not progress,
+            logging_steps=training_args.pop("logging_steps", 50),
             use_cpu=training_args.pop("use_cpu", not torch.cuda.is_available()), **training_args)
         trainer = HeadwiseTrainer(model=objective, args=args, train_dataset=ListDataset(data.items),
                                   data_collator=lambda items: collate(items, pad_id_of(tokenizer)),
                                   penalties=penalties, head_learning_rate=head_learning_rate,
                                   callbacks=list(callbacks))
-        trainer.train()
+        trainer.train(resume_from_checkpoint=True if resume else None)
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

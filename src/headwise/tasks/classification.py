@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..batching import Examples, batches, tokenize
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
-from .batching import Examples, batches, tokenize
 
 TRAIN_SHARE = 0.9
 SUFFIXES = (".csv", ".tsv", ".jsonl")

@@ -11,7 +11,6 @@ from tqdm.auto import tqdm
 
 from ..batching import mean_pool
 from ..errors import HeadwiseError
-from ..batching import mean_pool
 from ..sites import find_sites
 
 

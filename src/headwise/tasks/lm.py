@@ -22,9 +22,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..batching import LABEL_PAD, Examples, check_context
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
-from .batching import LABEL_PAD, Examples, check_context
 from .paths import existing_file, read_lines, shared_data
 
 TRAIN_SHARE = 0.9

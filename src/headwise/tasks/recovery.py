@@ -63,8 +63,8 @@ def recover(model: nn.Module, tokenizer: Any, task: Task | str, *, teacher: nn.M
     ``mode``: ``"distill"`` (task loss + distillation from ``teacher``, the unedited model), ``"finetune"`` (the
     task's own fine-tuning recipe) or ``"none"`` (the model untouched). ``alpha``: weight of the distillation loss
     (0–1); ``temperature``: softening of logits; ``distance``: ``"mse"`` or ``"cosine"`` for embedding tasks
-    (STS-B, regression). ``limit``: train examples; ``train_args``: batch_size, learning_rate, penalties, ...
-    (``Task.train_objective``)."""
+    (STS-B, regression). ``limit``: train examples; ``train_args``: batch_size, learning_rate, penalties,
+    output_dir and resume (checkpoints), ... (``Task.train_objective``)."""
     from . import get_task
 
     task = get_task(task)

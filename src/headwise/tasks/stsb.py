@@ -11,9 +11,8 @@ import torch.nn.functional as F
 from scipy.stats import pearsonr, spearmanr
 from torch import nn
 
-from ..batching import mean_pool
+from ..batching import Examples, mean_pool, tokenize
 from .base import Task, TaskOutputs
-from .batching import Examples, tokenize
 from .embeddings import encode, ensure_encoder
 from .stsb_data import StsbPairs, read_stsb, stsb_file
 

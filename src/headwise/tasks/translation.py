@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..batching import LABEL_PAD, Examples, check_context, pad_id_of, tokenize
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
-from .batching import LABEL_PAD, Examples, check_context, pad_id_of, tokenize
 from .bleu import translate
 from .corpus import ParallelCorpus
 from .paths import read_lines, shared_data

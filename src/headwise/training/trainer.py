@@ -2,6 +2,10 @@
 to the loss, gives head parameters their own learning rate, logs head statistics, and scales the loss right under
 gradient accumulation.
 
+Checkpoints of a wrapper module (a task objective holding the model) store tied weights as separate copies: the
+Trainer saves such a module with plain ``safetensors.save_file``, which refuses shared storage, and resumes with
+``load_state_dict``, which then finds every key.
+
 Gradient accumulation: transformers decides from the model's ``forward`` signature whether the loss is already
 normalised by the number of items in the batch, and models whose forward takes ``**kwargs`` are assumed to do
 it themselves (transformers issue #47688), so their loss is not divided by the accumulation steps. Our losses
@@ -15,7 +19,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 from torch import nn
-from transformers import Trainer, TrainerCallback
+from transformers import PreTrainedModel, Trainer, TrainerCallback
 
 from ..runtime.ops import ATTR
 
@@ -34,6 +38,17 @@ class Penalty(Protocol):
 def is_head_parameter(name: str) -> bool:
     """Parameters of ops attached to attention sites (gates, mixers) live under ``<attention>.headwise.``."""
     return f".{ATTR}." in f".{name}"
+
+
+def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` with every tensor whose storage an earlier one uses (tied weights) replaced by a copy."""
+    seen: set[int] = set()
+    out = {}
+    for name, tensor in state.items():
+        storage = tensor.untyped_storage().data_ptr()
+        out[name] = tensor.clone() if storage in seen else tensor
+        seen.add(storage)
+    return out
 
 
 class _PenaltySteps(TrainerCallback):
@@ -89,6 +104,11 @@ class PenaltyTraining:
             optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
             self.optimizer = optimizer_cls([g for g in groups.values() if g["params"]], **optimizer_kwargs)
         return super().create_optimizer(model)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        if state_dict is None and not isinstance(self.accelerator.unwrap_model(self.model), PreTrainedModel):
+            state_dict = unshared(self.model.state_dict())
+        super()._save(output_dir, state_dict)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:
         for penalty in self.penalties:

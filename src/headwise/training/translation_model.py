@@ -26,9 +26,9 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..batching import collate
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
-from ..tasks.batching import collate
 from ..tasks.bleu import corpus_bleu, translate
 from ..tasks.corpus import train_tokenizer
 from ..tasks.paths import shared_data
