@@ -89,3 +89,16 @@ def test_fidelity_is_one_for_the_same_model_and_drops_when_a_head_is_cut(minilm)
         next(iter(gates.values())).weight.zero_()
     score = fidelity(cut, model, tokenizer, texts)
     assert 0.5 < score < 0.9999
+
+
+def test_stsb_found_under_headwise_data_dir(monkeypatch, tmp_path):
+    """``$HEADWISE_DATA_DIR/stsb`` is searched like every other task's data (before shared/data above)."""
+    from headwise.tasks.stsb_data import stsb_file
+
+    (tmp_path / "stsb").mkdir()
+    (tmp_path / "stsb" / "sts-dev.tsv").write_text("main\tcaptions\t2012\t1\t5.0\tA cat.\tA cat.\n")
+    monkeypatch.delenv("HEADWISE_STSB_DIR", raising=False)
+    monkeypatch.setenv("HEADWISE_DATA_DIR", str(tmp_path))
+    assert stsb_file("dev") == tmp_path / "stsb" / "sts-dev.tsv"
+    monkeypatch.setenv("HEADWISE_STSB_DIR", str(tmp_path / "nowhere"))  # its own variable first, then the root
+    assert stsb_file("dev") == tmp_path / "stsb" / "sts-dev.tsv"

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HeadwiseError
+from .paths import data_roots
 
 SPLITS = {"train": "sts-train.tsv", "dev": "sts-dev.tsv", "test": "sts-test.tsv"}
 ENV = "HEADWISE_STSB_DIR"
@@ -27,15 +28,14 @@ class StsbPairs:
 
 
 def _candidates() -> list[Path]:
+    """``$HEADWISE_STSB_DIR``, then ``stsb`` under every data root (``$HEADWISE_DATA_DIR``, ``shared/data`` above)."""
     found = [Path(os.environ[ENV])] if os.environ.get(ENV) else []
-    for start in (Path.cwd(), Path(__file__).resolve()):
-        found += [parent / "shared" / "data" / "stsb" for parent in [start, *start.parents]]
-    return found
+    return found + [root / "stsb" for root in data_roots()]
 
 
 def stsb_file(split: str = "dev", data: str | os.PathLike | None = None) -> Path:
-    """The file of ``split``. ``data`` is the file itself or its folder; by default ``$HEADWISE_STSB_DIR``,
-    then ``shared/data/stsb`` in the working directory or any parent."""
+    """The file of ``split``. ``data`` is the file itself or its folder; by default ``$HEADWISE_STSB_DIR``, then
+    ``$HEADWISE_DATA_DIR/stsb``, then ``shared/data/stsb`` in the working directory or any parent."""
     if split not in SPLITS:
         raise HeadwiseError(f"unknown STS-B split {split!r}; use one of {', '.join(SPLITS)}")
     if data is not None:
@@ -48,8 +48,8 @@ def stsb_file(split: str = "dev", data: str | os.PathLike | None = None) -> Path
         if (folder / SPLITS[split]).is_file():
             return folder / SPLITS[split]
     raise HeadwiseError(
-        f"STS-B {split} split not found: no {SPLITS[split]} in ${ENV} or in shared/data/stsb above the working "
-        "directory. Pass --data PATH to the file or its folder (STS Benchmark, ixa2.si.ehu.eus/stswiki)"
+        f"STS-B {split} split not found: no {SPLITS[split]} in ${ENV}, in $HEADWISE_DATA_DIR/stsb or in shared/data/stsb "
+        "above the working directory. Pass --data PATH to the file or its folder (STS Benchmark, ixa2.si.ehu.eus/stswiki)"
     )
 
 
