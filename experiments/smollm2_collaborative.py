@@ -10,6 +10,12 @@ Calibration (data-aware arms): the first ``--calib-tokens`` tokens of the train 
 
     python experiments/smollm2_collaborative.py [--dks 576,384,256,192] [--objectives weights,scores]
     python experiments/smollm2_collaborative.py --table     # the markdown table of docs/tasks.md
+    python experiments/smollm2_collaborative.py --finetune original,scores-192 --finetune-steps 20
+
+``--finetune ARMS`` re-runs those arms (``original`` included, the control: fine-tuning also adapts the instruct
+model to WikiText) and then fine-tunes every weight with ``task.finetune`` (next-token loss on the train part,
+``--finetune-steps`` steps of one ``--finetune-window``-token window, AdamW ``--finetune-lr``, 10% warm-up);
+results under ``ARM+ftSTEPS``.
 
 Results go to ``--out`` after every arm; arms already there are skipped (``--force`` reruns them).
 """
@@ -64,6 +70,10 @@ def main() -> None:
     parser.add_argument("--moments-cache", default="/tmp/headwise-smollm2-collab-moments.pt")
     parser.add_argument("--out", default="experiments/results/smollm2_collaborative.json")
     parser.add_argument("--force", action="store_true", help="rerun arms already in --out")
+    parser.add_argument("--finetune", default="", help="comma-separated arms to re-run with a short fine-tune")
+    parser.add_argument("--finetune-steps", type=int, default=20)
+    parser.add_argument("--finetune-window", type=int, default=256)
+    parser.add_argument("--finetune-lr", type=float, default=1e-4)
     parser.add_argument("--table", action="store_true", help="print the results in --out as a markdown table")
     args = parser.parse_args()
     out = Path(args.out)
@@ -77,8 +87,9 @@ def main() -> None:
                         f"{WINDOW}-token disjoint windows", "calibration_tokens": args.calib_tokens,
                         "iterations": args.iterations, "torch_threads": torch.get_num_threads()}
 
-    def save() -> None:
-        atomic_write_text(out, json.dumps(results, indent=1) + "\n")
+    def save() -> None:  # merged with the file: arms can run as separate jobs
+        merged = (json.loads(out.read_text()) if out.is_file() else {}) | results
+        atomic_write_text(out, json.dumps(merged, indent=1) + "\n")
 
     def evaluate(model, tokenizer) -> float:
         return float(task.evaluate(model, tokenizer, progress=True)["perplexity"])
@@ -92,25 +103,52 @@ def main() -> None:
         print("original", results["original"], flush=True)
         save()
     moments = None
+
+    def compressed(objective: str, dk: int):
+        nonlocal moments
+        model, tokenizer = load()
+        if objective == "scores" and moments is None:
+            cache = Path(args.moments_cache)
+            if cache.is_file():
+                moments = torch.load(cache)
+            else:
+                calib = headwise.get_task("lm", max_length=WINDOW, max_tokens=args.calib_tokens)
+                batches = calib.calibration_inputs(tokenizer, limit=None, batch_size=1)
+                moments = input_moments(model, find_sites(model), batches, progress=True)
+                torch.save(moments, cache)
+        config = CollaborativeConfig(dk=dk, iterations=args.iterations)
+        result = compress(model, config=config, moments=moments if objective == "scores" else None, progress=True)
+        return model, tokenizer, result
+
+    if args.finetune:
+        ft = headwise.get_task("lm", max_length=args.finetune_window)
+        for arm in args.finetune.split(","):
+            name = f"{arm}+ft{args.finetune_steps}"
+            if name in results and not args.force:
+                continue
+            start = time.time()
+            if arm == "original":
+                (model, tokenizer), entry = load(), {}
+            else:
+                objective, dk = arm.rsplit("-", 1)
+                model, tokenizer, result = compressed(objective, int(dk))
+                entry = {"dk": int(dk), "objective": result.objective, "qk_params": result.params_after}
+            ft.finetune(model, tokenizer, max_steps=args.finetune_steps, batch_size=1,
+                        learning_rate=args.finetune_lr, logging_steps=10)
+            results[name] = entry | {
+                "perplexity": evaluate(model, tokenizer), "seconds": round(time.time() - start),
+                "finetune": f"task.finetune: {args.finetune_steps} steps x 1 window of {args.finetune_window} "
+                            f"tokens (train part), AdamW lr {args.finetune_lr:g}, 10% warm-up"}
+            print(name, results[name], flush=True)
+            save()
+        return
     for objective in args.objectives.split(","):
         for dk in (int(v) for v in args.dks.split(",")):
             name = f"{objective}-{dk}"
             if (name in results and not args.force) or (objective == "scores" and dk >= 576):
                 continue  # 576 is exact: the objective does not matter
-            model, tokenizer = load()
             start = time.time()
-            if objective == "scores" and moments is None:
-                cache = Path(args.moments_cache)
-                if cache.is_file():
-                    moments = torch.load(cache)
-                else:
-                    calib = headwise.get_task("lm", max_length=WINDOW, max_tokens=args.calib_tokens)
-                    batches = calib.calibration_inputs(tokenizer, limit=None, batch_size=1)
-                    moments = input_moments(model, find_sites(model), batches, progress=True)
-                    torch.save(moments, cache)
-            config = CollaborativeConfig(dk=dk, iterations=args.iterations)
-            result = compress(model, config=config, moments=moments if objective == "scores" else None,
-                              progress=True)
+            model, tokenizer, result = compressed(objective, dk)
             decompose_seconds = round(time.time() - start)
             sites = result.sites
             results[name] = {

@@ -4,7 +4,7 @@ Rotary attention (transformers' ``rotate_half`` layout) pairs query/key dimensio
 a plane turned by ``θ_c · position``. Written as complex numbers ``q_c = p_{h,c}·x`` (``p = P[h, c] + i P[h,
 c + d/2]``, ``[D]`` complex) and ``k_c = k_{g,c}·x``, head ``h`` (key/value group ``g``) scores
 
-    s_h(i, j) = Σ_c Re( conj(q_c(x_i)) k_c(x_j) e^{iθ_c (j − i)} ) = Σ_c Re( x_iᵀ A_{h,c} x_j e^{iθ_c (j − i)} )
+    s_h(i, j) = Σ_c Re( conj(q_c(x_i)) k_c(x_j) e^{iθ_c (j−i)} ) = Σ_c Re( x_iᵀ A_{h,c} x_j e^{iθ_c (j−i)} )
 
 with ``A_{h,c} = conj(p_{h,c}) k_{g,c}ᵀ`` (complex ``[D, D]``, rank 1). A scalar — even a complex one —
 commutes with a plane rotation, so shared planes that each keep one frequency and mix per head by a complex
@@ -166,7 +166,7 @@ def decompose_rotary(P: torch.Tensor, K: torch.Tensor, rank: int, *, iterations:
         query, key = Lq_inv_t.to(cdtype) @ query, Lk_inv_t.to(cdtype) @ key
     weight2 = _errors2(a0, b0, mixing, query, key).sum()
     weight_total = (a0.abs().square().sum(-1) * b0.abs().square().sum(-1)).sum().clamp(min=1e-30)
-    if rank >= H * d:  # the block form is exact: report 0, not the rounding of ‖T‖² − 2⟨T, T̂⟩ + ‖T̂‖²
+    if rank >= H * d:  # the block form is exact: 0, not the rounding of ‖T‖² − 2⟨T, T̂⟩ + ‖T̂‖²
         error, weight2 = error.new_zeros(()), weight2.new_zeros(())
     # the used planes, frequency by frequency: [C, n] → [R/2]
     frequency = torch.arange(active.shape[0], device=P.device)[:, None].expand_as(active)
