@@ -54,9 +54,16 @@ def table(results: dict) -> str:
         cells = []
         for objective, err in (("weights", "weight_error"), ("scores", "score_error")):
             r = results.get(f"{objective}-{dk}")
-            cells.append("—" if r is None else f"{r['perplexity']:,.2f} ({r[err]:.3f})")
+            exact = objective == "scores" and dk >= 576
+            cell = "—" if r is None else f"{r['perplexity']:,.2f} ({r[err]:.3f})"
+            cells.append("(exact: the same)" if exact else cell)
         params = next(r["qk_params"] for n, r in results.items() if n.endswith(f"-{dk}"))
         rows.append(f"| {dk} | {params:,} | {dk} | {cells[0]} | {cells[1]} |")
+    tuned = [(n, r) for n, r in results.items() if "+ft" in n]
+    if tuned:
+        rows += ["", "| arm | one-shot perplexity | after the fine-tune |", "|---|---:|---:|"]
+        for name, r in tuned:
+            rows.append(f"| {name} | {results[name.split('+')[0]]['perplexity']:,.2f} | {r['perplexity']:,.2f} |")
     return "\n".join(rows)
 
 

@@ -73,7 +73,7 @@ def _hdot(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _gram(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``(xᵀ conj x) ⊙ (yᵀ conj y)`` for ``x, y: [C, n, r]`` → ``[C, r, r]``."""
+    """``(xᵀ conj x) ⊙ (yᵀ conj y)`` for ``x: [C, a, r]``, ``y: [C, b, r]`` → ``[C, r, r]``."""
     return (x.transpose(1, 2) @ x.conj()) * (y.transpose(1, 2) @ y.conj())
 
 
@@ -86,16 +86,21 @@ def _solve(gram: torch.Tensor, rhs: torch.Tensor, active: torch.Tensor) -> torch
     return torch.linalg.solve(system, torch.where(active[:, None, :], rhs, 0), left=False)
 
 
-def _errors2(a, b, mixing, query, key) -> torch.Tensor:
-    """Squared error per frequency ``‖T_c − T̂_c‖²`` from Gram matrices (``a, b: [C, H, D]``)."""
+Planes = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # mixing [C, H, n], query [C, D, n], key [C, D, n]
+
+
+def _errors2(a: torch.Tensor, b: torch.Tensor, mixing: torch.Tensor, query: torch.Tensor,
+             key: torch.Tensor) -> torch.Tensor:
+    """Squared error per frequency ``‖T_c − T̂_c‖²`` ``[C]`` from Gram matrices (``a, b: [C, H, D]``, the
+    targets ``A_{h,c} = a_{h,c} b_{h,c}ᵀ``)."""
     t2 = (a.abs().square().sum(-1) * b.abs().square().sum(-1)).sum(-1)
     inner = (mixing.conj() * _hdot(a, query) * _hdot(b, key)).sum((1, 2)).real
-    model = ((mixing.transpose(1, 2) @ mixing.conj()) * (query.transpose(1, 2) @ query.conj())
-             * (key.transpose(1, 2) @ key.conj())).sum((1, 2)).real
+    model = (_gram(mixing, query) * (key.transpose(1, 2) @ key.conj())).sum((1, 2)).real
     return (t2 - 2 * inner + model).clamp(min=0)
 
 
-def _normalise(mixing, query, key):
+def _normalise(mixing: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> Planes:
+    """Unit query and key columns, their norms moved into the mixing."""
     nq, nk = query.norm(dim=1, keepdim=True).clamp(min=1e-30), key.norm(dim=1, keepdim=True).clamp(min=1e-30)
     return mixing * (nq * nk), query / nq, key / nk
 
@@ -118,7 +123,9 @@ def block_start(a: torch.Tensor, b: torch.Tensor, planes: int):
     return onehot.any(1), mixing, query, key
 
 
-def _als(a, b, start, iterations: int, tol: float):
+def _als(a: torch.Tensor, b: torch.Tensor, start: tuple, iterations: int, tol: float):
+    """Complex ALS from ``start`` (``block_start``'s tuple), keeping the best sweep per frequency; ``tol > 0``
+    stops when the total relative error improves by less (a host read per sweep)."""
     active, mixing, query, key = start
     mixing, query, key = _normalise(mixing, query, key)
     err2 = _errors2(a, b, mixing, query, key)
