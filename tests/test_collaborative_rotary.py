@@ -246,3 +246,10 @@ def test_block_start_is_exact_where_a_frequency_keeps_every_head():
     assert bool(active.all())
     dense = torch.einsum("chr,cir,cjr->chij", mixing, query, key)
     assert torch.allclose(dense, torch.einsum("chi,chj->chij", a, b), atol=1e-12)
+
+
+def test_sites_of_a_converted_model_keep_their_head_counts():
+    """The shared width is no multiple of the head dim: heads are counted by the mixing, K/V heads by the values."""
+    model = tiny_model("llama")
+    compress(model, dk=6)
+    assert [(s.num_heads, s.num_kv_heads) for s in headwise.find_sites(model)] == [(4, 2), (4, 2)]
