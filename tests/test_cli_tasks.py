@@ -157,3 +157,22 @@ def test_mix_and_replace_report_the_task_metric(llama_dir, tmp_path, capsys, ver
     if verb == "replace":
         assert result["recovery"] == {"mode": "finetune", "epochs": 1.0, "steps": 4}
         assert result["metric_recovered"] != result["metric_after"]
+
+
+@pytest.mark.parametrize("dk", [48, 12])
+def test_compress_a_rotary_gqa_lm_with_task_calibration(llama_dir, tmp_path, capsys, dk):
+    """Collaborative heads on a grouped-query Llama: dk = H·d (48) is exact; the saved model reloads with the
+    perplexity the command reported."""
+    out = tmp_path / "c"
+    assert main(["compress", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
+                 "--max-length", "32", "--dk", str(dk), "--calibration", "task", "--curve", "none", "--json",
+                 "--out", str(out)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["objective"] == "scores" and result["task"] == "lm"
+    if dk == 48:
+        assert result["metric_after"] == pytest.approx(result["metric_before"], abs=0.01)
+    model = headwise.from_pretrained(out / "model")
+    tokenizer = tf.AutoTokenizer.from_pretrained(out / "model")
+    ppl = LanguageModeling(data=str(llama_dir / "text.txt"), max_length=32).evaluate(model, tokenizer, progress=False)
+    assert round(ppl["perplexity"], 2) == pytest.approx(result["metric_after"], abs=0.01)
+    assert all(s.module.mixing.shape == (6, dk) for s in find_sites(model))

@@ -50,7 +50,7 @@ class _CpuTensors(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
 def test_calibrated_compress_runs_on_the_meta_device(family):
     """Calibration, decomposition (``tol=0``: fixed sweeps, no host sync) and conversion never leave ``meta``;
     the errors stay 0-dim device tensors until reported."""

@@ -69,8 +69,7 @@ DATA_DEPENDENT = {f"quantize-{name}" for name, method in METHODS.items() if meth
 # the day they become shape-static this set must shrink.
 META_DATA_DEPENDENT_SHAPES = {f"quantize-{name}" for name in METHODS if name.startswith("uniform_")}
 META_FAILURE = r"nonzero|item\(\) cannot be called on meta"
-CASES = [(family, edit) for family in ("bert", "llama") for edit in EDITS
-         if not (family == "llama" and edit == "collaborative")]  # rotary positions: no collaborative heads
+CASES = [(family, edit) for family in ("bert", "llama") for edit in EDITS]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -108,7 +107,9 @@ def test_meta_device(family, edit):
         for site in find_sites(model):
             if edit == "collaborative":  # the class swap: its own forward scores and calls the runtime
                 hidden = torch.randn(B, T, site.hidden_size, device="meta")
-                got = site.module(hidden, attention_mask=mask)[0]
+                rotary = torch.randn(B, T, site.head_dim, device="meta")  # cos, sin of a rotary model
+                extra = {"position_embeddings": (rotary, rotary)} if site.positions == "rotary" else {}
+                got = site.module(hidden, attention_mask=mask, **extra)[0]
                 assert got.device.type == "meta" and got.shape == (B, T, site.hidden_size)
                 continue
             q = torch.randn(B, site.num_heads, T, site.head_dim, device="meta")

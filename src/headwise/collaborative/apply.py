@@ -18,7 +18,8 @@ from ..sites import AttentionSite, find_sites, select_sites
 from .calibration import input_moments
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
-from .families import CROSS_ATTENTION, FORWARDS, install, is_collaborative
+from .families import CROSS_ATTENTION, FORWARDS, ROTARY, install, is_collaborative
+from .rotary import decompose_rotary
 
 EDIT_KIND = "collaborative"
 
@@ -81,11 +82,13 @@ def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object)
                             f"the exact form of this model is dk={max(exact_rank(s) for s in sites)}")
     for site in sites:
         if site.family not in FORWARDS:
-            why = (" Under rotary positions W_q W_kᵀ is not position-free (scores are q_iᵀ R_(j−i) k_j), so a "
-                   "position-independent decomposition changes the model" if site.positions == "rotary" else "")
+            why = (" Its query and key have biases, which rotary positions turn into position-dependent score "
+                   "terms that shared rotation planes cannot keep" if site.positions == "rotary" else "")
             raise HeadwiseError(f"collaborative heads do not support {site.family} ({type(model).__name__}).{why} "
                                 f"Supported: {', '.join(sorted(FORWARDS))}")
-        if site.positions != "absolute" and not site.layout.position_bias:
+        if site.family in ROTARY:
+            _check_rotary(site, dk)
+        elif site.positions != "absolute" and not site.layout.position_bias:
             raise HeadwiseError(f"{site.name}: {site.positions} position scores depend on per-head queries and keys, "
                                 "which collaborative heads replace; only absolute positions are supported")
         if site.kind == "dec-enc" and site.family not in CROSS_ATTENTION:
@@ -100,10 +103,23 @@ def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object)
                                 "detach it before compressing")
 
 
+def _check_rotary(site: AttentionSite, dk: int) -> None:
+    if dk % 2:
+        raise HeadwiseError(f"dk={dk}: under rotary positions the shared query/key space is made of rotation "
+                            f"planes, so dk must be even (e.g. {dk - 1 or 2} or {dk + 1})")
+    if site.q.bias is not None or site.k.bias is not None:
+        raise HeadwiseError(f"{site.name}: the query/key biases of a rotary model become position-dependent score "
+                            "terms that shared rotation planes cannot keep; collaborative heads support rotary "
+                            "models without attention biases (Llama, Mistral)")
+
+
 def _count(site: AttentionSite, rank: int) -> tuple[int, int]:
-    H, d, D = site.num_heads, site.head_dim, site.hidden_size
-    biases = sum(b.numel() for b in (site.q.bias, site.k.bias) if b is not None)
-    return 2 * H * d * D + biases, 2 * D * rank + H * rank + H * D + (rank if site.family == "gpt2" else 0)
+    """Query/key parameters before (weights and biases, grouped keys counted once) and after."""
+    H, D = site.num_heads, site.hidden_size
+    before = sum(t.numel() for t in (site.q.weight, site.k.weight, site.q.bias, site.k.bias) if t is not None)
+    if site.family in ROTARY:  # no content bias
+        return before, 2 * D * rank + H * rank
+    return before, 2 * D * rank + H * rank + H * D + (rank if site.family == "gpt2" else 0)
 
 
 def content_bias(site: AttentionSite) -> torch.Tensor:
@@ -119,6 +135,9 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
     """Decompose every site at ``config.dk`` (the model is not changed); returns the stats and what to install."""
     exact = max(exact_rank(s) for s in sites)
     result = Compression(min(config.dk, exact), "scores" if moments else "weights")
+    if any(s.family in ROTARY for s in sites) and (config.init == "hosvd" or config.solver != "als"):
+        raise HeadwiseError(f"init={config.init!r}, solver={config.solver!r}: rotary sites are decomposed per "
+                            "frequency from the block start with complex ALS; use init='auto' or 'block', solver='als'")
     plan = []
     for site in tqdm(sites, desc=f"decomposing (dk={result.dk})", unit="site",
                      disable=None if progress is None else not progress):
@@ -126,14 +145,20 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
         rank = min(config.dk, exact_rank(site))
         P, K = site.q.weight.detach().float(), site.k.weight.detach().float()
         cov = moments[site.path] if moments else None
-        dec = decompose(P, K, rank, init=config.init, iterations=config.iterations, tol=config.tol,
-                        solver=config.solver, covariance=cov, ridge=config.ridge)
+        if site.family in ROTARY:
+            dec = decompose_rotary(P, K, rank, iterations=config.iterations, tol=config.tol, covariance=cov,
+                                   ridge=config.ridge)
+            weight_error, content = dec.device_weight_error, None
+        else:
+            dec = decompose(P, K, rank, init=config.init, iterations=config.iterations, tol=config.tol,
+                            solver=config.solver, covariance=cov, ridge=config.ridge)
+            weight_error = relative_error(P, K, dec.factors) if rank < exact_rank(site) else P.new_zeros(())
+            content = content_bias(site)
         seconds = time.perf_counter() - start
-        weight_error = relative_error(P, K, dec.factors) if rank < exact_rank(site) else P.new_zeros(())
         before, after = _count(site, rank)
         result.sites.append(SiteCompression(site.path, site.name, rank, weight_error,
                                             dec.device_error if cov is not None else None, before, after, seconds))
-        plan.append((site, rank, dec.factors, content_bias(site)))
+        plan.append((site, rank, dec.factors, content))
     return result, plan
 
 

@@ -2,7 +2,8 @@
 
 For the scores ``S_h = X A_h Xᵀ`` the error a softmax sees is ``Σ ‖X (A_h − Â_h) (X − 1 x̄ᵀ)ᵀ‖²`` (terms
 constant over keys cancel), i.e. ``tr(Eᵀ C_q E C_k)`` with ``C_q = Σ x xᵀ`` over query tokens and ``C_k`` the
-covariance of key tokens centred per sequence. Padding is excluded (decoder sites of an encoder-decoder use the
+covariance of key tokens centred per sequence (not centred at rotary sites: under rotation a term constant
+over keys still varies with position). Padding is excluded (decoder sites of an encoder-decoder use the
 ``decoder_attention_mask``); in cross-attention (``dec-enc``) the queries are the decoder's tokens and the keys
 the encoder's output tokens (``key_value_states``, real where the ``attention_mask`` is); a shared module (ALBERT)
 pools every layer.
@@ -36,9 +37,10 @@ class _Moments:
         self.key_count: torch.Tensor | None = None  # real key tokens seen
 
     def add(self, x: torch.Tensor, real: torch.Tensor, keys: torch.Tensor | None = None,
-            key_real: torch.Tensor | None = None) -> None:
+            key_real: torch.Tensor | None = None, centre: bool = True) -> None:
         """Query tokens ``x[B, T, D]``, ``real[B, T]`` bool (any device: moved to ``x``'s); key tokens
-        ``keys[B, S, D]``, ``key_real[B, S]`` (default: the query tokens, self-attention)."""
+        ``keys[B, S, D]``, ``key_real[B, S]`` (default: the query tokens, self-attention); ``centre=False``
+        keeps the keys' mean (rotary sites, where a term constant over keys still changes with position)."""
         dtype = moment_dtype(x.device)
         if self.query is None:
             self.query = torch.zeros(self.dim, self.dim, dtype=dtype, device=x.device)
@@ -52,7 +54,7 @@ class _Moments:
         if keys is not None:
             x, w = keys.detach().to(dtype), key_real.to(device=x.device, dtype=dtype)[..., None]
             xr = x * w
-        centred = (x - xr.sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)) * w
+        centred = (x - xr.sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp(min=1)) * w if centre else xr
         self.key += centred.flatten(0, 1).T @ centred.flatten(0, 1)
         self.key_count += w.sum()
 
@@ -99,7 +101,8 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
             x = args[0] if args else kwargs["hidden_states"]
             matched = real[side].shape == x.shape[:2]
             keys = kwargs.get("key_value_states") if site.kind == "dec-enc" else None
-            moments[site.path].add(x, mask_of(x, side), keys, None if keys is None else mask_of(keys, "source"))
+            moments[site.path].add(x, mask_of(x, side), keys, None if keys is None else mask_of(keys, "source"),
+                                   centre=site.positions != "rotary")
             tokens[site.path] += counts[side] if matched else x.shape[0] * x.shape[1]
         return capture
 

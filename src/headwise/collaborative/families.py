@@ -21,7 +21,8 @@ from transformers.pytorch_utils import Conv1D
 from ..errors import HeadwiseError
 from ..sites import AttentionSite
 from .decompose import Factors
-from .layer import CollaborativeAttention
+from .layer import CollaborativeAttention, RotaryCollaborativeAttention
+from .rotary import RotaryFactors
 
 
 def _heads(x: torch.Tensor, heads: int) -> torch.Tensor:
@@ -123,6 +124,22 @@ def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_
     return self.o(out), position_bias, probs
 
 
+def _llama_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
+                   **kwargs):
+    """Llama, Mistral: the shared query and key are rotated plane by plane (``rotary_qk``); the cache stores the
+    one shared key and the ``G`` grouped values; the attention function repeats them for the ``H`` query heads."""
+    cos, sin = position_embeddings
+    query, key = self.rotary_qk(self.q_proj(hidden_states), self.k_proj(hidden_states), cos, sin)
+    value = _heads(self.v_proj(hidden_states), self.config.num_key_value_heads)
+    if past_key_values is not None:
+        key, value = past_key_values.update(key, value, self.layer_idx)
+    if getattr(self.config, "sliding_window", None) is not None:  # Mistral
+        kwargs["sliding_window"] = self.config.sliding_window
+    out, probs = self.attend(query, key, value, attention_mask, self.attention_dropout if self.training else 0.0,
+                             **kwargs)
+    return self.o_proj(out), probs
+
+
 def v_width(module: nn.Module) -> int:
     """Width of GPT-2's value section in the fused ``c_attn`` ``[q̃ (R) | k̃ (R) | v (H·d)]``."""
     return module.c_attn.nf - 2 * module.mixing.shape[1]
@@ -141,14 +158,18 @@ FORWARDS: dict[str, Callable] = {
     "gpt2": _gpt2_forward,
     **dict.fromkeys(["bart", "marian"], _bart_forward),
     "t5": _t5_forward,
+    **dict.fromkeys(["llama", "mistral"], _llama_forward),
 }
+# Families whose positions are rotary: converted with shared rotation planes (``headwise.collaborative.rotary``).
+ROTARY = ("llama", "mistral")
 _CLASSES: dict[type, type] = {}
 
 
-def collaborative_class(base: type, forward: Callable) -> type:
-    """``CollaborativeAttention`` × ``base`` with the family's ``forward`` (one class per family class)."""
+def collaborative_class(base: type, forward: Callable, mixin: type = CollaborativeAttention) -> type:
+    """``mixin`` (``CollaborativeAttention`` or its rotary form) × ``base`` with the family's ``forward`` (one
+    class per family class)."""
     if base not in _CLASSES:
-        _CLASSES[base] = type(base.__name__, (CollaborativeAttention, base), {
+        _CLASSES[base] = type(base.__name__, (mixin, base), {
             "forward": forward, "family_class": base, "__module__": __name__,
             "__qualname__": f"Collaborative{base.__name__}", "__doc__": CollaborativeAttention.__doc__,
         })
@@ -166,10 +187,31 @@ def _linear(weight: torch.Tensor) -> nn.Linear:
     return layer
 
 
+def install_rotary(site: AttentionSite, rank: int, factors: RotaryFactors | None = None) -> None:
+    """Make the rotary ``site.module`` collaborative with width ``rank`` (even); without ``factors`` (replaying
+    a checkpoint) the new parameters and the ``frequencies`` buffer are left for the state dict."""
+    module, layout, ref = site.module, site.layout, site.v.module.weight
+    like = {"dtype": ref.dtype, "device": ref.device}
+    if factors is None:
+        query = key = torch.zeros(rank, site.hidden_size, **like)
+        mixing = torch.zeros(site.num_heads, rank, **like)
+        frequencies = torch.zeros(rank // 2, dtype=torch.long, device=ref.device)
+    else:
+        (query, key, mixing), frequencies = factors.real_weights(ref.dtype), factors.frequencies.to(ref.device)
+    setattr(module, layout.query, _linear(query.to(ref.device)).train(module.training))
+    setattr(module, layout.key, _linear(key.to(ref.device)).train(module.training))
+    module.mixing = nn.Parameter(mixing.to(ref.device))
+    module.register_buffer("frequencies", frequencies)
+    module.__class__ = collaborative_class(type(module), FORWARDS[site.family], RotaryCollaborativeAttention)
+
+
 def install(site: AttentionSite, rank: int, factors: Factors | None = None,
             content: torch.Tensor | None = None) -> None:
     """Make ``site.module`` collaborative with width ``rank``. ``factors``/``content`` (``[H, D]``) give the
     weights; without them (replaying a checkpoint) the new parameters are left for the state dict."""
+    if site.family in ROTARY:
+        install_rotary(site, rank, factors)
+        return
     layout = site.layout
     module, heads, dim = site.module, site.num_heads, site.hidden_size
     ref = site.v.module.weight

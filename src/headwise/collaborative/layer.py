@@ -24,6 +24,7 @@ import torch
 from einops import rearrange
 from torch import nn
 
+from ..errors import HeadwiseError
 from ..runtime.attention import headwise_attention
 
 
@@ -103,3 +104,37 @@ class CollaborativeAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return f"dk={self.mixing.shape[1]}, heads={self.mixing.shape[0]}"
+
+
+class RotaryCollaborativeAttention(CollaborativeAttention):
+    """Collaborative scoring under rotary positions (converted Llama / Mistral modules; see
+    ``headwise.collaborative.rotary``). The ``R/2`` shared planes (rows ``r`` and ``r + R/2`` of ``W~q``, ``W~k``,
+    the ``rotate_half`` layout) turn at the rotary frequency ``frequencies[r]`` (a buffer, ``[R/2]`` indices into
+    the head's ``d/2`` frequencies); head ``h`` scales plane ``r`` of the rotated shared query by the complex
+    number ``mixing[h, r] + i·mixing[h, r + R/2]``, which commutes with the rotation. No content bias: a query
+    bias under rotation is position-dependent, so biased rotary models are refused."""
+
+    def rotary_qk(self, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Shared ``q̃[B, Tq, R]``, ``k̃[B, Tk, R]`` and the model's rotary ``cos, sin: [B, T, d]`` → per-head
+        query ``[B, H, Tq, R]`` and the shared key ``[B, 1, Tk, R]``, both rotated."""
+        if cos.shape[-1] != self.head_dim:
+            raise HeadwiseError(f"{type(self).__name__}: rotary tables of width {cos.shape[-1]} for heads of "
+                                f"width {self.head_dim}; partial rotary embeddings are not supported")
+        half = self.frequencies
+        cos = torch.cat([cos[..., half]] * 2, dim=-1).to(q.dtype)
+        sin = torch.cat([sin[..., half]] * 2, dim=-1).to(q.dtype)
+        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        qa, qb = rearrange(q, "b t (two r) -> two b 1 t r", two=2)
+        n_re, n_im = rearrange(self.mixing.to(q.dtype), "h (two r) -> two 1 h 1 r", two=2)
+        query = torch.cat([qa * n_re - qb * n_im, qb * n_re + qa * n_im], dim=-1)
+        return query, rearrange(k, "b t r -> b 1 t r")
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, rotary"
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding in the ``rotate_half`` layout: planes ``(r, r + R/2)`` turned by ``cos``, ``sin``."""
+    a, b = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-b, a], dim=-1) * sin

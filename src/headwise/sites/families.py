@@ -166,8 +166,9 @@ def llama_like(model: nn.Module) -> list[AttentionSite]:
     for path, m in model.named_modules():
         if not all(hasattr(m, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")) or not hasattr(m, "head_dim"):
             continue
-        heads = m.q_proj.out_features // m.head_dim
-        kv_heads = m.k_proj.out_features // m.head_dim
+        # a collaborative module's q/k projections have the shared width: count heads by its mixing and values
+        heads = m.mixing.shape[0] if hasattr(m, "mixing") else m.q_proj.out_features // m.head_dim
+        kv_heads = m.v_proj.out_features // m.head_dim
         notes = [f"grouped-query attention: {heads // kv_heads} query heads per key/value head"] if kv_heads < heads else []
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
             notes.append(f"sliding window {config.sliding_window}")
