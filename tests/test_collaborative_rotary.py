@@ -253,3 +253,17 @@ def test_sites_of_a_converted_model_keep_their_head_counts():
     model = tiny_model("llama")
     compress(model, dk=6)
     assert [(s.num_heads, s.num_kv_heads) for s in headwise.find_sites(model)] == [(4, 2), (4, 2)]
+
+
+def test_after_removing_a_key_value_group_the_exact_form_is_unchanged():
+    """A pruned layer has fewer KV groups than the config says: the converted forward reads them from v_proj."""
+    from headwise.pruning import prune_heads
+
+    lm = _lm()
+    prune_heads(lm, {"dec-self.0": [2, 3], "dec-self.1": [0, 1]})  # one whole group of two query heads each
+    original = copy.deepcopy(lm)
+    compress(lm, dk=16)  # 2 heads x 8 dims left: the exact width
+    ids = torch.randint(2, 97, (2, 6), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        a, b = original(input_ids=ids).logits, lm(input_ids=ids).logits
+    assert (a - b).abs().max() < 1e-5

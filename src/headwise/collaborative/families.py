@@ -130,7 +130,7 @@ def _llama_forward(self, hidden_states, position_embeddings=None, attention_mask
     one shared key and the ``G`` grouped values; the attention function repeats them for the ``H`` query heads."""
     cos, sin = position_embeddings
     query, key = self.rotary_qk(self.q_proj(hidden_states), self.k_proj(hidden_states), cos, sin)
-    value = _heads(self.v_proj(hidden_states), self.config.num_key_value_heads)
+    value = _heads(self.v_proj(hidden_states), self.v_proj.out_features // self.head_dim)  # pruning may remove groups
     if past_key_values is not None:
         key, value = past_key_values.update(key, value, self.layer_idx)
     if getattr(self.config, "sliding_window", None) is not None:  # Mistral
