@@ -16,7 +16,7 @@ from headwise.kvcache import (KVGate, KVGateConfig, KVPolicy, add_kv_gates, full
 from headwise.kvcache.gates import kv_gates
 from headwise.kvcache.learn import distillation_loss, gate_prompts
 from test_kvcache import causal_lm, prompt, reference_logits
-from test_kvcache_scores import char_tokenizer, tiny_lm
+from test_kvcache_scores import char_tokenizer, saved_lm_and_text, tiny_lm
 from tiny import tiny_model
 
 FAMILIES = ["llama", "qwen2", "gpt2"]
@@ -213,11 +213,7 @@ def test_gates_refuse_encoders_busy_sites_and_saving(tmp_path):
 
 
 def test_kv_policy_command_with_learned_scores(tmp_path, capsys):
-    model, tok = tiny_lm(), char_tokenizer()
-    model.save_pretrained(tmp_path / "lm")
-    tok.save_pretrained(tmp_path / "lm")
-    lines = [f"Line {i}: the quick brown fox jumps over the lazy dog. " * (2 + i % 3) for i in range(20)]
-    (tmp_path / "calib.txt").write_text("\n".join(lines) + "\n")
+    saved_lm_and_text(tmp_path)
     args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
             "--window", "16", "--data", str(tmp_path / "calib.txt"), "--eval-keys", "0", "--no-perplexity",
             "--scores", "learned", "--gate-steps", "4", "--gate-length", "160", "--out", str(tmp_path / "out")]

@@ -42,6 +42,16 @@ def tiny_lm(family: str = "llama", attn: str = "headwise") -> tf.PreTrainedModel
 
 CONFIG = ScoreConfig(length=160, depths=(0.2, 0.8), keys=1, random_length=24, random_sequences=2, sink=2, window=16)
 
+def saved_lm_and_text(tmp_path) -> tuple:
+    """A tiny Llama and its character tokenizer saved under ``tmp_path/lm``, and a calibration text file of 20
+    repeated lines; returns ``(model, model folder, text file)``."""
+    model, tok = tiny_lm(), char_tokenizer()
+    model.save_pretrained(tmp_path / "lm")
+    tok.save_pretrained(tmp_path / "lm")
+    lines = [f"Line {i}: the quick brown fox jumps over the lazy dog. " * (2 + i % 3) for i in range(20)]
+    (tmp_path / "calib.txt").write_text("\n".join(lines) + "\n")
+    return model, tmp_path / "lm", tmp_path / "calib.txt"
+
 
 def eager_maps(model, ids: torch.Tensor) -> list[torch.Tensor]:
     """Attention maps ``[H, T, T]`` per layer from transformers' own eager attention."""
@@ -139,11 +149,7 @@ def test_passkey_accuracy_counts_exact_matches():
 
 
 def test_kv_policy_command(tmp_path, capsys):
-    model, tok = tiny_lm(), char_tokenizer()
-    model.save_pretrained(tmp_path / "lm")
-    tok.save_pretrained(tmp_path / "lm")
-    lines = [f"Line {i}: the quick brown fox jumps over the lazy dog. " * (2 + i % 3) for i in range(20)]
-    (tmp_path / "calib.txt").write_text("\n".join(lines) + "\n")
+    model, _, _ = saved_lm_and_text(tmp_path)
     args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
             "--window", "16", "--calibration-length", "160", "--data", str(tmp_path / "calib.txt"),
             "--eval-length", "100", "--out", str(tmp_path / "out")]
