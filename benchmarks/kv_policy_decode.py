@@ -11,7 +11,7 @@ reloaded in each child with ``headwise.from_pretrained``. A latent model's cache
 values (transformers has no latent cache for it): its row shows the compute cost of decoding, not a memory saving.
 Writes the ``kv-policy`` section of docs/benchmarks.md (not with ``--quick``).
 
-    python benchmarks/kv_policy_decode.py [--context 2048] [--new 64] [--repeats 3] [--threads 4] [--device cpu]
+    python benchmarks/kv_policy_decode.py [--context 2048] [--new 64] [--repeats 3] [--threads 2] [--device cpu]
     python benchmarks/kv_policy_decode.py --quick      # 128-token prompt, 4 new tokens, 1 repeat: checks it runs
 """
 
@@ -51,8 +51,9 @@ def build_conversions(folder: Path) -> None:
         headwise.save_pretrained(model, folder / kind, tokenizer=AutoTokenizer.from_pretrained(path))
 
 
-def load_arm(arm: str, conversions: Path, device: str):
-    """The model of ``arm`` with its KV policy applied, and its tokenizer."""
+def load_arm(arm: str, conversions: Path, device: str, context: int):
+    """The model of ``arm`` with its KV policy applied, and its tokenizer; policies are sized to half the full
+    cache at ``context`` tokens."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import headwise
@@ -66,13 +67,13 @@ def load_arm(arm: str, conversions: Path, device: str):
     if base in CONVERSIONS:
         model = headwise.from_pretrained(conversions / base, device=device).eval()
         tokenizer = AutoTokenizer.from_pretrained(conversions / base)
-        policy = KVPolicy.uniform(model, streaming(4, 508)) if stacked else KVPolicy.uniform(model)
+        policy = KVPolicy.uniform(model, streaming(4, context // 2 - 4)) if stacked else KVPolicy.uniform(model)
     else:
         path = resolve_model("smollm2-135m")
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="headwise").to(device).eval()
         results = experiment.load(experiment.RESULTS)
-        args = argparse.Namespace(budget=results["scores"]["budget"], length=results["scores"]["length"],
+        args = argparse.Namespace(budget=results["scores"]["budget"], length=context, size_at=context,
                                   sink=results["scores"]["sink"], window=results["scores"]["window"])
         policy = experiment.policies(args, model, results)[arm]
     apply_kv_policy(model, policy)
@@ -85,7 +86,7 @@ def child(arm: str, context: int, new: int, repeats: int, threads: int, conversi
     from headwise.kvcache import passkey_prompts
 
     torch.set_num_threads(threads)
-    model, tokenizer = load_arm(arm, conversions, device)
+    model, tokenizer = load_arm(arm, conversions, device, context)
     ids = passkey_prompts(tokenizer, context, [0.5], 1)[0].ids[None].to(device)
     mask = torch.ones_like(ids)
     cuda = torch.device(device).type == "cuda"
@@ -134,7 +135,9 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
     lines = [f"SmolLM2-135M, fp32, {args.context}-token prompt + {args.new} greedy tokens, {machine()} "
              f"({args.threads} threads, {args.device}); `python benchmarks/kv_policy_decode.py`. Conversions: "
              "gqa = 3 → 1 KV heads, latent = half the KV values per token (its cache still holds decoded keys and "
-             "values); `+streaming` = sink 4 + window 508 on every head.", "",
+             f"values); `streaming` and `+streaming` = sink 4 + window {args.context // 2 - 4} on every head; `policy` "
+             f"and `random` = as many full heads as fit half the full cache at {args.context} tokens next to sink 4 + "
+             "window 124 on the others.", "",
              f"| arm | KV MiB held | KV bytes/token | prefill s | decode tok/s | peak {rows[0]['memory']} above start MiB |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -172,11 +175,13 @@ def main() -> None:
         if any(a.partition("+")[0] in CONVERSIONS for a in arms):
             build_conversions(Path(tmp))
         for arm in arms:
-            out = subprocess.run([sys.executable, __file__, "--child", arm, "--context", str(args.context), "--new",
-                                  str(args.new), "--repeats", str(args.repeats), "--threads", str(args.threads),
-                                  "--device", args.device, "--conversions", tmp],
-                                 check=True, capture_output=True, text=True).stdout
-            rows.append(json.loads(out.strip().splitlines()[-1]))
+            done = subprocess.run([sys.executable, __file__, "--child", arm, "--context", str(args.context),
+                                   "--new", str(args.new), "--repeats", str(args.repeats), "--threads",
+                                   str(args.threads), "--device", args.device, "--conversions", tmp],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                sys.exit(f"arm {arm} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(rows[-1], flush=True)
     sys.path.insert(0, str(Path(__file__).parent))
     text = table(rows, args)

@@ -12,6 +12,7 @@ Run one step at a time (each < 8 CPU-minutes on one thread); results accumulate 
   python experiments/kv_policy.py arm full             # then policy, policy-retrieval, random, streaming, ...
   python experiments/kv_policy.py arm policy --length 2048 --keys 1   # stored as "policy@2048"
   python experiments/kv_policy.py arm policy-retrieval --window 252     # fewer full heads, wider windows
+  python experiments/kv_policy.py arm policy --length 2048 --size-at 2048 --window 508   # half the bytes at 2k
   python experiments/kv_policy.py learn --device cuda --steps 1000 --gate-length 2048   # DuoAttention-style gates
   python experiments/kv_policy.py arm policy-learned --device cuda     # the heads the gates keep full
   python experiments/kv_policy.py learn --quick        # smoke run on CPU: 4 steps at 512 tokens ("learned-quick")
@@ -125,18 +126,29 @@ def run_learn(args, model, tokenizer, results: dict) -> None:
 
 
 def policies(args, model, results: dict) -> dict[str, KVPolicy]:
+    """The arms, sized to ``--budget`` of the full cache at ``--size-at`` tokens (default: the scored policies at
+    the calibration's length, 1024; StreamingLLM at ``--length``): as many full heads as fit next to
+    ``sink + window`` on the others."""
+    calibrated = results["scores"]["length"]
+    size_at = args.size_at or calibrated
     n_full = results["scores"]["full_heads"]
     chosen = {by: set(map(tuple, heads)) for by, heads in results["scores"]["seeds"]["0"]["full_heads"].items()}
+    stored = results["scores"]["seeds"]["0"]["scores"]["per_query_head"]
     if args.window != results["scores"]["window"]:  # re-size for this window; `outside` was measured for another
-        n_full = full_heads_for_budget(90, args.budget, results["scores"]["length"], args.sink, args.window)
-        stored = results["scores"]["seeds"]["0"]["scores"]["per_query_head"]
+        n_full = full_heads_for_budget(90, args.budget, size_at, args.sink, args.window)
         scores = HeadScores({k: torch.tensor(v) for k, v in stored.items() if k != "outside"}, [3] * 30)
         chosen = {by: set(rank_kv_heads(scores, by)[:n_full]) for by in ("retrieval", "copy", "induction")}
+    elif size_at != calibrated:  # same scores, more full heads at a longer context
+        n_full = full_heads_for_budget(90, args.budget, size_at, args.sink, args.window)
+        scores = HeadScores({k: torch.tensor(v) for k, v in stored.items()}, [3] * 30)
+        chosen = {by: set(rank_kv_heads(scores, by)[:n_full]) for by in ("combined", "retrieval")}
     random_heads = set(rank_kv_heads(HeadScores({}, [3] * 30), "random", seed=0)[:n_full])
     if "learned" in results and results["learned"]["config"]["window"] == args.window:  # the gates' top heads
-        chosen["learned"] = set(map(tuple, results["learned"]["full_heads"]))
-    # every head keeps budget·length tokens (the scored policies were sized at the calibration's length)
-    stream_window = int(args.budget * args.length) - args.sink
+        alpha = torch.tensor(results["learned"]["alpha"])
+        order = sorted(range(90), key=lambda i: (-float(alpha.flatten()[i]), i))
+        chosen["learned"] = {(i // 3, i % 3) for i in order[:n_full]}
+    # StreamingLLM: every head keeps budget·tokens (at --size-at, else at --length: half the bytes at that length)
+    stream_window = int(args.budget * (args.size_at or args.length)) - args.sink
     return {"full": KVPolicy.uniform(model),
             **{f"policy-{by}" if by != "combined" else "policy": KVPolicy.keep_full(model, heads, args.sink,
                                                                                    args.window)
@@ -191,6 +203,7 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
     row["device"] = str(model.device)
     name = args.arm if args.length == results["scores"]["length"] else f"{args.arm}@{args.length}"
     name += "" if args.window == results["scores"]["window"] else f"@w{args.window}"
+    name += f"@size{args.size_at}" if args.size_at else ""
     results.setdefault("arms", {})[name] = row
     print(args.arm, row["passkey"]["accuracy"], row["wikitext2"]["ppl"], row["kv_fraction"])
 
@@ -226,6 +239,8 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=1024)
     parser.add_argument("--sink", type=int, default=4)
     parser.add_argument("--window", type=int, default=124)
+    parser.add_argument("--size-at", type=int, default=None,
+                        help="arm: size the policies to --budget at this many tokens (default: the calibration's)")
     parser.add_argument("--keys", type=int, default=3, help="passkeys per depth (5 depths)")
     parser.add_argument("--chunks", type=int, default=3, help="WikiText-2 chunks of --length tokens")
     parser.add_argument("--data", type=Path, default=None, help="default: shared/data/wikitext-2/valid.txt")

@@ -261,3 +261,40 @@ def test_surgery_refuses_collaborative_sites():
     compress(model, dk=8)
     with pytest.raises(headwise.HeadwiseError, match="prune before compressing"):
         headwise.prune_heads(model, {"enc-self.0": [1]})
+
+
+def test_a_fractional_dk_gives_each_pruned_site_its_share_and_round_trips(tmp_path):
+    """dk=0.5 after uneven pruning: each site keeps half of *its* heads × head_dim (16 of 32, 8 of 16), the
+    probabilities equal a dense reference built from each site's own factors, and the model reloads."""
+    model = _random_biases(tiny_model("bert"))
+    headwise.prune_heads(model, {"enc-self.0": [0, 1]})
+    result = compress(model, dk=0.5)
+    assert result.dk == 0.5 and [s.dk for s in result.sites] == [8, 16]
+    modules = [s.module for s in headwise.find_sites(model)]
+    assert [tuple(m.mixing.shape) for m in modules] == [(2, 8), (4, 16)]
+    inputs, real = tiny_inputs("bert")
+    captured = _capture(modules[0])
+    with torch.no_grad():
+        probs = model(**inputs, output_attentions=True).attentions[0]
+    module, x = modules[0], captured["x"]
+    A = torch.einsum("ri,hr,rj->hij", module.query.weight, module.mixing, module.key.weight)
+    scores = torch.einsum("bti,hij,bsj->bhts", x, A, x) + module.content_bias(x).transpose(1, 2)[:, :, None]
+    scores = scores * module.scaling + torch.where(real, 0.0, -1e9)[:, None, None, :]
+    assert torch.allclose(probs, F.softmax(scores, -1), atol=1e-5)
+    headwise.save_pretrained(model, tmp_path / "m")
+    again = headwise.from_pretrained(tmp_path / "m")
+    with torch.no_grad():
+        assert torch.equal(again(**inputs).last_hidden_state, model(**inputs).last_hidden_state)
+
+
+@pytest.mark.parametrize("text, value", [("16", 16), ("16.0", 16), ("0.25", 0.25), ("0", None), ("1.5", None),
+                                         ("1.0", 1), ("wide", None), ("-0.5", None)])
+def test_cli_dk_takes_a_width_or_a_share(text, value):
+    from headwise.cli.compress import _dk
+
+    if value is None:
+        with pytest.raises(HeadwiseError, match="positive integer width"):
+            _dk(text)
+    else:
+        got = _dk(text)
+        assert got == value and type(got) is type(value)

@@ -26,7 +26,7 @@ def compressed(tmp_path_factory):
 def test_compress_writes_model_json_and_report(compressed, tmp_path, capsys):
     source, out = compressed
     assert main(["compress", "--model", str(source), "--dk", "0", "--no-eval", "--out", str(tmp_path / "o1")]) == 2
-    assert "--dk must be a positive integer" in capsys.readouterr().err and not (tmp_path / "o1").exists()
+    assert "--dk 0: give a positive integer width" in capsys.readouterr().err and not (tmp_path / "o1").exists()
     summary = json.loads((out / "compression.json").read_text())
     assert summary["dk"] == 10 and summary["params_after"] < summary["params_before"]
     assert [c["dk"] for c in summary["curve"]] == [5, 10, 11, 16, 21, 32]

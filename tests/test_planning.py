@@ -95,6 +95,36 @@ def test_impossible_budgets_are_refused_before_any_work():
     Budget.parse("kv-cache=-50%").validate(tiny_model("llama"))
 
 
+def test_budget_shares_and_load_by_hand():
+    b = Budget.parse("heads=36,latency=0.8x,params=-50%")
+    base = {"heads": 72, "attention_params": 1000, "kv_bytes": 0, "flops": 10}
+    point = {"heads": 18, "latency": 0.9, "attention_params": 250, "kv_bytes": 0, "flops": 5}
+    assert b.shares(point, base) == pytest.approx({"heads": 0.5, "latency": 1.125, "params": 0.5})
+    assert b.load(point, base) == pytest.approx(1.125) and b.violations(point, base) == ["latency"]
+    assert b.shares({**point, "latency": None}, base)["latency"] == float("inf")
+    assert Budget.parse("heads=72").load(base, base) == pytest.approx(1.0)
+
+
+def test_finalists_measure_the_best_and_the_cheapest_pair_of_each_level():
+    """Prediction says every collaborative pair is slower than its pruning (dk alone timed 1.0-1.2x on the whole
+    model); the cheapest pair of each level is still measured, next to the best-scoring one."""
+    from headwise.planning.candidates import Candidate
+    from headwise.planning.edits import Edit
+    from headwise.planning.search import finalists
+
+    base = {"score": 90.0, "heads": 8, "latency": 1.0, "attention_params": 100, "flops": 100, "kv_bytes": 0}
+    prunes = [(Candidate(f"prune-{h}", "prune", Edit(prune={"enc-self.0": list(range(8 - h))})),
+               {**base, "score": 90.0 - (8 - h), "heads": h, "latency": 0.6 + 0.05 * h,
+                "attention_params": 12.5 * h, "flops": 12.5 * h}) for h in (6, 4)]
+    others = [(Candidate(f"dk-{f:g}", "dk", Edit(dk=f)),
+               {**base, "score": 90.0 - (1 - f), "latency": 0.9 + 0.4 * f, "attention_params": 100 * f,
+                "flops": 100 * f})
+              for f in (0.75, 0.25)]
+    chosen = [name for name, *_ in finalists(prunes, others, base, Budget.parse("latency=0.75x"), 1.0, top_k=1)]
+    assert chosen[0] == "prune-6+dk-0.75"  # nothing fits: the best predicted score among the misses
+    assert set(chosen) == {"prune-4+dk-0.75", "prune-6+dk-0.75", "prune-6+dk-0.25", "prune-4+dk-0.25"}
+
+
 # ---- costs against hand counts -------------------------------------------------------------------------------
 def test_costs_of_bert_match_hand_counts_before_and_after_removal():
     bert = tiny_model("bert")  # hidden 32, 4 heads of 8, biases everywhere
@@ -259,6 +289,32 @@ def test_retime_measures_latency_again_and_keeps_the_plan_consistent(bert_plan, 
     rec = again.recommended_point
     assert rec is None or rec.meets_budget
     assert any(p.on_front for p in again.points)
+    one_by_one = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    one_by_one.retime(model, tokenizer, repeats=1, task=task, progress=False, side_by_side=False)
+    assert all(p.measured["latency_ms"] > 0 for p in one_by_one.points) and one_by_one.base.measured["latency"] == 1.0
+
+
+def test_side_by_side_timing_brackets_every_round_with_the_base_and_rotates_the_order():
+    from headwise.planning.costs import measure_latencies
+
+    calls = []
+
+    class Recorder(torch.nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.weight = name, torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            calls.append(self.name)
+            return x
+
+    models = {n: Recorder(n) for n in "abc"}
+    per_model, base_ms = measure_latencies(models, Recorder("base"), {"x": torch.zeros(1)}, repeats=3, warmup=1)
+    assert calls[:4] == ["base", "a", "b", "c"]
+    rounds = [calls[4 + 5 * r: 9 + 5 * r] for r in range(3)]
+    assert rounds == [["base", "a", "b", "c", "base"], ["base", "b", "c", "a", "base"],
+                      ["base", "c", "a", "b", "base"]]
+    assert set(per_model) == set("abc") and all(r > 0 and ms > 0 for r, ms in per_model.values()) and base_ms > 0
 
 
 def test_l0_ranking_reads_gate_logits_and_leaves_the_model_alone(tokenizer, stsb_dir):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 from pathlib import Path
 
@@ -17,7 +18,9 @@ def register(verbs, parents) -> None:
     p = verbs.add_parser("compress", parents=parents,
                          help="collaborative heads: share one query/key projection of width --dk across heads")
     model_args(p)
-    p.add_argument("--dk", type=int, required=True, help="shared query/key width (heads × head_dim is exact)")
+    p.add_argument("--dk", required=True,
+                   help="shared query/key width (heads × head_dim is exact), or a fraction 0 < dk < 1 of each "
+                        "layer's heads × head_dim (e.g. 0.25 after uneven pruning)")
     p.add_argument("--calibration", default=None,
                    help="STS-B .tsv file or folder, a .txt file (one text a line), or 'task' (the task's "
                         "calibration split): minimise the attention-score error on these inputs instead of the weight "
@@ -53,17 +56,36 @@ def _calibration_texts(path: str, limit: int) -> list[str]:
     return random.Random(0).sample(texts, limit) if len(texts) > limit else texts
 
 
-def _curve_dks(spec: str, dk: int, exact: int) -> list[int]:
+def _dk(text: str) -> int | float:
+    """``--dk``: a positive width, or a fraction strictly between 0 and 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if value.is_integer() and value >= 1:
+        return int(value)
+    if 0 < value < 1:
+        return value
+    raise HeadwiseError(f"--dk {text}: give a positive integer width (e.g. 96) or a fraction 0 < dk < 1 of each "
+                        "layer's heads × head_dim (e.g. 0.25)")
+
+
+def _curve_dks(spec: str, dk: int | float, exact: int) -> list[int | float]:
+    """The trade-off curve's widths: counts, or fractions of each site's width when ``dk`` is one."""
+    fraction = isinstance(dk, float)
     if spec == "none":
         return []
     if spec == "auto":
-        values = {max(1, round(exact * f)) for f in (1 / 6, 1 / 3, 1 / 2, 2 / 3, 1)}
+        shares = (1 / 6, 1 / 3, 1 / 2, 2 / 3)
+        values = set(shares) if fraction else {max(1, round(exact * f)) for f in (*shares, 1)}
     else:
         try:
-            values = {int(v) for v in spec.split(",") if v.strip()}
+            values = {(float if fraction else int)(v) for v in spec.split(",") if v.strip()}
         except ValueError:
-            raise HeadwiseError(f"--curve {spec!r}: give comma-separated integers, 'auto' or 'none'") from None
-    return sorted(v for v in values | {min(dk, exact)} if 0 < v <= exact)
+            kind = "fractions between 0 and 1" if fraction else "integers"
+            raise HeadwiseError(f"--curve {spec!r}: give comma-separated {kind}, 'auto' or 'none'") from None
+    values.add(dk if fraction else min(dk, exact))
+    return sorted(v for v in values if (0 < v < 1 if fraction else 0 < v <= exact))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -76,8 +98,7 @@ def run(args: argparse.Namespace) -> int:
     from ..collaborative.apply import check_compressible, exact_rank
     from ..report.compression import add_compression_section
 
-    if args.dk <= 0:
-        raise HeadwiseError(f"--dk must be a positive integer, got {args.dk}")
+    args.dk = _dk(args.dk)
     check_writable_dir(args.out, args.force)
     from_task = args.calibration == "task"
     texts = _calibration_texts(args.calibration, args.limit) if args.calibration and not from_task else None

@@ -54,7 +54,7 @@ class SiteCompression:
 
 @dataclass
 class Compression:
-    dk: int
+    dk: int | float  # the requested width: a count, or a fraction of each site's heads × head_dim
     objective: str  # "weights" or "scores"
     sites: list[SiteCompression] = field(default_factory=list)
 
@@ -75,11 +75,22 @@ def exact_rank(site: AttentionSite) -> int:
     return site.num_heads * site.head_dim
 
 
+def site_rank(site: AttentionSite, dk: int | float) -> int:
+    """The shared width ``site`` gets for ``dk``: ``min(dk, H·d)`` for a count; for a fraction ``0 < dk < 1``,
+    that share of the site's own ``H·d`` (rounded to an even number ≥ 2, which rotary planes need), so sites
+    left with different head counts (after pruning) shrink alike."""
+    if isinstance(dk, float):
+        return min(exact_rank(site), max(2, 2 * round(dk * exact_rank(site) / 2)))
+    return min(dk, exact_rank(site))
+
+
 def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object) -> None:
     """Raise ``HeadwiseError`` (naming the problem and the fix) unless every site can become collaborative."""
-    if isinstance(dk, bool) or not isinstance(dk, int) or dk <= 0:
-        raise HeadwiseError(f"dk must be a positive integer (the width of the shared query/key space), got {dk!r}; "
-                            f"the exact form of this model is dk={max(exact_rank(s) for s in sites)}")
+    fraction = isinstance(dk, float) and 0 < dk < 1
+    if not fraction and (isinstance(dk, bool) or not isinstance(dk, int) or dk <= 0):
+        raise HeadwiseError(f"dk must be a positive integer (the width of the shared query/key space) or a fraction "
+                            f"0 < dk < 1 of each site's heads × head_dim, got {dk!r}; the exact form of this model "
+                            f"is dk={max(exact_rank(s) for s in sites)}")
     for site in sites:
         if site.family not in FORWARDS:
             why = (" Its query and key have biases, which rotary positions turn into position-dependent score "
@@ -87,7 +98,7 @@ def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object)
             raise HeadwiseError(f"collaborative heads do not support {site.family} ({type(model).__name__}).{why} "
                                 f"Supported: {', '.join(sorted(FORWARDS))}")
         if site.family in ROTARY:
-            _check_rotary(site, dk)
+            _check_rotary(site, site_rank(site, dk))
         elif site.positions != "absolute" and not site.layout.position_bias:
             raise HeadwiseError(f"{site.name}: {site.positions} position scores depend on per-head queries and keys, "
                                 "which collaborative heads replace; only absolute positions are supported")
@@ -134,7 +145,8 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
                      progress) -> tuple[Compression, list]:
     """Decompose every site at ``config.dk`` (the model is not changed); returns the stats and what to install."""
     exact = max(exact_rank(s) for s in sites)
-    result = Compression(min(config.dk, exact), "scores" if moments else "weights")
+    result = Compression(config.dk if isinstance(config.dk, float) else min(config.dk, exact),
+                         "scores" if moments else "weights")
     if any(s.family in ROTARY for s in sites) and (config.init == "hosvd" or config.solver != "als"):
         raise HeadwiseError(f"init={config.init!r}, solver={config.solver!r}: rotary sites are decomposed per "
                             "frequency from the block start with complex ALS; use init='auto' or 'block', solver='als'")
@@ -142,7 +154,7 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
     for site in tqdm(sites, desc=f"decomposing (dk={result.dk})", unit="site",
                      disable=None if progress is None else not progress):
         start = time.perf_counter()
-        rank = min(config.dk, exact_rank(site))
+        rank = site_rank(site, config.dk)
         P, K = site.q.weight.detach().float(), site.k.weight.detach().float()
         cov = moments[site.path] if moments else None
         if site.family in ROTARY:
@@ -180,7 +192,9 @@ def compress(
     progress: bool | None = None,
     moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> Compression:
-    """Make every attention site of ``model`` collaborative with a shared query/key width ``dk`` (in place).
+    """Make every attention site of ``model`` collaborative with a shared query/key width ``dk`` (in place):
+    a count, or a fraction ``0 < dk < 1`` of each site's heads × head_dim (``dk=0.25`` after uneven pruning
+    gives each layer a quarter of what it kept).
 
     ``calibration`` (texts with ``tokenizer``, or model-input dicts) selects the data-aware objective: the error of
     the attention scores on those inputs instead of the weights. ``dk ≥ H·d`` is exact (a larger ``dk`` warns and
@@ -190,7 +204,7 @@ def compress(
     """
     config, sites, moments = _prepare(model, dk, config, calibration, tokenizer, progress, moments)
     exact = max(exact_rank(s) for s in sites)
-    if config.dk > exact:
+    if isinstance(config.dk, int) and config.dk > exact:
         warnings.warn(f"dk={config.dk} is more than the exact form needs ({exact} = heads × head_dim); using the "
                       f"exact form, dk={exact}", stacklevel=2)
     result, plan = _decompose_sites(sites, config, moments, progress)

@@ -10,7 +10,8 @@ from typing import Literal, Sequence
 class CollaborativeConfig:
     """Options of :func:`headwise.collaborative.compress`.
 
-    ``dk``: width of the shared query/key space (``≥ H·d`` is the exact reparametrisation).
+    ``dk``: width of the shared query/key space (``≥ H·d`` is the exact reparametrisation), or a fraction
+    ``0 < dk < 1`` of each site's ``H·d`` (rounded to an even width).
     ``init``: ``"block"`` (best form where every shared dimension serves one head: per-head SVD, global
     truncation), ``"hosvd"`` (top singular subspaces of the unfoldings) or ``"auto"`` (block with a calibration
     set, hosvd without: what converged best on MiniLM). ``iterations`` of ALS follow
@@ -23,7 +24,7 @@ class CollaborativeConfig:
     ``["enc-self", "dec-self"]`` in T5, whose cross-attention cannot be converted.
     """
 
-    dk: int
+    dk: int | float
     kinds: Sequence[str] | None = None
     init: Literal["auto", "block", "hosvd"] = "auto"
     iterations: int = 20

@@ -8,6 +8,7 @@ attention FLOPs at the task's sequence length, ``kv-cache`` the key/value cache 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -93,21 +94,26 @@ class Budget:
 
     def violations(self, costs: dict[str, float | None], base: dict[str, float | None]) -> list[str]:
         """The axes on which ``costs`` exceed this budget (an unmeasured axis counts as exceeded)."""
-        out = []
+        return [axis for axis, share in self.shares(costs, base).items() if share > 1 + 1e-9]
+
+    def load(self, costs: dict[str, float | None], base: dict[str, float | None]) -> float:
+        """The largest share of a limit that ``costs`` use (≤ 1 fits; 0 with no limits): how far a point is
+        from the budget, to rank points that miss it."""
+        return max(self.shares(costs, base).values(), default=0.0)
+
+    def shares(self, costs: dict[str, float | None], base: dict[str, float | None]) -> dict[str, float]:
+        """``{limited axis: cost / limit}`` (an unmeasured axis counts as infinitely over)."""
+        out = {}
         heads = self.head_count(int(base["heads"]))
-        if heads is not None and costs["heads"] > heads:
-            out.append("heads")
+        if heads is not None:
+            out["heads"] = costs["heads"] / heads if heads else math.inf
         for axis, key in (("latency", "latency"), ("params", "attention_params"), ("kv_cache", "kv_bytes"),
                           ("flops", "flops")):
             limit = getattr(self, axis)
             if limit is None:
                 continue
-            if axis == "latency":
-                ratio = costs.get("latency")
-            else:
-                ratio = costs[key] / base[key] if base[key] else None
-            if ratio is None or ratio > limit + 1e-9:
-                out.append(axis)
+            ratio = costs.get("latency") if axis == "latency" else costs[key] / base[key] if base[key] else None
+            out[axis] = math.inf if ratio is None else ratio / limit
         return out
 
 

@@ -18,14 +18,14 @@ from .edits import Edit
 from .proxies import output_error, prune_edit
 
 PRUNE_FRACTIONS = (0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75)
-DK_FRACTIONS = (0.75, 0.5, 0.375, 0.25)
+DK_FRACTIONS = (0.75, 0.5, 0.375, 0.25, 0.125)
 QUANTIZERS = ({"method": "linear_slog_clamped_midval", "bits": 3}, {"method": "none", "threshold": 0.01})
 MIN_WINDOW = 16  # a local window is tried when sequences hold at least 4 windows of this size
 
 
 @dataclass
 class Candidate:
-    name: str  # e.g. "prune-36", "dk-192"
+    name: str  # e.g. "prune-36", "dk-0.25"
     method: str  # one of edits.METHODS
     edit: Edit
     proxy: float | None = None  # relative output error on the calibration batches
@@ -61,10 +61,9 @@ def kv_candidates(model: nn.Module) -> tuple[list[Candidate], str | None]:
 
 
 def dk_candidates(model: nn.Module) -> list[Candidate]:
-    """Collaborative widths at fractions of the exact one (heads × head dim), multiples of 8."""
-    exact = max(s.num_heads * s.head_dim for s in find_sites(model))
-    dks = sorted({max(8, int(round(f * exact / 8)) * 8) for f in DK_FRACTIONS}, reverse=True)
-    return [Candidate(f"dk-{dk}", "dk", Edit(dk=dk)) for dk in dks if dk < exact]
+    """Collaborative widths as shares of each site's heads × head dim: combined with heads removed, a layer
+    keeps that share of the heads it has left."""
+    return [Candidate(f"dk-{f:g}", "dk", Edit(dk=f)) for f in DK_FRACTIONS]
 
 
 def quantization_candidates() -> list[Candidate]:

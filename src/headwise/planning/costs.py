@@ -85,7 +85,9 @@ def key_span(site: AttentionSite, length: float) -> float:
 def site_flops(site: AttentionSite, length: float) -> float:
     """Attention FLOPs of one site for a sequence of ``length`` tokens (see the module docstring)."""
     proj = sum(2 * m.weight.numel() for m in _linears(site))
-    dqk = getattr(site.module, "dk", None) or site.head_dim
+    mixing = getattr(site.module, "mixing", None)  # collaborative: [H, R] mixing; scores of width R (+ H tags)
+    rotary = hasattr(site.module, "frequencies")
+    dqk = site.head_dim if mixing is None else mixing.shape[1] + (0 if rotary else mixing.shape[0])
     return length * (proj + 2 * site.num_heads * (dqk + site.head_dim) * key_span(site, length))
 
 
@@ -122,18 +124,47 @@ def _time(model: nn.Module, batch: dict[str, torch.Tensor]) -> float:
 
 
 def measure_latency(model: nn.Module, base: nn.Module, batch: dict[str, torch.Tensor], repeats: int = 7,
-                    warmup: int = 1) -> tuple[float, float]:
-    """``(median time of model / median time of base, median ms of model)``: forwards of ``batch`` alternated
-    between the two models ``repeats`` times after ``warmup`` rounds, so drifts in machine load hit both."""
+                    warmup: int = 2) -> tuple[float, float]:
+    """``(median ratio, median ms of model)``: forwards of ``batch`` alternated between the two models
+    ``repeats`` times after ``warmup`` rounds; each round's ratio compares two neighbouring forwards (base before
+    and after the model's, averaged), so drifts in machine load cancel within a round."""
     for _ in range(warmup):
         _time(base, batch), _time(model, batch)
     mine: list[float] = []
-    theirs: list[float] = []
+    theirs = [_time(base, batch)]
     for _ in range(repeats):
-        theirs.append(_time(base, batch))
         mine.append(_time(model, batch))
-    ms = statistics.median(mine)
-    return ms / statistics.median(theirs), 1000 * ms
+        theirs.append(_time(base, batch))
+    ratios = [m / ((a + b) / 2) for m, a, b in zip(mine, theirs, theirs[1:])]
+    return statistics.median(ratios), 1000 * statistics.median(mine)
+
+
+def measure_latencies(models: dict[str, nn.Module], base: nn.Module, batch: dict[str, torch.Tensor],
+                      repeats: int = 15, warmup: int = 2) -> tuple[dict[str, tuple[float, float]], float]:
+    """``({name: (median ratio, median ms)}, median ms of base)`` for several edited models timed side by side:
+    each round runs
+    ``base``, every model (in an order rotated each round) and ``base`` again; a model's ratio in a round is its
+    time over the mean of that round's two base forwards, so slow drifts of the machine cancel and no model
+    always runs right after another."""
+    names = list(models)
+    for _ in range(warmup):
+        _time(base, batch)
+        for name in names:
+            _time(models[name], batch)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    ratios: dict[str, list[float]] = {name: [] for name in names}
+    base_times = []
+    for r in range(repeats):
+        start = _time(base, batch)
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        round_times = {name: _time(models[name], batch) for name in order}
+        base_times += [start, _time(base, batch)]
+        reference = (base_times[-2] + base_times[-1]) / 2
+        for name, t in round_times.items():
+            times[name].append(t)
+            ratios[name].append(t / reference)
+    per_model = {name: (statistics.median(ratios[name]), 1000 * statistics.median(times[name])) for name in names}
+    return per_model, 1000 * statistics.median(base_times)
 
 
 def sequence_length(batches: Sequence[dict[str, torch.Tensor]]) -> float:

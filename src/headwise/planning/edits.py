@@ -29,12 +29,13 @@ LABELS = {"prune": "remove heads", "kv_heads": "merge KV heads", "dk": "collabor
 @dataclass
 class Edit:
     """``prune``: ``{site name: [removed query heads]}``; ``kv_heads``: key/value heads per decoder layer after
-    ``convert_gqa``; ``dk``: collaborative query/key width; ``mechanism``: ``{"name", "args", "sites"}``;
+    ``convert_gqa``; ``dk``: collaborative query/key width (a count, or a share ``0 < dk < 1`` of each site's
+    heads × head_dim left after pruning); ``mechanism``: ``{"name", "args", "sites"}``;
     ``quantization``: ``QuantizationConfig`` fields. Empty / ``None`` fields do nothing."""
 
     prune: dict[str, list[int]] = field(default_factory=dict)
     kv_heads: int | None = None
-    dk: int | None = None
+    dk: int | float | None = None
     mechanism: dict[str, Any] | None = None
     quantization: dict[str, Any] | None = None
 
@@ -55,7 +56,8 @@ class Edit:
         if self.kv_heads:
             parts.append(f"{self.kv_heads} KV heads per layer")
         if self.dk:
-            parts.append(f"collaborative heads dk={self.dk}")
+            parts.append(f"collaborative heads dk={100 * self.dk:g}% of the heads' width" if isinstance(self.dk, float)
+                         else f"collaborative heads dk={self.dk}")
         if self.mechanism:
             args = ",".join(f"{k}={v}" for k, v in self.mechanism.get("args", {}).items())
             parts.append(f"{self.mechanism['name']}({args}) on {len(self.mechanism['sites'])} layers")

@@ -29,7 +29,7 @@ from ..tasks import Task, get_task, recover
 from .budget import Budget
 from .candidates import (Candidate, dk_candidates, kv_candidates, mechanism_candidates, prune_candidates,
                          quantization_candidates)
-from .costs import measure_latency, sequence_length, static_costs
+from .costs import measure_latencies, measure_latency, sequence_length, static_costs
 from .edits import Edit, apply_edit
 from .pareto import COST_AXES, front
 from .proxies import head_scores, outputs, relative_error, removal_order
@@ -144,18 +144,30 @@ class Plan:
         return apply_edit(model, edit, calibration, self.settings.get("allow_empty_layers", False), progress)
 
     def retime(self, model: nn.Module, tokenizer: Any, repeats: int = 15, task: Task | None = None,
-               progress: bool | None = None) -> None:
+               progress: bool | None = None, side_by_side: bool = True) -> None:
         """Measure every point's latency again beside the unedited ``model`` (e.g. on an idle machine), then
-        recompute the budget fits, the front and the recommended point. Scores are not re-measured."""
+        recompute the budget fits, the front and the recommended point. Scores are not re-measured.
+        ``side_by_side`` (default) keeps every edited copy in memory and times them all in the same rounds
+        (``measure_latencies``), so the points are compared under the same machine load; ``False`` re-applies
+        and times one point at a time beside the original (for models too large to hold many copies)."""
         task = task or self.make_task()
         device = next(model.parameters()).device
         size = self.settings["timing_batch"][0]
         timing = task.calibration_inputs(tokenizer, limit=size, batch_size=size, device=device)[0]
-        for p in tqdm(self.points, desc="re-time", unit="edit", disable=None if progress is None else not progress):
-            edited = self.apply(copy.deepcopy(model), tokenizer, p.name, task) if p.kind != "base" else model
-            latency, ms = measure_latency(edited, model, timing, repeats)
-            p.measured["latency"], p.measured["latency_ms"] = (1.0 if p.kind == "base" else latency), ms
+        edits = [p for p in self.points if p.kind != "base"]
+        bar = dict(unit="edit", disable=None if progress is None else not progress)
+        if side_by_side:
+            copies = {p.name: self.apply(copy.deepcopy(model), tokenizer, p.name, task)
+                      for p in tqdm(edits, desc="apply every edit", **bar)}
+            measured, base_ms = measure_latencies(copies, model, timing, repeats)
+        else:
+            measured = {p.name: measure_latency(self.apply(copy.deepcopy(model), tokenizer, p.name, task), model,
+                                                timing, repeats) for p in tqdm(edits, desc="re-time", **bar)}
+            base_ms = measure_latency(model, model, timing, repeats)[1]
+        for p in self.points:
+            p.measured["latency"], p.measured["latency_ms"] = measured.get(p.name, (1.0, base_ms))
         self.settings["latency_repeats"] = repeats
+        self.settings["latency_side_by_side"] = side_by_side
         self.recommended = _finish(self.points, Budget.parse(self.budget), self.base, self.sign)
 
     # ---- files ---------------------------------------------------------------------------------------------
@@ -331,8 +343,9 @@ def _finish(points: list[Point], budget: Budget, base: Point, sign: float) -> st
 
 def _sensible(model: nn.Module, edit: Edit) -> bool:
     """Whether a combination means what it says: a collaborative width below what every pruned site needs for
-    its exact form (a larger one is cut to the exact form, the same point as a smaller ``dk``)."""
-    if not edit.dk:
+    its exact form (a larger one is cut to the exact form, the same point as a smaller ``dk``); a share of each
+    site's width always is."""
+    if not edit.dk or isinstance(edit.dk, float):
         return True
     exact = max((s.num_heads - len(edit.prune.get(s.name, []))) * s.head_dim for s in find_sites(model))
     return edit.dk < exact

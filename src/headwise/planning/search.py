@@ -39,7 +39,10 @@ def finalists(prunes: Sequence[tuple[Candidate, dict]], others: Sequence[tuple[C
               ) -> list[tuple[str, list[str], Edit, dict[str, Any]]]:
     """What to measure among the pairs ``valid`` accepts: the ``top_k`` of best predicted score whose predicted
     costs meet ``budget`` (if none does, the ``top_k`` least over budget), then, for each level of heads removed,
-    its best predicted pair (so the combined curve spans the front). Returns ``(name, parts, edit, prediction)``."""
+    its best predicted pair and its cheapest one (least predicted share of the budget), so the combined curve spans
+    the front and a pair whose second method costs less on the pruned model than alone (a collaborative width is
+    a share of the heads left) is measured, not ruled out by its prediction. Returns
+    ``(name, parts, edit, prediction)``."""
     pairs = []
     for p, pm in prunes:
         for o, om in others:
@@ -48,15 +51,17 @@ def finalists(prunes: Sequence[tuple[Candidate, dict]], others: Sequence[tuple[C
                 continue
             pred = predict(base, pm, om, sign)
             over = budget.violations(pred, base)
-            pairs.append((len(over), -pred["goodness"], f"{p.name}+{o.name}", [p.name, o.name], edit, pred))
+            pairs.append((len(over), -pred["goodness"], f"{p.name}+{o.name}", [p.name, o.name], edit, pred,
+                          budget.load(pred, base)))
     fitting = [x for x in pairs if x[0] == 0] or pairs
     chosen = sorted(fitting, key=lambda x: (x[0], x[1]))[:top_k]
     for p, _ in prunes:
         level = [x for x in pairs if x[3][0] == p.name]
         if level:
             chosen.append(min(level, key=lambda x: x[1]))
+            chosen.append(min(level, key=lambda x: (x[6], x[1])))
     seen, out = set(), []
-    for _, _, name, parts, edit, pred in chosen:
+    for _, _, name, parts, edit, pred, _ in chosen:
         if name not in seen:
             seen.add(name)
             out.append((name, parts, edit, pred))

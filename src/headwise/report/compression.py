@@ -24,16 +24,17 @@ def add_compression_section(report: Report, summary: dict) -> None:
     curve = summary["curve"]
     if curve:
         dks = [c["dk"] for c in curve]
+        axis = "dk (share of each site's heads × head_dim)" if isinstance(dks[0], float) else "dk"
         mean = lambda c, key: sum(s[key] for s in c["sites"]) / len(c["sites"])  # noqa: E731
         errors = {"weight error": (dks, [mean(c, "weight_error") for c in curve])}
         if summary["objective"] == "scores":
             errors["score error (calibration)"] = (dks, [mean(c, "score_error") for c in curve])
         section.grid([
-            (lines(errors, "dk", "mean relative error", "Reconstruction error vs. dk"),
+            (lines(errors, axis, "mean relative error", "Reconstruction error vs. dk"),
              "Mean over sites; the exact form (dk = heads × head_dim) has error 0."),
             (lines({"collaborative": (dks, [c["params_after"] for c in curve]),
                     "original": (dks, [summary["params_before"]] * len(dks))},
-                   "dk", "query/key parameters", "Parameters vs. dk"), None),
+                   axis, "query/key parameters", "Parameters vs. dk"), None),
         ])
     section.table(
         [(s["name"], s["dk"], s["weight_error"], s["score_error"] if s["score_error"] is not None else "–",
