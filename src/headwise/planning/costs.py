@@ -125,27 +125,16 @@ def _time(model: nn.Module, batch: dict[str, torch.Tensor]) -> float:
 
 def measure_latency(model: nn.Module, base: nn.Module, batch: dict[str, torch.Tensor], repeats: int = 7,
                     warmup: int = 2) -> tuple[float, float]:
-    """``(median ratio, median ms of model)``: forwards of ``batch`` alternated between the two models
-    ``repeats`` times after ``warmup`` rounds; each round's ratio compares two neighbouring forwards (base before
-    and after the model's, averaged), so drifts in machine load cancel within a round."""
-    for _ in range(warmup):
-        _time(base, batch), _time(model, batch)
-    mine: list[float] = []
-    theirs = [_time(base, batch)]
-    for _ in range(repeats):
-        mine.append(_time(model, batch))
-        theirs.append(_time(base, batch))
-    ratios = [m / ((a + b) / 2) for m, a, b in zip(mine, theirs, theirs[1:])]
-    return statistics.median(ratios), 1000 * statistics.median(mine)
+    """``(median ratio, median ms of model)`` of one edited model beside ``base`` (``measure_latencies``)."""
+    return measure_latencies({"model": model}, base, batch, repeats, warmup)[0]["model"]
 
 
 def measure_latencies(models: dict[str, nn.Module], base: nn.Module, batch: dict[str, torch.Tensor],
                       repeats: int = 15, warmup: int = 2) -> tuple[dict[str, tuple[float, float]], float]:
-    """``({name: (median ratio, median ms)}, median ms of base)`` for several edited models timed side by side:
-    each round runs
-    ``base``, every model (in an order rotated each round) and ``base`` again; a model's ratio in a round is its
-    time over the mean of that round's two base forwards, so slow drifts of the machine cancel and no model
-    always runs right after another."""
+    """``({name: (median ratio, median ms)}, median ms of base)`` for edited models timed side by side: each
+    round runs ``base``, every model (in an order rotated each round) and ``base`` again; a model's ratio in a
+    round is its time over the mean of that round's two base forwards, so slow drifts of the machine cancel and
+    no model always runs right after another."""
     names = list(models)
     for _ in range(warmup):
         _time(base, batch)
