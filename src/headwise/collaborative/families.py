@@ -4,7 +4,7 @@ The module object stays (its hooks, its place in the model, ``isinstance`` check
 ``output_attentions`` recorder all keep working); its query/key projections are replaced by the shared
 ``W~q``/``W~k`` of width ``R`` under the same attribute names, ``mixing`` and ``content_bias`` are added, and
 its class becomes a subclass of both ``CollaborativeAttention`` and the family class whose ``forward`` (same
-signature as the family's) scores collaboratively. The subclass keeps the family class name, which is how the
+signature as the family's; the cache is read under either keyword, ``headwise.compat``) scores collaboratively. The subclass keeps the family class name, which is how the
 site adapters recognise ALBERT, GPT-2 and ViT modules.
 """
 
@@ -18,6 +18,7 @@ from torch import nn
 from transformers.cache_utils import EncoderDecoderCache
 from transformers.pytorch_utils import Conv1D
 
+from ..compat import pop_cache
 from ..errors import HeadwiseError
 from ..sites import AttentionSite
 from .decompose import Factors
@@ -33,7 +34,8 @@ def _self_cache(cache):
     return cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
 
 
-def _bert_forward(self, hidden_states, attention_mask=None, past_key_values=None, **kwargs):
+def _bert_forward(self, hidden_states, attention_mask=None, **kwargs):
+    past_key_values = pop_cache(kwargs)
     query, key = self.collaborative_qk(self.query(hidden_states), self.key(hidden_states), hidden_states)
     value = _heads(self.value(hidden_states), self.mixing.shape[0])
     if past_key_values is not None:
@@ -64,8 +66,9 @@ def _vit_forward(self, hidden_states, attention_mask=None, **kwargs):
     return self.o_proj(out), probs
 
 
-def _gpt2_forward(self, hidden_states, past_key_values=None, attention_mask=None, encoder_hidden_states=None,
-                  encoder_attention_mask=None, output_attentions=False, **kwargs):
+def _gpt2_forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
+                  output_attentions=False, **kwargs):
+    past_key_values = pop_cache(kwargs)
     if encoder_hidden_states is not None:
         raise HeadwiseError("collaborative GPT-2 attention is self-attention only; cross-attention was not converted")
     rank = self.mixing.shape[1]
@@ -79,10 +82,11 @@ def _gpt2_forward(self, hidden_states, past_key_values=None, attention_mask=None
     return self.resid_dropout(self.c_proj(out)), probs
 
 
-def _bart_forward(self, hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
+def _bart_forward(self, hidden_states, key_value_states=None, attention_mask=None, **kwargs):
     """Self- and cross-attention: in cross-attention (``key_value_states``: the encoder's output) the query comes
     from the decoder and the shared key and the values from the encoder; an ``EncoderDecoderCache`` keeps them
     after the first decoding step, as the family's forward does."""
+    past_key_values = pop_cache(kwargs)
     cross = key_value_states is not None
     source = key_value_states if cross else hidden_states
     cache = past_key_values.cross_attention_cache if cross and isinstance(past_key_values, EncoderDecoderCache) \
@@ -101,13 +105,13 @@ def _bart_forward(self, hidden_states, key_value_states=None, past_key_values=No
     return self.out_proj(out), probs
 
 
-def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, past_key_values=None,
-                **kwargs):
+def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_bias=None, **kwargs):
     """T5: as the family's forward, the position bias is computed here when the stack has not passed one yet
     (layer 0) and returned, so the next layers reuse it; the bias is additive and content-free, so the
     collaborative scores plus the bias equal the original scores plus the bias."""
     if key_value_states is not None:
         raise HeadwiseError("collaborative T5 attention is self-attention only; cross-attention was not converted")
+    past_key_values = pop_cache(kwargs)
     query, key = self.collaborative_qk(self.q(hidden_states), self.k(hidden_states), hidden_states)
     value = _heads(self.v(hidden_states), self.mixing.shape[0])
     past = 0
@@ -124,10 +128,10 @@ def _t5_forward(self, hidden_states, mask=None, key_value_states=None, position_
     return self.o(out), position_bias, probs
 
 
-def _llama_forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
-                   **kwargs):
+def _llama_forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
     """Llama, Mistral: the shared query and key are rotated plane by plane (``rotary_qk``); the cache stores the
     one shared key and the ``G`` grouped values; the attention function repeats them for the ``H`` query heads."""
+    past_key_values = pop_cache(kwargs)
     cos, sin = position_embeddings
     query, key = self.rotary_qk(self.q_proj(hidden_states), self.k_proj(hidden_states), cos, sin)
     value = _heads(self.v_proj(hidden_states), self.v_proj.out_features // self.head_dim)  # pruning may remove groups

@@ -3,7 +3,7 @@
 The policy is recorded in ``config.headwise`` (an edit of kind ``kv_policy``, replayed by ``headwise.from_pretrained``)
 and read from there whenever ``generate`` builds its cache: the model's ``_prepare_cache_for_generation`` is
 wrapped on the instance so that the default ``DynamicCache`` becomes a ``PolicyCache``. A cache passed explicitly
-(``past_key_values=``) or a ``cache_implementation`` is left alone.
+(``cache=``, or ``past_key_values=`` before transformers 5.24) or a ``cache_implementation`` is left alone.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any, Iterator
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
+from ..compat import CACHE, cache_given
 from ..errors import HeadwiseError
 from ..io import register_edit
 from ..runtime import NAME, enable
@@ -46,7 +47,7 @@ def policy_of(model: nn.Module) -> KVPolicy | None:
 
 def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCache:
     """A fresh ``PolicyCache`` for ``model`` (its recorded policy by default), for plain forward calls:
-    ``model(ids, past_key_values=policy_cache(model), use_cache=True)``."""
+    ``model(ids, cache=policy_cache(model), use_cache=True)`` (``past_key_values=`` before transformers 5.24)."""
     policy = policy or policy_of(model)
     if policy is None:
         raise HeadwiseError("this model has no KV policy; pass one or call headwise.apply_kv_policy(model, policy)")
@@ -59,7 +60,7 @@ def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCach
 
 @contextmanager
 def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator[nn.Module]:
-    """Inside the block, every forward call of ``model`` that passes no ``past_key_values`` runs through a fresh
+    """Inside the block, every forward call of ``model`` that passes no cache runs through a fresh
     ``PolicyCache`` (``policy``, or the model's recorded one): each head's rule applies to every query of the
     prefill, as in decoding, so a task's metric (e.g. ``lm`` perplexity) measures what the policy keeps.
 
@@ -68,8 +69,8 @@ def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator
     policy_cache(model, policy)  # refuses a missing or mismatched policy, or the wrong attention implementation
 
     def through_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if kwargs.get("past_key_values") is None:
-            kwargs = {**kwargs, "past_key_values": PolicyCache(policy), "use_cache": True}
+        if not cache_given(kwargs):
+            kwargs = {**kwargs, CACHE: PolicyCache(policy), "use_cache": True}
         return args, kwargs
 
     handle = model.register_forward_pre_hook(through_cache, with_kwargs=True)
@@ -81,12 +82,11 @@ def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator
 
 def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *args, **kwargs) -> Any:
     """``generate``'s cache preparation, then the default ``DynamicCache`` swapped for a ``PolicyCache``."""
-    user_cache = model_kwargs.get("past_key_values")
+    user_cache = cache_given(model_kwargs)
     result = type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
     policy = policy_of(self)
-    made = model_kwargs.get("past_key_values")
-    if policy is not None and user_cache is None and type(made) is DynamicCache:
-        model_kwargs["past_key_values"] = policy_cache(self, policy)
+    if policy is not None and not user_cache and type(model_kwargs.get(CACHE)) is DynamicCache:
+        model_kwargs[CACHE] = policy_cache(self, policy)
     return result
 
 

@@ -1,0 +1,27 @@
+"""The transformers API differences headwise bridges, in one place.
+
+From transformers 5.24 the per-call KV cache is the keyword ``cache`` of every forward and of ``generate``'s
+``model_kwargs`` (``past_key_values`` stays a deprecated alias until 5.40); before, it is ``past_key_values``.
+``CACHE`` names the keyword of the installed version; ``pop_cache`` reads a cache passed under either name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from transformers.models.llama.modeling_llama import LlamaModel
+
+CACHE_NAMES = ("cache", "past_key_values")
+CACHE = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+def pop_cache(kwargs: dict[str, Any]) -> Any:
+    """Remove the cache from a forward's ``kwargs`` (under either name) and return it (None without one)."""
+    found = [kwargs.pop(name) for name in CACHE_NAMES if name in kwargs]
+    return next((c for c in found if c is not None), None)
+
+
+def cache_given(kwargs: dict[str, Any]) -> bool:
+    """Whether ``kwargs`` (a forward's, or ``generate``'s ``model_kwargs``) holds a cache under either name."""
+    return any(kwargs.get(name) is not None for name in CACHE_NAMES)
