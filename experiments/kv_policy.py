@@ -35,7 +35,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from headwise.io import atomic_write_text
 from headwise.kvcache import (KVGateConfig, KVPolicy, ScoreConfig, apply_kv_policy, full_heads_for_budget,
-                              head_scores, learn_kv_gates, passkey_prompts, policy_cache, rank_kv_heads, streaming)
+                              head_scores, learn_kv_gates, passkey_prompts, rank_kv_heads, streaming)
+from headwise.kvcache.apply import policy_forward
 from headwise.kvcache.scores import HeadScores
 from headwise.models import resolve_model
 from headwise.tasks.paths import shared_data
@@ -69,12 +70,13 @@ def run_scores(args, model, tokenizer, results: dict) -> None:
     n_full = full_heads_for_budget(90, args.budget, args.length, args.sink, args.window)
     seeds = {}
     for seed in (0, 1, 2):
-        start = time.time()
+        start, cpu = time.time(), time.process_time()
         texts = random.Random(seed).sample(pieces, 2)
         config = ScoreConfig(length=512, keys=1, sink=args.sink, window=args.window, seed=seed)
         scores = head_scores(model, tokenizer, config, texts=texts)
         chosen = {by: sorted(rank_kv_heads(scores, by)[:n_full]) for by in ("combined", "retrieval", "outside")}
-        seeds[str(seed)] = {"seconds": round(time.time() - start, 1), "scores": scores.to_dict(),
+        seeds[str(seed)] = {"seconds": round(time.time() - start, 1),
+                            "cpu_seconds": round(time.process_time() - cpu, 1), "scores": scores.to_dict(),
                             "full_heads": {k: [list(p) for p in v] for k, v in chosen.items()}}
     stability = {}
     for by in ("combined", "retrieval", "outside"):
@@ -182,8 +184,8 @@ def perplexity(model, tokenizer, args) -> dict:
     nll, count = 0.0, 0
     for c in range(args.chunks):
         chunk = ids[c * args.length: (c + 1) * args.length][None].to(model.device)
-        with torch.no_grad():
-            logits = model(chunk, past_key_values=policy_cache(model), use_cache=True).logits
+        with torch.no_grad(), policy_forward(model):
+            logits = model(chunk).logits
         nll += torch.nn.functional.cross_entropy(logits[0, :-1].float(), chunk[0, 1:],
                                                  reduction="sum").item()
         count += chunk.shape[1] - 1
@@ -201,6 +203,7 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
     row["wikitext2"] = perplexity(model, tokenizer, args)
     row["seconds"] = round(time.time() - start, 1)
     row["device"] = str(model.device)
+    row["threads"] = torch.get_num_threads()
     name = args.arm if args.length == results["scores"]["length"] else f"{args.arm}@{args.length}"
     name += "" if args.window == results["scores"]["window"] else f"@w{args.window}"
     name += f"@size{args.size_at}" if args.size_at else ""
@@ -246,6 +249,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=None, help="default: shared/data/wikitext-2/valid.txt")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--steps", type=int, default=1000, help="learn: gate training steps, one prompt each")
     parser.add_argument("--gate-length", type=int, default=2048, help="learn: tokens per training prompt")
     parser.add_argument("--gate-lr", type=float, default=0.02)
@@ -265,6 +269,8 @@ def main() -> None:
             atomic_write_text(docs / name, figure)
         return
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     path = resolve_model("smollm2-135m")
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="headwise", dtype=torch.float32).eval()

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from ..errors import HeadwiseError
 from .config import model_shape
 from .gates import KVGate, add_kv_gates, remove_kv_gates
-from .passkey import INTRO, NEEDLE, QUESTION, passkey_prompt
+from .passkey import NEEDLE, frame, passkey_prompt
 from .scores import HeadScores
 
 REGIONS = ("answer", "all")
@@ -85,12 +85,13 @@ class LearnedGates:
 
 def _text_prompt(tokenizer: Any, length: int, depth: float, key: str, text: torch.Tensor,
                  rng: random.Random) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(prompt ids, answer ids)``: the passkey prompt's intro, needle and question around a haystack cut from
-    ``text [N]`` (token level) at a random offset."""
+    """``(prompt ids, answer ids)``: the passkey prompt's frame (``passkey.frame``) and needle around a haystack
+    cut from ``text [N]`` (token level) at a random offset."""
     def encode(s: str) -> torch.Tensor:
         return torch.tensor(tokenizer(s, add_special_tokens=False)["input_ids"], dtype=torch.long)
 
-    intro, needle, question = encode(INTRO), encode(NEEDLE.format(key=key)), encode(QUESTION)
+    before, after = frame(tokenizer)
+    intro, needle, question = encode(before), encode(NEEDLE.format(key=key)), encode(after)
     room = length - len(intro) - len(needle) - len(question)
     if room < 1 or len(text) < room:
         raise HeadwiseError(f"haystack texts hold {len(text)} tokens; a {length}-token prompt needs {max(room, 1)}: "

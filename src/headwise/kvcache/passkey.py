@@ -1,6 +1,12 @@
 """Synthetic passkey prompts: a 5-digit key hidden at a given depth of a haystack of repeated filler sentences.
 
-Used to calibrate retrieval scores (``scores``) and to measure retrieval through a cache (``experiments/``).
+A tokenizer with a chat template gets the prompt as one user turn (intro, haystack, question) and an assistant turn
+that starts with ``ANSWER``, so the key is the model's next tokens; an instruct model asked in raw text tends to
+continue the sentence instead ("The pass key is a magical number…"). Tokenizers without a template get the raw text
+with the question and ``ANSWER`` at its end.
+
+Used to calibrate retrieval scores (``scores``), to train KV gates (``learn``) and to measure retrieval through a
+cache (``passkey_accuracy``, ``experiments/``).
 """
 
 from __future__ import annotations
@@ -14,7 +20,10 @@ import torch
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
 INTRO = "There is an important pass key hidden inside a lot of irrelevant text. Find it and memorize it.\n\n"
-QUESTION = "\n\nWhat is the pass key? The pass key is"
+QUESTION = "\n\nWhat is the pass key?"
+INSTRUCTION = " Answer with the number only."  # in the user turn of a chat prompt
+ANSWER = "The pass key is"
+MARK = "\x00"  # stands for the user turn while the chat template is rendered
 
 
 @dataclass
@@ -28,26 +37,48 @@ class Passkey:
     depth: float
 
 
-def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str) -> Passkey:
+def uses_chat(tokenizer: Any, chat: bool | None = None) -> bool:
+    """``chat`` as given, or (``None``) whether ``tokenizer`` has a chat template."""
+    return bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
+
+
+def frame(tokenizer: Any, chat: bool | None = None) -> tuple[str, str]:
+    """``(before, after)``: the text around the haystack (the needle inside it), intro and question included,
+    through the chat template when ``uses_chat``; ``after`` ends with ``ANSWER``."""
+    if not uses_chat(tokenizer, chat):
+        return INTRO, QUESTION + " " + ANSWER
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": MARK}], tokenize=False,
+                                             add_generation_prompt=True)
+    head, tail = rendered.split(MARK)
+    return head + INTRO, QUESTION + INSTRUCTION + tail + ANSWER
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str, chat: bool | None = None) -> Passkey:
     """A prompt of about ``length`` tokens with ``key`` at relative ``depth`` (0 = start, 1 = end of the haystack)."""
-    filler_tokens = len(tokenizer(FILLER, add_special_tokens=False)["input_ids"])
-    fixed = len(tokenizer(INTRO + NEEDLE.format(key=key) + QUESTION, add_special_tokens=False)["input_ids"])
+    before_text, after_text = frame(tokenizer, chat)
+    filler_tokens = len(encode(tokenizer, FILLER))
+    fixed = len(encode(tokenizer, before_text + NEEDLE.format(key=key) + after_text))
     repeats = max(1, (length - fixed) // filler_tokens)
     before = round(repeats * depth)
-    head = INTRO + FILLER * before
+    head = before_text + FILLER * before
+    text = head + NEEDLE.format(key=key) + FILLER * (repeats - before) + after_text
     needle_prefix = "The pass key is"
-    text = head + NEEDLE.format(key=key) + FILLER * (repeats - before) + QUESTION
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    start = len(tokenizer(head + needle_prefix, add_special_tokens=False)["input_ids"])
-    end = len(tokenizer(head + needle_prefix + " " + key, add_special_tokens=False)["input_ids"])
-    answer = tokenizer(" " + key, add_special_tokens=False)["input_ids"]
-    return Passkey(torch.tensor(ids), key, torch.tensor(answer), (start, end), depth)
+    start = len(encode(tokenizer, head + needle_prefix))
+    end = len(encode(tokenizer, head + needle_prefix + " " + key))
+    answer = encode(tokenizer, " " + key)
+    return Passkey(torch.tensor(encode(tokenizer, text)), key, torch.tensor(answer), (start, end), depth)
 
 
-def passkey_prompts(tokenizer: Any, length: int, depths: list[float], keys: int, seed: int = 0) -> list[Passkey]:
+def passkey_prompts(tokenizer: Any, length: int, depths: list[float], keys: int, seed: int = 0,
+                    chat: bool | None = None) -> list[Passkey]:
     """``keys`` random 5-digit keys at each depth (``len(depths) × keys`` prompts)."""
     rng = random.Random(seed)
-    return [passkey_prompt(tokenizer, length, d, str(rng.randint(10000, 99999))) for d in depths for _ in range(keys)]
+    return [passkey_prompt(tokenizer, length, d, str(rng.randint(10000, 99999)), chat)
+            for d in depths for _ in range(keys)]
 
 
 def passkey_accuracy(model: Any, tokenizer: Any, prompts: list[Passkey], progress: bool = True) -> dict[str, Any]:
