@@ -182,3 +182,26 @@ def test_kv_policy_command(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(args[:-1] + [str(tmp_path / "t"), "--task", "translation"]) == 2
     assert "--task lm" in capsys.readouterr().err and not (tmp_path / "t").exists()
+
+
+def test_passkey_prompt_uses_the_chat_template():
+    """With a chat template the haystack sits in one user turn and the assistant turn starts with the answer's
+    prefix; without one the raw text ends with the question and that prefix. The needle span is the key either way."""
+    from headwise.kvcache.passkey import ANSWER, FILLER, QUESTION, frame
+    tok = char_tokenizer()
+    raw = passkey_prompts(tok, 600, [0.5], 1, seed=1)[0]
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</{{ m['role'] }}>{% endfor %}"
+                         "{% if add_generation_prompt %}<assistant>{% endif %}")
+    chat = passkey_prompts(tok, 600, [0.5], 1, seed=1)[0]
+    assert raw.key == chat.key
+    raw_text, chat_text = tok.decode(raw.ids), tok.decode(chat.ids)
+    assert raw_text.endswith(QUESTION.strip() + " " + ANSWER) and "<user>" not in raw_text  # "\n" is [UNK] here
+    assert chat_text.startswith("<user>There is an important pass key")
+    assert chat_text.endswith("</user><assistant>" + ANSWER)
+    assert passkey_prompts(tok, 600, [0.5], 1, seed=1, chat=False)[0].ids.tolist() == raw.ids.tolist()
+    for p in (raw, chat):
+        start, end = p.needle
+        assert tok.decode(p.ids[start:end]) == " " + p.key
+        assert 600 - len(FILLER) < len(p.ids) <= 600  # whole filler sentences up to the length
+    before, after = frame(tok)
+    assert before.startswith("<user>") and after.endswith("<assistant>" + ANSWER)
