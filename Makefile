@@ -51,6 +51,8 @@ test: $(STAMP)
 		$(BIN)/python -m pytest -q -m "not browser" tests; \
 	fi
 
+# EFFICIENT_ATTENTION=PATH (the efficient-attention folder of a HKUNLP/efficient-attention checkout) adds the
+# side-by-side timing against that reference library.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/runtime_overhead.py
 	$(BIN)/python benchmarks/analysis_cost.py
@@ -58,6 +60,9 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/quantization_cost.py
 	$(BIN)/python benchmarks/mechanisms_speed.py
 	$(BIN)/python benchmarks/collaborative_decomposition.py
+	@if [ -n "$(EFFICIENT_ATTENTION)" ]; then \
+		$(BIN)/python benchmarks/mechanisms_vs_reference.py --reference "$(EFFICIENT_ATTENTION)"; \
+	else echo "make bench: set EFFICIENT_ATTENTION=PATH to time against the reference library too"; fi
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) build src/*.egg-info

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICY_ARMS = ("full", "policy", "streaming", "random")
+POLICY_ARMS = ("full", "policy", "policy-retrieval", "streaming", "random")
 CONVERSIONS = {"gqa": "grouped-query 3 → 1 KV heads", "latent": "latent keys/values at half the KV bytes"}
 ARMS = POLICY_ARMS + ("gqa", "gqa+streaming", "latent", "latent+streaming")
 
@@ -51,9 +51,9 @@ def build_conversions(folder: Path) -> None:
         headwise.save_pretrained(model, folder / kind, tokenizer=AutoTokenizer.from_pretrained(path))
 
 
-def load_arm(arm: str, conversions: Path, device: str, context: int):
+def load_arm(arm: str, conversions: Path, device: str, context: int, window: int | None):
     """The model of ``arm`` with its KV policy applied, and its tokenizer; policies are sized to half the full
-    cache at ``context`` tokens."""
+    cache at ``context`` tokens, streaming heads keep sink 4 + ``window`` (default: the calibration's)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import headwise
@@ -74,19 +74,20 @@ def load_arm(arm: str, conversions: Path, device: str, context: int):
         model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="headwise").to(device).eval()
         results = experiment.load(experiment.RESULTS)
         args = argparse.Namespace(budget=results["scores"]["budget"], length=context, size_at=context,
-                                  sink=results["scores"]["sink"], window=results["scores"]["window"])
+                                  sink=results["scores"]["sink"], window=window or results["scores"]["window"])
         policy = experiment.policies(args, model, results)[arm]
     apply_kv_policy(model, policy)
     return model, tokenizer
 
 
-def child(arm: str, context: int, new: int, repeats: int, threads: int, conversions: Path, device: str) -> dict:
+def child(arm: str, context: int, new: int, repeats: int, threads: int, conversions: Path, device: str,
+          window: int | None) -> dict:
     import torch
 
     from headwise.kvcache import passkey_prompts
 
     torch.set_num_threads(threads)
-    model, tokenizer = load_arm(arm, conversions, device, context)
+    model, tokenizer = load_arm(arm, conversions, device, context, window)
     ids = passkey_prompts(tokenizer, context, [0.5], 1)[0].ids[None].to(device)
     mask = torch.ones_like(ids)
     cuda = torch.device(device).type == "cuda"
@@ -136,8 +137,8 @@ def table(rows: list[dict], args: argparse.Namespace) -> str:
              f"({args.threads} threads, {args.device}); `python benchmarks/kv_policy_decode.py`. Conversions: "
              "gqa = 3 → 1 KV heads, latent = half the KV values per token (its cache still holds decoded keys and "
              f"values); `streaming` and `+streaming` = sink 4 + window {args.context // 2 - 4} on every head; `policy` "
-             f"and `random` = as many full heads as fit half the full cache at {args.context} tokens next to sink 4 + "
-             "window 124 on the others.", "",
+             f"(`combined` ranking), `policy-retrieval` and `random` = as many full heads as fit half the full cache "
+             f"at {args.context} tokens next to sink 4 + window {args.window or 124} on the others.", "",
              f"| arm | KV MiB held | KV bytes/token | prefill s | decode tok/s | peak {rows[0]['memory']} above start MiB |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -155,6 +156,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (peak memory: RSS on cpu, allocated on cuda)")
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--window", type=int, default=None,
+                        help="streaming heads' window in the policy arms (default: the calibration's, 124; the "
+                             "`combined` ranking exists only there, so pass --arms without `policy` otherwise)")
     parser.add_argument("--quick", action="store_true", help="a 128-token prompt, 4 new tokens, one repeat, "
                                                              "one thread; prints, does not write the docs")
     parser.add_argument("--conversions", type=Path, default=None, help=argparse.SUPPRESS)
@@ -164,7 +168,7 @@ def main() -> None:
         args.context, args.new, args.repeats, args.threads = 128, 4, 1, 1
     if args.child:
         print(json.dumps(child(args.child, args.context, args.new, args.repeats, args.threads, args.conversions,
-                               args.device)))
+                               args.device, args.window)))
         return
     arms = args.arms.split(",")
     unknown = sorted(set(arms) - set(ARMS))
@@ -177,7 +181,8 @@ def main() -> None:
         for arm in arms:
             done = subprocess.run([sys.executable, __file__, "--child", arm, "--context", str(args.context),
                                    "--new", str(args.new), "--repeats", str(args.repeats), "--threads",
-                                   str(args.threads), "--device", args.device, "--conversions", tmp],
+                                   str(args.threads), "--device", args.device, "--conversions", tmp]
+                                  + (["--window", str(args.window)] if args.window else []),
                                   capture_output=True, text=True)
             if done.returncode:
                 sys.exit(f"arm {arm} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")

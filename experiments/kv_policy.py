@@ -7,18 +7,22 @@ Arms at the same KV bytes (``--budget`` of the full cache at ``--length`` tokens
   random     as many full heads, chosen at random;
   streaming  every head keeps sink + a longer window (StreamingLLM), as many bytes.
 
-Run one step at a time (each < 8 CPU-minutes on one thread); results accumulate in ``--out``:
+Run one step at a time (each a few CPU-minutes with 2 threads); results accumulate in ``--out`` (default
+experiments/results/kv_policy.json; experiments/kv_policy_results.json holds the earlier run with raw-text prompts):
   python experiments/kv_policy.py scores               # head scores for 3 calibration seeds, the chosen policies
-  python experiments/kv_policy.py arm full             # then policy, policy-retrieval, random, streaming, ...
-  python experiments/kv_policy.py arm policy --length 2048 --keys 1   # stored as "policy@2048"
-  python experiments/kv_policy.py arm policy-retrieval --window 252     # fewer full heads, wider windows
-  python experiments/kv_policy.py arm policy --length 2048 --size-at 2048 --window 508   # half the bytes at 2k
+  python experiments/kv_policy.py arm full --length 2048 --keys 10 --chunks 2     # stored as "full@2048"
+  # half the KV bytes at 2k, 30 retrieval heads full + window 508 on the rest (kv_policy's defaults at 0.5 x 2048):
+  python experiments/kv_policy.py arm policy-retrieval --length 2048 --size-at 2048 --window 508 --keys 10 --chunks 2
+  python experiments/kv_policy.py arm streaming --length 2048 --size-at 2048 --window 508 --keys 10 --chunks 2
+  python experiments/kv_policy.py arm random --length 2048 --size-at 2048 --window 508 --keys 10 --chunks 2
+  python experiments/kv_policy.py arm policy         # combined ranking, sized at 1024 with the calibration's window
   python experiments/kv_policy.py learn --device cuda --steps 1000 --gate-length 2048   # DuoAttention-style gates
   python experiments/kv_policy.py arm policy-learned --device cuda     # the heads the gates keep full
   python experiments/kv_policy.py learn --quick        # smoke run on CPU: 4 steps at 512 tokens ("learned-quick")
   python experiments/kv_policy.py plot                 # docs/kv-policy-{perplexity,passkey}.svg from the JSON
-Perplexity is computed here (token NLL through a PolicyCache prefill, which applies each head's rule to every
-query exactly as decoding does); the shared ``lm`` task was not on main when this was written.
+``--window`` other than the calibration's ranks by retrieval, copy or induction only (``outside`` was measured for
+the calibration's window). Perplexity runs through ``headwise.kvcache.policy_forward``: one prefill per chunk
+through a PolicyCache, which applies each head's rule to every query exactly as decoding does.
 """
 
 from __future__ import annotations
@@ -35,13 +39,12 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from headwise.io import atomic_write_text
 from headwise.kvcache import (KVGateConfig, KVPolicy, ScoreConfig, apply_kv_policy, full_heads_for_budget,
-                              head_scores, learn_kv_gates, passkey_prompts, rank_kv_heads, streaming)
-from headwise.kvcache.apply import policy_forward
+                              head_scores, learn_kv_gates, passkey_prompts, policy_forward, rank_kv_heads, streaming)
 from headwise.kvcache.scores import HeadScores
 from headwise.models import resolve_model
 from headwise.tasks.paths import shared_data
 
-RESULTS = Path(__file__).with_name("kv_policy_results.json")
+RESULTS = Path(__file__).parent / "results" / "kv_policy.json"
 
 
 def load(path: Path) -> dict:
@@ -211,23 +214,24 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
     print(args.arm, row["passkey"]["accuracy"], row["wikitext2"]["ppl"], row["kv_fraction"])
 
 
-ARM_LABELS = {"full": "full cache", "policy": "headwise policy (combined)",
-              "policy-retrieval": "headwise policy (retrieval)", "policy-retrieval@w252": "retrieval, window 252",
-              "policy-outside": "headwise policy (outside)", "policy-learned": "headwise policy (learned gates)",
-              "streaming": "StreamingLLM", "random": "random heads"}
+ARM_LABELS = {  # the arms plotted: half the KV bytes at 2048 tokens, 50 passkey prompts each
+    "full@2048": "full cache", "policy-retrieval@2048@w508@size2048": "headwise: 30 retrieval heads full, window 508",
+    "policy-retrieval@2048@w764@size2048": "headwise: 18 retrieval heads full, window 764",
+    "streaming@2048@w508@size2048": "StreamingLLM: window 1020 on every head",
+    "random@2048@w508@size2048": "30 random heads full, window 508"}
 
 
 def plot(results: dict) -> tuple[str, str]:
-    """Perplexity and passkey retrieval vs the KV bytes each arm held at ~1k tokens: two panels, one marker per arm."""
+    """Perplexity and passkey retrieval vs the KV bytes each arm held at ~2k tokens: two panels, one marker per arm."""
     from headwise.report import svg
 
     arms = {label: results["arms"][name] for name, label in ARM_LABELS.items() if name in results.get("arms", {})}
     x = lambda r: [r["passkey"]["kv_bytes_per_token"] / 1024]  # noqa: E731
     ppl = svg.lines({k: (x(r), [r["wikitext2"]["ppl"]]) for k, r in arms.items()},
-                    "KV KiB per token held (fp32, ~1k tokens)", "WikiText-2 perplexity",
+                    "KV KiB per token held (fp32, ~2k tokens)", "WikiText-2 perplexity",
                     "SmolLM2-135M: perplexity vs KV cache", width=640)
     keys = svg.lines({k: (x(r), [100 * r["passkey"]["accuracy"]]) for k, r in arms.items()},
-                     "KV KiB per token held (fp32, ~1k tokens)", "passkey exact match %",
+                     "KV KiB per token held (fp32, ~2k tokens)", "passkey exact match %",
                      "SmolLM2-135M: passkey retrieval vs KV cache", width=640, ylim=(0, 100))
     return ppl, keys
 

@@ -93,7 +93,8 @@ def arms(kind: str, models: Path, data: Path) -> dict:
     joined = " ".join(calib)
     pieces = [joined[i: i + 3000] for i in range(0, len(joined) - 3000, 3000)]
     start = time.time()
-    chosen, _ = kv_policy(model, tokenizer, BUDGET, LENGTH, SINK, WINDOW, texts=random.Random(0).sample(pieces, 2),
+    chosen, _ = kv_policy(model, tokenizer, BUDGET, LENGTH, SINK, WINDOW, "combined",
+                          texts=random.Random(0).sample(pieces, 2),
                           config=ScoreConfig(length=512, keys=1, sink=SINK, window=WINDOW, seed=0))
     scoring = round(time.time() - start, 1)
     rules = {"full": KVPolicy.uniform(model), "policy": chosen,

@@ -23,10 +23,12 @@ def register(verbs, parents) -> None:
     p.add_argument("--kv-budget", type=float, default=0.5, help="share of the full cache's bytes to keep (default 0.5)")
     p.add_argument("--context", type=int, default=2048, help="context length the budget is computed at (default 2048)")
     p.add_argument("--sink", type=int, default=4, help="sink tokens of streaming heads (default 4)")
-    p.add_argument("--window", type=int, default=124, help="recent tokens of streaming heads (default 124)")
-    p.add_argument("--ranking", default="combined",
-                   help="combined, retrieval, copy, induction, echo, outside or random (default combined); "
-                        "--scores learned ranks by the learned gates")
+    p.add_argument("--window", type=int, default=None,
+                   help="recent tokens of streaming heads (default: kv-budget x context / 2 - sink, 508 at 0.5 x 2048)")
+    p.add_argument("--ranking", default=None,
+                   help="retrieval, combined, copy, induction, echo, outside or random (default retrieval; combined "
+                        "and outside need --calibration-length above sink + window); --scores learned ranks by the "
+                        "learned gates")
     p.add_argument("--scores", default="training-free", choices=["training-free", "learned"],
                    help="training-free head scores (one forward per calibration prompt, the default) or learned: a "
                         "DuoAttention-style gate per KV head trained on synthetic passkey prompts, model frozen")
@@ -42,7 +44,9 @@ def register(verbs, parents) -> None:
     p.add_argument("--data", default=None,
                    help="lm text file (default: shared/data/wikitext-2/valid.txt): the longest lines of its first "
                         "90%% calibrate the 'outside' score, its last 10%% measure perplexity")
-    p.add_argument("--calibration-length", type=int, default=512, help="tokens per calibration prompt (default 512)")
+    p.add_argument("--calibration-length", type=int, default=None,
+                   help="tokens per calibration prompt (default 512; with --ranking combined or outside, at least "
+                        "twice sink + window)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic calibration prompts")
     p.add_argument("--eval-length", type=int, default=1024, help="passkey prompt length for the check (default 1024)")
     p.add_argument("--eval-keys", type=int, default=1, help="passkeys per depth (5 depths) for the check; 0: skip")
@@ -86,8 +90,9 @@ def gate_config(args: argparse.Namespace):
     from ..kvcache import KVGateConfig
 
     if args.scores != "learned":
+        args.ranking = args.ranking or "retrieval"
         return None
-    if args.ranking not in ("combined", "learned"):
+    if args.ranking not in (None, "learned"):
         raise HeadwiseError(f"--scores learned ranks by the learned gates; drop --ranking {args.ranking}")
     args.ranking = "learned"
     config = KVGateConfig(steps=args.gate_steps, lr=args.gate_lr, l1=args.gate_l1, length=args.gate_length,
@@ -101,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir
     from ..kvcache import KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, passkey_prompts, remove_kv_policy
     from ..kvcache.config import model_shape
-    from ..kvcache.choose import full_heads_for_budget
+    from ..kvcache.choose import calibration_length, default_window, full_heads_for_budget
     from ..kvcache.passkey import passkey_accuracy
     from ..report import Report
     from ..report.kv_policy import add_kv_policy_section
@@ -109,6 +114,8 @@ def run(args: argparse.Namespace) -> int:
     check_writable_dir(args.out, args.force)
     if args.model is None:
         raise HeadwiseError("kv-policy needs --model (a decoder-only LM such as smollm2-135m)")
+    if args.window is None:
+        args.window = default_window(args.kv_budget, args.context, args.sink)
     gates = gate_config(args)
     task = lm_task(args)  # bad data fails before the model loads
     model, tokenizer = load_for_task(args, task)
@@ -118,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     texts = calibration_texts(task)
     if gates is not None and gates.haystack == "text":  # the gates' haystack: the whole calibration part
         texts = [line for line in task.texts("calibration") if line.strip()]
-    config = ScoreConfig(length=args.calibration_length, sink=args.sink, window=args.window, seed=args.seed)
+    length = args.calibration_length or calibration_length(args.ranking, args.sink, args.window)
+    config = ScoreConfig(length=length, sink=args.sink, window=args.window, seed=args.seed)
     policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
                                texts=texts, config=config, gates=gates)
     check = {}

@@ -4,8 +4,8 @@ The module object stays (its hooks, its place in the model, ``isinstance`` check
 ``output_attentions`` recorder all keep working); its query/key projections are replaced by the shared
 ``W~q``/``W~k`` of width ``R`` under the same attribute names, ``mixing`` and ``content_bias`` are added, and
 its class becomes a subclass of both ``CollaborativeAttention`` and the family class whose ``forward`` (same
-signature as the family's; the cache is read under either keyword, ``headwise.compat``) scores collaboratively. The subclass keeps the family class name, which is how the
-site adapters recognise ALBERT, GPT-2 and ViT modules.
+signature as the family's; the cache is read under either keyword, ``headwise.compat``) scores collaboratively.
+The subclass keeps the family class name, which is how the site adapters recognise ALBERT, GPT-2 and ViT modules.
 """
 
 from __future__ import annotations

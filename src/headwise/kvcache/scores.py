@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..errors import HeadwiseError
 from ..runtime import add_observer, detach
 from ..sites import find_sites
 from .config import model_shape
@@ -138,14 +139,17 @@ def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = N
     total = {n: torch.zeros(len(sites), heads) for n in names}
     prompts = passkey_prompts(tokenizer, config.length, list(config.depths), config.keys, config.seed)
     randoms = repeated_tokens(config, min(len(tokenizer), model.config.vocab_size))
+    if texts and config.length <= config.sink + config.window + 1:
+        raise HeadwiseError(f"'outside' measures the attention a sink {config.sink} + window {config.window} cache "
+                            f"drops, but calibration prompts are cut to ScoreConfig.length={config.length} tokens, "
+                            f"where it drops nothing; use a length above {config.sink + config.window + 1} (CLI: "
+                            "--calibration-length) or rank without 'outside' (ranking='retrieval')")
     calibration = []
     for text in texts or []:
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0][: config.length]
         if len(ids) > config.sink + config.window + 1:
             calibration.append(ids)
     if texts and not calibration:
-        from ..errors import HeadwiseError
-
         raise HeadwiseError(f"calibration texts are shorter than sink + window + 2 = {config.sink + config.window + 2}"
                             " tokens; give longer texts or a smaller window")
     jobs = ([(lambda p=p: _passkey(model, p, total)) for p in prompts]

@@ -82,6 +82,7 @@ class LARA(Mechanism):
 
     def attend(self, q, k, v, keep, causal, scale):
         cfg = self.config
+        padded = keep is not None
         keep = keep_or_ones(keep, q)
         self.draws.step(self.training)
         q, k = q * scale ** 0.5, k * scale ** 0.5
@@ -95,19 +96,30 @@ class LARA(Mechanism):
             omega = mu + torch.randn(mu.shape, generator=self.draws.generator(mu.device), device=mu.device,
                                      dtype=mu.dtype)
         fill = neg_fill(q.dtype)
-        ok = valid[:, None, None, :]  # proposals of segments with real tokens
+        # masks enter as additive biases fused into the matmuls (no pass over [T, C] or [C, T] of their own)
+        off = torch.zeros_like(valid, dtype=q.dtype).masked_fill(~valid, fill)[:, None, None, :]  # [b, 1, 1, C]
         log_proj_mu = omega @ mu.transpose(-1, -2) - mu.pow(2).sum(-1)[..., None, :] / 2  # [b, h, C(ω), C'(μ)]
-        log_mix = torch.logsumexp(log_proj_mu.masked_fill(~ok, fill), -1)  # [b, h, C]
-        logits = omega @ k.transpose(-1, -2) - k.pow(2).sum(-1)[:, :, None, :] / 2  # [b, h, C, T]
-        logits = logits.masked_fill(~keep[:, None, None, :], fill)
-        beta = logits.softmax(-1) @ v
-        log_target = q @ omega.transpose(-1, -2) + torch.logsumexp(logits, -1)[:, :, None, :]  # [b, h, T, C]
-        if cfg.mis == "bh":
-            scores = log_target - log_mix[:, :, None, :]
-        else:
-            log_own = torch.diagonal(log_proj_mu, dim1=-2, dim2=-1)  # [b, h, C]
-            t = (q @ ql.transpose(-1, -2)).masked_fill(~ok, fill).softmax(-1)  # [b, h, T, C]
-            t_mean = (t * ok).sum(-1, keepdim=True) / ok.sum(-1, keepdim=True).clamp_min(1)
-            alpha = (log_own - log_mix).exp()[:, :, None, :] + cfg.alpha_coeff * (t - t_mean)
-            scores = alpha.clamp_min(1e-8).log() + log_target - log_own[:, :, None, :]
-        return scores.masked_fill(~ok, fill).softmax(-1) @ beta
+        log_mix = torch.logsumexp(log_proj_mu + off, -1)  # [b, h, C]
+        key_bias = -k.pow(2).sum(-1) / 2  # [b, h, T]
+        if padded:
+            key_bias = key_bias.masked_fill(~keep[:, None, :], fill)
+        logits = badd(key_bias[:, :, None, :], omega, k.transpose(-1, -2))  # [b, h, C, T]
+        log_norm = torch.logsumexp(logits, -1)  # [b, h, C]: log Σ_m ξ(ω_c, k_m)
+        beta = (logits - log_norm[..., None]).exp() @ v  # [b, h, C, d]
+        if cfg.mis == "bh":  # log target − log mixture proposal
+            return badd((log_norm - log_mix)[:, :, None, :] + off, q, omega.transpose(-1, -2)).softmax(-1) @ beta
+        log_own = torch.diagonal(log_proj_mu, dim1=-2, dim2=-1)  # [b, h, C]
+        t = badd(off, q, ql.transpose(-1, -2)).softmax(-1)  # [b, h, T, C], sums to 1 over the valid proposals
+        t_mean = 1 / valid.sum(-1).clamp_min(1).to(q.dtype)  # [b]: the mean of t over them
+        shift = (log_own - log_mix).exp() - cfg.alpha_coeff * t_mean[:, None, None]  # [b, h, C]
+        alpha = torch.add(shift[:, :, None, :], t, alpha=cfg.alpha_coeff)  # bh + a · (t − mean t)
+        scores = badd((log_norm - log_own)[:, :, None, :] + off, q, omega.transpose(-1, -2))
+        return (scores + alpha.clamp_min(1e-8).log()).softmax(-1) @ beta
+
+
+def badd(bias: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``bias + a @ b`` in one batched GEMM: ``a [B, H, n, k]``, ``b [B, H, k, p]``, ``bias`` broadcastable to
+    ``[B, H, 1, p]`` → ``[B, H, n, p]``."""
+    batch, heads = a.shape[:2]
+    bias = bias.expand(batch, heads, 1, b.shape[-1]).reshape(batch * heads, 1, b.shape[-1])
+    return torch.baddbmm(bias, a.flatten(0, 1), b.flatten(0, 1)).unflatten(0, (batch, heads))
