@@ -27,8 +27,8 @@ def register(verbs, parents) -> None:
                    help="recent tokens of streaming heads (default: kv-budget x context / 2 - sink, 508 at 0.5 x 2048)")
     p.add_argument("--ranking", default=None,
                    help="retrieval, combined, copy, induction, echo, outside or random (default retrieval; combined "
-                        "and outside need --calibration-length above sink + window); --scores learned ranks by the "
-                        "learned gates")
+                        "and outside calibrate on prompts of at least twice sink + window); --scores learned ranks "
+                        "by the learned gates")
     p.add_argument("--scores", default="training-free", choices=["training-free", "learned"],
                    help="training-free head scores (one forward per calibration prompt, the default) or learned: a "
                         "DuoAttention-style gate per KV head trained on synthetic passkey prompts, model frozen")
