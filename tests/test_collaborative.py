@@ -14,6 +14,7 @@ from headwise import HeadwiseError
 from headwise.collaborative import (CollaborativeAttention, compress, decompose, input_moments, is_collaborative,
                                     tradeoff)
 from headwise.collaborative.decompose import block_factors, exact_factors, hosvd_factors, relative_error
+from headwise.compat import CACHE
 
 FAMILIES = ["bert", "distilbert", "albert", "gpt2", "vit"]
 
@@ -153,7 +154,7 @@ def test_gpt2_cache_and_generation():
     with torch.no_grad():
         full = small(seq, use_cache=False).logits[:, -1]
         past = small(seq[:, :-1], use_cache=True).past_key_values
-        step = small(seq[:, -1:], past_key_values=past).logits[:, -1]
+        step = small(seq[:, -1:], **{CACHE: past}).logits[:, -1]
     assert (full - step).abs().max() < 1e-5
 
 

@@ -13,6 +13,7 @@ import headwise
 from headwise import HeadwiseError
 from headwise.collaborative import CollaborativeConfig, compress, input_moments, is_collaborative
 from headwise.collaborative.rotary import block_start, complex_planes, decompose_rotary
+from headwise.compat import CACHE
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -139,7 +140,7 @@ def test_generation_and_kv_cache():
         full = small(seq, use_cache=False).logits[:, -1]
         past = small(seq[:, :-1], use_cache=True).past_key_values
         assert past.layers[0].keys.shape[1:] == (1, seq.shape[1] - 1, 10)  # one shared key of width dk cached
-        step = small(seq[:, -1:], past_key_values=past).logits[:, -1]
+        step = small(seq[:, -1:], **{CACHE: past}).logits[:, -1]
     assert (full - step).abs().max() < 1e-5
 
 

@@ -12,6 +12,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import headwise
 from headwise import HeadwiseError
+from headwise.compat import CACHE
 from headwise.kvcache import FULL, KVPolicy, policy_cache, policy_of, streaming
 from headwise.runtime.attention import GROUPED_KV
 from tiny import _cfg, tiny_model
@@ -150,11 +151,11 @@ def test_chunked_prefill_equals_one_prefill():
     policy = headwise.apply_kv_policy(model, mixed_policy(model)) and policy_of(model)
     ids = inputs["input_ids"]
     with torch.no_grad():
-        whole = model(ids, past_key_values=policy_cache(model), use_cache=True).logits
+        whole = model(ids, **{CACHE: policy_cache(model)}, use_cache=True).logits
         cache = policy_cache(model)
-        parts = [model(ids[:, :4], past_key_values=cache, use_cache=True).logits]
+        parts = [model(ids[:, :4], **{CACHE: cache}, use_cache=True).logits]
         for t in range(4, PROMPT):
-            parts.append(model(ids[:, t:t + 1], past_key_values=cache, use_cache=True).logits)
+            parts.append(model(ids[:, t:t + 1], **{CACHE: cache}, use_cache=True).logits)
     torch.testing.assert_close(torch.cat(parts, 1), whole, atol=1e-5, rtol=1e-5)
     ref = reference_logits(model, policy, ids, torch.ones_like(ids))
     torch.testing.assert_close(whole, ref, atol=1e-4, rtol=1e-4)
@@ -186,7 +187,7 @@ def test_prefill_keys_are_released():
     headwise.apply_kv_policy(model, KVPolicy.uniform(model, streaming(1, 2)))
     cache = policy_cache(model)
     with torch.no_grad():
-        model(**inputs, past_key_values=cache, use_cache=True)
+        model(**inputs, **{CACHE: cache}, use_cache=True)
     for layer in cache.layers:
         assert not any(hasattr(v, GROUPED_KV) for v in vars(layer).values())
         assert all(g.keys.shape[2] == 3 for g in layer.groups)
@@ -200,12 +201,12 @@ def test_half_precision_matches_float32(family, dtype):
     headwise.apply_kv_policy(model, mixed_policy(model))
     ids = inputs["input_ids"]
     with torch.no_grad():
-        ref = model(**inputs, past_key_values=policy_cache(model), use_cache=True).logits
+        ref = model(**inputs, **{CACHE: policy_cache(model)}, use_cache=True).logits
         model.to(dtype)
         cache = policy_cache(model)
-        half = model(**inputs, past_key_values=cache, use_cache=True).logits
+        half = model(**inputs, **{CACHE: cache}, use_cache=True).logits
         step = model(ids[:, -1:], attention_mask=torch.ones(2, PROMPT + 1, dtype=torch.long),
-                     past_key_values=cache, use_cache=True).logits
+                     **{CACHE: cache}, use_cache=True).logits
     assert half.dtype == dtype and step.dtype == dtype
     assert cache.stored_bytes() == policy_of(model).kv_bytes(PROMPT + 1, model.config.hidden_size //
                                                              model.config.num_attention_heads, 2, 2)
@@ -220,8 +221,8 @@ def test_meta_device():
     ids = torch.zeros(2, PROMPT, dtype=torch.long, device="meta")
     cache = policy_cache(model)
     with torch.no_grad():
-        out = model(ids, past_key_values=cache, use_cache=True).logits
-        step = model(ids[:, :1], past_key_values=cache, use_cache=True).logits
+        out = model(ids, **{CACHE: cache}, use_cache=True).logits
+        step = model(ids[:, :1], **{CACHE: cache}, use_cache=True).logits
     assert out.device.type == "meta" and out.shape == (2, PROMPT, model.config.vocab_size)
     assert step.shape == (2, 1, model.config.vocab_size)
     layer = cache.layers[1]
@@ -261,7 +262,7 @@ def test_policy_file_round_trip_and_remove(tmp_path):
 def test_explicit_cache_is_left_alone():
     model, inputs = causal_lm("llama"), prompt()
     headwise.apply_kv_policy(model, mixed_policy(model))
-    out = generate(model, inputs, past_key_values=tf.DynamicCache(config=model.config))
+    out = generate(model, inputs, **{CACHE: tf.DynamicCache(config=model.config)})
     assert type(out.past_key_values).__name__ == "DynamicCache"
 
 

@@ -6,6 +6,7 @@ from mechanism_cases import CAUSAL_CASES, case_id
 from tiny import CAUSAL, FAMILIES, tiny_inputs, tiny_model
 
 import headwise
+from headwise.compat import CACHE
 from headwise.errors import HeadwiseError
 from headwise.mechanisms import apply, mechanisms_of, remove
 
@@ -72,8 +73,8 @@ def test_cached_generation_matches_the_full_forward(case):
     with torch.no_grad():
         full = model(input_ids=ids).last_hidden_state
         past = model(input_ids=ids[:, :6], use_cache=True).past_key_values
-        step = model(input_ids=ids[:, 6:9], past_key_values=past, use_cache=True)
-        last = model(input_ids=ids[:, 9:], past_key_values=step.past_key_values, use_cache=True).last_hidden_state
+        step = model(input_ids=ids[:, 6:9], **{CACHE: past}, use_cache=True)
+        last = model(input_ids=ids[:, 9:], **{CACHE: step.past_key_values}, use_cache=True).last_hidden_state
     torch.testing.assert_close(torch.cat([step.last_hidden_state, last], 1), full[:, 6:], atol=1e-5, rtol=1e-4)
 
 
@@ -84,7 +85,7 @@ def test_cached_generation_refuses_query_summaries():
     with torch.no_grad():
         past = model(input_ids=ids[:, :6], use_cache=True).past_key_values
         with pytest.raises(HeadwiseError, match="summarises past queries.*proposal='key'"):
-            model(input_ids=ids[:, 6:], past_key_values=past, use_cache=True)
+            model(input_ids=ids[:, 6:], **{CACHE: past}, use_cache=True)
 
 
 def test_mechanism_parameters_train_save_and_reload(tmp_path):

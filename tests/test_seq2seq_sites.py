@@ -5,6 +5,7 @@ import torch
 from tiny import SEQ2SEQ, seq2seq_inputs, tiny_model, tiny_seq2seq
 
 import headwise
+from headwise.compat import CACHE
 from headwise.mechanisms import dropin
 from headwise.mixing import HeadSwap, MixingConfig, add_mixers, swap_heads, undo_swaps
 from headwise.pruning import L0Config, add_l0_gates, apply_masks, prune_masked
@@ -306,7 +307,7 @@ def test_collaborative_cross_attention_on_the_meta_device():
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
     with torch.no_grad():
         for past in (None, cache, cache):  # the second cached call reuses the stored key and values
-            out, _ = module(queries, key_value_states=keys, attention_mask=mask, past_key_values=past)
+            out, _ = module(queries, key_value_states=keys, attention_mask=mask, **{CACHE: past})
             assert out.device.type == "meta" and out.shape == (3, 5, 32)
     assert cache.is_updated[site.module.layer_idx]
 
