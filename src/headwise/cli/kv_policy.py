@@ -127,8 +127,15 @@ def run(args: argparse.Namespace) -> int:
         texts = [line for line in task.texts("calibration") if line.strip()]
     length = args.calibration_length or calibration_length(args.ranking, args.sink, args.window)
     config = ScoreConfig(length=length, sink=args.sink, window=args.window, seed=args.seed)
+    learned = None
+    if gates is not None:  # through the shared Trainer (data-parallel under torchrun), then ranked like any score
+        from ..sites import find_sites
+        from ..training import train_kv_gates
+
+        heads = next(site for site in find_sites(model) if site.kind == "dec-self").num_heads
+        learned = train_kv_gates(model, tokenizer, gates, texts=texts).scores(heads)
     policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
-                               texts=texts, config=config, gates=gates)
+                               texts=texts, config=config, scores=learned)
     check = {}
     if args.eval_keys > 0:
         prompts = passkey_prompts(tokenizer, args.eval_length, [0.0, 0.25, 0.5, 0.75, 1.0], args.eval_keys,

@@ -3,6 +3,8 @@
 Loss per step (one synthetic passkey prompt): the MSE between the last hidden states of the gated model and of the
 unedited model (on the positions that predict the key, or on every position), plus ``l1 · mean(α)``. After each
 Adam step ``α`` is clipped to ``[0, 1]``. Heads whose ``α`` stays high need the full cache; rank by it.
+``learn_kv_gates`` is the single-process loop; ``headwise.training.train_kv_gates`` runs the same objective through
+the shared Trainer (data-parallel under torchrun).
 """
 
 from __future__ import annotations
@@ -136,7 +138,7 @@ def _bypassed(gates: list[KVGate]) -> Iterator[None]:
 
 
 @contextmanager
-def _frozen(model: nn.Module) -> Iterator[None]:
+def frozen(model: nn.Module) -> Iterator[None]:
     """Model weights take no gradient and the model runs in eval mode inside the block; restored after."""
     flags = [(p, p.requires_grad) for p in model.parameters()]
     training = model.training
@@ -180,7 +182,7 @@ def learn_kv_gates(model: nn.Module, tokenizer: Any, config: KVGateConfig | None
     prompts = gate_prompts(tokenizer, config, texts)
     device = next(model.parameters()).device
     history = []
-    with _frozen(model):
+    with frozen(model):
         gates = add_kv_gates(model, config.sink, config.window, config.init)
         try:
             optimizer = torch.optim.Adam([g.alpha for g in gates], lr=config.lr)

@@ -1,0 +1,54 @@
+"""KV gates trained through the shared Trainer: one update equals the single-process reference loop
+(``learn_kv_gates``), the model is left as it was, and two processes end with the same ``α``."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from headwise.kvcache import KVGateConfig, learn_kv_gates
+from headwise.kvcache.gates import kv_gates
+from headwise.training import train_kv_gates
+from test_kvcache_scores import char_tokenizer, tiny_lm
+
+
+def test_one_update_equals_the_reference_loop():
+    """With one prompt and one update both run Adam's first step on the same gradient; both clip to [0, 1]."""
+    config = KVGateConfig(steps=1, lr=0.05, l1=0.5, length=160, sink=2, window=16, init=0.9)
+    tok = char_tokenizer()
+    model = tiny_lm()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trained = train_kv_gates(model, tok, config, progress=False, use_cpu=True)
+    reference = learn_kv_gates(tiny_lm(), tok, config, progress=False)
+    assert trained.alpha.shape == reference.alpha.shape == (2, 2)
+    torch.testing.assert_close(trained.alpha, reference.alpha, atol=1e-6, rtol=0)
+    assert not torch.allclose(trained.alpha, torch.full_like(trained.alpha, 0.9))  # it moved
+    assert trained.history and trained.history[-1]["mean_alpha"] == pytest.approx(trained.alpha.mean().item(),
+                                                                                   abs=1e-6)
+    assert not kv_gates(model) and all(p.requires_grad for p in model.parameters()) and not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_several_updates_keep_alpha_in_range():
+    learned = train_kv_gates(tiny_lm(), char_tokenizer(), KVGateConfig(steps=4, lr=0.5, l1=5.0, length=160, sink=2,
+                                                                       window=16), progress=False, use_cpu=True)
+    assert learned.alpha.min() >= 0 and learned.alpha.max() <= 1 and learned.alpha.min() < 1
+    assert len(learned.history) == 4
+
+
+@pytest.mark.slow
+def test_two_processes_end_with_the_same_alpha(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    script = Path(__file__).parent / "scripts" / "train_kv_gates_distributed.py"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
+         str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    a, b = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
+    assert torch.equal(a, b)
+    assert not torch.allclose(a, torch.ones_like(a))  # the gates did train
