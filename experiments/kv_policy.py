@@ -11,8 +11,9 @@ Run one step at a time (each a few CPU-minutes with 2 threads); results accumula
 experiments/results/kv_policy.json; experiments/kv_policy_results.json holds the earlier run with raw-text prompts):
   python experiments/kv_policy.py scores               # head scores for 3 calibration seeds, the chosen policies
   python experiments/kv_policy.py arm full --length 2048 --keys 10 --chunks 2     # stored as "full@2048"
-  # half the KV bytes at 2k, 30 retrieval heads full + window 508 on the rest (kv_policy's defaults at 0.5 x 2048):
-  python experiments/kv_policy.py arm policy-retrieval --length 2048 --size-at 2048 --window 508 --keys 10 --chunks 2
+  # half the KV bytes at 2k, 18 retrieval heads full + window 764 on the rest (kv_policy's defaults at 0.5 x 2048;
+  # --window 508 / 828 / 892 / 956: 30 / 14 / 10 / 5 full heads):
+  python experiments/kv_policy.py arm policy-retrieval --length 2048 --size-at 2048 --window 764 --keys 10 --chunks 2
   python experiments/kv_policy.py arm streaming --length 2048 --size-at 2048 --window 508 --keys 10 --chunks 2
   python experiments/kv_policy.py arm random --length 2048 --size-at 2048 --window 508 --keys 10 --chunks 2
   python experiments/kv_policy.py arm policy         # combined ranking, sized at 1024 with the calibration's window
@@ -217,6 +218,9 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
 ARM_LABELS = {  # the arms plotted: half the KV bytes at 2048 tokens, 50 passkey prompts each
     "full@2048": "full cache", "policy-retrieval@2048@w508@size2048": "headwise: 30 retrieval heads full, window 508",
     "policy-retrieval@2048@w764@size2048": "headwise: 18 retrieval heads full, window 764",
+    "policy-retrieval@2048@w828@size2048": "headwise: 14 retrieval heads full, window 828",
+    "policy-retrieval@2048@w892@size2048": "headwise: 10 retrieval heads full, window 892",
+    "policy-retrieval@2048@w956@size2048": "headwise: 5 retrieval heads full, window 956",
     "streaming@2048@w508@size2048": "StreamingLLM: window 1020 on every head",
     "random@2048@w508@size2048": "30 random heads full, window 508"}
 

@@ -24,7 +24,8 @@ def register(verbs, parents) -> None:
     p.add_argument("--context", type=int, default=2048, help="context length the budget is computed at (default 2048)")
     p.add_argument("--sink", type=int, default=4, help="sink tokens of streaming heads (default 4)")
     p.add_argument("--window", type=int, default=None,
-                   help="recent tokens of streaming heads (default: kv-budget x context / 2 - sink, 508 at 0.5 x 2048)")
+                   help="recent tokens of streaming heads (default: 3/4 x kv-budget x context - sink, 764 at 0.5 x "
+                        "2048)")
     p.add_argument("--ranking", default=None,
                    help="retrieval, combined, copy, induction, echo, outside or random (default retrieval; combined "
                         "and outside calibrate on prompts of at least twice sink + window); --scores learned ranks "

@@ -68,7 +68,8 @@ class KVGateConfig:
 
 @dataclass
 class LearnedGates:
-    """``alpha [layers, KV heads]`` after training; ``history``: ``{step, loss, distill, mean_alpha}`` per step."""
+    """``alpha [layers, KV heads]`` after training; ``history``: ``{step, loss, distill, mean_alpha}`` per step
+    (``{step, loss, mean_alpha}`` from the Trainer's logs with ``headwise.training.train_kv_gates``)."""
 
     alpha: torch.Tensor
     config: KVGateConfig
