@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ from headwise.kvcache import KVGateConfig, learn_kv_gates
 from headwise.kvcache.gates import kv_gates
 from headwise.training import train_kv_gates
 from test_kvcache_scores import char_tokenizer, tiny_lm
+from two_processes import torchrun_two
 
 
 def test_one_update_equals_the_reference_loop():
@@ -43,12 +41,7 @@ def test_several_updates_keep_alpha_in_range():
 
 @pytest.mark.slow
 def test_two_processes_end_with_the_same_alpha(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    script = Path(__file__).parent / "scripts" / "train_kv_gates_distributed.py"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29541",
-         str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    torchrun_two(Path(__file__).parent / "scripts" / "train_kv_gates_distributed.py", tmp_path, port=29541)
     a, b = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert torch.equal(a, b)
     assert not torch.allclose(a, torch.ones_like(a))  # the gates did train

@@ -1,12 +1,10 @@
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import transformers as tf
 from tiny import GateSum, RandomPairs
+from two_processes import torchrun_two
 
 from headwise.runtime import add_gates, enable
 from headwise.training import CosineRegression, HeadwiseTrainer, is_head_parameter
@@ -51,12 +49,7 @@ def test_head_parameters_get_their_own_learning_rate(tmp_path):
 
 @pytest.mark.slow
 def test_two_process_training_keeps_gates_identical(tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    script = Path(__file__).parent / "scripts" / "train_l0_distributed.py"
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
-         str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    torchrun_two(Path(__file__).parent / "scripts" / "train_l0_distributed.py", tmp_path, port=29533)
     a, b = torch.load(tmp_path / "rank0.pt"), torch.load(tmp_path / "rank1.pt")
     assert a.keys() == b.keys() and len(a) == 6
     for path in a:
