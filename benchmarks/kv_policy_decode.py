@@ -118,7 +118,7 @@ def child(arm: str, context: int, new: int, repeats: int, threads: int, conversi
                                  return_dict_in_generate=True)
             sync()
             total.append(time.perf_counter() - start)
-            stored, seen = out.past_key_values.stored_bytes(), out.past_key_values.get_seq_length()
+            stored, seen = out[CACHE].stored_bytes(), out[CACHE].get_seq_length()
     if cuda:
         peak = torch.cuda.max_memory_allocated()
     else:

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from headwise.compat import CACHE
 from headwise.io import atomic_write_text
 from headwise.kvcache import (KVGateConfig, KVPolicy, ScoreConfig, apply_kv_policy, full_heads_for_budget,
                               head_scores, learn_kv_gates, passkey_prompts, policy_forward, rank_kv_heads, streaming)
@@ -171,7 +172,7 @@ def passkey(model, tokenizer, args) -> dict:
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(p.answer_ids),
                              do_sample=False, return_dict_in_generate=True, pad_token_id=tokenizer.eos_token_id)
         text = tokenizer.decode(out.sequences[0, ids.shape[1]:])
-        cache = out.past_key_values
+        cache = out[CACHE]
         stored.append(cache.stored_bytes() / cache.get_seq_length())
         rows.append({"depth": p.depth, "key": p.key, "answer": text, "correct": text.strip() == p.key})
     by_depth = {}

@@ -153,7 +153,7 @@ def test_gpt2_cache_and_generation():
     seq = small.generate(ids, **kw)
     with torch.no_grad():
         full = small(seq, use_cache=False).logits[:, -1]
-        past = small(seq[:, :-1], use_cache=True).past_key_values
+        past = small(seq[:, :-1], use_cache=True)[CACHE]
         step = small(seq[:, -1:], **{CACHE: past}).logits[:, -1]
     assert (full - step).abs().max() < 1e-5
 

@@ -138,7 +138,7 @@ def test_generation_and_kv_cache():
     seq = small.generate(ids, **kw)
     with torch.no_grad():
         full = small(seq, use_cache=False).logits[:, -1]
-        past = small(seq[:, :-1], use_cache=True).past_key_values
+        past = small(seq[:, :-1], use_cache=True)[CACHE]
         assert past.layers[0].keys.shape[1:] == (1, seq.shape[1] - 1, 10)  # one shared key of width dk cached
         step = small(seq[:, -1:], **{CACHE: past}).logits[:, -1]
     assert (full - step).abs().max() < 1e-5

@@ -113,7 +113,7 @@ def test_all_full_equals_default_cache(family):
     default = generate(model, inputs)
     headwise.apply_kv_policy(model, KVPolicy.uniform(model))
     policied = generate(model, inputs)
-    assert type(policied.past_key_values).__name__ == "PolicyCache"
+    assert type(policied[CACHE]).__name__ == "PolicyCache"
     assert torch.equal(default.sequences, policied.sequences)
     for a, b in zip(default.logits, policied.logits):
         assert torch.equal(a, b)
@@ -166,7 +166,7 @@ def test_stored_bytes_match_the_formula(family):
     model, inputs = causal_lm(family), prompt()
     policy = mixed_policy(model)
     headwise.apply_kv_policy(model, policy)
-    cache = generate(model, inputs).past_key_values
+    cache = generate(model, inputs)[CACHE]
     seen = cache.get_seq_length()
     assert seen == PROMPT + NEW - 1
     head_dim = model.config.hidden_size // model.config.num_attention_heads
@@ -240,7 +240,7 @@ def test_save_and_reload_keep_the_policy(tmp_path, family):
     loaded = headwise.from_pretrained(tmp_path / "m")
     assert policy_of(loaded) == policy
     after = generate(loaded, inputs)
-    assert type(after.past_key_values).__name__ == "PolicyCache"
+    assert type(after[CACHE]).__name__ == "PolicyCache"
     assert torch.equal(before, after.sequences)
 
 
@@ -255,7 +255,7 @@ def test_policy_file_round_trip_and_remove(tmp_path):
     headwise.remove_kv_policy(model)
     assert policy_of(model) is None
     out = generate(model, inputs)
-    assert type(out.past_key_values).__name__ == "DynamicCache"
+    assert type(out[CACHE]).__name__ == "DynamicCache"
     assert torch.equal(out.sequences, default)
 
 
@@ -263,7 +263,7 @@ def test_explicit_cache_is_left_alone():
     model, inputs = causal_lm("llama"), prompt()
     headwise.apply_kv_policy(model, mixed_policy(model))
     out = generate(model, inputs, **{CACHE: tf.DynamicCache(config=model.config)})
-    assert type(out.past_key_values).__name__ == "DynamicCache"
+    assert type(out[CACHE]).__name__ == "DynamicCache"
 
 
 def test_beam_search_runs_with_a_policy():

@@ -10,6 +10,7 @@ import torch
 
 import headwise
 from headwise import HeadwiseError
+from headwise.compat import CACHE
 from headwise.conversion import convert_gqa, convert_latent
 from headwise.kvcache import FULL, KVPolicy, kv_policy, policy_forward, policy_of, streaming
 from headwise.kvcache.scores import HeadScores
@@ -62,8 +63,8 @@ def test_grouped_query_conversion_takes_a_policy_for_its_new_heads():
     for step, logits in enumerate(out.logits):
         torch.testing.assert_close(logits, ref[:, PROMPT - 1 + step], atol=1e-4, rtol=1e-4)
     # one KV head per layer now: layer 0 holds every token, layer 1 sink 1 + window 4
-    seen = out.past_key_values.get_seq_length()
-    assert out.past_key_values.stored_bytes() == policy.kv_bytes(seen, 8, 4, batch=2)
+    seen = out[CACHE].get_seq_length()
+    assert out[CACHE].stored_bytes() == policy.kv_bytes(seen, 8, 4, batch=2)
 
 
 def latent_model():

@@ -72,9 +72,9 @@ def test_cached_generation_matches_the_full_forward(case):
     ids = torch.randint(2, 97, (1, 13))
     with torch.no_grad():
         full = model(input_ids=ids).last_hidden_state
-        past = model(input_ids=ids[:, :6], use_cache=True).past_key_values
+        past = model(input_ids=ids[:, :6], use_cache=True)[CACHE]
         step = model(input_ids=ids[:, 6:9], **{CACHE: past}, use_cache=True)
-        last = model(input_ids=ids[:, 9:], **{CACHE: step.past_key_values}, use_cache=True).last_hidden_state
+        last = model(input_ids=ids[:, 9:], **{CACHE: step[CACHE]}, use_cache=True).last_hidden_state
     torch.testing.assert_close(torch.cat([step.last_hidden_state, last], 1), full[:, 6:], atol=1e-5, rtol=1e-4)
 
 
@@ -83,7 +83,7 @@ def test_cached_generation_refuses_query_summaries():
     apply(model, "eva", window=4, chunk_size=2, proposal="query")
     ids = torch.randint(2, 97, (1, 9))
     with torch.no_grad():
-        past = model(input_ids=ids[:, :6], use_cache=True).past_key_values
+        past = model(input_ids=ids[:, :6], use_cache=True)[CACHE]
         with pytest.raises(HeadwiseError, match="summarises past queries.*proposal='key'"):
             model(input_ids=ids[:, 6:], **{CACHE: past}, use_cache=True)
 
