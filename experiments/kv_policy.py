@@ -165,7 +165,8 @@ def policies(args, model, results: dict) -> dict[str, KVPolicy]:
 
 
 def passkey(model, tokenizer, args) -> dict:
-    prompts = passkey_prompts(tokenizer, args.length, [0.0, 0.25, 0.5, 0.75, 1.0], args.keys, seed=1000)
+    prompts = passkey_prompts(tokenizer, args.length, [0.0, 0.25, 0.5, 0.75, 1.0], args.keys,
+                              seed=2000 if args.heldout else 1000)
     rows, stored = [], []
     for p in prompts:
         ids = p.ids[None].to(model.device)
@@ -187,14 +188,15 @@ def perplexity(model, tokenizer, args) -> dict:
     _, evaluation = wikitext_lines(args.data)
     ids = tokenizer("\n".join(evaluation), add_special_tokens=False, return_tensors="pt")["input_ids"][0]
     nll, count = 0.0, 0
-    for c in range(args.chunks):
+    first = args.chunks if args.heldout else 0  # held out: the chunks after those the arms were compared on
+    for c in range(first, first + args.chunks):
         chunk = ids[c * args.length: (c + 1) * args.length][None].to(model.device)
         with torch.no_grad(), policy_forward(model):
             logits = model(chunk).logits
         nll += torch.nn.functional.cross_entropy(logits[0, :-1].float(), chunk[0, 1:],
                                                  reduction="sum").item()
         count += chunk.shape[1] - 1
-    return {"chunks": args.chunks, "tokens_per_chunk": args.length, "ppl": math.exp(nll / count)}
+    return {"chunks": args.chunks, "first_chunk": first, "tokens_per_chunk": args.length, "ppl": math.exp(nll / count)}
 
 
 def run_arm(args, model, tokenizer, results: dict) -> None:
@@ -212,6 +214,7 @@ def run_arm(args, model, tokenizer, results: dict) -> None:
     name = args.arm if args.length == results["scores"]["length"] else f"{args.arm}@{args.length}"
     name += "" if args.window == results["scores"]["window"] else f"@w{args.window}"
     name += f"@size{args.size_at}" if args.size_at else ""
+    name += "@heldout" if args.heldout else ""
     results.setdefault("arms", {})[name] = row
     print(args.arm, row["passkey"]["accuracy"], row["wikitext2"]["ppl"], row["kv_fraction"])
 
@@ -256,6 +259,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=3, help="passkeys per depth (5 depths)")
     parser.add_argument("--chunks", type=int, default=3, help="WikiText-2 chunks of --length tokens")
     parser.add_argument("--data", type=Path, default=None, help="default: shared/data/wikitext-2/valid.txt")
+    parser.add_argument("--heldout", action="store_true",
+                        help="arm: passkey seed 2000 instead of 1000 and the next --chunks WikiText-2 chunks (a check "
+                             "of settings chosen on the default prompts); stored with the suffix @heldout")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cuda")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

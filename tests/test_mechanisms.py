@@ -74,11 +74,12 @@ def test_local_matches_a_dense_banded_softmax(causal):
     torch.testing.assert_close(build_core("local", H, D, window=4)(q, k, v, causal=causal), ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("tokens", [20, 21])  # whole blocks (no mask at all without overlap) and a partial one
 @pytest.mark.parametrize("overlap", [0, 2])
 @pytest.mark.parametrize("causal", [False, True])
-def test_block_local_matches_a_dense_block_mask(causal, overlap):
-    q, k, v = qkv()
-    i, j = torch.arange(21)[:, None], torch.arange(21)[None]
+def test_block_local_matches_a_dense_block_mask(causal, overlap, tokens):
+    q, k, v = qkv(tokens)
+    i, j = torch.arange(tokens)[:, None], torch.arange(tokens)[None]
     start = i // 5 * 5  # blocks of 5 tokens, each seeing `overlap` more on each side
     mask = (j >= start - overlap) & (j < start + 5 + overlap)
     mask = mask & (j <= i) if causal else mask
@@ -131,6 +132,24 @@ def test_changing_padded_tokens_leaves_real_outputs_unchanged(name, causal):
     real = ~pad[:, None, :].expand(2, H, t)
     assert torch.isfinite(got[real]).all()
     torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0)
+
+
+# the small configs, and blocks without overlap (the cores' unmasked fast paths when blocks tile the sequence)
+NO_MASK = [(n, a) for n, a in sorted(SMALL.items())] + [
+    ("eva-paper", {"window": 4, "num_landmarks": 5}), ("local", {"window": 4, "mode": "block"}),
+    ("scatterbrain", {"window": 4, "features": 16})]
+
+
+@pytest.mark.parametrize("tokens", [20, 21])  # whole blocks of 4 and 5 tokens, and partial ones
+@pytest.mark.parametrize("name,args,causal", [(n, a, c) for n, a in NO_MASK for c in (False, True)
+                                              if not c or n in CAUSAL_ONES], ids=str)
+def test_no_mask_equals_a_mask_that_pads_nothing(name, args, causal, tokens):
+    """Cores skip mask work when nothing is padded: the result must be that of the masked path."""
+    t = T2D if name == "local2d" else tokens
+    q, k, v = qkv(t)
+    core = build_core(name, H, D, **args).eval()
+    masked = core(q, k, v, torch.zeros(2, t, dtype=torch.bool), causal)
+    torch.testing.assert_close(core(q, k, v, None, causal), masked, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("name,args", [("softmax", {}), ("local", {"window": 3}),

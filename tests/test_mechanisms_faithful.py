@@ -161,22 +161,27 @@ def _scatterbrain_reference(core, q, k, v, pad, causal):
     return (weights @ v / weights.sum(-1, keepdim=True)).float()
 
 
-# (mode, window, length): short blocks and windows, and causal blocks of >= CHUNK tokens (per-block summaries)
-SCATTERBRAIN_SHAPES = [("block", 4, 21), ("sliding", 4, 21), ("block", 64, 150), ("sliding", 64, 150)]
+# (mode, window, length): short blocks and windows, whole blocks, and causal blocks of >= CHUNK tokens (per-block
+# summaries)
+SCATTERBRAIN_SHAPES = [("block", 4, 21), ("sliding", 4, 21), ("block", 4, 20), ("block", 64, 150),
+                       ("sliding", 64, 150)]
 
 
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "no-mask"])
 @pytest.mark.parametrize("mode,window,t", SCATTERBRAIN_SHAPES)
 @pytest.mark.parametrize("causal", [False, True])
-def test_scatterbrain_matches_the_dense_sparse_plus_low_rank_matrix(mode, window, t, causal):
-    """Exact ``exp(s_ij)`` inside the window, the Performer kernel estimate outside, normalised per row."""
+def test_scatterbrain_matches_the_dense_sparse_plus_low_rank_matrix(mode, window, t, causal, padded):
+    """Exact ``exp(s_ij)`` inside the window, the Performer kernel estimate outside, normalised per row; with a
+    padding mask and without one (no mask at all)."""
     q, k, v = qkv(t, s=0.7)
     pad = torch.zeros(2, t, dtype=torch.bool)
-    pad[1, -3:] = True
+    pad[1, -3:] = padded
     core = build_core("scatterbrain", H, D, window=window, features=32, mode=mode).eval()
     ref = _scatterbrain_reference(core, q, k, v, pad, causal)
-    got = core(q, k, v, pad, causal)
+    got = core(q, k, v, pad if padded else None, causal)
+    real = t - 3 if padded else t
     torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-4)
-    torch.testing.assert_close(got[1, :, :t - 3], ref[1, :, :t - 3], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got[1, :, :real], ref[1, :, :real], atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

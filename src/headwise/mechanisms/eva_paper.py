@@ -85,7 +85,7 @@ def partition(x: torch.Tensor, size: int, ext: int, count: int, dim: int = 2) ->
     """Overlapping pieces along ``dim``: ``count`` pieces of ``size + 2·ext`` (zero-padded), a new dim after ``dim``
     holding the piece index and the piece length moved last-but-one (``[b, h, n, k, e]`` for ``[b, h, T, e]``)."""
     pad = [0, 0] * (x.dim() - dim - 1) + [ext, count * size - x.shape[dim] + ext]
-    pieces = F.pad(x, pad).unfold(dim, size + 2 * ext, size)  # [..., n, (rest), k]
+    pieces = (F.pad(x, pad) if any(pad) else x).unfold(dim, size + 2 * ext, size)  # [..., n, (rest), k]
     return pieces.movedim(-1, dim + 1)
 
 
@@ -154,13 +154,18 @@ class EVAPaper(Mechanism):
 
     def attend(self, q, k, v, keep, causal, scale):
         b, h, t, d = q.shape
+        cfg = self.config
+        # no padded token, no overlap, whole 1D blocks: every window key and chunk summary is visible
+        padded = keep is not None
+        unmasked = not padded and not causal and not cfg.grid and not cfg.overlap and t % min(cfg.window, t) == 0
         keep = keep_or_ones(keep, q)
         self.draws.step(self.training)
         q, k = q * scale ** 0.5, k * scale ** 0.5
         (wq, wk, wv), wkeep, (cq, ck, cv), ckeep = self._pieces(q, k, v, keep, t, causal)
         weight = ckeep[..., None].to(q.dtype)
         count = weight.sum(-2)
-        q_bar, k_bar = ((x * weight).sum(-2) / count.clamp_min(1) for x in (cq, ck))  # [b, h, nc, d]
+        # chunk means over real tokens (the pieces are zero-padded, so only padded tokens need the weight)
+        q_bar, k_bar = ((x * weight if padded else x).sum(-2) / count.clamp_min(1) for x in (cq, ck))  # [b,h,nc,d]
         chunk_key = self.k_map(k_bar) if self.k_map is not None else k_bar
         if self.config.adaptive == "none":
             mu = torch.zeros_like(k_bar)
@@ -182,8 +187,8 @@ class EVAPaper(Mechanism):
         allowed = torch.cat([wkeep, valid[:, :, None].expand(b, 1, n, nc)], dim=-1)[:, :, :, None]  # [b,1,n,1,k]
         if causal:
             allowed = allowed & self._causal_mask(n, wq.shape[3], wk.shape[3], nc, q.device)
-        mask = torch.zeros_like(allowed, dtype=q.dtype).masked_fill_(~allowed, fill)  # finite: no NaN rows
-        flat = lambda x: rearrange(x, "b h n k e -> (b n) h k e")  # noqa: E731
+        mask = None if unmasked else torch.zeros_like(allowed, dtype=q.dtype).masked_fill_(~allowed, fill)
+        flat = lambda x: None if x is None else rearrange(x, "b h n k e -> (b n) h k e")  # noqa: E731
         out = F.scaled_dot_product_attention(flat(wq), flat(keys), flat(values), attn_mask=flat(mask), scale=1.0)
         out = rearrange(out, "(b n) h w d -> b h n w d", b=b)
         return self._merge(out, t)

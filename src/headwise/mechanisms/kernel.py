@@ -54,7 +54,8 @@ def linear_attention(qf: torch.Tensor, kf: torch.Tensor, v: torch.Tensor, causal
 
 class KernelMechanism(Mechanism):
     """Base of feature-map mechanisms: subclasses implement ``features(q, k, keep, causal, scale, start)``
-    (``start``: position of the first token, for position-aware maps such as cosFormer)."""
+    (``keep [B, T]`` bool, or None when nothing is padded; ``start``: position of the first token, for
+    position-aware maps such as cosFormer)."""
 
     complexity = "O(T m d)"
 
@@ -67,9 +68,9 @@ class KernelMechanism(Mechanism):
         return num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
 
     def attend(self, q, k, v, keep, causal, scale):
-        keep = keep_or_ones(keep, q)
         qf, kf, _ = self.features(q, k, keep, causal, scale)
-        kf = kf * keep[:, None, :, None].to(kf.dtype)
+        if keep is not None:  # padded keys add nothing
+            kf = kf * keep[:, None, :, None].to(kf.dtype)
         return self.divide(*linear_attention(qf, kf, v, causal))
 
     def decode(self, q, k, v, keep, state: State, scale):

@@ -35,14 +35,16 @@ def favor_features(q, k, keep, scale, omega) -> tuple[torch.Tensor, ...]:
     """Unnormalised FAVOR+ features of queries and keys, ``[B, H, T, m]`` each, and their stabilisers.
 
     ``qf = exp(ωᵀq' − c_q)`` (the per-query factor ``exp(−|q'|²/2)`` and ``1/m`` cancel in attention, so they are
-    left out), ``kf = exp(ωᵀk' − |k'|²/2 − c_k)`` (0 for padded keys); ``c_q [B, H, T, 1]``, ``c_k [B, H, 1, 1]``.
+    left out), ``kf = exp(ωᵀk' − |k'|²/2 − c_k)`` (0 for padded keys; ``keep`` None: none padded);
+    ``c_q [B, H, T, 1]``, ``c_k [B, H, 1, 1]``.
     The softmax-kernel estimate is ``qf·kf · exp(c_q + c_k − |q'|²/2) / m``.
     """
     om = omega.to(q.dtype) * scale ** 0.5  # ωᵀ(x √scale) = (ω √scale)ᵀ x
     lq = torch.einsum("bhtd,hmd->bhtm", q, om)
     q_stab = lq.amax(-1, keepdim=True).detach()
     lk = torch.einsum("bhtd,hmd->bhtm", k, om) - k.pow(2).sum(-1, keepdim=True) * (scale / 2)
-    lk = lk.masked_fill(~keep[:, None, :, None], float("-inf"))
+    if keep is not None:
+        lk = lk.masked_fill(~keep[:, None, :, None], float("-inf"))
     k_stab = lk.amax(dim=(2, 3), keepdim=True).clamp_min(-1e4).detach()
     return (lq - q_stab).exp(), (lk - k_stab).exp(), q_stab, k_stab
 

@@ -66,18 +66,18 @@ class Scatterbrain(Mechanism):
         t, w = q.shape[2], self.config.window
         if t <= w:  # one block (or window) holds every key: the low-rank part is empty and this is exact attention
             return sdpa(q, k, v, keep, causal, scale)
-        keep = keep_or_ones(keep, q)
         qf, kf, q_stab, k_stab = favor_features(q, k, keep, scale, omega)
-        kf = kf * keep[:, None, :, None].to(kf.dtype)
+        if keep is not None:
+            kf = kf * keep[:, None, :, None].to(kf.dtype)
         log_scale = q_stab + k_stab - q.pow(2).sum(-1, keepdim=True) * (scale / 2) - math.log(omega.shape[1])
         features = (qf, kf, log_scale)
         if self.config.mode == "sliding":
             _, inside = band(w, w, causal, q.device)
             return _corrected(q, k, v, keep, causal, scale, *features, w, w, 0 if causal else w, inside)
         if causal and w >= CHUNK:
-            return _causal_blocks(q, k, v, keep, scale, *features, w)
-        inside = torch.ones(w, w, dtype=torch.bool, device=q.device)
-        return _corrected(q, k, v, keep, causal, scale, *features, w, 0, 0, inside.tril() if causal else inside)
+            return _causal_blocks(q, k, v, keep_or_ones(keep, q), scale, *features, w)
+        inside = torch.ones(w, w, dtype=torch.bool, device=q.device).tril() if causal else None
+        return _corrected(q, k, v, keep, causal, scale, *features, w, 0, 0, inside)
 
 
 def _causal_blocks(q, k, v, keep, scale, qf, kf, log_scale, w):
@@ -103,17 +103,26 @@ def _causal_blocks(q, k, v, keep, scale, qf, kf, log_scale, w):
 
 def _corrected(q, k, v, keep, causal, scale, qf, kf, log_scale, w, left, right, inside):
     """The low-rank sum over every (causal: earlier) key, plus, for the keys ``inside`` the span of each query
-    block (``left`` keys before the block of ``w`` queries, ``right`` after; ``inside [w, left + w + right]``), the
-    exact weight minus what the low-rank sum counted: ``O(T (w + left + right) (d + m))``, no per-block summaries."""
+    block (``left`` keys before the block of ``w`` queries, ``right`` after; ``inside [w, left + w + right]``, None:
+    all of it), the exact weight minus what the low-rank sum counted: ``O(T (w + left + right) (d + m))``, no
+    per-block summaries. ``keep`` None: no padded token."""
     t = q.shape[2]
     num_lr, den_lr = linear_attention(qf, kf, v, causal)
     n = ceil_div(t, w)
     kw, right = w + left + right, n * w - t + right
-    windows = lambda x: F.pad(x, (0, 0, left, right)).unfold(2, kw, w)  # noqa: E731 - [b, h, n, e, kw] views
     blocks = lambda x: rearrange(pad_to(x, w, 2), "b h (n w) e -> b h n w e", w=w)  # noqa: E731
-    allowed = inside & F.pad(keep, (left, right)).unfold(1, kw, w)[:, None, :, None, :]  # [b, 1, n, w, kw]
-    scores = torch.einsum("bhnqd,bhndk->bhnqk", blocks(q * scale), windows(k)).masked_fill_(~allowed, -math.inf)
-    approx = torch.einsum("bhnqm,bhnmk->bhnqk", blocks(qf), windows(kf)).mul_(allowed)
+    if left == right == 0:  # disjoint blocks tiling the sequence: a block's key span is the block itself
+        windows = lambda x: blocks(x).transpose(-1, -2)  # noqa: E731 - [b, h, n, e, w]
+    else:
+        windows = lambda x: F.pad(x, (0, 0, left, right)).unfold(2, kw, w)  # noqa: E731 - [b, h, n, e, kw] views
+    allowed = inside
+    if keep is not None or right or left:  # padded tokens, or the zeros padding the spans, are never attended
+        span = F.pad(keep_or_ones(keep, q), (left, right)).unfold(1, kw, w)[:, None, :, None, :]  # [b, 1, n, 1, kw]
+        allowed = span if inside is None else inside & span
+    scores = torch.einsum("bhnqd,bhndk->bhnqk", blocks(q * scale), windows(k))
+    approx = torch.einsum("bhnqm,bhnmk->bhnqk", blocks(qf), windows(kf))
+    if allowed is not None:
+        scores, approx = scores.masked_fill_(~allowed, -math.inf), approx.mul_(allowed)
     log_scale = blocks(log_scale)[..., 0]  # [b, h, n, w]
     ref = torch.maximum(log_scale, scores.amax(-1)).detach()
     low = (log_scale - ref).exp()[..., None]
