@@ -84,6 +84,7 @@ def child(arm: str, context: int, new: int, repeats: int, threads: int, conversi
           window: int | None) -> dict:
     import torch
 
+    from headwise.compat import CACHE
     from headwise.kvcache import passkey_prompts
 
     torch.set_num_threads(threads)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import sys
 import time
-from pathlib import Path
 
 from common import DOC, machine
 

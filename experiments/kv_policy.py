@@ -16,6 +16,9 @@ experiments/results/kv_policy.json; experiments/kv_policy_results.json holds the
   python experiments/kv_policy.py arm policy-retrieval --length 2048 --size-at 2048 --window 764 --keys 10 --chunks 2
   python experiments/kv_policy.py arm streaming --length 2048 --size-at 2048 --window 508 --keys 10 --chunks 2
   python experiments/kv_policy.py arm random --length 2048 --size-at 2048 --window 508 --keys 10 --chunks 2
+  # the same arms on new keys (seed 2000) and the next --chunks chunks, stored as "...@heldout":
+  python experiments/kv_policy.py arm policy-retrieval --length 2048 --size-at 2048 --window 764 --keys 10 \
+      --chunks 2 --heldout
   python experiments/kv_policy.py arm policy         # combined ranking, sized at 1024 with the calibration's window
   python experiments/kv_policy.py learn --device cuda --steps 1000 --gate-length 2048   # DuoAttention-style gates
   python experiments/kv_policy.py arm policy-learned --device cuda     # the heads the gates keep full
@@ -166,7 +169,7 @@ def policies(args, model, results: dict) -> dict[str, KVPolicy]:
 
 def passkey(model, tokenizer, args) -> dict:
     prompts = passkey_prompts(tokenizer, args.length, [0.0, 0.25, 0.5, 0.75, 1.0], args.keys,
-                              seed=2000 if args.heldout else 1000)
+                              seed=2000 if getattr(args, "heldout", False) else 1000)
     rows, stored = [], []
     for p in prompts:
         ids = p.ids[None].to(model.device)
@@ -188,7 +191,8 @@ def perplexity(model, tokenizer, args) -> dict:
     _, evaluation = wikitext_lines(args.data)
     ids = tokenizer("\n".join(evaluation), add_special_tokens=False, return_tensors="pt")["input_ids"][0]
     nll, count = 0.0, 0
-    first = args.chunks if args.heldout else 0  # held out: the chunks after those the arms were compared on
+    # held out: the chunks after those the arms were compared on (callers' namespaces may lack the flag)
+    first = args.chunks if getattr(args, "heldout", False) else 0
     for c in range(first, first + args.chunks):
         chunk = ids[c * args.length: (c + 1) * args.length][None].to(model.device)
         with torch.no_grad(), policy_forward(model):

@@ -4,7 +4,9 @@ of bytes, at what perplexity, on a grouped-query (3 → 1 KV heads) or latent (h
 Steps (each < 8 CPU-minutes on one thread; results accumulate in ``--out``):
   python experiments/kv_stacking.py build gqa      # convert_gqa 3 → 1 (calibrated) + 2,048 tokens of uptraining
   python experiments/kv_stacking.py build latent   # convert_latent at 0.5 (calibrated) + 2,048 tokens of uptraining
-  python experiments/kv_stacking.py arms gqa       # and latent: full cache, scored policy, StreamingLLM
+  python experiments/kv_stacking.py build pruned   # KV-head pruning: each layer's least important KV group removed
+                                                   # (3 → 2, gradient importance of the LM loss) + the same uptraining
+  python experiments/kv_stacking.py arms gqa       # and latent, pruned: full cache, scored policy, StreamingLLM
   python experiments/kv_stacking.py arms original  # copies full / policy / streaming from kv_policy_results.json
   python experiments/kv_stacking.py plot           # docs/kv-stacking.svg (docs/kv-cache.md) from the JSON
   python experiments/kv_stacking.py table          # its markdown table
@@ -40,6 +42,8 @@ import headwise  # noqa: E402
 from headwise.conversion import convert_gqa, convert_latent, kv_cache_bytes  # noqa: E402
 from headwise.kvcache import KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, streaming  # noqa: E402
 from headwise.models import resolve_model  # noqa: E402
+from headwise.pruning import importance_pruning, prune_masked  # noqa: E402
+from headwise.tasks import LanguageModeling  # noqa: E402
 
 RESULTS = common.EXPERIMENTS / "kv_stacking.json"
 SINK, WINDOW, LENGTH, BUDGET = 4, 124, 1024, 0.5
@@ -50,9 +54,16 @@ def build(kind: str, models: Path, tokens: int, data: Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(path)
     calib_ids, _ = kv_conversion.split_tokens(tokenizer, data)
     moments = kv_conversion.moments_of(path, kv_conversion.windows(calib_ids, 16384), Path("/tmp/headwise-kv-moments.pt"))
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    attention = {"attn_implementation": "headwise"} if kind == "pruned" else {}  # masks run in headwise's attention
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **attention).eval()
     start = time.time()
-    if kind == "gqa":
+    if kind == "pruned":  # every layer keeps its 2 most important KV groups (min_per_site counts groups here)
+        rank = LanguageModeling(data=str(data), max_length=256)
+        inputs = rank.batches(tokenizer, "train", batch_size=4, limit=16)
+        importance_pruning(model, tokenizer, inputs=inputs, loss_fn=rank.loss, unit="kv-group", keep=[180],
+                           min_per_site=2, progress=False)
+        prune_masked(model)
+    elif kind == "gqa":
         convert_gqa(model, kv_heads=1, init="calibrated", moments=moments)
     else:
         convert_latent(model, kv_budget=0.5, init="calibrated", moments=moments)
@@ -117,7 +128,8 @@ def plot(results: dict) -> str:
     """Perplexity vs KV bytes: per conversion, a line from its full cache to each policy at half the tokens."""
     from headwise.report import svg
 
-    names = {"original": "original", "gqa": "GQA 3→1 +uptrain", "latent": "latent 50% +uptrain"}
+    names = {"original": "original", "gqa": "GQA 3→1 +uptrain", "latent": "latent 50% +uptrain",
+             "pruned": "KV-head pruning 3→2 +uptrain"}
     series = {}
     for kind, label in names.items():
         rows = results.get("arms", {}).get(kind, {}).get("arms")
@@ -131,7 +143,8 @@ def plot(results: dict) -> str:
 
 def table(results: dict) -> str:
     """The markdown table of docs/kv-cache.md: every model × cache, bytes per token and perplexity."""
-    names = {"original": "original", "gqa": "GQA 3 → 1 + uptrain", "latent": "latent 50% + uptrain"}
+    names = {"original": "original", "gqa": "GQA 3 → 1 + uptrain", "latent": "latent 50% + uptrain",
+             "pruned": "KV-head pruning 3 → 2 + uptrain"}
     arms = {"full": "full cache", "policy": "headwise policy", "streaming": "StreamingLLM"}
     base = results["arms"]["original"]["arms"]["full"]["kv_bytes_per_token_fp16"]
     rows = ["| model | cache | KV heads kept full | KV bytes/token at 1,024 (16-bit) | perplexity | × model's full cache |",
@@ -150,7 +163,7 @@ def table(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("step", choices=["build", "arms", "plot", "table"])
-    parser.add_argument("kind", nargs="?", choices=["original", "gqa", "latent"])
+    parser.add_argument("kind", nargs="?", choices=["original", "gqa", "latent", "pruned"])
     parser.add_argument("--models", type=Path, default=Path("/tmp/headwise-kv-stacking"))
     common.add_data(parser, common.WIKITEXT, "WikiText-2 valid.txt")
     parser.add_argument("--out", type=Path, default=RESULTS)

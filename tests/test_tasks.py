@@ -16,7 +16,6 @@ import headwise
 from headwise.errors import HeadwiseError
 from headwise.tasks import Classification, LanguageModeling, Translation, collate, get_task, train_tokenizer
 from headwise.tasks.classification import classification_metrics, matthews
-from headwise.tasks.lm import next_token_nll
 from tiny import VOCAB, tiny_seq2seq
 
 WORDS = "the a cat dog sat on mat ran to house big small red blue tree sun".split()
