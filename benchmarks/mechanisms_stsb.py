@@ -29,6 +29,7 @@ ROWS = {  # label -> (mechanism or None for plain softmax, args)
     "rfa m=64 τ=1": ("rfa", {"features": 64}),
     "nystrom m=4": ("nystrom", {"landmarks": 4}),
     "eva w=4 c=2": ("eva", {"window": 4, "chunk_size": 2}),
+    "eva-paper w=4 C=4 (adaptive maps untrained at zero-shot)": ("eva-paper", {"window": 4, "num_landmarks": 4}),
     "lara C=4": ("lara", {"num_landmarks": 4}),
     "ra (1 sample)": ("ra", {}),
     "scatterbrain w=4 m=64": ("scatterbrain", {"window": 4, "features": 64}),

@@ -130,6 +130,9 @@ GRADIENT_CASES = [
     ("eva-paper", {"window": 4, "chunk_size": 2, "overlap": 1, "redraw": "fixed"}, True),
     ("lara", {"num_landmarks": 3, "redraw": "fixed"}, False),
     ("lara", {"num_landmarks": 3, "redraw": "fixed", "mis": "bh", "proposal": "learned"}, False),
+    # FAVOR+ features with per-query and per-head stabilisers (held constant): the estimator's gradient
+    ("performer", {"features": 8}, False), ("performer", {"features": 8}, True),
+    ("scatterbrain", {"window": 3, "features": 8}, False), ("scatterbrain", {"window": 3, "features": 8}, True),
 ]
 
 

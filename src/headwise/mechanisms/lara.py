@@ -85,11 +85,16 @@ class LARA(Mechanism):
         padded = keep is not None
         keep = keep_or_ones(keep, q)
         self.draws.step(self.training)
-        q, k = q * scale ** 0.5, k * scale ** 0.5
-        c = min(cfg.num_landmarks, q.shape[2])
+        # q' = q·√scale and k' = k·√scale. Without learned maps the factor r = √scale commutes with the means and
+        # the products, so it scales the [C, d] summaries instead of the [T, d] queries and keys.
+        r = scale ** 0.5
+        if self.q_map is not None:  # the learned maps act on q' and k' themselves
+            q, k, r = q * r, k * r, 1.0
         qm, km = (q, k) if self.q_map is None else (self.q_map(q), self.k_map(k))
+        c = min(cfg.num_landmarks, q.shape[2])
         ql, valid = segment_means(qm, keep, c)
         kl, _ = segment_means(km, keep, c)
+        ql, kl = ql * r, kl * r  # means of q', k' (or of their maps)
         mu = ql + kl  # [b, h, C, d]
         omega = mu
         if self.training or cfg.eval_noise:
@@ -100,20 +105,21 @@ class LARA(Mechanism):
         off = torch.zeros_like(valid, dtype=q.dtype).masked_fill(~valid, fill)[:, None, None, :]  # [b, 1, 1, C]
         log_proj_mu = omega @ mu.transpose(-1, -2) - mu.pow(2).sum(-1)[..., None, :] / 2  # [b, h, C(ω), C'(μ)]
         log_mix = torch.logsumexp(log_proj_mu + off, -1)  # [b, h, C]
-        key_bias = -k.pow(2).sum(-1) / 2  # [b, h, T]
+        key_bias = k.pow(2).sum(-1) * (-r * r / 2)  # [b, h, T]: −|k'|²/2
         if padded:
             key_bias = key_bias.masked_fill(~keep[:, None, :], fill)
-        logits = badd(key_bias[:, :, None, :], omega, k.transpose(-1, -2))  # [b, h, C, T]
+        omega_r = omega * r  # ωᵀk' = (ω r)ᵀk, and the same for queries
+        logits = badd(key_bias[:, :, None, :], omega_r, k.transpose(-1, -2))  # [b, h, C, T]
         log_norm = torch.logsumexp(logits, -1)  # [b, h, C]: log Σ_m ξ(ω_c, k_m)
         beta = (logits - log_norm[..., None]).exp() @ v  # [b, h, C, d]
         if cfg.mis == "bh":  # log target − log mixture proposal
-            return badd((log_norm - log_mix)[:, :, None, :] + off, q, omega.transpose(-1, -2)).softmax(-1) @ beta
+            return badd((log_norm - log_mix)[:, :, None, :] + off, q, omega_r.transpose(-1, -2)).softmax(-1) @ beta
         log_own = torch.diagonal(log_proj_mu, dim1=-2, dim2=-1)  # [b, h, C]
-        t = badd(off, q, ql.transpose(-1, -2)).softmax(-1)  # [b, h, T, C], sums to 1 over the valid proposals
+        t = badd(off, q, (ql * r).transpose(-1, -2)).softmax(-1)  # [b, h, T, C], sums to 1 over the valid proposals
         t_mean = 1 / valid.sum(-1).clamp_min(1).to(q.dtype)  # [b]: the mean of t over them
         shift = (log_own - log_mix).exp() - cfg.alpha_coeff * t_mean[:, None, None]  # [b, h, C]
         alpha = torch.add(shift[:, :, None, :], t, alpha=cfg.alpha_coeff)  # bh + a · (t − mean t)
-        scores = badd((log_norm - log_own)[:, :, None, :] + off, q, omega.transpose(-1, -2))
+        scores = badd((log_norm - log_own)[:, :, None, :] + off, q, omega_r.transpose(-1, -2))
         return (scores + alpha.clamp_min(1e-8).log()).softmax(-1) @ beta
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
@@ -37,6 +38,14 @@ class EfficientAttention(nn.Module):
         self.o = nn.Linear(dim, dim)
         self.attn_drop, self.proj_drop = nn.Dropout(attn_drop), nn.Dropout(proj_drop)
 
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``q, k, v [B, H, T, d]`` from one GEMM over the stacked projection weights (one pass over ``x`` forward and
+        backward instead of three; the three Linears stay separate parameters)."""
+        weight = torch.cat([self.q.weight, self.k.weight, self.v.weight])
+        bias = None if self.q.bias is None else torch.cat([self.q.bias, self.k.bias, self.v.bias])
+        qkv = F.linear(x, weight, bias)
+        return rearrange(qkv, "b t (three h d) -> three b h t d", three=3, h=self.core.num_heads).unbind(0)
+
     def new_cache(self) -> DecodingCache:
         if not self.causal:
             raise HeadwiseError("incremental decoding needs a causal module: build it with causal=True")
@@ -45,7 +54,7 @@ class EfficientAttention(nn.Module):
     def forward(self, x: torch.Tensor, key_padding_mask: torch.Tensor | None = None, causal: bool | None = None,
                 cache: DecodingCache | None = None) -> torch.Tensor:
         causal = self.causal if causal is None else causal
-        q, k, v = (rearrange(p(x), "b t (h d) -> b h t d", h=self.core.num_heads) for p in (self.q, self.k, self.v))
+        q, k, v = self._qkv(x)
         if cache is not None:
             if not causal:
                 raise HeadwiseError("a decoding cache needs causal attention")
