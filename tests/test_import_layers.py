@@ -17,7 +17,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sites", ("headwise.sites",)),
     ("runtime", ("headwise.runtime",)),
     # one-call save/reload and model loading rebuild the runtime's ops on a fresh model
-    ("persistence", ("headwise.io", "headwise.models")),
+    ("persistence", ("headwise.io", "headwise.models", "headwise.contract")),
     ("methods", ("headwise.analysis", "headwise.pruning", "headwise.collaborative", "headwise.quantization",
                  "headwise.mixing", "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")),
     ("tasks", ("headwise.training", "headwise.tasks", "headwise.planning")),

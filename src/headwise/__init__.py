@@ -1,11 +1,13 @@
 """headwise: find, measure and edit the attention heads of transformers models.
 
 The verbs and their configs, one per method (each also has a ``headwise <verb>`` command); the packages
-(``headwise.pruning``, ``headwise.mixing``, ...) hold the rest.
+(``headwise.pruning``, ``headwise.mixing``, ...) hold the rest. ``headwise.apply(model, config)`` /
+``headwise.remove(model, method)`` run any registered method (``headwise.contract``).
 """
 
 from .analysis import AnalysisConfig, HeadStats, analyze
 from .collaborative import CollaborativeConfig, compress
+from .contract import Selection, apply, remove
 from .conversion import convert_gqa, convert_latent
 from .errors import HeadwiseError
 from .tasks import evaluate_stsb, fidelity, get_task, recover
@@ -25,6 +27,8 @@ from .version import __version__
 
 __all__ = [
     "__version__", "HeadwiseError",
+    # the method contract: one verb for every registered config (headwise.contract.METHODS)
+    "apply", "remove", "Selection",
     # models, sites, persistence
     "load_model", "from_pretrained", "save_pretrained", "enable", "AttentionSite", "find_sites", "select_sites",
     # analysis

@@ -20,7 +20,7 @@ PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headw
                            "headwise.cli.quantize", "headwise.cli.mechanisms", "headwise.cli.compress", "headwise.cli.mix",
                            "headwise.cli.replace", "headwise.cli.kv_policy",
                            "headwise.cli.convert", "headwise.cli.train", "headwise.cli.plan",
-                           "headwise.cli.apply")
+                           "headwise.cli.apply", "headwise.cli.edit")
 
 
 def model_args(parser: argparse.ArgumentParser) -> None:

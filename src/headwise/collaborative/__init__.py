@@ -11,5 +11,6 @@ from .decompose import Decomposition, Factors, decompose
 from .families import is_collaborative
 from .layer import CollaborativeAttention
 
+from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
 __all__ = ["compress", "tradeoff", "input_moments", "Compression", "SiteCompression", "CollaborativeConfig",
            "CollaborativeAttention", "Decomposition", "Factors", "decompose", "is_collaborative"]

@@ -175,8 +175,10 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
 
 
 def _prepare(model, dk, config, calibration, tokenizer, progress, moments):
-    config = replace(config, dk=dk) if config is not None and dk is not None else config or CollaborativeConfig(dk=dk)
-    sites = select_sites(model, config.kinds)
+    if config is not None and dk is not None and dk != config.dk:
+        raise HeadwiseError(f"dk={dk} conflicts with config.dk={config.dk}; give one of them")
+    config = config or CollaborativeConfig(dk=dk)
+    sites = config.sites(model)
     check_compressible(model, sites, config.dk)
     if calibration is not None and moments is None:
         moments = input_moments(model, sites, calibration, tokenizer, config.batch_size, config.max_length, progress)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ..contract import MethodConfig
 from typing import Literal, Sequence
 
 
 @dataclass
-class CollaborativeConfig:
+class CollaborativeConfig(MethodConfig):
     """Options of :func:`headwise.collaborative.compress`.
 
     ``dk``: width of the shared query/key space (``≥ H·d`` is the exact reparametrisation), or a fraction
@@ -33,3 +35,6 @@ class CollaborativeConfig:
     ridge: float = 1e-2
     batch_size: int = 32
     max_length: int = 128
+
+    def __post_init__(self) -> None:
+        self.kinds = self.merge_kinds(self.kinds)

@@ -11,5 +11,6 @@ from .latent import convert_latent
 from .layer import LatentProjection, is_latent
 from .rotary import pair_scale
 
+from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
 __all__ = ["convert_gqa", "convert_latent", "GQAConfig", "LatentConfig", "LatentProjection", "is_latent",
            "export_native", "native_reason", "kv_cache_bytes", "kv_values_per_token", "input_moments", "pair_scale"]

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
+
+from ..contract import MethodConfig
+from ..errors import HeadwiseError
 
 Grouping = Literal["contiguous", "similarity"]
 Init = Literal["mean", "svd", "calibrated"]
 
 
 @dataclass
-class GQAConfig:
+class GQAConfig(MethodConfig):
     """Options of :func:`headwise.convert_gqa`.
 
     ``kv_heads``: key/value heads per layer after conversion (must divide the query heads).
@@ -28,9 +31,12 @@ class GQAConfig:
     init: Init = "calibrated"
     ridge: float = 1e-4
 
+    def __post_init__(self) -> None:
+        self.whole_model("convert_gqa (every decoder self-attention)")
+
 
 @dataclass
-class LatentConfig:
+class LatentConfig(MethodConfig):
     """Options of :func:`headwise.convert_latent`.
 
     Give exactly one of ``kv_budget`` (fraction of today's key/value cache bytes, ``0 < b ≤ 1``) or ``rank``
@@ -44,3 +50,19 @@ class LatentConfig:
     rope_pairs: int = 0
     init: Literal["svd", "calibrated"] = "calibrated"
     ridge: float = 1e-4
+
+    def __post_init__(self) -> None:
+        self.whole_model("convert_latent (every decoder self-attention)")
+
+
+def from_keywords(cls: type, config: Any, **keywords: Any) -> Any:
+    """``config``, or a ``cls`` built from the keywords a verb was given (``None`` = not given); both at once
+    must agree (a keyword that differs from the config raises instead of one silently winning)."""
+    given = {k: v for k, v in keywords.items() if v is not None}
+    if config is None:
+        return cls(**given)
+    clash = [k for k, v in given.items() if getattr(config, k) != v]
+    if clash:
+        raise HeadwiseError(f"{', '.join(f'{k}={given[k]!r}' for k in clash)} conflicts with the config "
+                            f"({', '.join(f'{k}={getattr(config, k)!r}' for k in clash)}); give one of them")
+    return config

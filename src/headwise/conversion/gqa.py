@@ -20,7 +20,7 @@ from ..io import record_edit, register_edit
 from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
 from .checks import CONFIG_FAMILIES, check_calibration, convertible_sites
-from .config import GQAConfig
+from .config import GQAConfig, from_keywords
 from .grouping import balanced_groups, contiguous_groups, similarity
 from .merge import Merged, merge_group
 from .weights import SiteWeights, linear_from_rows, write_heads
@@ -80,9 +80,9 @@ def _apply(site: AttentionSite, merged: list[Merged], bias: bool) -> None:
     resize_kv(site, len(merged), torch.cat([m.k for m in merged]), torch.cat([m.v for m in merged]), bias)
 
 
-def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str = "contiguous", init: str = "calibrated",
+def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | None = None, init: str | None = None,
                 calibration: Iterable[dict | torch.Tensor] | None = None, config: GQAConfig | None = None,
-                ridge: float = 1e-4, moments: dict[str, torch.Tensor] | None = None,
+                ridge: float | None = None, moments: dict[str, torch.Tensor] | None = None,
                 progress: bool | None = None) -> nn.Module:
     """Convert every decoder self-attention of ``model`` to ``kv_heads`` key/value heads, in place.
 
@@ -90,7 +90,9 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str = "
     ``grouping="similarity"``), or ``moments`` computed once with :func:`input_moments` (to try several options).
     Everything is validated and fitted before the model changes. Returns the model.
     """
-    config = config or GQAConfig(kv_heads=kv_heads, grouping=grouping, init=init, ridge=ridge)
+    if config is None and kv_heads is None:
+        raise HeadwiseError("convert_gqa needs kv_heads (key/value heads per layer after conversion) or a GQAConfig")
+    config = from_keywords(GQAConfig, config, kv_heads=kv_heads, grouping=grouping, init=init, ridge=ridge)
     sites = _check(model, config)
     check_calibration(config.init, calibration if moments is None else moments, config.grouping)
     if moments is None:

@@ -27,7 +27,7 @@ from ..io import record_edit, register_edit
 from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
 from .checks import check_calibration, convertible_sites
-from .config import LatentConfig
+from .config import LatentConfig, from_keywords
 from .fit import regress, shared_rows
 from .layer import LatentProjection
 from .merge import energy
@@ -119,15 +119,17 @@ def install(site: AttentionSite, fit: dict) -> None:
     attn.v_proj = LatentProjection(down, up_v, None, torch.arange(values, device=like.weight.device))
 
 
-def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int | None = None, rope_pairs: int = 0,
-                   init: str = "calibrated", calibration: Iterable[dict | torch.Tensor] | None = None,
-                   config: LatentConfig | None = None, ridge: float = 1e-4,
+def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int | None = None,
+                   rope_pairs: int | None = None, init: str | None = None,
+                   calibration: Iterable[dict | torch.Tensor] | None = None,
+                   config: LatentConfig | None = None, ridge: float | None = None,
                    moments: dict[str, torch.Tensor] | None = None, progress: bool | None = None) -> nn.Module:
     """Give every decoder self-attention of ``model`` a low-rank latent key/value path, in place (see module doc).
 
     ``kv_budget``: fraction of today's cached values per token (``rank = budget·2·G·d − 2·G·rope_pairs``), or
     ``rank`` directly. Validated and fitted before the model changes; recorded for ``headwise.from_pretrained``."""
-    config = config or LatentConfig(kv_budget=kv_budget, rank=rank, rope_pairs=rope_pairs, init=init, ridge=ridge)
+    config = from_keywords(LatentConfig, config, kv_budget=kv_budget, rank=rank, rope_pairs=rope_pairs, init=init,
+                           ridge=ridge)
     sites = _check(model, config)
     check_calibration(config.init, calibration if moments is None else moments)
     if moments is None:

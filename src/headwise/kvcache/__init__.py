@@ -10,7 +10,9 @@ from .learn import KVGateConfig, LearnedGates, learn_kv_gates
 from .passkey import passkey_prompts
 from .scores import HeadScores, ScoreConfig, head_scores
 
+from .method import KVPolicyConfig  # registers the method
 __all__ = [
+    "KVPolicyConfig",
     "apply_kv_policy", "policy_cache", "policy_forward", "policy_of", "remove_kv_policy", "PolicyCache", "FULL", "HeadCache",
     "KVPolicy", "streaming", "full_heads_for_budget", "kv_policy", "rank_kv_heads", "passkey_prompts", "HeadScores",
     "ScoreConfig", "head_scores", "KVGate", "add_kv_gates", "kv_gate_values", "remove_kv_gates", "KVGateConfig",

@@ -15,7 +15,9 @@ from .dropin import SiteMechanism, apply, mechanisms_of, remove
 from .factory import NestedNamespace, add_args, build_attention, build_core, list_mechanisms, mechanism_args
 from .module import DecodingCache, EfficientAttention
 
+from .method import ReplaceConfig  # registers the method
 __all__ = [
+    "ReplaceConfig",
     "MECHANISMS", "Mechanism", "MechanismConfig", "register", "SiteMechanism", "apply", "mechanisms_of", "remove",
     "NestedNamespace", "add_args", "build_attention", "build_core", "list_mechanisms", "mechanism_args",
     "DecodingCache", "EfficientAttention",

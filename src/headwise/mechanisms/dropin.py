@@ -109,9 +109,14 @@ def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | No
     return ops
 
 
-def remove(model: nn.Module, sites: Iterable[AttentionSite | str] | None = None) -> None:
-    """Detach the mechanism from every (or the given) site: softmax attention again."""
-    for site in select_sites(model, names=None if sites is None else list(sites)):
+def remove(model: nn.Module, sites: Iterable[AttentionSite | str] | None = None, missing_ok: bool = False) -> None:
+    """Detach the mechanism from every (or the given) site: softmax attention again. Raises when none of them
+    runs a mechanism, unless ``missing_ok``."""
+    chosen = select_sites(model, names=None if sites is None else list(sites))
+    if not missing_ok and not any(s.path in mechanisms_of(model) for s in chosen):
+        raise HeadwiseError(f"no mechanism is attached to {', '.join(s.name for s in chosen)}; nothing to remove "
+                            "(missing_ok=True to allow)")
+    for site in chosen:
         detach(site, SLOT_NAME)
 
 

@@ -17,6 +17,7 @@ from .penalty import NuclearNormPenalty
 from .schedule import SwapSchedule, parse_swap, read_schedule
 from .swap import HeadSwap, resolve, swap_heads, undo_swaps
 
+from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
 __all__ = [
     "MixingConfig", "HeadMixer", "MIXER_NAME", "add_mixers", "mixers_of", "remove_mixers", "alpha_table", "NuclearNormPenalty",
     "HeadSwap", "swap_heads", "undo_swaps", "resolve", "SwapSchedule", "parse_swap", "read_schedule",

@@ -9,7 +9,7 @@ from torch import nn
 
 from ..runtime.attention import enable
 from ..runtime.ops import HeadOp, attach, detach_all, ops_of
-from ..sites import AttentionSite, find_sites, select_sites
+from ..sites import AttentionSite, find_sites
 from .config import MixingConfig
 
 MIXER_NAME = "mixer"
@@ -46,14 +46,15 @@ def add_mixers(model: nn.Module, config: MixingConfig | None = None) -> dict[str
     """Attach an identity ``HeadMixer`` (named ``"mixer"``) to every site of ``config.kinds``; returns
     ``{site path: mixer}``, and select the ``headwise`` implementation so they run."""
     config = config or MixingConfig()
-    mixers = {s.path: attach(s, "output", MIXER_NAME, HeadMixer(s.num_heads)) for s in select_sites(model, config.kinds)}
+    mixers = {s.path: attach(s, "output", MIXER_NAME, HeadMixer(s.num_heads)) for s in config.sites(model)}
     enable(model)
     return mixers
 
 
-def remove_mixers(model: nn.Module) -> None:
-    """Detach the mixers (undoes ``add_mixers``; ``fold_mixing`` keeps their effect in the weights instead)."""
-    detach_all(model, MIXER_NAME)
+def remove_mixers(model: nn.Module, missing_ok: bool = False) -> None:
+    """Detach the mixers (undoes ``add_mixers``; ``fold_mixing`` keeps their effect in the weights instead);
+    raises when there are none, unless ``missing_ok``."""
+    detach_all(model, MIXER_NAME, missing_ok)
 
 
 def mixers_of(model: nn.Module) -> list[tuple[AttentionSite, HeadMixer]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+from ..contract import MethodConfig
 from ..errors import HeadwiseError
 
 KINDS = ("enc-self", "dec-self", "dec-enc")
@@ -13,7 +14,7 @@ FORMS = ("radius", "seed")
 
 
 @dataclass
-class MixingConfig:
+class MixingConfig(MethodConfig):
     """Options of ``add_mixers`` and ``NuclearNormPenalty``.
 
     - ``kinds``: attention kinds that get a mixer (``None``: every site).
@@ -39,8 +40,8 @@ class MixingConfig:
     form: str = "radius"
 
     def __post_init__(self) -> None:
+        self.kinds = self.merge_kinds(self.kinds)
         if self.kinds is not None:
-            self.kinds = tuple(self.kinds)
             bad = [k for k in self.kinds if k not in KINDS]
             if bad:
                 raise HeadwiseError(f"unknown attention kind {bad[0]!r}; use any of {', '.join(KINDS)}")

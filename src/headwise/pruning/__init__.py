@@ -9,7 +9,8 @@ from ..runtime import HardConcreteGate, HeadMask
 from .schedule import PruningCurve, PruningStep, importance_pruning, keep_counts, site_importance
 from .surgery import prune_heads
 
-__all__ = ["prune_heads", "export_plain", "plain_problem", "prune_masked", "head_factors", "HeadMask", "apply_masks", "load_masks", "remove_masks",
+from .method import GateConfig, MaskConfig, PruneHeadsConfig  # registers the package's methods
+__all__ = ["GateConfig", "MaskConfig", "PruneHeadsConfig", "prune_heads", "export_plain", "plain_problem", "prune_masked", "head_factors", "HeadMask", "apply_masks", "load_masks", "remove_masks",
            "resolve_masks", "remove_l0_gates",
            "HardConcreteGate", "L0Config", "L0Penalty", "add_l0_gates", "l0_gates", "gate_table", "l0_keep",
            "importance_pruning", "keep_counts", "site_importance", "PruningCurve", "PruningStep",

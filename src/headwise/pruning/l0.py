@@ -19,10 +19,11 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..contract import MethodConfig
 from ..errors import HeadwiseError
 from ..runtime.attention import enable
 from ..runtime.ops import attach, attached, detach_all
-from ..sites import find_sites, select_sites
+from ..sites import find_sites
 from ..runtime.hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
 
 REDUCTIONS = ("sum", "mean_over_modules")
@@ -30,7 +31,7 @@ GATE_NAME = "l0"
 
 
 @dataclass
-class L0Config:
+class L0Config(MethodConfig):
     """What ``add_l0_gates`` / ``L0Penalty`` do. ``kinds``: restrict gates to these attention kinds (Voita's
     ``concrete_heads``); ``None`` gates every site."""
 
@@ -46,6 +47,7 @@ class L0Config:
     init: str | float = "voita"
 
     def __post_init__(self) -> None:
+        self.kinds = self.merge_kinds(self.kinds)
         if self.lam < 0:
             raise HeadwiseError(f"the L0 coefficient λ must be ≥ 0, got {self.lam}")
         if self.reduction not in REDUCTIONS:
@@ -62,7 +64,7 @@ def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, 
     """Attach a ``HardConcreteGate`` (named ``"l0"``) to each selected site and select the ``headwise``
     implementation; returns ``{site path: gate}``."""
     config = config or L0Config()
-    sites = select_sites(model, config.kinds)
+    sites = config.sites(model)
     if config.target_heads is not None and config.target_heads > sum(s.num_heads for s in sites):
         raise HeadwiseError(f"target_heads={config.target_heads} exceeds the {sum(s.num_heads for s in sites)} "
                             "gated heads")
@@ -72,9 +74,10 @@ def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, 
     return gates
 
 
-def remove_l0_gates(model: nn.Module) -> None:
-    """Detach the L0 gates (undoes ``add_l0_gates``; ``prune_masked`` folds them into a smaller model instead)."""
-    detach_all(model, GATE_NAME)
+def remove_l0_gates(model: nn.Module, missing_ok: bool = False) -> None:
+    """Detach the L0 gates (undoes ``add_l0_gates``; ``prune_masked`` folds them into a smaller model instead);
+    raises when there are none, unless ``missing_ok``."""
+    detach_all(model, GATE_NAME, missing_ok)
 
 
 def l0_gates(model: nn.Module) -> dict[str, HardConcreteGate]:

@@ -89,9 +89,10 @@ def apply_masks(model: nn.Module, spec: MaskSpec, name: str = "mask") -> dict[st
     return masks
 
 
-def remove_masks(model: nn.Module, name: str = "mask") -> None:
-    """Detach the masks called ``name`` from every site (undoes ``apply_masks``)."""
-    detach_all(model, name)
+def remove_masks(model: nn.Module, name: str = "mask", missing_ok: bool = False) -> None:
+    """Detach the masks called ``name`` from every site (undoes ``apply_masks``); raises when there are none,
+    unless ``missing_ok``."""
+    detach_all(model, name, missing_ok)
 
 
 def load_masks(path: str | Path) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from .functional import METHODS, prune
 from .layer import AttentionQuantizer, population, transform
 from .sweep import SweepConfig, SweepResult, sweep
 
+from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
 __all__ = [
     "functional", "NAME", "Measurement", "measuring", "quantize_attention", "quantizers_of", "remove_quantization",
     "ALIASES", "METHOD_NAMES", "QuantizationConfig", "METHODS", "prune", "AttentionQuantizer", "population", "transform",

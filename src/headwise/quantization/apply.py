@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..runtime import attach, detach, enable
+from ..runtime import attach, detach_all, enable
 from ..runtime.ops import attached
 from ..sites import AttentionSite, find_sites, select_sites
 from .config import QuantizationConfig
@@ -26,10 +26,17 @@ def quantize_attention(model: nn.Module, config: QuantizationConfig | None = Non
     and select the ``headwise`` attention implementation. ``options`` override ``config`` fields
     (``method=``, ``bits=``, ``threshold=`` ...). Returns ``{site.path: op}``; undo with
     :func:`remove_quantization`. ``headwise.save_pretrained`` saves the ops with the model."""
-    cfg = config or QuantizationConfig()
-    cfg = replace(cfg, **options) if options else replace(cfg)  # a copy: the ops must not share a mutable config
-    ops = {s.path: attach(s, "prob", name, AttentionQuantizer(**cfg.to_dict()), replace=True)
-           for s in select_sites(model, names=sites)}
+    if config is not None:
+        merged = replace(config, **options)
+        clash = [k for k in options if getattr(merged, k) != getattr(config, k)]
+        if clash:
+            raise HeadwiseError(f"{', '.join(f'{k}={options[k]!r}' for k in clash)} conflicts with the config "
+                                f"({', '.join(f'{k}={getattr(config, k)!r}' for k in clash)}); give one of them")
+        if sites is not None and not config.selection.everything:
+            raise HeadwiseError("give the sites either as sites= or in config.selection, not both")
+    cfg = replace(config, **options) if config is not None else QuantizationConfig(**options)  # a private copy
+    chosen = select_sites(model, names=sites) if sites is not None else cfg.sites(model)
+    ops = {s.path: attach(s, "prob", name, AttentionQuantizer(**cfg.to_dict()), replace=True) for s in chosen}
     enable(model)
     return ops
 
@@ -39,10 +46,9 @@ def quantizers_of(model: nn.Module, name: str = NAME) -> dict[str, AttentionQuan
     return attached(model, "prob", name)
 
 
-def remove_quantization(model: nn.Module, name: str = NAME) -> None:
-    """Detach every quantizer called ``name``."""
-    for s in find_sites(model):
-        detach(s, name)
+def remove_quantization(model: nn.Module, name: str = NAME, missing_ok: bool = False) -> None:
+    """Detach every quantizer called ``name``; raises when there are none, unless ``missing_ok``."""
+    detach_all(model, name, missing_ok)
 
 
 @dataclass

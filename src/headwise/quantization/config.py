@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..contract import MethodConfig
 from ..errors import HeadwiseError
 from .functional import FLOOR, METHODS
 
@@ -30,7 +31,7 @@ def resolve_method(name: str, bits: int) -> tuple[str, int]:
 
 
 @dataclass
-class QuantizationConfig:
+class QuantizationConfig(MethodConfig):
     """Options of the attention-probability quantizer attached by ``quantize_attention``.
 
     Per forward, on every attached site: ``A ← A·1[A > threshold]`` (if ``threshold > 0``), then row
@@ -89,7 +90,10 @@ class QuantizationConfig:
                                 f"{self.method}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The quantizer's options (what an ``AttentionQuantizer`` is built from; the selection is not one)."""
+        options = asdict(self)
+        del options["selection"]
+        return options
 
     @property
     def label(self) -> str:

@@ -142,9 +142,10 @@ def add_gates(model: nn.Module, sites: "list[AttentionSite | str] | None" = None
     return gates
 
 
-def remove_gates(model: nn.Module, name: str = "gate") -> None:
-    """Detach the gates called ``name`` (the model computes what it did before ``add_gates``)."""
-    detach_all(model, name)
+def remove_gates(model: nn.Module, name: str = "gate", missing_ok: bool = False) -> None:
+    """Detach the gates called ``name`` (the model computes what it did before ``add_gates``); raises when there
+    are none, unless ``missing_ok``."""
+    detach_all(model, name, missing_ok)
 
 
 def gates_of(model: nn.Module, name: str = "gate") -> dict[str, HeadGate]:

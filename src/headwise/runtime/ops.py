@@ -117,10 +117,20 @@ def attached(model: nn.Module, slot: str, name: str) -> dict[str, nn.Module]:
     return found
 
 
-def detach_all(model: nn.Module, name: str) -> None:
-    """Detach every op called ``name`` from every site of ``model`` (what each method's ``remove_*`` does)."""
-    for site in find_sites(model):
+def detach_all(model: nn.Module, name: str, missing_ok: bool = True) -> None:
+    """Detach every op called ``name`` from every site of ``model`` (what each method's ``remove_*`` does).
+    ``missing_ok=False`` raises when no site carries one (a ``remove_*`` that would silently do nothing)."""
+    sites = find_sites(model)
+    if not missing_ok and not any(_carries(site, name) for site in sites):
+        raise HeadwiseError(f"{type(model).__name__} carries no op named {name!r}; nothing to remove "
+                            "(missing_ok=True to allow)")
+    for site in sites:
         detach(site, name)
+
+
+def _carries(site: AttentionSite, name: str) -> bool:
+    ops = ops_of(site)
+    return ops is not None and (any(name in getattr(ops, slot) for slot in SLOTS) or name in ops.observers)
 
 
 def add_observer(site: AttentionSite, name: str, observer: Observer) -> None:

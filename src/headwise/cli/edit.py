@@ -1,0 +1,106 @@
+"""``headwise edit METHOD``: any registered method (``headwise.contract.METHODS``), its options built from the fields
+of its config. ``--kinds/--layers/--names`` are the selection of every method; the edited model is saved to
+``DIR/model`` with ``DIR/edit.json`` (the method record ``{method, version, config}``)."""
+
+from __future__ import annotations
+
+import argparse
+import collections.abc
+import dataclasses
+import json
+import typing
+from pathlib import Path
+from typing import Any
+
+from ..contract import METHODS, Selection, config_fields, config_to_dict
+from ..errors import HeadwiseError
+from . import model_args
+
+SELECTION_FLAGS = {"kinds": str, "layers": int, "names": str}
+_REQUIRED = object()  # a config field without a default: a required option
+
+
+def _list_of(kind: type):
+    def parse(text: str) -> list:
+        try:
+            return [kind(part) for part in text.split(",") if part]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
+    return parse
+
+
+def _json_value(text: str) -> Any:
+    """A JSON value, or ``@FILE`` holding one."""
+    try:
+        return json.loads(Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise argparse.ArgumentTypeError(f"expected JSON or @FILE with JSON, got {text!r} ({err})") from None
+
+
+def _option(parser: argparse.ArgumentParser, name: str, hint: Any, default: Any, doc: str) -> None:
+    """One ``--name`` for a config field of type ``hint``."""
+    flag = "--" + name.replace("_", "-")
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is typing.Union or type(hint).__name__ == "UnionType":
+        inner = [a for a in args if a is not type(None)]
+        hint = inner[0] if len(inner) == 1 else Any
+        args = typing.get_args(hint)
+    required = default is _REQUIRED
+    common = dict(required=required, default=None if required else argparse.SUPPRESS, help=doc)
+    if hint is bool:
+        parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
+    elif typing.get_origin(hint) is typing.Literal:
+        parser.add_argument(flag, choices=list(args), **common)
+    elif hint in (int, float, str):
+        parser.add_argument(flag, type=hint, metavar=hint.__name__.upper(), **common)
+    elif typing.get_origin(hint) in (tuple, list, collections.abc.Sequence):
+        parser.add_argument(flag, type=_list_of(args[0] if args and args[0] in (int, float, str) else str),
+                            metavar="A,B,...", **common)
+    else:
+        parser.add_argument(flag, type=_json_value, metavar="JSON|@FILE", **common)
+
+
+def register(verbs, parents) -> None:
+    p = verbs.add_parser("edit", parents=parents, help="apply any registered method and save the model",
+                         description=__doc__)
+    methods = p.add_subparsers(dest="method", required=True, metavar="METHOD")
+    for method in METHODS.values():
+        q = methods.add_parser(method.name, parents=parents, help=method.summary, description=method.summary)
+        model_args(q)
+        for name, kind in SELECTION_FLAGS.items():
+            q.add_argument(f"--{name}", type=_list_of(kind), default=None, metavar="A,B,...",
+                           help=f"selection: only these {name} (default: every site the method applies to)")
+        taken = {"model", "device", "dtype", "out", "force"}
+        for f, hint in config_fields(method.config):
+            if f.name == "selection" or f.name in SELECTION_FLAGS:  # a config's `kinds=` is its selection's
+                continue
+            if f.name in taken:
+                raise HeadwiseError(f"method {method.name!r}: config field {f.name!r} clashes with a shared option")
+            missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            default = _REQUIRED if missing else f.default
+            _option(q, f.name, hint, default, f"{method.config.__name__}.{f.name}")
+        q.add_argument("--out", required=True, help="output folder (DIR/model, DIR/edit.json)")
+        q.add_argument("--force", action="store_true", help="replace an existing output folder")
+        q.set_defaults(run=run, method_name=method.name)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..contract import apply
+    from ..io import atomic_dir, check_writable_dir, save_pretrained
+    from ..models import load_model
+
+    method = METHODS[args.method_name]
+    values = {f.name: getattr(args, f.name) for f, _ in config_fields(method.config)
+              if f.name != "selection" and f.name not in SELECTION_FLAGS and hasattr(args, f.name)}
+    selection = Selection(**{k: getattr(args, k) for k in SELECTION_FLAGS})
+    config = method.config(**values, selection=selection)  # validated before the model is loaded
+    check_writable_dir(args.out, args.force)
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    apply(model, config)
+    record = config_to_dict(config)
+    with atomic_dir(args.out, args.force) as tmp:
+        save_pretrained(model, tmp / "model", tokenizer=tokenizer)
+        (tmp / "edit.json").write_text(json.dumps(record, indent=1))
+    print(json.dumps(record) if args.json else f"{method.name}: saved {args.out}/model (reload with "
+                                                f"headwise.from_pretrained)")
+    return 0

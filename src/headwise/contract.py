@@ -1,0 +1,202 @@
+"""The method contract: every method is one config class, registered once with how to apply and remove it.
+
+>>> headwise.apply(model, QuantizationConfig(method="log3", selection=Selection(kinds=["enc-self"])))
+>>> headwise.remove(model, "quantization")                 # raises if nothing is attached (missing_ok=True: quiet)
+>>> config_to_dict(config)                                  # {"method": "quantization", "version": 1, "config": {...}}
+
+A method package calls ``register_method`` next to its config (see docs/adding.md); ``headwise.apply`` dispatches on
+the config's type, the contract test (tests/test_method_contract.py) runs over every registered method, and
+``headwise edit METHOD`` builds its options from the config's fields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from torch import nn
+
+from .errors import HeadwiseError
+from .sites import AttentionSite, select_sites
+
+
+def _as_tuple(value: Any, what: str, kind: type) -> tuple | None:
+    if value is None:
+        return None
+    items = (value,) if isinstance(value, (str, int)) else tuple(value)
+    bad = [v for v in items if not isinstance(v, kind) or isinstance(v, bool)]
+    if bad:
+        raise HeadwiseError(f"selection {what} must be {kind.__name__}s, got {bad[0]!r}")
+    return items
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which attention sites a method edits (``select_sites``): ``kinds`` (``"enc-self"``, ``"dec-self"``,
+    ``"dec-enc"``), ``layers`` (indices) and ``names`` (site names such as ``enc-self.3`` or module paths);
+    ``None`` does not filter. Unknown kinds, layers or names raise when the selection meets a model."""
+
+    kinds: tuple[str, ...] | None = None
+    layers: tuple[int, ...] | None = None
+    names: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kinds", _as_tuple(self.kinds, "kinds", str))
+        object.__setattr__(self, "layers", _as_tuple(self.layers, "layers", int))
+        object.__setattr__(self, "names", _as_tuple(self.names, "names", str))
+
+    @property
+    def everything(self) -> bool:
+        return self.kinds is None and self.layers is None and self.names is None
+
+    def sites(self, model: nn.Module) -> list[AttentionSite]:
+        return select_sites(model, self.kinds, layers=self.layers, names=self.names)
+
+
+@dataclass
+class MethodConfig:
+    """Base of every method config: a dataclass validated in ``__post_init__``, with a keyword-only ``selection``."""
+
+    selection: Selection = field(default_factory=Selection, kw_only=True)
+
+    def sites(self, model: nn.Module) -> list[AttentionSite]:
+        """The sites this config edits in ``model``."""
+        return self.selection.sites(model)
+
+    def merge_kinds(self, kinds: Sequence[str] | None) -> tuple[str, ...] | None:
+        """For configs that also take ``kinds=`` (a shorthand for ``selection.kinds``): one value, or a conflict."""
+        if isinstance(self.selection, dict):  # from a JSON record
+            self.selection = Selection(**self.selection)
+        if kinds is None:
+            return self.selection.kinds
+        kinds = _as_tuple(kinds, "kinds", str)
+        if self.selection.kinds is not None and self.selection.kinds != kinds:
+            raise HeadwiseError(f"kinds={list(kinds)} conflicts with selection.kinds={list(self.selection.kinds)}; "
+                                "give one of them")
+        self.selection = dataclasses.replace(self.selection, kinds=kinds)
+        return kinds
+
+    def whole_model(self, method: str) -> None:
+        """Refuse a selection for a method that edits every site it can (no silent widening)."""
+        if not self.selection.everything:
+            raise HeadwiseError(f"{method} edits every site it applies to; it takes no selection "
+                                f"(got {self.selection})")
+
+
+@dataclass(frozen=True)
+class Method:
+    """A registered method. ``apply(model, config, **inputs)`` performs it (``inputs``: data that is not
+    configuration, such as calibration batches); ``remove(model)`` undoes it (``None``: the method rewrites weights
+    and cannot be undone in place); ``present(model)`` says whether the model carries it; ``example(model)`` is a
+    small config for that model (contract test, docs); ``identity``: the example changes no output; ``meta``: it
+    applies to a model on the ``meta`` device (False for methods that fit or decompose weights)."""
+
+    name: str
+    config: type
+    apply: Callable[..., Any]
+    remove: Callable[[nn.Module], Any] | None
+    present: Callable[[nn.Module], bool] | None
+    example: Callable[[nn.Module], Any]
+    version: int = 1
+    summary: str = ""
+    identity: bool = False
+    meta: bool = True
+
+    @property
+    def reversible(self) -> bool:
+        return self.remove is not None
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(name: str, config: type, apply: Callable[..., Any], *, example: Callable[[nn.Module], Any],
+                    remove: Callable[[nn.Module], Any] | None = None, present: Callable[[nn.Module], bool] | None = None,
+                    version: int = 1, summary: str = "", identity: bool = False, meta: bool = True) -> Method:
+    """Register a method once (at import of its package); returns the ``Method``."""
+    if not dataclasses.is_dataclass(config):
+        raise HeadwiseError(f"method {name!r}: its config {config.__name__} must be a dataclass")
+    if (remove is None) != (present is None):
+        raise HeadwiseError(f"method {name!r}: give both remove and present (reversible) or neither (a weight edit)")
+    for other in METHODS.values():
+        if (other.name == name) != (other.config is config):
+            raise HeadwiseError(f"method {name!r} with {config.__name__} clashes with the registered method "
+                                f"{other.name!r} ({other.config.__name__})")
+    METHODS[name] = Method(name, config, apply, remove, present, example, version, summary or
+                           (config.__doc__ or "").strip().splitlines()[0], identity, meta)
+    return METHODS[name]
+
+
+def method_of(what: "str | type | Any") -> Method:
+    """The method of a name, a config class or a config."""
+    for method in METHODS.values():
+        if what == method.name or what is method.config or type(what) is method.config:
+            return method
+    label = what if isinstance(what, str) else getattr(what, "__name__", type(what).__name__)
+    raise HeadwiseError(f"no method {label!r}; registered: {', '.join(sorted(METHODS))}")
+
+
+def apply(model: nn.Module, config: Any, **inputs: Any) -> Any:
+    """Apply the method of ``config`` to ``model`` in place; returns what the method's verb returns."""
+    method = method_of(config)
+    if not method.meta and any(p.is_meta for p in model.parameters()):
+        raise HeadwiseError(f"{method.name} fits the model's weights, which are on the meta device; load the real "
+                            "weights first")
+    return method.apply(model, config, **inputs)
+
+
+def remove(model: nn.Module, method: "str | type | Any", *, missing_ok: bool = False) -> nn.Module:
+    """Undo a reversible method (the model computes what it did before). Raises when the model does not carry it,
+    unless ``missing_ok``, and always for a method that rewrote weights (reload the original model instead)."""
+    m = method_of(method)
+    if not m.reversible:
+        raise HeadwiseError(f"{m.name} rewrites the model's weights and cannot be removed in place; reload the model "
+                            "from before the edit")
+    if not m.present(model):
+        if missing_ok:
+            return model
+        raise HeadwiseError(f"{type(model).__name__} carries no {m.name}; nothing to remove (missing_ok=True to allow)")
+    m.remove(model)
+    return model
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def config_to_dict(config: Any) -> dict[str, Any]:
+    """``{"method", "version", "config"}`` with JSON values only."""
+    m = method_of(config)
+    return {"method": m.name, "version": m.version, "config": _plain(config)}
+
+
+def config_from_dict(record: dict[str, Any]) -> Any:
+    """The config a ``config_to_dict`` record describes (validated by the config's own ``__post_init__``)."""
+    if not isinstance(record, dict) or {"method", "version", "config"} - set(record):
+        raise HeadwiseError(f"a method record needs 'method', 'version' and 'config', got {record!r}")
+    m = method_of(record["method"])
+    if record["version"] > m.version:
+        raise HeadwiseError(f"the {m.name} record is version {record['version']}, newer than this headwise "
+                            f"(version {m.version}); upgrade headwise")
+    names = {f.name for f in dataclasses.fields(m.config) if f.init}
+    unknown = sorted(set(record["config"]) - names)
+    if unknown:
+        raise HeadwiseError(f"the {m.name} record has unknown fields {unknown}; known: {sorted(names)}")
+    values = dict(record["config"])
+    if isinstance(values.get("selection"), dict):
+        values["selection"] = Selection(**values["selection"])
+    return m.config(**values)
+
+
+def config_fields(config: type) -> list[tuple[dataclasses.Field, Any]]:
+    """``(field, resolved type)`` of a config's init fields (what ``headwise edit`` turns into options)."""
+    hints = typing.get_type_hints(config)
+    return [(f, hints.get(f.name, Any)) for f in dataclasses.fields(config) if f.init]

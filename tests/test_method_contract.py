@@ -1,0 +1,254 @@
+"""One contract over every registered method (``headwise.contract.METHODS``), in the spirit of peft's common tester:
+config round-trip, apply (identity where the method says so; a refusal leaves the model untouched), remove restores
+bit-exactly (or raises for weight edits), removing what is absent raises, save/reload equal in a fresh process, and
+the ``meta`` device. A toy method (a per-head scale) registered in this file gets all of it, and a CLI verb, from
+one ``register_method`` call."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from tiny import tiny_inputs, tiny_model
+
+import headwise
+from headwise import HeadwiseError
+from headwise.cli import main
+from headwise.contract import (METHODS, MethodConfig, Selection, config_from_dict, config_to_dict, method_of,
+                               register_method)
+from headwise.runtime import HeadOp, attach, detach_all, enable
+from headwise.runtime.ops import attached
+from headwise.sites import find_sites
+
+FAMILIES = ["bert", "gpt2", "llama"]
+
+
+def _out(model, inputs):
+    with torch.no_grad():
+        return model(**inputs).last_hidden_state
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _same_state(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def check_contract(name: str, family: str, tmp: Path | None = None) -> bool:
+    """Run the contract for one method on one tiny family; returns whether the method applied (False: refused)."""
+    method = METHODS[name]
+    model = tiny_model(family)
+    inputs, real = tiny_inputs(family)
+    try:
+        config = method.example(model)
+    except HeadwiseError:  # the method cannot serve this family at all (e.g. a KV policy on an encoder)
+        return False
+
+    # config round-trip through JSON
+    record = json.loads(json.dumps(config_to_dict(config)))
+    assert record["method"] == name and record["version"] == method.version
+    assert config_to_dict(config_from_dict(record)) == record
+    assert method_of(config) is method
+
+    # removing what is absent raises (missing_ok: quiet); weight edits always refuse removal
+    with pytest.raises(HeadwiseError):
+        headwise.remove(model, name)
+    if method.reversible:
+        headwise.remove(model, name, missing_ok=True)
+
+    before, state, meta = _out(model, inputs), _state(model), copy.deepcopy(model.config.to_dict())
+    try:
+        headwise.apply(model, config)
+    except HeadwiseError:  # refused for this family: nothing may have changed
+        assert _same_state(state, _state(model)) and model.config.to_dict() == meta
+        assert torch.equal(_out(model, inputs)[real], before[real])
+        return False
+    edited = _out(model, inputs)
+    if method.identity:
+        assert torch.allclose(edited[real], before[real], atol=1e-5), f"{name} example should change nothing"
+
+    if tmp is not None:  # save now; reloaded in a fresh process by the caller
+        headwise.save_pretrained(model, tmp / f"{name}-{family}")
+        torch.save({"inputs": inputs, "out": edited}, tmp / f"{name}-{family}.pt")
+
+    if method.reversible:
+        headwise.remove(model, name)
+        assert torch.equal(_out(model, inputs)[real], before[real])
+        assert _same_state(state, _state(model))
+        assert all(getattr(s.module, "headwise", None) is None for s in find_sites(model))
+        with pytest.raises(HeadwiseError):
+            headwise.remove(model, name)
+    else:
+        with pytest.raises(HeadwiseError, match="cannot be removed"):
+            headwise.remove(model, name)
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_registered_method_keeps_the_contract(name):
+    applied = [family for family in FAMILIES if check_contract(name, family)]
+    assert applied, f"{name} applies to none of {FAMILIES}"
+
+
+def test_every_method_reloads_in_a_fresh_process(tmp_path):
+    """Every method's example on every family it serves, saved, then reloaded in one fresh process."""
+    saved = [f"{name}-{family}" for name in sorted(METHODS) for family in FAMILIES
+             if check_contract(name, family, tmp_path)]
+    script = (
+        "import sys, torch, headwise\n"
+        "for folder in sys.argv[1:]:\n"
+        "    model = headwise.from_pretrained(folder)\n"
+        "    with torch.no_grad():\n"
+        "        out = model(**torch.load(folder + '.pt')['inputs']).last_hidden_state\n"
+        "    torch.save(out, folder + '.reloaded.pt')\n")
+    subprocess.run([sys.executable, "-c", script, *saved], check=True, cwd=tmp_path)
+    assert {s.split("-")[0] for s in saved} == set(METHODS)
+    for folder in saved:
+        _, real = tiny_inputs(folder.split("-")[1])
+        before = torch.load(tmp_path / f"{folder}.pt")["out"]
+        after = torch.load(tmp_path / f"{folder}.reloaded.pt")
+        assert torch.allclose(after[real], before[real], atol=1e-6), f"{folder} differs after reload"
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
+def test_every_method_applies_on_meta_or_refuses_in_one_line(name):
+    """On the ``meta`` device (a big model's shapes without its weights) a method that attaches ops or reshapes
+    applies without materialising anything; one that fits weights refuses with a HeadwiseError."""
+    with torch.device("meta"):
+        model = tiny_model("llama")
+    method = METHODS[name]
+    config = method.example(model)
+    if not method.meta:
+        with pytest.raises(HeadwiseError, match="meta device"):
+            headwise.apply(model, config)
+        return
+    headwise.apply(model, config)
+    assert all(t.is_meta for t in model.state_dict().values())
+    if name in ("gates", "masks", "l0", "mixing", "quantization", "kv_policy"):  # ops whose forward is shape-only
+        out = model(input_ids=torch.zeros(2, 5, dtype=torch.long, device="meta")).last_hidden_state
+        assert out.is_meta and out.shape == (2, 5, model.config.hidden_size)
+
+
+def test_config_and_keyword_conflicts_raise():
+    from headwise.collaborative import CollaborativeConfig
+    from headwise.conversion import GQAConfig, LatentConfig
+
+    model = tiny_model("llama")
+    with pytest.raises(HeadwiseError, match="kv_heads=1 conflicts"):
+        headwise.convert_gqa(model, kv_heads=1, config=GQAConfig(kv_heads=2, init="mean"))
+    with pytest.raises(HeadwiseError, match="kv_budget=0.25 conflicts"):
+        headwise.convert_latent(model, kv_budget=0.25, config=LatentConfig(kv_budget=0.5, init="svd"))
+    with pytest.raises(HeadwiseError, match="bits=2 conflicts"):
+        headwise.quantize_attention(model, headwise.QuantizationConfig(bits=3), bits=2)
+    with pytest.raises(HeadwiseError, match="dk=8 conflicts"):
+        headwise.compress(tiny_model("bert"), dk=8, config=CollaborativeConfig(dk=16))
+    with pytest.raises(HeadwiseError, match="conflicts with selection.kinds"):
+        headwise.L0Config(kinds=["enc-self"], selection=Selection(kinds=["dec-self"]))
+    # agreeing values are fine, and the keyword-only form still works
+    headwise.quantize_attention(model, headwise.QuantizationConfig(method="log3"), method="linear_slog_clamped_midval")
+    assert headwise.L0Config(kinds=["dec-self"]).selection.kinds == ("dec-self",)
+
+
+def test_every_remove_verb_raises_on_nothing_attached():
+    model = tiny_model("bert")
+    for remove in (headwise.remove_gates, headwise.remove_masks, headwise.remove_l0_gates, headwise.remove_mixers,
+                   headwise.remove_quantization, headwise.restore_attention, headwise.remove_kv_policy):
+        with pytest.raises(HeadwiseError):
+            remove(model)
+    headwise.remove_gates(model, missing_ok=True)
+
+
+def test_a_selection_limits_the_sites_and_bad_selections_raise():
+    model = tiny_model("llama")
+    ops = headwise.apply(model, headwise.pruning.GateConfig(selection=Selection(layers=[1])))
+    assert [s.name for s in find_sites(model) if s.path in ops] == ["dec-self.1"]
+    with pytest.raises(HeadwiseError, match="no attention site serves layer 5"):
+        headwise.apply(model, headwise.MixingConfig(selection=Selection(layers=[5])))
+    with pytest.raises(HeadwiseError, match="takes no selection"):
+        headwise.conversion.GQAConfig(kv_heads=1, selection=Selection(layers=[0]))
+    with pytest.raises(HeadwiseError, match="must be ints"):
+        Selection(layers=["0"])
+
+
+# ---- a toy method: one package-sized block and one register_method call -------------------------------------
+class HeadScale(HeadOp):
+    """``out[:, :, h] *= factor`` for every head (a fixed, saved op)."""
+
+    op_type = "test_head_scale"
+
+    def __init__(self, num_heads: int, factor: float) -> None:
+        super().__init__()
+        self.num_heads, self.factor = num_heads, factor
+
+    def spec(self) -> dict:
+        return {"num_heads": self.num_heads, "factor": self.factor}
+
+    def forward(self, out: torch.Tensor) -> torch.Tensor:
+        return out * self.factor
+
+
+@dataclass
+class HeadScaleConfig(MethodConfig):
+    """Scale every head's output by ``factor``."""
+
+    factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.factor > 0:
+            raise HeadwiseError(f"factor must be > 0, got {self.factor}")
+
+
+def _apply_scale(model, config):
+    ops = {s.path: attach(s, "output", "head_scale", HeadScale(s.num_heads, config.factor)) for s in config.sites(model)}
+    enable(model)
+    return ops
+
+
+@pytest.fixture
+def toy_method():
+    register_method("head_scale", HeadScaleConfig, _apply_scale,
+                    remove=lambda model: detach_all(model, "head_scale", missing_ok=False),
+                    present=lambda model: bool(attached(model, "output", "head_scale")),
+                    example=lambda model: HeadScaleConfig(), identity=True)
+    yield METHODS["head_scale"]
+    del METHODS["head_scale"]
+
+
+def test_a_toy_method_gets_apply_remove_reload_the_contract_and_a_cli_verb(toy_method, tmp_path):
+    for family in FAMILIES:
+        assert check_contract("head_scale", family)
+    model = tiny_model("bert")
+    inputs, real = tiny_inputs("bert")
+    before = _out(model, inputs)
+    headwise.apply(model, HeadScaleConfig(factor=0.5, selection=Selection(names=["enc-self.1"])))
+    headwise.save_pretrained(model, tmp_path / "scaled")
+    again = headwise.from_pretrained(tmp_path / "scaled")
+    assert torch.equal(_out(again, inputs)[real], _out(model, inputs)[real])
+    assert not torch.allclose(_out(model, inputs)[real], before[real])
+
+    saved = tiny_model("bert")
+    saved.save_pretrained(tmp_path / "base")
+    assert main(["edit", "head_scale", "--model", str(tmp_path / "base"), "--factor", "0.5", "--names",
+                 "enc-self.1", "--out", str(tmp_path / "cli")]) == 0
+    record = json.loads((tmp_path / "cli" / "edit.json").read_text())
+    assert record["config"]["factor"] == 0.5 and record["config"]["selection"]["names"] == ["enc-self.1"]
+    from_cli = headwise.from_pretrained(tmp_path / "cli" / "model")
+    assert torch.equal(_out(from_cli, inputs)[real], _out(model, inputs)[real])
+    assert main(["edit", "head_scale", "--model", str(tmp_path / "base"), "--factor", "-1",
+                 "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
+
+
+def test_registering_a_name_or_config_twice_raises(toy_method):
+    with pytest.raises(HeadwiseError, match="clashes"):
+        register_method("head_scale_2", HeadScaleConfig, _apply_scale, example=lambda m: HeadScaleConfig())
+    with pytest.raises(HeadwiseError, match="clashes"):
+        register_method("head_scale", headwise.MixingConfig, _apply_scale, example=lambda m: HeadScaleConfig())
