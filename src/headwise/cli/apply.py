@@ -9,7 +9,6 @@ from ..errors import HeadwiseError
 from . import model_args
 
 RECOVERY = ("none", "distill", "finetune")
-PLAIN_FAMILIES = ("llama", "mistral", "qwen2")  # headwise.pruning.export.PLAIN_FAMILIES
 PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
 
 
@@ -62,8 +61,7 @@ def run(args: argparse.Namespace) -> int:
                "describe": point.edit.describe(), "recover": mode, "metric": task.metric, "before": before,
                "after": after, "planned": point.measured["score"],
                "saves": savings(point.to_dict(), plan.base.to_dict())}
-    native = (model.config.model_type in PLAIN_FAMILIES and not point.edit.mechanism
-              and not point.edit.quantization and plain_problem(model) is None)
+    native = not point.edit.mechanism and not point.edit.quantization and plain_problem(model) is None
     report = Report("headwise apply", f"{plan.model}: {point.edit.describe()}")
     shown = {k: "—" if v is None else f"{v:.2f}" for k, v in (("before", before), ("after", after))}
     section = report.add_section(

@@ -12,7 +12,6 @@ from .task_options import load_for_task, metric_label, task_args, task_from_args
 
 METHODS = ("l0", "importance", "mask")
 UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
-PLAIN_FAMILIES = ("llama", "mistral", "qwen2")  # headwise.pruning.export.PLAIN_FAMILIES
 
 
 def register(verbs, parents) -> None:
@@ -75,9 +74,13 @@ def run(args: argparse.Namespace) -> int:
         from ..models import load_model
 
         model, tokenizer = load_model(args.model, args.device, args.dtype)
-    if args.plain and model.config.model_type not in PLAIN_FAMILIES:
-        raise HeadwiseError(f"--plain: {model.config.model_type} models cannot be saved in plain transformers format "
-                            f"after pruning (only {', '.join(PLAIN_FAMILIES)} configs carry head_dim); drop --plain")
+    if args.plain:
+        from ..sites import families_with, family_layout
+
+        if not family_layout(model.config.model_type).head_dim_in_config:
+            raise HeadwiseError(f"--plain: {model.config.model_type} models cannot be saved in plain transformers "
+                                f"format after pruning (only {', '.join(families_with('head_dim_in_config'))} "
+                                "configs carry head_dim); drop --plain")
     sites = find_sites(model)
     names = [s.name for s in sites]
     before = {"heads": sum(s.num_heads for s in sites), "parameters": sum(p.numel() for p in model.parameters())}

@@ -6,10 +6,12 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..runtime.ops import ops_of
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, families_with, family_layout, find_sites
 
-FAMILIES = ("llama", "mistral", "qwen2", "bart", "marian")
-CONFIG_FAMILIES = ("llama", "mistral", "qwen2")  # num_key_value_heads in the config: exported natively
+
+def kv_heads_in_config(model: nn.Module) -> bool:
+    """Whether the config's ``num_key_value_heads`` sets the key/value heads (converted models export natively)."""
+    return family_layout(getattr(model.config, "model_type", None)).head_dim_in_config
 
 
 def convertible_sites(model: nn.Module, verb: str) -> list[AttentionSite]:
@@ -21,10 +23,10 @@ def convertible_sites(model: nn.Module, verb: str) -> list[AttentionSite]:
         raise HeadwiseError(f"{verb} shrinks the key/value cache of decoder self-attention, and "
                             f"{type(model).__name__} has none (kinds: {', '.join(sorted({s.kind for s in sites}))}): "
                             "an encoder keeps no KV cache; use a decoder or an encoder-decoder")
-    if family not in FAMILIES:
-        raise HeadwiseError(f"{verb} supports {', '.join(FAMILIES)} (separate q/k/v projections); "
-                            f"{family} is not one of them")
-    if family in CONFIG_FAMILIES:
+    if not family_layout(family).kv_conversion:
+        raise HeadwiseError(f"{verb} supports {', '.join(families_with('kv_conversion'))} (separate q/k/v "
+                            f"projections); {family} is not one of them")
+    if family_layout(family).head_dim_in_config:
         rope = dict(getattr(config, "rope_parameters", None) or {})
         partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0))
         if partial not in (None, 1, 1.0):

@@ -12,7 +12,7 @@ from ..errors import HeadwiseError
 from ..io import save_native
 from ..runtime.ops import ops_of
 from ..sites import find_sites
-from .checks import CONFIG_FAMILIES
+from .checks import kv_heads_in_config
 from .layer import is_latent
 
 
@@ -22,7 +22,7 @@ def native_reason(model: nn.Module) -> str | None:
     if any(is_latent(s.module) for s in find_sites(model)):
         return ("latent keys/values have no transformers class that keeps the rotary embedding on every key "
                 "dimension (DeepSeek-V3's MLA normalises the latent and rotates only a shared rope head)")
-    if family not in CONFIG_FAMILIES:
+    if not kv_heads_in_config(model):
         return f"{family} configs have no key/value head count (num_key_value_heads)"
     if any(ops_of(s) is not None for s in find_sites(model)):
         return "headwise ops are attached (gates, observers, mechanisms)"

@@ -19,7 +19,7 @@ from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
 from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
-from .checks import CONFIG_FAMILIES, check_calibration, convertible_sites
+from .checks import check_calibration, convertible_sites, kv_heads_in_config
 from .config import GQAConfig, from_keywords
 from .grouping import balanced_groups, contiguous_groups, similarity
 from .merge import Merged, merge_group
@@ -35,7 +35,7 @@ def _check(model: nn.Module, config: GQAConfig) -> list[AttentionSite]:
     if config.init not in ("mean", "svd", "calibrated"):
         raise HeadwiseError(f"init={config.init!r}; choose 'mean', 'svd' or 'calibrated'")
     kv = config.kv_heads
-    if model.config.model_type not in CONFIG_FAMILIES and model.config._attn_implementation == "eager":
+    if not kv_heads_in_config(model) and model.config._attn_implementation == "eager":
         raise HeadwiseError(f"{model.config.model_type}'s eager attention does not expand shared key/value heads; load "
                             "the model with attn_implementation='sdpa' (or call headwise.enable(model)) first")
     for site in sites:
@@ -106,7 +106,7 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | N
         plans[site.path] = (_plan(weights, site, config, sigma), weights.bias)
     for site in sites:
         _apply(site, *plans[site.path])
-    if model.config.model_type in CONFIG_FAMILIES:
+    if kv_heads_in_config(model):
         model.config.num_key_value_heads = config.kv_heads
     else:
         record_edit(model, {"kind": EDIT_KIND, "kv_heads": {s.path: config.kv_heads for s in sites}})

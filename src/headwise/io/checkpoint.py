@@ -9,7 +9,6 @@ A checkpoint is a transformers folder (``config.json`` + ``model.safetensors``) 
 from __future__ import annotations
 
 import copy
-import importlib
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -30,10 +29,6 @@ FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
 EDITS: dict[str, Callable[[nn.Module, dict[str, Any]], None]] = {}
 
-
-# Packages that register structural edits; imported on demand when a checkpoint needs one.
-EDIT_PACKAGES = ("headwise.pruning", "headwise.mixing", "headwise.collaborative", "headwise.kvcache",
-                 "headwise.conversion")
 
 def register_edit(kind: str, replay: Callable[[nn.Module, dict[str, Any]], None]) -> None:
     """Register how to replay a structural edit record ``{"kind": kind, ...}`` on a freshly built model."""
@@ -122,12 +117,10 @@ def from_pretrained(
     with no_init_weights():
         model = _model_class(config)._from_config(config, attn_implementation="sdpa")
     for record in state.get("edits", []):
-        if record.get("kind") not in EDITS:  # registered by a method package not imported yet
-            for package in EDIT_PACKAGES:
-                importlib.import_module(package)
         replay = EDITS.get(record.get("kind"))
         if replay is None:
-            raise HeadwiseError(f"{path} needs edit {record.get('kind')!r}, unknown to this headwise version")
+            raise HeadwiseError(f"{path} needs edit {record.get('kind')!r}, unknown to this headwise version (known: "
+                                f"{', '.join(sorted(EDITS))}); upgrade headwise or import the package that defines it")
         replay(model, record)
     ops = state.get("ops", [])
     by_path = recorded_sites(model, [record["site"] for record in ops], f"{path}: an op")

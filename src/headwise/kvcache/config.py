@@ -21,7 +21,6 @@ from ..errors import HeadwiseError
 
 FORMAT = "headwise-kv-policy"
 VERSION = 1
-FAMILIES = ("llama", "mistral", "qwen2", "gpt2")
 LATENT_EDIT = "latent_kv"  # the edit kind of headwise.conversion.convert_latent
 
 
@@ -78,13 +77,13 @@ def streaming(sink: int = 4, window: int = 256) -> HeadCache:
 
 def model_shape(model: nn.Module) -> list[int]:
     """Key/value heads per decoder layer, in layer order; refuses models a KV policy cannot serve."""
-    from ..sites import find_sites
+    from ..sites import families_with, family_layout, find_sites
 
     sites = find_sites(model)
     family = model.config.model_type
-    if family not in FAMILIES:
-        raise HeadwiseError(f"KV policies run on decoder-only {', '.join(FAMILIES)} models; {type(model).__name__} "
-                            f"is {family!r}")
+    if not family_layout(family).cache_policy:
+        raise HeadwiseError(f"KV policies run on decoder-only {', '.join(families_with('cache_policy'))} models; "
+                            f"{type(model).__name__} is {family!r}")
     layer_types = getattr(model.config, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types) or (
         family == "mistral" and getattr(model.config, "sliding_window", None)

@@ -16,15 +16,13 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..io import check_writable_dir, save_native
 from ..runtime.ops import ops_of
-from ..sites import find_sites
-
-PLAIN_FAMILIES = ("llama", "mistral", "qwen2")
+from ..sites import families_with, family_layout, find_sites
 
 
 def plain_problem(model: nn.Module) -> str | None:
     """Why ``model`` cannot be exported in plain transformers format, or None if it can."""
-    if model.config.model_type not in PLAIN_FAMILIES:
-        return (f"plain export supports {', '.join(PLAIN_FAMILIES)} (configs with head_dim); "
+    if not family_layout(model.config.model_type).head_dim_in_config:
+        return (f"plain export supports {', '.join(families_with('head_dim_in_config'))} (configs with head_dim); "
                 f"{model.config.model_type} models are saved with headwise.save_pretrained instead")
     sites = find_sites(model)
     shapes = {(s.num_heads, s.num_kv_heads) for s in sites}

@@ -10,7 +10,6 @@ Saved ops subclass ``HeadOp``: they know how to describe themselves (``spec``) s
 
 from __future__ import annotations
 
-import importlib
 from typing import Any, Callable, ClassVar
 
 import torch
@@ -22,8 +21,6 @@ from ..sites import AttentionSite, find_sites
 ATTR = "headwise"  # attribute name on the attention module; appears in state_dict keys
 SLOTS = ("output", "prob", "mechanism")
 OP_TYPES: dict[str, type["HeadOp"]] = {}
-# Packages whose HeadOps a checkpoint may name; imported on demand when one is reloaded.
-OP_PACKAGES = ("headwise.pruning", "headwise.mixing", "headwise.quantization", "headwise.mechanisms")
 
 Observer = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], None]
 
@@ -156,9 +153,6 @@ def saved_specs(site: AttentionSite) -> list[dict[str, Any]]:
 
 def rebuild(site: AttentionSite, record: dict[str, Any]) -> None:
     """Attach the op a record describes (weights come later, from the state dict)."""
-    if record["type"] not in OP_TYPES:  # defined in a method package not imported yet
-        for package in OP_PACKAGES:
-            importlib.import_module(package)
     cls = OP_TYPES.get(record["type"])
     if cls is None:
         raise HeadwiseError(

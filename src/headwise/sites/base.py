@@ -55,6 +55,12 @@ class FamilyLayout:
     ``fused_qkv``: one projection producing ``[q | k | v]`` (GPT-2's ``c_attn``); ``position_bias``: scores get an
     additive, content-free relative-position bias shared by the stack (T5), whose heads a pruned module reads
     through ``BIAS_HEADS``.
+
+    What the family can do beyond sites (methods read these, never ``model_type`` lists):
+    ``head_dim_in_config``: the config carries ``head_dim`` and ``num_key_value_heads``, so fewer heads of the same
+    size is a standard architecture (plain export of pruned models, native GQA export); ``kv_conversion``: decoder
+    self-attention with separate q/k/v projections (``convert_gqa`` / ``convert_latent``); ``cache_policy``: a
+    decoder-only model whose cache is one transformers cache layer per decoder layer (per-head KV policies).
     """
 
     head_counts: tuple[str, ...] = ("num_attention_heads", "num_heads", "n_heads")
@@ -63,6 +69,9 @@ class FamilyLayout:
     key: str | None = None
     fused_qkv: str | None = None
     position_bias: bool = False
+    head_dim_in_config: bool = False
+    kv_conversion: bool = False
+    cache_policy: bool = False
 
 
 @dataclass

@@ -202,8 +202,10 @@ register_adapter(["bert", "roberta", "xlm-roberta", "electra"], bert_like, BERT_
 register_adapter("distilbert", distilbert, FamilyLayout(head_counts=("n_heads",), head_sizes=(), query="q_lin",
                                                         key="k_lin"))
 register_adapter("albert", albert, BERT_LAYOUT)
-register_adapter("gpt2", gpt2, FamilyLayout(head_counts=("num_heads",), head_sizes=("split_size",), fused_qkv="c_attn"))
+register_adapter("gpt2", gpt2, FamilyLayout(head_counts=("num_heads",), head_sizes=("split_size",), fused_qkv="c_attn",
+                                            cache_policy=True))
 register_adapter(["llama", "mistral", "qwen2"], llama_like,
-                 FamilyLayout(head_counts=(), head_sizes=(), query="q_proj", key="k_proj"))
+                 FamilyLayout(head_counts=(), head_sizes=(), query="q_proj", key="k_proj", head_dim_in_config=True,
+                              kv_conversion=True, cache_policy=True))
 register_adapter("vit", vit, FamilyLayout(head_counts=("num_attention_heads",), head_sizes=(), query="q_proj",
                                           key="k_proj"))

@@ -31,6 +31,11 @@ def supported_families() -> list[str]:
     return sorted(_ADAPTERS)
 
 
+def families_with(capability: str) -> list[str]:
+    """The registered families whose layout has ``capability`` (a boolean ``FamilyLayout`` field)."""
+    return sorted(f for f, layout in _LAYOUTS.items() if getattr(layout, capability))
+
+
 def find_sites(model: nn.Module) -> list[AttentionSite]:
     """Every attention site of ``model``, ordered by kind then layer.
 
