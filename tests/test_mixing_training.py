@@ -10,7 +10,8 @@ from torch.utils.data import Dataset
 
 from headwise.mixing import (MixingConfig, NuclearNormPenalty, SwapSchedule, add_mixers, fold_mixing, mixers_of)
 from headwise.runtime import enable
-from headwise.training import CosineRegression, HeadwiseTrainer
+from headwise.tasks import TaskObjective, get_task
+from headwise.training import HeadwiseTrainer
 
 
 def _args(tmp_path, steps, **kw):
@@ -35,7 +36,7 @@ def _train_mixing(tmp_path, config, steps=8, callbacks=()):
     encoder = _encoder()
     add_mixers(encoder, config)
     term = NuclearNormPenalty(encoder, config)
-    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=_args(tmp_path, steps),
+    trainer = HeadwiseTrainer(model=TaskObjective(get_task("stsb"), encoder), args=_args(tmp_path, steps),
                               train_dataset=RandomPairs(16),
                               penalties=[term], callbacks=[term, *callbacks], head_learning_rate=1e-2)
     trainer.train()
@@ -56,7 +57,7 @@ def test_nuclear_norm_moves_the_asked_way_and_waits_for_start(tmp_path):
 def test_swap_schedule_runs_at_its_steps(tmp_path):
     encoder = _encoder()
     schedule = SwapSchedule(encoder, {"1": ["enc-self.0:0 <-> enc-self.1:3"], "2.5": ["enc-self.0:1 <-> enc-self.1:1"]})
-    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=_args(tmp_path, 12),
+    trainer = HeadwiseTrainer(model=TaskObjective(get_task("stsb"), encoder), args=_args(tmp_path, 12),
                               train_dataset=RandomPairs(16),
                               callbacks=[schedule])
     trainer.train()  # 4 steps per epoch: epoch 1 → step 0, epoch 2.5 → step 6

@@ -7,7 +7,8 @@ from tiny import GateSum, RandomPairs
 from two_processes import torchrun_two
 
 from headwise.runtime import add_gates, enable
-from headwise.training import CosineRegression, HeadwiseTrainer, is_head_parameter
+from headwise.tasks import TaskObjective, get_task
+from headwise.training import HeadwiseTrainer, is_head_parameter
 
 
 def _train(tmp_path, batch, accumulation, head_lr=None):
@@ -20,7 +21,7 @@ def _train(tmp_path, batch, accumulation, head_lr=None):
                                 gradient_accumulation_steps=accumulation, learning_rate=0.1, optim="sgd",
                                 lr_scheduler_type="constant", max_grad_norm=0.0, report_to="none", save_strategy="no", use_cpu=True,
                                 remove_unused_columns=False, disable_tqdm=True, data_seed=0, seed=0)
-    trainer = HeadwiseTrainer(model=CosineRegression(encoder), args=args, train_dataset=RandomPairs(8),
+    trainer = HeadwiseTrainer(model=TaskObjective(get_task("stsb"), encoder), args=args, train_dataset=RandomPairs(8),
                               penalties=[GateSum(gates)], head_learning_rate=head_lr)
     trainer._get_train_sampler = lambda *a, **k: torch.utils.data.SequentialSampler(trainer.train_dataset)
     trainer.train()

@@ -72,8 +72,8 @@ def tiny_inputs(family: str, batch: int = 3, length: int = 7, seed: int = 1) -> 
 
 
 class RandomPairs(torch.utils.data.Dataset):
-    """``n`` random token-id sentence pairs of ``length`` tokens with random labels, in the
-    ``CosineRegression`` input format (for Trainer tests on tiny models)."""
+    """``n`` random token-id sentence pairs of ``length`` tokens with random scores, in the ``stsb`` task's batch
+    format (``TaskObjective(get_task("stsb"), encoder)``, for Trainer tests on tiny models)."""
 
     def __init__(self, n: int = 8, length: int = 6) -> None:
         g = torch.Generator().manual_seed(0)
@@ -86,7 +86,7 @@ class RandomPairs(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> dict:
         mask = torch.ones_like(self.ids[i, 0])
         return {"input_ids_a": self.ids[i, 0], "attention_mask_a": mask, "input_ids_b": self.ids[i, 1],
-                "attention_mask_b": mask, "labels": self.labels[i]}
+                "attention_mask_b": mask, "score": self.labels[i]}
 
 
 # --- encoder-decoder families -------------------------------------------------------------------------------

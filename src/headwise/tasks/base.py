@@ -132,7 +132,7 @@ class Task:
         from transformers import TrainingArguments, set_seed
         from transformers.trainer_utils import get_last_checkpoint
 
-        from ..training import HeadwiseTrainer
+        from ..training.trainer import HeadwiseTrainer
 
         if resume and not (output_dir and Path(output_dir).is_dir() and get_last_checkpoint(output_dir)):
             raise HeadwiseError(f"resume: no checkpoint in {output_dir}; train without resume first")

@@ -111,9 +111,3 @@ class Stsb(Task):
     def loss_from(self, outputs: TaskOutputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         cos = F.cosine_similarity(outputs.values[:, 0], outputs.values[:, 1], dim=-1)
         return (cos.float() - batch["score"].float()) ** 2
-
-    def finetune(self, model: nn.Module, tokenizer: Any, **options: Any) -> nn.Module:
-        """The shared STS-B recipe (``headwise.training.finetune_stsb``) on the train split."""
-        from ..training import finetune_stsb
-
-        return finetune_stsb(model, tokenizer, data=self.data, **options)
