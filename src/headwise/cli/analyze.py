@@ -7,7 +7,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
-from .task_options import load_for_task, task_args, task_from_args
+from .task_options import load_for_task, load_task_model, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
@@ -62,7 +62,6 @@ def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
 def run(args: argparse.Namespace) -> int:
     from ..analysis import AnalysisConfig, analyze
     from ..io import atomic_dir, check_writable_dir
-    from ..models import load_model
     from ..report import write_report
 
     if args.task == "translation":
@@ -75,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "stsb":
         texts, pairs, data_name = _texts(args)
         config.data_name = data_name
-        model, tokenizer = load_model(args.model, args.device, args.dtype)
+        model, tokenizer = load_task_model(args, None)
         stats = analyze(model, tokenizer, texts, config, pairs=pairs).to_dict()
     else:
         task = task_from_args(args, skip=("limit", "batch_size"))
