@@ -354,8 +354,12 @@ def native_task(name_or_path: str | None) -> str | None:
     from transformers import AutoConfig
 
     path = resolve_model(name_or_path)
-    with quiet_transformers():
-        config = AutoConfig.from_pretrained(path)
+    try:
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise HeadwiseError(f"could not read the config of model {name_or_path!r}: {str(err).splitlines()[0]} — give "
+                            "a local transformers folder or a hub name (needs internet)") from err
     head = next((head_of_class(name, config.model_type) for name in config.architectures or []), None)
     return next((task for task, h in TASK_HEADS.items() if h == head and h != "base"), None)
 

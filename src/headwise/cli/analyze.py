@@ -38,13 +38,14 @@ def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
     """Texts to analyse, STS-B pairs for the gradient objective (or None), and a description of the data."""
     from pathlib import Path
 
+    from ..io import read_text
     from ..tasks import read_stsb, stsb_file
 
     if args.data and Path(args.data).suffix == ".txt":
         path = Path(args.data)
         if not path.is_file():
             raise HeadwiseError(f"text file not found: {path} (one text per line)")
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        texts = [line.strip() for line in read_text(path).splitlines() if line.strip()]
         pairs, name = None, str(path)
     else:
         split = args.split or "dev"

@@ -43,13 +43,14 @@ def register(verbs, parents) -> None:
 
 
 def _calibration_texts(path: str, limit: int) -> list[str]:
+    from ..io import read_text
     from ..tasks import read_stsb
 
     file = Path(path)
     if file.suffix == ".txt":
         if not file.is_file():
             raise HeadwiseError(f"calibration file not found: {file} (one text per line)")
-        texts = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        texts = [line.strip() for line in read_text(file).splitlines() if line.strip()]
     else:
         texts = read_stsb("train", path).sentences() if file.is_dir() else read_stsb("dev", path).sentences()
     # a sample, not the first rows: files are often sorted by source (STS-B train: its first 2000 are captions)

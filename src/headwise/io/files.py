@@ -54,7 +54,8 @@ def check_writable_dir(path: str | os.PathLike, overwrite: bool) -> Path:
         raise HeadwiseError(f"{path} exists and is not a directory; choose another output path")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise HeadwiseError(f"{path} is not empty; pass --force (overwrite=True) to replace it, or pick a new path")
-    claim_output(path)
+    if path.parent.is_dir():  # else claimed by atomic_dir, which creates the parents: nothing is written before
+        claim_output(path)
     return path
 
 
@@ -115,6 +116,7 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Pat
     """Yield a temporary directory that replaces ``path`` only when the block succeeds; ``path`` is claimed
     (``claim_output``) from here, or from an earlier ``check_writable_dir``, until it is in place."""
     path = check_writable_dir(path, overwrite)
+    claim_output(path)
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         tmp.chmod(_default_mode(0o777))
