@@ -310,8 +310,13 @@ def load_model(
                     f"{', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}); use a checkpoint with that head"
                     + (", or new_head=True (--new-head) to train a fresh one" if head == "classification" else ""))
             model = model.to(device).eval()
-    except (OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - transformers and safetensors raise many kinds; sorted here
         if isinstance(err, HeadwiseError):
+            raise
+        if type(err).__module__.split(".")[0] == "safetensors":
+            raise HeadwiseError(f"the weights of {name_or_path or path} cannot be read ({str(err).splitlines()[0]}); "
+                                "the file is damaged or truncated: copy or save the model again") from None
+        if not isinstance(err, (OSError, ValueError)):
             raise
         if "Unrecognized configuration class" in str(err):
             raise HeadwiseError(

@@ -183,9 +183,9 @@ def _task_name(args: argparse.Namespace) -> str:
         return args.task
     native = native_task(args.model)
     if native not in CONVERTIBLE_TASKS:
-        raise HeadwiseError(f"{args.model} is no decoder language model or encoder-decoder ({native or 'a base '
-                            'model'}); convert needs one (pass --task lm or translation for a model saved without "
-                            "its head)")
+        what = native or "a base model"
+        raise HeadwiseError(f"{args.model} is no decoder language model or encoder-decoder ({what}); convert needs "
+                            "one (pass --task lm or translation for a model saved without its head)")
     return native
 
 
@@ -222,15 +222,16 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError("--uptrain-tokens needs a decoder and --text FILE (training text)")
     if args.resume and not args.uptrain_tokens:
         raise HeadwiseError("--resume continues uptraining; give --uptrain-tokens too")
+    text = _text_task(args.text, args.window) if args.text else None  # bad text fails before the model loads
     model, tokenizer = load_model(args.model, args.device, args.dtype or "float32", task=task_name)
     calib_batches = None
     if args.init == "calibrated" and not args.text:
         args.text, calib_batches = _default_calibration(task_name, tokenizer, args)
         if args.text:
             print(f"headwise: calibrating on {args.text} (no --text given)", file=sys.stderr)
+            text = _text_task(args.text, args.window)
     calibration = evaluation = None
-    if args.text:
-        text = _text_task(args.text, args.window)
+    if text is not None:
         calib_ids, eval_ids = text.token_stream(tokenizer, "train"), text.token_stream(tokenizer, "eval")
         calibration = _windows(calib_ids, args.calib_tokens, args.window, "calibration (first 90% of --text)")
         evaluation = _windows(eval_ids, args.eval_tokens, args.window, "evaluation (last 10% of --text)") \
