@@ -84,19 +84,31 @@ def dtype(text: str) -> str:
     return text
 
 
+def checked(names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``add_argument`` keywords with the checking ``type`` for numbers, ``--device`` and ``--dtype``."""
+    dest = kwargs.get("dest") or next((n[2:] for n in names if n.startswith("--")), names[0]).replace("-", "_")
+    kind = kwargs.get("type")
+    if kind in (int, float):
+        default = kwargs.get("default")
+        kwargs["type"] = number(kind, positive=dest in POSITIVE,
+                                negative_allowed=isinstance(default, (int, float)) and default < 0)
+    elif kind is None and dest in ("device", "dtype"):
+        kwargs["type"] = device if dest == "device" else dtype
+    return kwargs
+
+
 class Parser(argparse.ArgumentParser):
-    """``argparse`` with one-line errors (``headwise: error: …``, exit 2) and checked numbers and devices."""
+    """``argparse`` with one-line errors (``headwise: error: …``, exit 2) and checked numbers and devices (in
+    argument groups too)."""
 
     def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
-        dest = kwargs.get("dest") or next((n[2:] for n in names if n.startswith("--")), names[0]).replace("-", "_")
-        kind = kwargs.get("type")
-        if kind in (int, float):
-            default = kwargs.get("default")
-            kwargs["type"] = number(kind, positive=dest in POSITIVE,
-                                    negative_allowed=isinstance(default, (int, float)) and default < 0)
-        elif kind is None and dest in ("device", "dtype"):
-            kwargs["type"] = device if dest == "device" else dtype
-        return super().add_argument(*names, **kwargs)
+        return super().add_argument(*names, **checked(names, kwargs))
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        group = super().add_argument_group(*args, **kwargs)
+        plain = group.add_argument
+        group.add_argument = lambda *names, **kw: plain(*names, **checked(names, kw))  # type: ignore[method-assign]
+        return group
 
     def error(self, message: str) -> None:  # type: ignore[override]
         where = self.prog.removeprefix("headwise").strip()
