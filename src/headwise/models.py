@@ -168,6 +168,23 @@ def resolve_model(name_or_path: str | None) -> str:
     return local_or_hub(str(name_or_path))
 
 
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` this build has; one line otherwise (``cuda`` on a CPU build, a GPU index
+    beyond the count, an unknown name)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise HeadwiseError(f"{device!r} is not a torch device; use cpu, cuda, cuda:1, mps") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise HeadwiseError(f"device {device}: this torch build has no CUDA GPU (torch.cuda.is_available() is "
+                            "False); use cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise HeadwiseError(f"device {device}: there are only {torch.cuda.device_count()} CUDA devices")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise HeadwiseError(f"device {device}: MPS is not available here; use cpu")
+    return parsed
+
+
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
     if name is None or isinstance(name, torch.dtype):
         return name
@@ -285,6 +302,7 @@ def load_model(
     from .sites import find_sites
 
     head = "base" if task is None else _task_head(task)
+    check_device(device)
     path = resolve_model(name_or_path)
     dtype = parse_dtype(dtype)
     local = Path(path)

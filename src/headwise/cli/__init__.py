@@ -58,20 +58,13 @@ def number(kind: type, positive: bool, negative_allowed: bool = False) -> Callab
 
 
 def device(text: str) -> str:
-    """An argparse ``type``: a torch device this build has (``cuda`` on a CPU build is refused)."""
-    import torch
+    """An argparse ``type``: a torch device this build has (``headwise.models.check_device``)."""
+    from ..models import check_device
 
     try:
-        parsed = torch.device(text)
-    except (RuntimeError, ValueError):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a torch device; use cpu, cuda, cuda:1, mps") from None
-    if parsed.type == "cuda" and not torch.cuda.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: this torch build has no CUDA GPU (torch.cuda.is_available() is "
-                                         "False); use --device cpu")
-    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
-        raise argparse.ArgumentTypeError(f"{text}: there are only {torch.cuda.device_count()} CUDA devices")
-    if parsed.type == "mps" and not torch.backends.mps.is_available():
-        raise argparse.ArgumentTypeError(f"{text}: MPS is not available here; use --device cpu")
+        check_device(text)
+    except HeadwiseError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
 
@@ -137,7 +130,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run ``headwise ARGV``; returns the exit status (2 for any refused input, parse errors included)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse: --help (0) or a bad argument (2, its one line already printed)
+        return exit_.code if isinstance(exit_.code, int) else 2
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # headwise shows its own progress for long work
