@@ -227,6 +227,19 @@ def load_tokenizer(name_or_path: str | None = None, model: nn.Module | None = No
     return tokenizer
 
 
+def optional_tokenizer(name_or_path: str | None, model: nn.Module) -> Any:
+    """``load_tokenizer`` for work that can do without one: None for a folder that holds no tokenizer and whose
+    source model is not recorded or not here (a tokenizer that is there but does not fit the model is still
+    refused)."""
+    folder = Path(resolve_model(name_or_path))
+    if folder.is_dir() and not has_tokenizer_files(folder):
+        try:
+            return load_tokenizer(name_or_path, model)
+        except HeadwiseError:
+            return None
+    return load_tokenizer(name_or_path, model)
+
+
 def has_tokenizer_files(folder: Path) -> bool:
     return any((folder / name).is_file() for name in TOKENIZER_FILES)
 

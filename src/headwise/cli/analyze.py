@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "stsb":
         texts, pairs, data_name = _texts(args)
         config.data_name = data_name
-        model, tokenizer = load_task_model(args, None)
+        model, tokenizer = load_task_model(args, None, need_tokenizer=True)
         stats = analyze(model, tokenizer, texts, config, pairs=pairs).to_dict()
     else:
         task = task_from_args(args, skip=("limit", "batch_size"))

@@ -107,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
     evaluate = not args.no_eval
     recovering = recovery_mode(args) != "none"
     task = task_from_args(args, skip=("limit",)) if evaluate or recovering or from_task else None
-    model, tokenizer = load_task_model(args, task)  # the head of --task also without evaluation
+    # the head of --task also without evaluation; calibration texts need the tokenizer
+    model, tokenizer = load_task_model(args, task, need_tokenizer=bool(texts))
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
     config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations, kinds=kinds)
     sites = select_sites(model, kinds)

@@ -159,7 +159,7 @@ def drop_incomplete_checkpoints(folder: Path) -> None:
               "the checkpoint before it", file=sys.stderr)
         shutil.rmtree(checkpoint)
     if not any(complete(c) for c in found if c.exists()):
-        raise HeadwiseError(f"--resume: no checkpoint in {folder} (none complete); run without --resume")
+        raise HeadwiseError(f"--resume: no checkpoint in {folder} is complete; run without --resume")
 
 
 def _verdict(summary: dict) -> str:

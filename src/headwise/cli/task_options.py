@@ -96,17 +96,21 @@ def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def load_task_model(args: argparse.Namespace, task) -> tuple[Any, Any]:
+def load_task_model(args: argparse.Namespace, task, need_tokenizer: bool = False) -> tuple[Any, Any]:
     """The model for a verb: the base encoder for STS-B (as before tasks existed), else the head of the task —
     ``task``, or when the verb needs no task object (``--no-eval``) the one ``--task`` names, so that what the
-    verb saves is the task's model and reloads as such; checked against the task."""
+    verb saves is the task's model and reloads as such; checked against the task. Without a task (and unless
+    ``need_tokenizer``) a model saved without tokenizer is taken as it is: the tokenizer is None."""
     if task is not None and task.name != "stsb":
         return load_for_task(args, task)
-    from ..models import load_model
+    from ..models import load_model, optional_tokenizer
 
     name = getattr(args, "task", None) if task is None else None
-    model, tokenizer = load_model(args.model, args.device, args.dtype,
+    optional = task is None and not need_tokenizer
+    model, tokenizer = load_model(args.model, args.device, args.dtype, with_tokenizer=not optional,
                                   task=name if name in TASK_NAMES and name != "stsb" else None)
+    if optional:
+        tokenizer = optional_tokenizer(args.model, model)
     if task is not None:
         task.check_model(model, tokenizer)
     check_max_length(args, model, tokenizer)
