@@ -50,13 +50,13 @@ def test_prune_l0_runs_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["--method", "l0"], "needs --keep"),
-    (["--method", "importance", "--keep", "0"], "needs --keep"),
+    (["--method", "importance", "--keep", "0"], "--keep: 0 is out of range"),
     (["--method", "mask"], "needs --mask"),
     (["--method", "l0", "--keep", "80", "--no-eval"], "more than the model's 72 heads"),
     (["--method", "l0", "--keep", "36", "--recover", "distill", "--alpha", "1.5"], "alpha 1.5"),
     (["--method", "l0", "--keep", "36", "--teacher", "x"], "--teacher applies to --recover distill"),
     (["--method", "l0", "--keep", "36", "--recover", "distill", "--finetune", "1"], "shorthand for --recover finetune"),
-    (["--method", "l0", "--keep", "36", "--recover", "finetune", "--recover-epochs", "0"], "recovery epochs 0"),
+    (["--method", "l0", "--keep", "36", "--recover", "finetune", "--recover-epochs", "0"], "--recover-epochs: 0 is out of range"),
 ])
 def test_bad_arguments(tmp_path, capsys, argv, message):
     out = tmp_path / "never"

@@ -78,16 +78,30 @@ def test_text_shorter_than_a_window_is_refused(tiny_folder, tmp_path, capsys):
     assert "fewer than one --window of 100000" in capsys.readouterr().err and not out.exists()
 
 
-def test_uptraining_resumes_from_its_checkpoints(tiny_folder, tmp_path):
-    """Checkpoints of the shared recovery (tied embeddings included) resume to the weights of an unbroken run."""
+def test_uptraining_resumes_from_its_checkpoints(tiny_folder, tmp_path, monkeypatch):
+    """Checkpoints of the shared recovery (tied embeddings included) resume to the weights of an unbroken run.
+    Only the last checkpoint stays (rotation), so a copy of each is taken as it is saved, and the run is resumed
+    from the copy of step 2 as if it had been stopped there."""
     out = tmp_path / "resume"
-    argv = ["gqa", "--kv-heads", "1", "--uptrain-tokens", "256", "--distill", "0.5", "--out", str(out)]
+    argv = ["gqa", "--kv-heads", "1", "--uptrain-tokens", "256", "--distill", "0.5", "--out", str(out),
+            "--keep-checkpoints"]
+    copies = tmp_path / "copies"
+    save = tf.Trainer._save_checkpoint
+
+    def save_and_copy(trainer, *args, **kwargs):
+        save(trainer, *args, **kwargs)
+        name = f"checkpoint-{trainer.state.global_step}"
+        shutil.copytree(f"{trainer.args.output_dir}/{name}", copies / name)
+
+    monkeypatch.setattr(tf.Trainer, "_save_checkpoint", save_and_copy)
     assert _run(tiny_folder, *argv) == 0
+    monkeypatch.undo()
     checkpoints = tmp_path / "resume.checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == [f"checkpoint-{i}" for i in range(1, 5)]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-4"]  # the last one only
+    assert sorted(p.name for p in copies.iterdir()) == [f"checkpoint-{i}" for i in range(1, 5)]
     unbroken = headwise.from_pretrained(out / "model").state_dict()
-    for late in ("checkpoint-3", "checkpoint-4"):
-        shutil.rmtree(checkpoints / late)
+    shutil.rmtree(checkpoints / "checkpoint-4")
+    shutil.copytree(copies / "checkpoint-2", checkpoints / "checkpoint-2")
     # the learning rate comes back from the checkpoint too: a run that ignored --resume would train with 10
     assert _run(tiny_folder, *argv, "--resume", "--force", "--lr", "10") == 0
     summary = json.loads((out / "conversion.json").read_text())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -107,8 +108,40 @@ def packaged_multi30k() -> Path | None:
     return None
 
 
+NAMED = ("minilm", SMOLLM2, MULTI30K)
+# ``org/name`` on the Hugging Face hub; anything else that is not an existing folder is a path that does not exist
+HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+# files a saved tokenizer leaves in its folder (one of them at least)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "source.spm", "sentencepiece.bpe.model", "tokenizer.model")
+
+
+def looks_like_hub_name(text: str) -> bool:
+    """``org/name`` that is no local path: not starting with ``.``/``~``/``/`` and ``org`` is no local folder."""
+    return bool(HUB_NAME.match(text)) and not Path(text.split("/")[0]).expanduser().is_dir()
+
+
+def local_or_hub(text: str) -> str:
+    """``text`` as a model folder (checked: a folder holding ``config.json``) or a hub name; refuses at once, with
+    no hub lookup, a path that does not exist."""
+    path = Path(text).expanduser()
+    if path.is_file():
+        raise HeadwiseError(f"model {text} is a file, not a model folder; pass the folder that holds config.json "
+                            "and the weights")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise HeadwiseError(f"{text} is not a model folder (no config.json); pass a transformers model folder "
+                                "or a hub name")
+        return str(path)
+    if looks_like_hub_name(text):
+        return text
+    raise HeadwiseError(f"model folder {text} does not exist; pass an existing folder, a hub name (org/name) or "
+                        f"a named model ({', '.join(NAMED)})")
+
+
 def resolve_model(name_or_path: str | None) -> str:
-    """A local folder or hub name for ``name_or_path``.
+    """A local folder or hub name for ``name_or_path`` (a path that does not exist is refused here, before any hub
+    lookup).
 
     Named models: ``minilm`` (the default; its packaged copy), ``smollm2-135m`` (converted once from its packaged
     GGUF) and ``multi30k-marian-de-en`` (the shared translation model)."""
@@ -132,7 +165,24 @@ def resolve_model(name_or_path: str | None) -> str:
                 "is not there: set HEADWISE_MODELS_DIR to the folder that holds it, or pass --model PATH"
             )
         return str(local)
-    return name_or_path
+    return local_or_hub(str(name_or_path))
+
+
+def check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` this build has; one line otherwise (``cuda`` on a CPU build, a GPU index
+    beyond the count, an unknown name)."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise HeadwiseError(f"{device!r} is not a torch device; use cpu, cuda, cuda:1, mps") from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise HeadwiseError(f"device {device}: this torch build has no CUDA GPU (torch.cuda.is_available() is "
+                            "False); use cpu")
+    if parsed.type == "cuda" and parsed.index is not None and parsed.index >= torch.cuda.device_count():
+        raise HeadwiseError(f"device {device}: there are only {torch.cuda.device_count()} CUDA devices")
+    if parsed.type == "mps" and not torch.backends.mps.is_available():
+        raise HeadwiseError(f"device {device}: MPS is not available here; use cpu")
+    return parsed
 
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
@@ -151,21 +201,91 @@ def max_length_of(path: str, tokenizer: Any) -> int:
     return int(min(getattr(tokenizer, "model_max_length", 512) or 512, 512))
 
 
-def load_tokenizer(name_or_path: str | None = None) -> Any:
+def load_tokenizer(name_or_path: str | None = None, model: nn.Module | None = None) -> Any:
     """The tokenizer of a model (the packaged MiniLM's by default), with ``model_max_length`` set to the
-    length the model was trained for."""
+    length the model was trained for.
+
+    A folder without tokenizer files takes the tokenizer of the model it was saved from when the checkpoint
+    records one (``headwise.save_pretrained`` writes ``source``; a note says so), else it is refused: transformers
+    would build a tokenizer that knows no word. With ``model``, a tokenizer whose ids do not fit the model's
+    embeddings, or that covers less than half of them, is refused too."""
     from transformers import AutoTokenizer
 
     path = resolve_model(name_or_path)
+    source = _tokenizer_source(path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(source)
     except (OSError, ValueError) as err:
         raise HeadwiseError(
             f"could not load a tokenizer for {name_or_path!r}: {str(err).splitlines()[0]} — save the tokenizer "
             "next to the model (headwise.save_pretrained(model, path, tokenizer=...))"
         ) from err
-    tokenizer.model_max_length = max_length_of(path, tokenizer)
+    tokenizer.model_max_length = max_length_of(source, tokenizer)
+    if model is not None:
+        check_vocabulary(model, tokenizer, name_or_path or path)
     return tokenizer
+
+
+def optional_tokenizer(name_or_path: str | None, model: nn.Module) -> Any:
+    """``load_tokenizer`` for work that can do without one: None for a folder that holds no tokenizer and whose
+    source model is not recorded or not here (a tokenizer that is there but does not fit the model is still
+    refused)."""
+    folder = Path(resolve_model(name_or_path))
+    if folder.is_dir() and not has_tokenizer_files(folder):
+        try:
+            return load_tokenizer(name_or_path, model)
+        except HeadwiseError:
+            return None
+    return load_tokenizer(name_or_path, model)
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    return any((folder / name).is_file() for name in TOKENIZER_FILES)
+
+
+def _tokenizer_source(path: str) -> str:
+    """Where the tokenizer of ``path`` (a folder or hub name) is: the folder itself, or the model a checkpoint
+    without tokenizer files was saved from (``config.headwise["source"]``)."""
+    folder = Path(path)
+    if not folder.is_dir() or has_tokenizer_files(folder):
+        return path
+    recorded = (json.loads((folder / "config.json").read_text()).get("headwise") or {}).get("source")
+    if recorded and (recorded in NAMED or looks_like_hub_name(recorded)
+                     or (Path(recorded).is_dir() and has_tokenizer_files(Path(recorded)))):
+        print(f"headwise: note: {path} holds no tokenizer; using the tokenizer of {recorded}, the model it was "
+              "saved from", file=sys.stderr)
+        return resolve_model(recorded)
+    raise HeadwiseError(f"{path} holds no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, …)"
+                        + (f" and the model it was saved from ({recorded}) is not here" if recorded else "")
+                        + "; save it with its tokenizer (headwise.save_pretrained(model, path, tokenizer=tokenizer)) "
+                        "or copy the tokenizer files of its base model into it")
+
+
+def tokenizer_source_of(model: nn.Module) -> str | None:
+    """The name or folder a model's tokenizer can be loaded from (recorded by ``save_pretrained``): the model's
+    ``name_or_path`` when it is a named model, a hub name or a folder with tokenizer files."""
+    recorded = (getattr(model.config, "headwise", None) or {}).get("source")
+    if recorded:
+        return recorded
+    name = str(getattr(model.config, "name_or_path", "") or "")
+    if name in NAMED or looks_like_hub_name(name) or (Path(name).is_dir() and has_tokenizer_files(Path(name))):
+        return name
+    return None
+
+
+def check_vocabulary(model: nn.Module, tokenizer: Any, name: str) -> None:
+    """Refuse a tokenizer that does not belong to ``model``: ids beyond its embeddings, or fewer than half of
+    them covered (a placeholder tokenizer)."""
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    rows = getattr(embeddings, "num_embeddings", None) or getattr(model.config, "vocab_size", None)
+    if not rows:
+        return
+    size = len(tokenizer)
+    if size > rows or size < rows / 2:
+        raise HeadwiseError(f"the tokenizer of {name} has {size:,} tokens but the model has {rows:,} token "
+                            "embeddings: it is not this model's tokenizer; save the model with its own tokenizer "
+                            "(headwise.save_pretrained(model, path, tokenizer=tokenizer))")
 
 
 def load_model(
@@ -195,17 +315,14 @@ def load_model(
     from .sites import find_sites
 
     head = "base" if task is None else _task_head(task)
+    check_device(device)
     path = resolve_model(name_or_path)
     dtype = parse_dtype(dtype)
-    local = Path(path).expanduser()
-    looks_local = path.startswith((os.sep, ".", "~")) or local.exists()
-    if looks_local and not local.is_dir():
-        raise HeadwiseError(f"model folder {path} does not exist; pass an existing folder or a hub name")
-    if looks_local and not (local / "config.json").is_file():
-        raise HeadwiseError(f"{path} is not a model folder (no config.json); pass a transformers model folder or hub name")
+    local = Path(path)
     try:
-        if looks_local and "headwise" in json.loads((local / "config.json").read_text()):
+        if local.is_dir() and "headwise" in json.loads((local / "config.json").read_text()):
             model = from_pretrained(local, device=device, dtype=dtype)
+            _check_checkpoint_head(model, name_or_path or path, head)
         else:
             _check_architecture(path, name_or_path, head)
             auto = getattr(transformers, HEAD_CLASSES[head])
@@ -224,8 +341,13 @@ def load_model(
                     f"{', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}); use a checkpoint with that head"
                     + (", or new_head=True (--new-head) to train a fresh one" if head == "classification" else ""))
             model = model.to(device).eval()
-    except (OSError, ValueError) as err:
+    except Exception as err:  # noqa: BLE001 - transformers and safetensors raise many kinds; sorted here
         if isinstance(err, HeadwiseError):
+            raise
+        if type(err).__module__.split(".")[0] == "safetensors":
+            raise HeadwiseError(f"the weights of {name_or_path or path} cannot be read ({str(err).splitlines()[0]}); "
+                                "the file is damaged or truncated: copy or save the model again") from None
+        if not isinstance(err, (OSError, ValueError)):
             raise
         if "Unrecognized configuration class" in str(err):
             raise HeadwiseError(
@@ -236,7 +358,7 @@ def load_model(
             "transformers folder (config.json + weights) or a hub name (needs internet)"
         ) from err
     find_sites(model)  # unsupported families fail here, before any work
-    return model, (load_tokenizer(path) if with_tokenizer else None)
+    return model, (load_tokenizer(path, model) if with_tokenizer else None)
 
 
 HEAD_CLASSES = {"base": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM",
@@ -245,6 +367,48 @@ HEAD_CLASSES = {"base": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2s
 
 HEAD_WHAT = {"base": "a base model", "causal-lm": "a causal language model",
              "seq2seq": "an encoder-decoder (translation) model", "classification": "a sequence classifier"}
+# transformers' class names of each head by model type (its auto mappings)
+HEAD_MAPPINGS = {"base": "MODEL_MAPPING_NAMES", "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+                 "seq2seq": "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES",
+                 "classification": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"}
+
+
+def head_of_class(class_name: str, model_type: str) -> str | None:
+    """The head (``base``, ``causal-lm``, ``seq2seq``, ``classification``) of a transformers class, or None."""
+    from transformers.models.auto import modeling_auto
+
+    for head, mapping in HEAD_MAPPINGS.items():
+        names = getattr(modeling_auto, mapping).get(model_type, ())
+        if class_name in ((names,) if isinstance(names, str) else tuple(names)):
+            return head
+    return None
+
+
+def native_task(name_or_path: str | None) -> str | None:
+    """The task whose head a model's own class carries (``config.architectures``): ``lm``, ``translation``,
+    ``classification``, or None for a base model (e.g. for ``headwise sites``, which lists what is saved)."""
+    from transformers import AutoConfig
+
+    path = resolve_model(name_or_path)
+    try:
+        with quiet_transformers():
+            config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise HeadwiseError(f"could not read the config of model {name_or_path!r}: {str(err).splitlines()[0]} — give "
+                            "a local transformers folder or a hub name (needs internet)") from err
+    head = next((head_of_class(name, config.model_type) for name in config.architectures or []), None)
+    return next((task for task, h in TASK_HEADS.items() if h == head and h != "base"), None)
+
+
+def _check_checkpoint_head(model: nn.Module, name: str, head: str) -> None:
+    """Refuse a headwise checkpoint whose class lacks the head the task needs (e.g. saved as a base model)."""
+    if head == "base":
+        return
+    if head_of_class(type(model).__name__, model.config.model_type) != head:
+        raise HeadwiseError(f"{name} holds a {type(model).__name__}, which has no {head} head; the task needs "
+                            f"{HEAD_WHAT[head]}: redo the edit with the task given (--task) so that its head is saved")
+
+
 def _check_architecture(path: str, name: str | None, head: str) -> None:
     """Refuse early (before transformers builds and reports a half-loaded model) a causal LM for an
     encoder-decoder task and the reverse."""

@@ -1,15 +1,18 @@
-"""``headwise <verb>``: the command line. Errors print one line (a traceback only with --debug).
+"""``headwise <verb>``: the command line. Errors print one line (a traceback only with --debug) and exit with 2.
 
 Each verb lives in ``headwise.cli.<verb>`` with ``register(verbs, parents)``; this module builds the parser and runs
-the chosen verb.
+the chosen verb. Every number option of every verb is checked while parsing, before any work: a finite value,
+not negative (unless the option's default is, e.g. ``--max-steps -1``), and at least 1 for the counts and sizes in
+``AT_LEAST_ONE``; ``--device`` must name a device this build of torch has.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import HeadwiseError
 
@@ -23,19 +26,102 @@ PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headw
                            "headwise.cli.apply", "headwise.cli.edit")
 
 
+# number options (by destination) that count, size or scale something: they must be > 0 (0 is as wrong as -1)
+POSITIVE = frozenset({
+    "limit", "batch_size", "max_length", "stride", "max_tokens", "beam", "max_new_tokens", "keep", "step",
+    "importance_pairs", "importance_examples", "ablation_texts", "iterations", "calibration", "top_k", "repeats",
+    "kv_heads", "rank", "calib_tokens", "window", "context", "gate_steps", "gate_length", "eval_length",
+    "calibration_length", "epochs", "recover_epochs", "lr", "kv_budget", "temperature", "gate_lr", "d_model",
+    "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every",
+})
+
+
+def number(kind: type, positive: bool, negative_allowed: bool = False) -> Callable[[str], Any]:
+    """An argparse ``type`` that parses ``kind`` (int or float) and refuses non-finite values, values ≤ 0 when
+    ``positive`` and negative values unless ``negative_allowed``."""
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") \
+                from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+        if positive and value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give a number above 0")
+        if not negative_allowed and value < 0:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give 0 or more")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def device(text: str) -> str:
+    """An argparse ``type``: a torch device this build has (``headwise.models.check_device``)."""
+    from ..models import check_device
+
+    try:
+        check_device(text)
+    except HeadwiseError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def dtype(text: str) -> str:
+    """An argparse ``type``: a dtype name ``headwise.models.parse_dtype`` knows."""
+    from ..models import DTYPES
+
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; use one of {', '.join(DTYPES)}")
+    return text
+
+
+def checked(names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``add_argument`` keywords with the checking ``type`` for numbers, ``--device`` and ``--dtype``."""
+    dest = kwargs.get("dest") or next((n[2:] for n in names if n.startswith("--")), names[0]).replace("-", "_")
+    kind = kwargs.get("type")
+    if kind in (int, float):
+        default = kwargs.get("default")
+        kwargs["type"] = number(kind, positive=dest in POSITIVE,
+                                negative_allowed=isinstance(default, (int, float)) and default < 0)
+    elif kind is None and dest in ("device", "dtype"):
+        kwargs["type"] = device if dest == "device" else dtype
+    return kwargs
+
+
+class Parser(argparse.ArgumentParser):
+    """``argparse`` with one-line errors (``headwise: error: …``, exit 2) and checked numbers and devices (in
+    argument groups too)."""
+
+    def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
+        return super().add_argument(*names, **checked(names, kwargs))
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        group = super().add_argument_group(*args, **kwargs)
+        plain = group.add_argument
+        group.add_argument = lambda *names, **kw: plain(*names, **checked(names, kw))  # type: ignore[method-assign]
+        return group
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        where = self.prog.removeprefix("headwise").strip()
+        self.exit(2, f"headwise: error: {where + ': ' if where else ''}{message}\n")
+
+
 def model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None,
-                        help="hub name or local folder (default: the packaged all-MiniLM-L6-v2)")
+                        help="hub name (org/name), local folder or a named model: minilm (default), smollm2-135m, "
+                             "multi30k-marian-de-en")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks")
     common.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser = argparse.ArgumentParser(prog="headwise", parents=[common],
-                                     description="Find, measure and edit the attention heads of transformers models.")
+    parser = Parser(prog="headwise", parents=[common],
+                    description="Find, measure and edit the attention heads of transformers models.")
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     for plugin in PLUGINS:
@@ -44,10 +130,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run ``headwise ARGV``; returns the exit status (2 for any refused input, parse errors included)."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit_:  # argparse: --help (0) or a bad argument (2, its one line already printed)
+        return exit_.code if isinstance(exit_.code, int) else 2
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # headwise shows its own progress for long work
+    from ..io.files import release_all_outputs
+
     try:
         return args.run(args)
     except HeadwiseError as err:
@@ -58,4 +150,6 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("headwise: interrupted", file=sys.stderr)
         return 130
+    finally:
+        release_all_outputs()
 

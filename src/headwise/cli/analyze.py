@@ -7,7 +7,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
-from .task_options import load_for_task, task_args, task_from_args
+from .task_options import load_for_task, load_task_model, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
@@ -38,13 +38,14 @@ def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
     """Texts to analyse, STS-B pairs for the gradient objective (or None), and a description of the data."""
     from pathlib import Path
 
+    from ..io import read_text
     from ..tasks import read_stsb, stsb_file
 
     if args.data and Path(args.data).suffix == ".txt":
         path = Path(args.data)
         if not path.is_file():
             raise HeadwiseError(f"text file not found: {path} (one text per line)")
-        texts = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        texts = [line.strip() for line in read_text(path).splitlines() if line.strip()]
         pairs, name = None, str(path)
     else:
         split = args.split or "dev"
@@ -62,7 +63,6 @@ def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
 def run(args: argparse.Namespace) -> int:
     from ..analysis import AnalysisConfig, analyze
     from ..io import atomic_dir, check_writable_dir
-    from ..models import load_model
     from ..report import write_report
 
     if args.task == "translation":
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     if args.task == "stsb":
         texts, pairs, data_name = _texts(args)
         config.data_name = data_name
-        model, tokenizer = load_model(args.model, args.device, args.dtype)
+        model, tokenizer = load_task_model(args, None, need_tokenizer=True)
         stats = analyze(model, tokenizer, texts, config, pairs=pairs).to_dict()
     else:
         task = task_from_args(args, skip=("limit", "batch_size"))

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import HeadwiseError
 from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
-from .task_options import load_for_task, metric_label, task_args, task_from_args
+from .task_options import load_task_model, metric_label, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
@@ -43,13 +43,14 @@ def register(verbs, parents) -> None:
 
 
 def _calibration_texts(path: str, limit: int) -> list[str]:
+    from ..io import read_text
     from ..tasks import read_stsb
 
     file = Path(path)
     if file.suffix == ".txt":
         if not file.is_file():
             raise HeadwiseError(f"calibration file not found: {file} (one text per line)")
-        texts = [line.strip() for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        texts = [line.strip() for line in read_text(file).splitlines() if line.strip()]
     else:
         texts = read_stsb("train", path).sentences() if file.is_dir() else read_stsb("dev", path).sentences()
     # a sample, not the first rows: files are often sorted by source (STS-B train: its first 2000 are captions)
@@ -90,7 +91,6 @@ def _curve_dks(spec: str, dk: int | float, exact: int) -> list[int | float]:
 
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
-    from ..models import load_model, load_tokenizer
     from ..report import Report
     from ..sites import select_sites
     from .output import save_run
@@ -107,13 +107,8 @@ def run(args: argparse.Namespace) -> int:
     evaluate = not args.no_eval
     recovering = recovery_mode(args) != "none"
     task = task_from_args(args, skip=("limit",)) if evaluate or recovering or from_task else None
-    if task is not None and task.name != "stsb":
-        model, tokenizer = load_for_task(args, task)
-    else:  # STS-B: the base encoder, as before
-        model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
-        tokenizer = load_tokenizer(args.model) if texts or task is not None else None
-        if task is not None:
-            task.check_model(model, tokenizer)
+    # the head of --task also without evaluation; calibration texts need the tokenizer
+    model, tokenizer = load_task_model(args, task, need_tokenizer=bool(texts))
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
     config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations, kinds=kinds)
     sites = select_sites(model, kinds)

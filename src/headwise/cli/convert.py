@@ -2,7 +2,14 @@
 
 Writes ``OUT/model`` (plain transformers when the result allows it, else ``headwise.save_pretrained``) and
 ``OUT/conversion.json`` (opens with the verdict). Text files give calibration, evaluation and uptraining tokens
-(one file is split: the first 90% of its lines calibrate and uptrain, the last 10% evaluate).
+(one file is split: the first 90% of its lines calibrate and uptrain, the last 10% evaluate); without ``--text``
+the task's default data calibrates (``lm``: shared/data/wikitext-2/valid.txt; ``translation``: the calibration
+split of shared/data/multi30k).
+
+The model is loaded like every verb loads it (``headwise.load_model`` with the task's head), so a headwise
+checkpoint comes back with its edits. Uptraining keeps its checkpoints in ``OUT.checkpoints``: only the last
+complete one (older ones are rotated away), ``--resume`` continues from the last complete one (one a kill left
+half-written is removed first), and the folder is removed at the end unless ``--keep-checkpoints``.
 """
 
 from __future__ import annotations
@@ -11,9 +18,13 @@ import argparse
 import copy
 import json
 import math
+import shutil
+import sys
 from pathlib import Path
 
 from ..errors import HeadwiseError
+
+CONVERTIBLE_TASKS = ("lm", "translation")
 
 
 def register(verbs, parents) -> None:
@@ -33,9 +44,12 @@ def register(verbs, parents) -> None:
     for sub in (gqa, latent):
         sub.add_argument("--model", default="smollm2-135m", help="decoder or encoder-decoder: name, hub name or "
                          "local folder (default: smollm2-135m)")
+        sub.add_argument("--task", default=None, help="lm (decoders) or translation (encoder-decoders); default: "
+                         "the model's own")
         sub.add_argument("--device", default="cpu", help="torch device (default: cpu)")
         sub.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32)")
-        sub.add_argument("--text", default=None, help="a .txt file: first 90%% of lines calibrate/uptrain, last 10%% evaluate")
+        sub.add_argument("--text", default=None, help="a .txt file: first 90%% of lines calibrate/uptrain, last 10%% "
+                         "evaluate (default for lm: shared/data/wikitext-2/valid.txt)")
         sub.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens (default: 16384)")
         sub.add_argument("--eval-tokens", type=int, default=4096, help="evaluation tokens, 0 to skip (default: 4096)")
         sub.add_argument("--window", type=int, default=1024, help="tokens per sequence (default: 1024)")
@@ -43,7 +57,10 @@ def register(verbs, parents) -> None:
         sub.add_argument("--distill", type=float, default=0.0, help="weight W of the KL to the original model's "
                          "predictions: (loss + W·KL) / (1 + W), headwise.recover with alpha W / (1 + W)")
         sub.add_argument("--lr", type=float, default=1e-4, help="uptraining learning rate (default: 1e-4)")
-        sub.add_argument("--resume", action="store_true", help="resume uptraining from OUT.checkpoints")
+        sub.add_argument("--resume", action="store_true", help="resume uptraining from the last complete checkpoint "
+                         "in OUT.checkpoints")
+        sub.add_argument("--keep-checkpoints", action="store_true", help="keep OUT.checkpoints after uptraining "
+                         "(default: removed once the model is saved)")
         sub.add_argument("--out", required=True, help="output folder: model/ and conversion.json")
         sub.add_argument("--force", action="store_true", help="replace a non-empty output folder")
         sub.set_defaults(run=run)
@@ -63,10 +80,12 @@ def _text_task(path: str, window: int, tokens: int | None = None):
     evaluate), its token stream and, for uptraining, its disjoint windows of ``window`` tokens."""
     from ..tasks import LanguageModeling
 
+    from ..io import read_text
+
     file = Path(path)
     if not file.is_file():
         raise HeadwiseError(f"--text {path}: no such file (plain text, one paragraph a line)")
-    lines = file.read_text(encoding="utf-8").splitlines()
+    lines = read_text(file).splitlines()
     if len(lines) < 10:
         raise HeadwiseError(f"--text {path} has {len(lines)} lines; it needs at least 10 (90%/10% split)")
     return LanguageModeling(data=path, max_length=window, max_tokens=tokens)
@@ -102,15 +121,45 @@ def _uptrain(model, teacher, tokenizer, windows: list, args: argparse.Namespace)
 
     result, n = Result(), len(windows)
     task = _text_task(args.text, args.window, tokens=n * args.window)
-    checkpoints = f"{args.out.rstrip('/')}.checkpoints"
+    checkpoints = checkpoint_dir(args.out)
+    if args.resume:
+        drop_incomplete_checkpoints(checkpoints)
     recover(model, tokenizer, task, teacher=teacher, mode="finetune" if teacher is None else "distill", epochs=1,
             alpha=args.distill / (1 + args.distill), temperature=1.0, batch_size=1, learning_rate=args.lr, seed=0,
-            output_dir=checkpoints, resume=args.resume, lr_scheduler_type="cosine", warmup_steps=max(1, n // 20),
-            logging_steps=max(1, n // 10), save_steps=max(1, n // 4), use_cpu=args.device == "cpu",
-            callbacks=[result])
+            output_dir=str(checkpoints), resume=args.resume, lr_scheduler_type="cosine",
+            warmup_steps=max(1, n // 20), logging_steps=max(1, n // 10), save_steps=max(1, n // 4),
+            save_total_limit=1, use_cpu=args.device == "cpu", callbacks=[result])
     return {"tokens": sum(w.numel() for w in windows), "steps": result.steps, "loss": result.loss,
             "distill": args.distill, "alpha": args.distill / (1 + args.distill), "learning_rate": args.lr,
-            "checkpoints": checkpoints}
+            "checkpoints": str(checkpoints) if args.keep_checkpoints else None}
+
+
+def checkpoint_dir(out: str) -> Path:
+    """Where uptraining keeps its checkpoints: ``OUT.checkpoints`` beside ``OUT``."""
+    path = Path(out)
+    return path.with_name(f"{path.name}.checkpoints")
+
+
+def complete(checkpoint: Path) -> bool:
+    """Whether a Trainer checkpoint was saved whole: its ``trainer_state.json``, written last, parses."""
+    try:
+        json.loads((checkpoint / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def drop_incomplete_checkpoints(folder: Path) -> None:
+    """Remove the ``checkpoint-N`` folders a kill left half-written, so that resuming starts from the last
+    complete one; refuses when none is complete."""
+    found = sorted(folder.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[-1])
+                   if p.name.split("-")[-1].isdigit() else -1)
+    for checkpoint in [c for c in found if not complete(c)]:
+        print(f"headwise: note: {checkpoint} is incomplete (the run was stopped while saving it); resuming from "
+              "the checkpoint before it", file=sys.stderr)
+        shutil.rmtree(checkpoint)
+    if not any(complete(c) for c in found if c.exists()):
+        raise HeadwiseError(f"--resume: no checkpoint in {folder} is complete; run without --resume")
 
 
 def _verdict(summary: dict) -> str:
@@ -123,36 +172,73 @@ def _verdict(summary: dict) -> str:
     return text
 
 
-def run(args: argparse.Namespace) -> int:
-    import torch
-    import transformers
+def _task_name(args: argparse.Namespace) -> str:
+    """``--task``, checked (conversion shrinks a decoder's cache: lm or translation), else the model's own."""
+    from ..models import native_task
 
+    if args.task is not None:
+        if args.task not in CONVERTIBLE_TASKS:
+            raise HeadwiseError(f"--task {args.task}: convert shrinks a decoder's key/value cache; use --task lm "
+                                "(decoders) or --task translation (encoder-decoders)")
+        return args.task
+    native = native_task(args.model)
+    if native not in CONVERTIBLE_TASKS:
+        what = native or "a base model"
+        raise HeadwiseError(f"{args.model} is no decoder language model or encoder-decoder ({what}); convert needs "
+                            "one (pass --task lm or translation for a model saved without its head)")
+    return native
+
+
+def _default_calibration(task_name: str, tokenizer, args: argparse.Namespace):
+    """Calibration batches from the task's default data when no ``--text`` is given, or one line saying how to
+    pass data."""
+    from ..tasks import LanguageModeling, Translation
+
+    try:
+        if task_name == "lm":
+            return LanguageModeling(max_length=args.window).source(), None
+        batches = Translation(max_length=args.window).calibration_inputs(tokenizer, limit=256, batch_size=16,
+                                                                         device=args.device)
+        return None, batches
+    except HeadwiseError as err:
+        fix = "pass --text FILE (calibration text)" if task_name == "lm" else "calibrate from Python with " \
+            "model-input dicts (headwise.convert_gqa(..., calibration=batches))"
+        raise HeadwiseError(f"--init calibrated needs calibration data and the default is not here ({err}); "
+                            f"{fix}, or pass --init svd (weights only, no data)") from None
+
+
+def run(args: argparse.Namespace) -> int:
     from ..conversion import convert_gqa, convert_latent, export_native, kv_cache_bytes, native_reason
     from ..io import atomic_dir, check_writable_dir, save_pretrained
-    from ..models import load_tokenizer, parse_dtype, resolve_model
+    from ..models import load_model
 
     check_writable_dir(args.out, args.force)
+    task_name = _task_name(args)
+    if task_name == "translation" and args.text:
+        raise HeadwiseError("for encoder-decoders the CLI calibrates on the translation task's data, not --text; "
+                            "calibrate from Python with model-input dicts (headwise.convert_gqa(..., "
+                            "calibration=batches))")
+    if args.uptrain_tokens and (task_name != "lm" or not args.text):
+        raise HeadwiseError("--uptrain-tokens needs a decoder and --text FILE (training text)")
+    if args.resume and not args.uptrain_tokens:
+        raise HeadwiseError("--resume continues uptraining; give --uptrain-tokens too")
+    text = _text_task(args.text, args.window) if args.text else None  # bad text fails before the model loads
+    model, tokenizer = load_model(args.model, args.device, args.dtype or "float32", task=task_name)
+    calib_batches = None
     if args.init == "calibrated" and not args.text:
-        raise HeadwiseError("--init calibrated needs --text FILE (calibration text); or pass --init svd")
-    if args.uptrain_tokens and not args.text:
-        raise HeadwiseError("--uptrain-tokens needs --text FILE (training text)")
-    path = resolve_model(args.model)
-    config = transformers.AutoConfig.from_pretrained(path)
-    if config.is_encoder_decoder and args.text:
-        raise HeadwiseError("for encoder-decoders the CLI converts with --init svd or mean and no --text; calibrate "
-                            "from Python with model-input dicts (headwise.convert_gqa(..., calibration=batches))")
-    auto = transformers.AutoModelForSeq2SeqLM if config.is_encoder_decoder else transformers.AutoModelForCausalLM
-    model = auto.from_pretrained(path, dtype=parse_dtype(args.dtype) or torch.float32).to(args.device).eval()
-    tokenizer = load_tokenizer(path)
+        args.text, calib_batches = _default_calibration(task_name, tokenizer, args)
+        if args.text:
+            print(f"headwise: calibrating on {args.text} (no --text given)", file=sys.stderr)
+            text = _text_task(args.text, args.window)
     calibration = evaluation = None
-    if args.text:
-        text = _text_task(args.text, args.window)
+    if text is not None:
         calib_ids, eval_ids = text.token_stream(tokenizer, "train"), text.token_stream(tokenizer, "eval")
         calibration = _windows(calib_ids, args.calib_tokens, args.window, "calibration (first 90% of --text)")
         evaluation = _windows(eval_ids, args.eval_tokens, args.window, "evaluation (last 10% of --text)") \
             if args.eval_tokens > 0 else None
+    calibration = calib_batches if calib_batches is not None else calibration
     teacher = copy.deepcopy(model) if args.uptrain_tokens and args.distill > 0 else None
-    summary: dict = {"verdict": None, "model": args.model, "conversion": args.conversion,
+    summary: dict = {"verdict": None, "model": args.model, "task": task_name, "conversion": args.conversion,
                      "kv_bytes_per_token": {"before": kv_cache_bytes(model)}}
     ppl = {"original": perplexity(model, evaluation)} if evaluation else None
     cal = calibration if args.init == "calibrated" else None
@@ -183,5 +269,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             save_pretrained(model, tmp / "model", tokenizer=tokenizer)
         (tmp / "conversion.json").write_text(json.dumps(summary, indent=1))
+    if args.uptrain_tokens and not args.keep_checkpoints:
+        shutil.rmtree(checkpoint_dir(args.out), ignore_errors=True)
     print(json.dumps(summary) if args.json else f"{summary['verdict']}\nsaved {args.out}/model ({summary['saved']})")
     return 0

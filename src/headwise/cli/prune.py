@@ -8,7 +8,7 @@ import json
 from ..errors import HeadwiseError
 from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
-from .task_options import load_for_task, metric_label, task_args, task_from_args
+from .task_options import load_task_model, metric_label, task_args, task_from_args
 
 METHODS = ("l0", "importance", "mask")
 UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
@@ -68,12 +68,7 @@ def run(args: argparse.Namespace) -> int:
     spec = load_masks(args.mask) if args.method == "mask" else None
     needs_data = args.method != "mask" or recovery_mode(args) != "none" or not args.no_eval
     task = task_from_args(args) if needs_data else None  # bad data fails before the model loads
-    if task is not None:
-        model, tokenizer = load_for_task(args, task)
-    else:
-        from ..models import load_model
-
-        model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, tokenizer = load_task_model(args, task)  # the head of --task also without evaluation
     if args.plain:
         from ..sites import families_with, family_layout
 

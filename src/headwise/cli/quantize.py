@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..errors import HeadwiseError
-from .task_options import load_for_task, task_args, task_from_args
+from .task_options import load_task_model, task_args, task_from_args
 from . import model_args
 
 
@@ -44,7 +44,6 @@ def parse_methods(text: str) -> tuple[str, ...]:
 
 def cmd_quantize(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir
-    from ..models import load_model
     from ..report.quantization import write_quantization_report
     from ..quantization.config import QuantizationConfig
     from ..quantization.sweep import SweepConfig, sweep
@@ -58,11 +57,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         raise HeadwiseError(f"--limit must be at least 1, got {args.limit}")
     check_writable_dir(args.out, args.force)  # before any slow work
     task = task_from_args(args)  # bad data fails before the model loads
-    if task.name == "stsb":
-        model, tokenizer = load_model(args.model, args.device, args.dtype)
-        task.check_model(model, tokenizer)
-    else:
-        model, tokenizer = load_for_task(args, task)
+    model, tokenizer = load_task_model(args, task)
     metric = task.metric_fn(tokenizer)
     if task.name == "stsb":
         metric.__name__ = f"STS-B {task.split} Spearman x100" + (f" (first {task.limit} pairs)" if task.limit else "")

@@ -15,10 +15,11 @@ def register(verbs, parents) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..models import load_model
+    from ..models import load_model, native_task
     from ..sites import find_sites
 
-    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
+    # the model's own class (head included): what it was saved as, so its weights are all there
+    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False, task=native_task(args.model))
     sites = find_sites(model)
     if args.json:
         print(json.dumps([s.describe() for s in sites], indent=2))

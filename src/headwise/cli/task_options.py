@@ -82,7 +82,8 @@ def _takes(name: str, option: str) -> bool:
 
 
 def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
-    """The model of ``--model`` with the head ``task`` needs, checked against the task."""
+    """The model of ``--model`` with the head ``task`` needs, checked against the task (``--max-length``
+    included)."""
     from ..models import load_model
 
     num_labels = None
@@ -91,20 +92,38 @@ def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
     model, tokenizer = load_model(args.model, args.device, args.dtype, task=task,
                                   new_head=getattr(args, "new_head", False), num_labels=num_labels)
     task.check_model(model, tokenizer)
+    check_max_length(args, model, tokenizer)
     return model, tokenizer
 
 
-def load_task_model(args: argparse.Namespace, task) -> tuple[Any, Any]:
-    """The model for a verb: the base encoder for STS-B (as before tasks existed) or no task, else the task's
-    head; checked against the task."""
+def load_task_model(args: argparse.Namespace, task, need_tokenizer: bool = False) -> tuple[Any, Any]:
+    """The model for a verb: the base encoder for STS-B (as before tasks existed), else the head of the task —
+    ``task``, or when the verb needs no task object (``--no-eval``) the one ``--task`` names, so that what the
+    verb saves is the task's model and reloads as such; checked against the task. Without a task (and unless
+    ``need_tokenizer``) a model saved without tokenizer is taken as it is: the tokenizer is None."""
     if task is not None and task.name != "stsb":
         return load_for_task(args, task)
-    from ..models import load_model
+    from ..models import load_model, optional_tokenizer
 
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    name = getattr(args, "task", None) if task is None else None
+    optional = task is None and not need_tokenizer
+    model, tokenizer = load_model(args.model, args.device, args.dtype, with_tokenizer=not optional,
+                                  task=name if name in TASK_NAMES and name != "stsb" else None)
+    if optional:
+        tokenizer = optional_tokenizer(args.model, model)
     if task is not None:
         task.check_model(model, tokenizer)
+    check_max_length(args, model, tokenizer)
     return model, tokenizer
+
+
+def check_max_length(args: argparse.Namespace, model, tokenizer) -> None:
+    """Refuse a ``--max-length`` beyond the model's positions (one line naming the limit) instead of the index
+    error the embeddings would raise mid-run."""
+    from ..batching import check_context
+
+    if getattr(args, "max_length", None) is not None:
+        check_context(model, tokenizer, args.max_length)
 
 
 def task_metric(task, model, tokenizer) -> float:

@@ -1,9 +1,15 @@
 """Save and reload modified models with one call.
 
 A checkpoint is a transformers folder (``config.json`` + ``model.safetensors``) whose config carries
-``headwise = {"version": 1, "edits": [...], "ops": [...]}``: structural edits in the order they happened
-(replayed on the fresh model, shapes only), then the attached ops. The state dict is the model's own
-(``model.state_dict()`` names, shared tensors stored once) and is loaded strictly.
+``headwise = {"version": 1, "edits": [...], "ops": [...], "source": ...}``: structural edits in the order they
+happened (replayed on the fresh model, shapes only), then the attached ops, and the model it was loaded from
+(``source``: where its tokenizer is, when none is saved beside it). ``architectures`` names the saved class, head
+included. The state dict is the model's own (``model.state_dict()`` names, shared tensors stored once) and is
+loaded strictly.
+
+A checkpoint with ops or edits also stores one scalar tensor named ``MARKER``: plain transformers
+(``AutoModel.from_pretrained``) lists it as an unexpected weight in its load report, so loading such a folder
+without headwise, which drops the edits, never passes in silence.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from .files import atomic_dir
 
 FORMAT_VERSION = 1
 WEIGHTS = "model.safetensors"
+MARKER = "headwise_checkpoint__edits_load_only_with_headwise_from_pretrained"
 EDITS: dict[str, Callable[[nn.Module, dict[str, Any]], None]] = {}
 
 
@@ -51,18 +58,29 @@ def save_pretrained(
 
     Refuses a non-empty ``path`` unless ``overwrite``.
     """
+    from ..models import tokenizer_source_of
+
     sites = find_sites(model)
     state = dict(getattr(model.config, "headwise", None) or {})
     state.update(version=FORMAT_VERSION, ops=[r for s in sites for r in saved_specs(s)])
     state.setdefault("edits", [])
+    source = tokenizer_source_of(model)
+    if source:
+        state["source"] = source
     model.config.headwise = state
-    if not model.config.architectures:
-        model.config.architectures = [type(model).__name__]
+    model.config.architectures = [type(model).__name__]  # the class saved, head included
     with atomic_dir(path, overwrite) as tmp:
         model.config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None and model.can_generate():
             model.generation_config.save_pretrained(tmp)
-        save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
+        marked = bool(state["ops"] or state["edits"])
+        if marked:
+            model.register_buffer(MARKER, torch.ones(()))
+        try:
+            save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
+        finally:
+            if marked:
+                delattr(model, MARKER)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return Path(path)
@@ -127,7 +145,14 @@ def from_pretrained(
     for record in ops:
         rebuild(by_path[record["site"]], record)
     model.tie_weights()
-    missing, unexpected = load_model(model, path / WEIGHTS, strict=False)
+    try:
+        missing, unexpected = load_model(model, path / WEIGHTS, strict=False)
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error type for a damaged file
+        if type(err).__module__.split(".")[0] != "safetensors" and not isinstance(err, OSError):
+            raise
+        raise HeadwiseError(f"{path / WEIGHTS} cannot be read ({str(err).splitlines()[0]}); the file is damaged or "
+                            "truncated: save the model again") from None
+    unexpected = [key for key in unexpected if key != MARKER]
     if missing or unexpected:
         raise HeadwiseError(
             f"{path}: weights do not match the rebuilt model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}); "

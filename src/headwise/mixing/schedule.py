@@ -24,6 +24,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from ..errors import HeadwiseError
+from ..io.files import read_text
 from .swap import HeadSwap, resolve, swap_heads
 
 UNITS = ("epoch", "step")
@@ -66,7 +67,7 @@ def read_schedule(path: str | Path) -> tuple[dict[str, list], str | None, str]:
     path = Path(path)
     if not path.is_file():
         raise HeadwiseError(f"swap schedule not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:

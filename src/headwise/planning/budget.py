@@ -1,7 +1,8 @@
 """Budgets a user thinks in: ``heads=36,latency=0.75x,params=-20%,kv-cache=-50%,flops=-30%``.
 
-Every axis but ``heads`` is a ratio to the unedited model (``0.75x``, ``75%``, ``-25%`` and ``0.75`` all mean
-"at most three quarters"); ``params`` counts attention parameters (q/k/v/o and what replaces them), ``flops`` the
+``heads`` is a count (``36``) or a share of the model's heads (``0.5``, ``50%``; ``100%`` is every head). Every
+other axis is a ratio to the unedited model (``0.75x``, ``75%``, ``-25%`` and ``0.75`` all mean "at most three
+quarters"; ``+20%`` means 1.2x, which only ``latency`` may exceed 1 by); ``params`` counts attention parameters (q/k/v/o and what replaces them), ``flops`` the
 attention FLOPs at the task's sequence length, ``kv-cache`` the key/value cache bytes per token (decoders),
 ``latency`` the measured forward time on this machine at the task's batch shape.
 """
@@ -25,8 +26,8 @@ EXAMPLE = "heads=36,latency=0.75x,params=-20%,kv-cache=-50%,flops=-30%"
 
 @dataclass(frozen=True)
 class Budget:
-    """Upper limits: ``heads`` (a count, or a fraction of the model's heads when < 1), the rest ratios in (0, 1]
-    of the unedited model (``latency`` may exceed 1). ``None``: no limit on that axis."""
+    """Upper limits: ``heads`` (an int: a count; a float: a share in (0, 1] of the model's heads), the rest ratios
+    in (0, 1] of the unedited model (``latency`` may exceed 1). ``None``: no limit on that axis."""
 
     heads: float | None = None
     latency: float | None = None
@@ -68,7 +69,7 @@ class Budget:
         """The heads limit as a count of ``total`` heads."""
         if self.heads is None:
             return None
-        return int(round(self.heads * total)) if self.heads < 1 else int(self.heads)
+        return int(round(self.heads * total)) if isinstance(self.heads, float) else int(self.heads)
 
     def validate(self, model: nn.Module, allow_empty_layers: bool = False) -> None:
         """Raise ``HeadwiseError`` if ``model`` cannot meet this budget at all (before any work is done)."""
@@ -127,15 +128,24 @@ def _pairs(text: str) -> list[tuple[str, str]]:
     return out
 
 
-def _heads(raw: Any) -> float:
+def _heads(raw: Any) -> int | float:
+    """A head count (int) or a share of the heads (float in (0, 1]): ``36``; ``0.5``, ``50%``, ``100%``; a float
+    ≤ 1 given as a number (a dict from ``to_dict``) is a share."""
     text = str(raw).strip()
+    share = text.endswith("%") or (isinstance(raw, float) and raw <= 1)
     try:
         value = float(text[:-1]) / 100 if text.endswith("%") else float(text)
     except ValueError:
-        raise HeadwiseError(f"budget heads={text!r}: give a head count (36) or a fraction (0.5, 50%)") from None
-    if value <= 0 or (value >= 1 and value != int(value)):
-        raise HeadwiseError(f"budget heads={text!r}: give a positive head count (36) or a fraction below 1 (0.5)")
-    return int(value) if value >= 1 else value
+        raise HeadwiseError(f"budget heads={text!r}: give a head count (36) or a share (0.5, 50%)") from None
+    if not math.isfinite(value) or value <= 0:
+        raise HeadwiseError(f"budget heads={text!r}: give a positive head count (36) or a share (0.5, 50%)")
+    if share or value < 1:
+        if value > 1:
+            raise HeadwiseError(f"budget heads={text!r} is more than every head; give a share up to 100%")
+        return float(value)
+    if value != int(value):
+        raise HeadwiseError(f"budget heads={text!r}: give a whole head count (36) or a share below 1 (0.5)")
+    return int(value)
 
 
 def _ratio(axis: str, raw: Any) -> float:
@@ -144,10 +154,13 @@ def _ratio(axis: str, raw: Any) -> float:
     if not m:
         raise HeadwiseError(f"budget {axis.replace('_', '-')}={text!r}: give a ratio such as 0.75x, 75% or -25%")
     num = float(m["num"])
-    if m["sign"] == "-":
+    if m["sign"]:
         if m["unit"] != "%":
-            raise HeadwiseError(f"budget {axis.replace('_', '-')}={text!r}: a reduction is a percentage (-25%)")
-        value = 1 - num / 100
+            raise HeadwiseError(f"budget {axis.replace('_', '-')}={text!r}: a change is a percentage (-25%, +10%)")
+        value = 1 + (num if m["sign"] == "+" else -num) / 100
+        if value > 1 and axis != "latency":
+            raise HeadwiseError(f"budget {axis.replace('_', '-')}={text!r} would allow growth; a limit on "
+                                f"{axis.replace('_', '-')} is a cut, e.g. -{m['num']}%")
     else:
         value = num / 100 if m["unit"] == "%" else num
     upper = 10.0 if axis == "latency" else 1.0
@@ -159,5 +172,5 @@ def _ratio(axis: str, raw: Any) -> float:
 
 def _show(axis: str, value: float) -> str:
     if axis == "heads":
-        return f"{value:g}"
+        return f"{value * 100:g}%" if isinstance(value, float) else str(value)
     return f"{value:g}x"

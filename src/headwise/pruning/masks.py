@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from ..io.files import read_text
 from ..runtime.attention import enable
 from ..runtime.gates import HeadMask
 from ..runtime.ops import attach, detach_all, ops_of
@@ -100,7 +101,7 @@ def load_masks(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise HeadwiseError(f"mask file not found: {path}")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     try:
         if path.suffix in (".yaml", ".yml"):
             import yaml
@@ -114,4 +115,7 @@ def load_masks(path: str | Path) -> dict[str, Any]:
         raise HeadwiseError(f"cannot parse mask file {path}: {err}") from err
     if not isinstance(data, dict):
         raise HeadwiseError(f"mask file {path} must hold a mapping of site or kind to 0/1 lists")
+    if not data:
+        raise HeadwiseError(f"mask file {path} is empty ({{}}): it would remove no head; give site or kind -> 0/1 "
+                            "per head, e.g. {\"enc-self\": [[0, 1, 1, ...], ...]}")
     return data

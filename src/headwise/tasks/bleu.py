@@ -48,14 +48,21 @@ class BleuMetric:
 
 @torch.no_grad()
 def translate(model: nn.Module, tokenizer: Any, sources: Sequence[str], *, batch_size: int = 100,
-              max_new_tokens: int = 128, num_beams: int = 1, progress: bool = True) -> list[str]:
-    """Translate ``sources`` with ``model.generate`` (greedy by default) in batches; returns detokenised strings."""
+              max_new_tokens: int = 128, num_beams: int = 1, progress: bool = True,
+              max_length: int | None = None) -> list[str]:
+    """Translate ``sources`` with ``model.generate`` (greedy by default) in batches; returns detokenised strings.
+    Sources are cut to ``max_length`` tokens (default: the model's positions), never beyond what the model takes."""
+    from ..batching import context_length
+
+    limit = context_length(model, tokenizer)
+    max_length = min(max_length or limit or 10**9, limit or 10**9)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     out: list[str] = []
     for start in tqdm(range(0, len(sources), batch_size), desc="translate", disable=not progress):
-        enc = tokenizer(list(sources[start:start + batch_size]), padding=True, return_tensors="pt").to(device)
+        enc = tokenizer(list(sources[start:start + batch_size]), padding=True, truncation=True,
+                        max_length=max_length, return_tensors="pt").to(device)
         ids = model.generate(**enc, max_new_tokens=max_new_tokens, max_length=None, num_beams=num_beams,
                              do_sample=False)
         out.extend(tokenizer.batch_decode(ids, skip_special_tokens=True))

@@ -25,7 +25,10 @@ from tqdm.auto import tqdm
 
 from ..batching import Examples, batches, tokenize
 from ..errors import HeadwiseError
+from ..io.files import read_text
+from ..batching import check_context
 from .base import Task, TaskOutputs
+from .paths import check_sizes
 
 TRAIN_SHARE = 0.9
 SUFFIXES = (".csv", ".tsv", ".jsonl")
@@ -42,7 +45,7 @@ def read_table(path: Path) -> list[dict[str, Any]]:
     """Rows of a CSV, TSV (header line) or JSONL file."""
     if path.suffix not in SUFFIXES:
         raise HeadwiseError(f"{path}: unknown table format; use .csv, .tsv or .jsonl")
-    text = path.read_text(encoding="utf-8")
+    text = read_text(path)
     if path.suffix == ".jsonl":
         rows = []
         for number, line in enumerate(text.splitlines(), 1):
@@ -106,6 +109,7 @@ class Classification(Task):
         if self.data is None:
             raise HeadwiseError("task classification needs --data FILE|FOLDER (csv/tsv/jsonl with text, pair and "
                                 "label columns) or --data glue:<task>")
+        check_sizes(self.name, limit=self.limit, batch_size=self.batch_size, max_length=self.max_length)
         self._rows: dict[str, list[dict[str, Any]]] = {}
         self._pair_given = self.pair_column != "pair"
         if self.glue:
@@ -221,6 +225,7 @@ class Classification(Task):
     # ---- metrics and loss -----------------------------------------------------------------------------------
     def check_model(self, model: nn.Module, tokenizer: Any) -> None:
         super().check_model(model, tokenizer)
+        check_context(model, tokenizer, self.max_length)
         outputs = int(model.config.num_labels)
         want = 1 if self.is_regression() else len(self.label_names())
         if outputs != want:

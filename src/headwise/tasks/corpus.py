@@ -29,7 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, read_text
 
 SPLITS = ("train", "dev", "test")
 SIDES = ("src", "tgt")
@@ -69,7 +69,7 @@ def read_corpus(directory: str | Path, split: str) -> ParallelCorpus:
         if not path.is_file():
             raise HeadwiseError(f"corpus file missing: {path} (a corpus directory holds "
                                 f"{', '.join(f'{s}.{x}' for s in SPLITS for x in SIDES)}, one sentence a line)")
-        lines[side] = path.read_text(encoding="utf-8").splitlines()
+        lines[side] = read_text(path).splitlines()
     if len(lines["src"]) != len(lines["tgt"]):
         raise HeadwiseError(f"{corpus_file(directory, split, 'src')} has {len(lines['src'])} lines but "
                             f"{corpus_file(directory, split, 'tgt')} has {len(lines['tgt'])}; they must align")

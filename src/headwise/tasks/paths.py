@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from ..errors import HeadwiseError
+from ..io.files import read_text
 
 ENV = "HEADWISE_DATA_DIR"
 
@@ -27,6 +28,15 @@ def shared_data(relative: str, flag: str) -> Path:
                         f"shared/data above the working directory); pass {flag}")
 
 
+def check_sizes(task: str, **sizes: int | None) -> None:
+    """Refuse a task option that counts or sizes something (``limit``, ``batch_size``, ``max_length``, …) and is
+    not a positive integer (None: not given)."""
+    for option, value in sizes.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise HeadwiseError(f"task {task}: {option}={value!r} must be a positive integer (--{option.replace('_', '-')}"
+                                " N with N ≥ 1)")
+
+
 def existing_file(path: str | os.PathLike, what: str, fix: str) -> Path:
     path = Path(path).expanduser()
     if not path.is_file():
@@ -35,10 +45,5 @@ def existing_file(path: str | os.PathLike, what: str, fix: str) -> Path:
 
 
 def read_lines(path: Path) -> list[str]:
-    """Lines of a UTF-8 text file, gzip-compressed when it ends in ``.gz``."""
-    if path.suffix == ".gz":
-        import gzip
-
-        with gzip.open(path, "rt", encoding="utf-8") as f:
-            return f.read().splitlines()
-    return path.read_text(encoding="utf-8").splitlines()
+    """Lines of a UTF-8 text file, gzip-compressed when it ends in ``.gz`` (not UTF-8: refused with the line)."""
+    return read_text(path).splitlines()

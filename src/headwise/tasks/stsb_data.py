@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HeadwiseError
+from ..io.files import read_text
 from .paths import data_roots
 
 SPLITS = {"train": "sts-train.tsv", "dev": "sts-dev.tsv", "test": "sts-test.tsv"}
@@ -57,7 +58,7 @@ def read_stsb(split: str = "dev", data: str | os.PathLike | None = None) -> Stsb
     """Sentence pairs and gold scores: columns 5-7 (score, sentence 1, sentence 2) of the STS-B tsv."""
     path = stsb_file(split, data)
     first, second, scores = [], [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(read_text(path).splitlines(), 1):
         cols = line.split("\t")
         if len(cols) < 7:
             raise HeadwiseError(f"{path}:{number}: expected at least 7 tab-separated columns, got {len(cols)}")

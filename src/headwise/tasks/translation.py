@@ -8,6 +8,7 @@ Data: ``src_file`` / ``tgt_file`` (any aligned pair of UTF-8 files, ``.gz`` allo
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
 from .bleu import translate
 from .corpus import ParallelCorpus
-from .paths import read_lines, shared_data
+from .paths import check_sizes, read_lines, shared_data
 
 
 def read_parallel(src: Path, tgt: Path) -> ParallelCorpus:
@@ -70,6 +71,8 @@ class Translation(Task):
             raise HeadwiseError("give both --src-file and --tgt-file (aligned files), or --data-dir")
         if self.beam < 1:
             raise HeadwiseError(f"--beam {self.beam}: give 1 (greedy) or more beams")
+        check_sizes(self.name, limit=self.limit, batch_size=self.batch_size, max_length=self.max_length,
+                    max_new_tokens=self.max_new_tokens)
         self._corpora: dict[str, ParallelCorpus] = {}
 
     def _files(self, split: str) -> tuple[Path, Path]:
@@ -121,13 +124,17 @@ class Translation(Task):
     def evaluate(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None) -> dict[str, float]:
         self.check_model(model, tokenizer)
         corpus = self.corpus("eval")
+        _, cut = tokenize(tokenizer, corpus.source, self.max_length)
+        if cut:
+            print(f"headwise: note: {cut} of {len(corpus)} source sentences are longer than --max-length "
+                  f"{self.max_length} tokens and are cut to it for translation", file=sys.stderr)
         hypotheses = translate(model, tokenizer, corpus.source, batch_size=self.batch_size,
                                max_new_tokens=self.max_new_tokens, num_beams=self.beam,
-                               progress=progress is not False)
+                               progress=progress is not False, max_length=self.max_length)
         refs = [corpus.target]
         return {"bleu": float(sacrebleu.corpus_bleu(hypotheses, refs).score),
                 "chrf": float(sacrebleu.corpus_chrf(hypotheses, refs).score), "sentences": len(corpus),
-                "beam": self.beam}
+                "beam": self.beam, "truncated": cut}
 
     def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
         """Teacher-forced target logits ``[B, T, V]``, real target tokens masked."""
