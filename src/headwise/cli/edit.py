@@ -15,6 +15,7 @@ from typing import Any
 from ..contract import METHODS, Selection, config_fields, config_to_dict
 from ..errors import HeadwiseError
 from . import model_args
+from .task_options import TASK_NAMES, load_task_model
 
 SELECTION_FLAGS = {"kinds": str, "layers": int, "names": str}
 _REQUIRED = object()  # a config field without a default: a required option
@@ -67,10 +68,13 @@ def register(verbs, parents) -> None:
     for method in METHODS.values():
         q = methods.add_parser(method.name, parents=parents, help=method.summary, description=method.summary)
         model_args(q)
+        q.add_argument("--task", choices=TASK_NAMES, default=None,
+                       help="load the model with this task's head (lm: a causal LM that generates; default: the base "
+                            "model, or the head a checkpoint was saved with)")
         for name, kind in SELECTION_FLAGS.items():
             q.add_argument(f"--{name}", type=_list_of(kind), default=None, metavar="A,B,...",
                            help=f"selection: only these {name} (default: every site the method applies to)")
-        taken = {"model", "device", "dtype", "out", "force"}
+        taken = {"model", "device", "dtype", "out", "force", "task"}
         for f, hint in config_fields(method.config):
             if f.name == "selection" or f.name in SELECTION_FLAGS:  # a config's `kinds=` is its selection's
                 continue
@@ -87,7 +91,6 @@ def register(verbs, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..contract import apply
     from ..io import atomic_dir, check_writable_dir, save_pretrained
-    from ..models import load_model
 
     method = METHODS[args.method_name]
     values = {f.name: getattr(args, f.name) for f, _ in config_fields(method.config)
@@ -95,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
     selection = Selection(**{k: getattr(args, k) for k in SELECTION_FLAGS})
     config = method.config(**values, selection=selection)  # validated before the model is loaded
     check_writable_dir(args.out, args.force)
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, tokenizer = load_task_model(args, None)  # no tokenizer needed: a folder without one is taken as it is
     apply(model, config)
     record = config_to_dict(config)
     with atomic_dir(args.out, args.force) as tmp:
