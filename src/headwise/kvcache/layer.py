@@ -205,9 +205,10 @@ class PolicyLayer(DynamicLayer):
             raise HeadwiseError(f"attention mask covers {attention_mask.shape[-1]} keys but {total} tokens are "
                                 "cached; build the mask from this cache (get_mask_sizes)")
         decoding = q_len == 1 and past > 0
-        if not decoding:  # a prefill chunk: (re)read the rows' padding from the model's mask
-            self._track_padding(keep_mask(attention_mask, q_len, total, causal, query.device), batch, total,
-                                query.device)
+        if q_len > 1 or past <= self.max_pad:  # a row may still be padding: (re)read it from the model's mask
+            keep = None if attention_mask is None else keep_mask(attention_mask, q_len, total, causal, query.device)
+            self._track_padding(keep, batch, total, query.device)
+        if not decoding:
             if attention_mask is None and causal and q_len > 1 and past > 0:  # SDPA's is_causal is top-left aligned
                 q_pos = torch.arange(past, total, device=query.device)
                 attention_mask = (torch.arange(total, device=query.device)[None] <= q_pos[:, None])[None, None]
@@ -241,7 +242,10 @@ class PolicyLayer(DynamicLayer):
         if decoding:  # write first: the query sees every valid slot, the newest included
             group.write_streaming(keys, values, past, self.pads, sinks_pending)
             clean = past >= self.max_pad + sink + window  # every slot holds a real token past the sinks
-            mask = None if clean else group.slot_mask(self.pads, total, torch.arange(past, total, device=keys.device))
+            mask = None
+            if not clean:
+                mask = group.slot_mask(self.pads, total, torch.arange(past, total, device=keys.device))
+                mask = mask | ~mask.any(-1, keepdim=True)  # a row still in its padding sees everything, not NaN
             return _sdpa(query, group.keys, group.values, mask, scaling, dropout, False)
         q_pos = torch.arange(past, total, device=keys.device)
         pads = self.pads[:, None, None]
