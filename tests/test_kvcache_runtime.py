@@ -188,3 +188,30 @@ def test_a_bad_prefill_chunk_is_refused(chunk):
     model = causal_lm("llama")
     with pytest.raises(HeadwiseError, match="prefill_chunk"):
         headwise.apply_kv_policy(model, wide_policy(model), prefill_chunk=chunk)
+
+
+@pytest.mark.slow
+def test_smollm2_batch_of_four_lengths_equals_one_by_one():
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from headwise.models import resolve_model
+
+    path = resolve_model("smollm2-135m")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="headwise").eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.padding_side = "left"
+    texts = ["The history of the city begins with a small fishing village on the river, where traders from the north "
+             "came every summer to sell furs and buy salt, and over the centuries the village grew into a town.",
+             "Photosynthesis turns light into chemical energy.",
+             "In mathematics, a prime number is a natural number greater than one that has no divisors other than one "
+             "and itself; the first few are two, three, five, seven and eleven.",
+             "The recipe asks for flour, two eggs, a cup of milk and a pinch of salt, mixed until smooth."]
+    full = {(l, h) for l in range(0, 30, 3) for h in range(3) if (l + h) % 2 == 0}
+    headwise.apply_kv_policy(model, KVPolicy.keep_full(model, full, sink=4, window=12), prefill_chunk=16)
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    together = greedy(model, {k: batch[k] for k in ("input_ids", "attention_mask")}, steps=12)
+    width = batch["input_ids"].shape[1]
+    for row, text in enumerate(texts):
+        alone = greedy(model, dict(tokenizer(text, return_tensors="pt")), steps=12)
+        n = alone.sequences.shape[1] - 12
+        assert torch.equal(alone.sequences[0, n:], together.sequences[row, width:]), row
