@@ -1,18 +1,29 @@
-"""Decode speed, KV bytes and peak memory of SmolLM2-135M with the full cache, per-head KV policies and KV-cache
-conversions (grouped-query 3 → 1, latent at half the KV bytes), alone and with StreamingLLM stacked on them.
+"""The per-head KV cache in the running process: decode tokens/s, prefill time, peak memory and KV bytes held by
+plain ``model.generate()`` under the default policy at half the full cache's bytes, beside the full cache.
 
-One fresh process per arm: greedy ``generate()`` of ``--new`` tokens after a ``--context``-token passkey prompt.
-Reports prefill seconds, decode tokens/s (decode time = total − prefill, medians of ``--repeats``), the KV bytes the
-cache holds at the end (``PolicyCache.stored_bytes``: every buffer of transformers' cache) and the peak RSS above
-the RSS before the first call (``VmHWM``, reset just before). The policies come from
-experiments/kv_policy_results.json (run the experiment first). The converted models are built once in the parent
-(speed and memory do not depend on the fit, so the cheap inits are used: mean pooling, weight-space latent) and
-reloaded in each child with ``headwise.from_pretrained``. A latent model's cache still holds the decoded keys and
-values (transformers has no latent cache for it): its row shows the compute cost of decoding, not a memory saving.
-Writes the ``kv-policy`` section of docs/benchmarks.md (not with ``--quick``).
+Rows: SmolLM2-135M-Instruct (fp32) at 2k tokens batch 1, 8k batch 1, 2k batch 4 (left-padded prompts of 2048, 2000,
+1950 and 1900 tokens), and a random-initialised model with Llama-3.2-1B's shapes (16 layers, 32 query / 8 KV heads,
+head dim 64, hidden 2048, intermediate 8192, vocab 128256, tied embeddings; ``--big-dtype``, bf16 by default so it
+fits 5 GiB) at 8k batch 1. Prompts are seeded random token ids (speed and memory do not depend on the text).
 
-    python benchmarks/kv_policy_decode.py [--context 2048] [--new 64] [--repeats 3] [--threads 2] [--device cpu]
-    python benchmarks/kv_policy_decode.py --quick      # 128-token prompt, 4 new tokens, 1 repeat: checks it runs
+Policies: SmolLM2 gets ``headwise.kv_policy(model, tokenizer, kv_budget=0.5, context=C)`` — the default (retrieval
+ranking on its calibration prompts, sink 4, window ``3/4 · 0.5 · C − 4``, as many full heads as fit half the bytes at
+``C``); the random model the same count of full heads per the budget, picked by ``ranking="random"`` (its weights
+carry no retrieval signal). The policy arm uses its default ``prefill_chunk`` (``PREFILL_CHUNK``); the full cache
+is transformers' default (one prefill forward).
+
+Memory: each (row, arm) in a fresh process: load, a short warm-up ``generate``, one greedy ``generate()`` of
+``--new`` tokens; peak = ``VmHWM`` (reset just before) minus the RSS after loading and warm-up, i.e. above the loaded
+weights; KV bytes held = every buffer of the cache at the end (``PolicyCache.stored_bytes``; the full cache's keys
+and values). Speed: one more process per row alternates full and policy calls (``--repeats`` each; the 1B row takes
+the memory processes' single calls instead). Prefill time = until the first token's logits (a logits processor
+stamps it), decode tokens/s = the batch's other ``new − 1`` tokens per row over the rest; medians.
+
+    python benchmarks/kv_policy_decode.py                # every row, 3 repeats (1 for the 1B row), 32 new tokens
+    python benchmarks/kv_policy_decode.py --quick        # < 2 min: SmolLM2 at 512 tokens batch 1 and 2, 8 new tokens
+    python benchmarks/kv_policy_decode.py --rows smollm2-2k --note "under load"
+
+Writes benchmarks/results/kv_policy_decode_cpu.json and .md (``--quick``: ..._quick.json/.md).
 """
 
 from __future__ import annotations
@@ -27,175 +38,294 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-POLICY_ARMS = ("full", "policy", "policy-retrieval", "streaming", "random")
-CONVERSIONS = {"gqa": "grouped-query 3 → 1 KV heads", "latent": "latent keys/values at half the KV bytes"}
-ARMS = POLICY_ARMS + ("gqa", "gqa+streaming", "latent", "latent+streaming")
+RESULTS = ROOT / "benchmarks" / "results"
+ROWS = {  # name: (model, context, batch)
+    "smollm2-2k": ("smollm2-135m", 2048, 1),
+    "smollm2-8k": ("smollm2-135m", 8192, 1),
+    "smollm2-2k-b4": ("smollm2-135m", 2048, 4),
+    "llama1b-8k": ("llama-1b-random", 8192, 1),
+}
+QUICK_ROWS = {"smollm2-512": ("smollm2-135m", 512, 1), "smollm2-512-b2": ("smollm2-135m", 512, 2)}
+TARGETS = {  # the issue's table: decode ≥, prefill ≤, peak ≤, KV ≤ (ratios policy / full)
+    "smollm2-2k": (1.0, 1.1, 0.9, 0.52), "smollm2-8k": (1.3, 1.1, 0.7, 0.52), "smollm2-2k-b4": (1.1, 1.1, 0.8, 0.52),
+}
+BATCH_TRIM = 48  # row b of a batch is `context - b · BATCH_TRIM` tokens (left-padded), 2048, 2000, 1952, 1904 at 2k
 
 
-def build_conversions(folder: Path) -> None:
-    """Save SmolLM2 converted to 1 KV head per layer and to latent keys/values at half the bytes under ``folder``."""
+def big_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+                       max_position_embeddings=131072, rope_theta=500000.0)
+
+
+def load(model_name: str, dtype: str):
+    """The model (eval, headwise attention) and its vocabulary size."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    import headwise
-    from headwise.conversion import convert_gqa, convert_latent
-    from headwise.models import resolve_model
-
-    path = resolve_model("smollm2-135m")
-    for kind in CONVERSIONS:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        if kind == "gqa":
-            convert_gqa(model, kv_heads=1, init="mean")
-        else:
-            convert_latent(model, kv_budget=0.5, init="svd")
-        headwise.save_pretrained(model, folder / kind, tokenizer=AutoTokenizer.from_pretrained(path))
-
-
-def load_arm(arm: str, conversions: Path, device: str, context: int, window: int | None):
-    """The model of ``arm`` with its KV policy applied, and its tokenizer; policies are sized to half the full
-    cache at ``context`` tokens, streaming heads keep sink 4 + ``window`` (default: the calibration's)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import headwise
-    from headwise.kvcache import KVPolicy, apply_kv_policy, streaming
-    from headwise.models import resolve_model
-
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import kv_policy as experiment
-
-    base, _, stacked = arm.partition("+")
-    if base in CONVERSIONS:
-        model = headwise.from_pretrained(conversions / base, device=device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(conversions / base)
-        policy = KVPolicy.uniform(model, streaming(4, context // 2 - 4)) if stacked else KVPolicy.uniform(model)
+    if model_name == "llama-1b-random":
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(big_config(), attn_implementation="headwise",
+                                                 dtype=getattr(torch, dtype))
     else:
-        path = resolve_model("smollm2-135m")
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, attn_implementation="headwise").to(device).eval()
-        results = experiment.load(experiment.RESULTS)
-        args = argparse.Namespace(budget=results["scores"]["budget"], length=context, size_at=context,
-                                  sink=results["scores"]["sink"], window=window or results["scores"]["window"])
-        policy = experiment.policies(args, model, results)[arm]
-    apply_kv_policy(model, policy)
-    return model, tokenizer
+        from headwise.models import resolve_model
+
+        model = AutoModelForCausalLM.from_pretrained(resolve_model(model_name), attn_implementation="headwise",
+                                                     dtype=getattr(torch, dtype))
+    return model.eval()
 
 
-def child(arm: str, context: int, new: int, repeats: int, threads: int, conversions: Path, device: str,
-          window: int | None) -> dict:
+def build_policy(model_name: str, context: int, out: Path) -> dict:
+    """Write the policy arm's ``policy.json`` for ``model_name`` at ``context`` tokens; returns what it is."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import headwise
+
+    if model_name == "llama-1b-random":
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(big_config())
+        policy, _ = headwise.kv_policy(model, None, kv_budget=0.5, context=context, ranking="random")
+        how = "random ranking, as many full heads as fit half the bytes"
+    else:
+        from headwise.models import resolve_model
+
+        path = resolve_model(model_name)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        policy, _ = headwise.kv_policy(model, AutoTokenizer.from_pretrained(path), kv_budget=0.5, context=context,
+                                       progress=False)
+        how = "headwise.kv_policy default (retrieval ranking)"
+    policy.save(out)
+    return {"policy": policy.describe(), "chosen_by": how, "kv_fraction": policy.kv_fraction(context)}
+
+
+def prompts(vocab: int, context: int, batch: int):
+    """Seeded random ids ``[batch, context]``, row ``b`` left-padded by ``b · BATCH_TRIM``, and the mask."""
     import torch
 
-    from headwise.compat import CACHE
-    from headwise.kvcache import passkey_prompts
-
-    torch.set_num_threads(threads)
-    model, tokenizer = load_arm(arm, conversions, device, context, window)
-    ids = passkey_prompts(tokenizer, context, [0.5], 1)[0].ids[None].to(device)
+    g = torch.Generator().manual_seed(context + batch)
+    ids = torch.randint(100, min(vocab, 30000), (batch, context), generator=g)
     mask = torch.ones_like(ids)
-    cuda = torch.device(device).type == "cuda"
+    for row in range(1, batch):
+        ids[row, : row * BATCH_TRIM] = 0
+        mask[row, : row * BATCH_TRIM] = 0
+    return ids, mask
+
+
+class Stamp:
+    """A logits processor that records when each step's logits arrive (the first: right after the prefill)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.times.append(time.perf_counter())
+        return scores
+
+
+def timed_generate(model, ids, mask, new: int) -> tuple[float, float, object]:
+    """One greedy ``generate()``: (prefill seconds, decode tokens/s over the batch, its output)."""
+    from transformers import LogitsProcessorList
+
+    stamp = Stamp()
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                         pad_token_id=0, return_dict_in_generate=True, logits_processor=LogitsProcessorList([stamp]))
+    end = time.perf_counter()
+    return stamp.times[0] - start, ids.shape[0] * (new - 1) / (end - stamp.times[0]), out
+
+
+def child(args: argparse.Namespace) -> dict:
+    """``--arm full|policy``: peak memory and KV bytes of one arm (fresh process); ``--arm both``: speed of the two
+    arms in one process, alternating full and policy calls so that machine noise hits both alike."""
+    import torch
+
+    import headwise
+    from headwise.compat import CACHE
+    from headwise.kvcache import KVPolicy
+    from headwise.kvcache.apply import PREFILL_CHUNK
+
+    torch.set_num_threads(args.threads)
+    model_name, context, batch = (ROWS | QUICK_ROWS)[args.row]
+    model = load(model_name, args.dtype)
+    policy = KVPolicy.load(args.policy)
+    ids, mask = prompts(model.config.vocab_size, context, batch)
+
+    def use(arm: str) -> None:
+        if arm.startswith("policy"):  # "policy" (the default chunk) or "policy@N" (N tokens, 0: the whole prompt)
+            chunk = int(arm.partition("@")[2] or 0) or None if "@" in arm else PREFILL_CHUNK
+            headwise.apply_kv_policy(model, policy, prefill_chunk=chunk)
+        elif headwise.kvcache.policy_of(model) is not None:
+            headwise.remove_kv_policy(model)
 
     def rss() -> int:
         return int(Path("/proc/self/statm").read_text().split()[1]) * 4096
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
+    arms = ("full", "policy") if args.arm == "both" else tuple(args.arm.split(",")) if "," in args.arm else (args.arm,)
     with torch.no_grad():
-        model.generate(ids[:, :64], attention_mask=mask[:, :64], max_new_tokens=2, do_sample=False)  # warm-up
-        base = torch.cuda.memory_allocated() if cuda else rss()
-        if cuda:
-            torch.cuda.reset_peak_memory_stats()
-        else:
-            Path("/proc/self/clear_refs").write_text("5")
-        prefill, total, stored, seen = [], [], 0, 1
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            model.generate(ids, attention_mask=mask, max_new_tokens=1, do_sample=False)
-            sync()
-            prefill.append(time.perf_counter() - start)
-            start = time.perf_counter()
-            out = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                                 return_dict_in_generate=True)
-            sync()
-            total.append(time.perf_counter() - start)
-            stored, seen = out[CACHE].stored_bytes(), out[CACHE].get_seq_length()
-    if cuda:
-        peak = torch.cuda.max_memory_allocated()
-    else:
-        peak = next(int(l.split()[1]) * 1024 for l in Path("/proc/self/status").read_text().splitlines()
-                    if l.startswith("VmHWM"))
-    decode = max(statistics.median(total) - statistics.median(prefill), 1e-9)
-    return {"arm": arm, "prefill_s": statistics.median(prefill), "decode_tokens_per_s": (new - 1) / decode,
-            "kv_bytes": stored, "kv_bytes_per_token": stored / seen, "peak_memory_above_start": peak - base,
-            "memory": "CUDA allocated" if cuda else "RSS"}
+        for arm in arms:
+            use(arm)
+            model.generate(ids[:, -64:], attention_mask=mask[:, -64:], max_new_tokens=2, do_sample=False,
+                           pad_token_id=0)
+        if len(arms) > 1:
+            times = {arm: {"prefill": [], "decode": []} for arm in arms}
+            for _ in range(args.repeats):
+                for arm in arms:
+                    use(arm)
+                    prefill, decode, _ = timed_generate(model, ids, mask, args.new)
+                    times[arm]["prefill"].append(prefill)
+                    times[arm]["decode"].append(decode)
+            return {arm: {"prefill_s": statistics.median(t["prefill"]), "prefill_all": t["prefill"],
+                          "decode_tokens_per_s": statistics.median(t["decode"]), "decode_all": t["decode"]}
+                    for arm, t in times.items()}
+        base = rss()
+        Path("/proc/self/clear_refs").write_text("5")
+        prefill, decode, out = timed_generate(model, ids, mask, args.new)
+        cache = out[CACHE]
+        stored = cache.stored_bytes() if hasattr(cache, "stored_bytes") else sum(
+            t.untyped_storage().nbytes() for layer in cache.layers for t in (layer.keys, layer.values))
+        seen = cache.get_seq_length()
+    peak = next(int(line.split()[1]) * 1024 for line in Path("/proc/self/status").read_text().splitlines()
+                if line.startswith("VmHWM"))
+    return {"kv_bytes": stored, "tokens": seen, "peak_above_weights": peak - base, "weights_rss": base,
+            "prefill_s_fresh": prefill, "decode_tokens_per_s_fresh": decode}
 
 
-def table(rows: list[dict], args: argparse.Namespace) -> str:
-    from common import machine
+def ratios(full: dict, policy: dict) -> dict:
+    return {"decode": policy["decode_tokens_per_s"] / full["decode_tokens_per_s"],
+            "prefill": policy["prefill_s"] / full["prefill_s"],
+            "peak": policy["peak_above_weights"] / max(full["peak_above_weights"], 1),
+            "kv": policy["kv_bytes"] / full["kv_bytes"]}
 
-    lines = [f"SmolLM2-135M, fp32, {args.context}-token prompt + {args.new} greedy tokens, {machine()} "
-             f"({args.threads} threads, {args.device}); `python benchmarks/kv_policy_decode.py`. Conversions: "
-             "gqa = 3 → 1 KV heads, latent = half the KV values per token (its cache still holds decoded keys and "
-             f"values); `streaming` and `+streaming` = sink 4 + window {args.context // 2 - 4} on every head; `policy` "
-             f"(`combined` ranking), `policy-retrieval` and `random` = as many full heads as fit half the full cache "
-             f"at {args.context} tokens next to sink 4 + window {args.window or 124} on the others.", "",
-             f"| arm | KV MiB held | KV bytes/token | prefill s | decode tok/s | peak {rows[0]['memory']} above start MiB |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['arm']} | {r['kv_bytes'] / 2**20:.1f} | {r['kv_bytes_per_token']:.0f} | "
-                     f"{r['prefill_s']:.2f} | {r['decode_tokens_per_s']:.1f} | "
-                     f"{r['peak_memory_above_start'] / 2**20:.0f} |")
+
+def table(result: dict) -> str:
+    lines = [f"{result['setup']}", "",
+             "| row | policy | decode tok/s full → policy (×) | prefill s full → policy (×) | peak MiB above weights "
+             "full → policy (×) | KV MiB held full → policy (×) | targets (decode ≥, prefill ≤, peak ≤, KV ≤) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in result["rows"].items():
+        f, p, r = row["full"], row["policy"], row["ratios"]
+        target = TARGETS.get(name)
+        met = "—" if target is None else " ".join(
+            ("✓" if ok else "✗") + f"{bound}" for ok, bound in zip(
+                (r["decode"] >= target[0], r["prefill"] <= target[1], r["peak"] <= target[2], r["kv"] <= target[3]),
+                target))
+        lines.append(f"| {name} | {row['policy_info']['policy']} | {f['decode_tokens_per_s']:.1f} → "
+                     f"{p['decode_tokens_per_s']:.1f} ({r['decode']:.2f}×) | {f['prefill_s']:.2f} → "
+                     f"{p['prefill_s']:.2f} ({r['prefill']:.2f}×) | {f['peak_above_weights'] / 2**20:.0f} → "
+                     f"{p['peak_above_weights'] / 2**20:.0f} ({r['peak']:.2f}×) | {f['kv_bytes'] / 2**20:.1f} → "
+                     f"{p['kv_bytes'] / 2**20:.1f} ({r['kv']:.3f}×) | {met} |")
     return "\n".join(lines)
+
+
+def run_child(args: argparse.Namespace, row: str, arm: str, path: Path, dtype: str, new: int, repeats: int) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child", "--row", row, "--arm", arm, "--policy", str(path),
+                           "--dtype", dtype, "--new", str(new), "--repeats", str(repeats), "--threads",
+                           str(args.threads)], capture_output=True, text=True)
+    if done.returncode:
+        sys.exit(f"{row} / {arm} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def chunk_sweep(args: argparse.Namespace, rows: dict) -> None:
+    """Prefill time (alternating in one process, 2 new tokens) and peak memory (fresh processes) of the policy arm
+    and the full cache at each ``--chunks`` value; writes benchmarks/results/kv_policy_prefill_chunk_cpu.json."""
+    from headwise.io import atomic_write_text
+
+    chunks = [int(c) for c in args.chunks.split(",")]
+    arms = ["full"] + [f"policy@{c}" for c in chunks]
+    result = {"setup": f"prefill of the policy arm per prefill_chunk (0: whole prompt), {args.threads} threads, CPU, "
+                       f"time: medians of {args.repeats} alternating calls in one process; memory: fresh processes. "
+                       f"{args.note}".strip(), "rows": {}}
+    with tempfile.TemporaryDirectory(prefix="headwise-kv-chunks-") as tmp:
+        for name, (model_name, context, _) in rows.items():
+            path = Path(tmp) / f"{name}.json"
+            info = build_policy(model_name, context, path)
+            dtype = args.big_dtype if model_name == "llama-1b-random" else "float32"
+            memory = {arm: run_child(args, name, arm, path, dtype, 2, 1) for arm in arms}
+            speed = run_child(args, name, ",".join(arms), path, dtype, 2, args.repeats)
+            result["rows"][name] = {"policy_info": info, "arms": {
+                arm: {"prefill_s": speed[arm]["prefill_s"], "prefill_all": speed[arm]["prefill_all"],
+                      "peak_above_weights": memory[arm]["peak_above_weights"]} for arm in arms}}
+            for arm in arms:
+                print(name, arm, f"prefill {speed[arm]['prefill_s']:.2f}s",
+                      f"peak {memory[arm]['peak_above_weights'] / 2**20:.0f} MiB", flush=True)
+    atomic_write_text(RESULTS / "kv_policy_prefill_chunk_cpu.json", json.dumps(result, indent=1))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--context", type=int, default=2048)
-    parser.add_argument("--new", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (peak memory: RSS on cpu, allocated on cuda)")
-    parser.add_argument("--arms", default=",".join(ARMS))
-    parser.add_argument("--window", type=int, default=None,
-                        help="streaming heads' window in the policy arms (default: the calibration's, 124; the "
-                             "`combined` ranking exists only there, so pass --arms without `policy` otherwise)")
-    parser.add_argument("--quick", action="store_true", help="a 128-token prompt, 4 new tokens, one repeat, "
-                                                             "one thread; prints, does not write the docs")
-    parser.add_argument("--conversions", type=Path, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, from {', '.join(ROWS)}")
+    parser.add_argument("--new", type=int, default=32, help="tokens generated per call")
+    parser.add_argument("--repeats", type=int, default=3, help="generate() calls per arm (the 1B row: 1)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--big-dtype", default="bfloat16", help="dtype of the random 1B model (SmolLM2: float32)")
+    parser.add_argument("--quick", action="store_true", help="SmolLM2 at 512 tokens, batch 1 and 2, 8 new tokens")
+    parser.add_argument("--note", default="", help="written with the results, e.g. 'under load'")
+    parser.add_argument("--chunks", default=None,
+                        help="instead of the table: prefill time and peak memory of the policy arm at these "
+                             "prefill_chunk values (0: the whole prompt), e.g. 256,512,1024,2048,0 --rows smollm2-8k")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--row", help=argparse.SUPPRESS)
+    parser.add_argument("--arm", help=argparse.SUPPRESS)
+    parser.add_argument("--policy", help=argparse.SUPPRESS)
+    parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.quick:
-        args.context, args.new, args.repeats, args.threads = 128, 4, 1, 1
     if args.child:
-        print(json.dumps(child(args.child, args.context, args.new, args.repeats, args.threads, args.conversions,
-                               args.device, args.window)))
+        print(json.dumps(child(args)))
         return
-    arms = args.arms.split(",")
-    unknown = sorted(set(arms) - set(ARMS))
-    if unknown:
-        parser.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="headwise-kv-bench-") as tmp:
-        if any(a.partition("+")[0] in CONVERSIONS for a in arms):
-            build_conversions(Path(tmp))
-        for arm in arms:
-            done = subprocess.run([sys.executable, __file__, "--child", arm, "--context", str(args.context),
-                                   "--new", str(args.new), "--repeats", str(args.repeats), "--threads",
-                                   str(args.threads), "--device", args.device, "--conversions", tmp]
-                                  + (["--window", str(args.window)] if args.window else []),
-                                  capture_output=True, text=True)
-            if done.returncode:
-                sys.exit(f"arm {arm} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-            rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(rows[-1], flush=True)
-    sys.path.insert(0, str(Path(__file__).parent))
-    text = table(rows, args)
-    print(text)
+    rows = dict(QUICK_ROWS) if args.quick else {}
     if not args.quick:
-        from common import update_section
+        unknown = sorted(set(args.rows.split(",")) - set(ROWS))
+        if unknown:
+            parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
+        rows = {name: ROWS[name] for name in args.rows.split(",")}
+    new = 8 if args.quick else args.new
+    from headwise.kvcache.apply import PREFILL_CHUNK
 
-        update_section("kv-policy", "## Per-head KV cache and KV-cache conversions (decode)\n\n" + text)
+    result = {"setup": (f"{'--quick: ' if args.quick else ''}{new} greedy tokens per generate(), {args.threads} "
+                        f"threads, CPU, peak memory and KV bytes from one fresh process per (row, arm), "
+                        f"speed from full and policy calls alternating in one process, medians of "
+                        f"{3 if args.quick else args.repeats} (llama1b: one call per fresh process); policy arm "
+                        f"with prefill_chunk={PREFILL_CHUNK}. {args.note}").strip(),
+              "note": args.note, "rows": {}}
+    if args.chunks:
+        return chunk_sweep(args, rows)
+    with tempfile.TemporaryDirectory(prefix="headwise-kv-bench-") as tmp:
+        policies: dict[tuple[str, int], tuple[Path, dict]] = {}
+        for name, (model_name, context, _) in rows.items():
+            key = (model_name, context)
+            if key not in policies:
+                path = Path(tmp) / f"{model_name}-{context}.json"
+                policies[key] = (path, build_policy(model_name, context, path))
+            path, info = policies[key]
+            dtype = args.big_dtype if model_name == "llama-1b-random" else "float32"
+            repeats = 3 if args.quick else 1 if model_name == "llama-1b-random" else args.repeats
+
+            def run(arm: str, repeats: int) -> dict:
+                return run_child(args, name, arm, path, dtype, new, repeats)
+
+            arms = {arm: run(arm, 1) for arm in ("full", "policy")}  # memory: a fresh process each
+            if repeats > 1:  # speed: both arms alternating in one process
+                for arm, speed in run("both", repeats).items():
+                    arms[arm].update(speed)
+            else:  # one call each: the fresh processes' timings
+                for arm in arms.values():
+                    arm.update(prefill_s=arm["prefill_s_fresh"], decode_tokens_per_s=arm["decode_tokens_per_s_fresh"])
+            for arm, values in arms.items():
+                print(name, arm, {k: v for k, v in values.items() if not k.endswith("_all")}, flush=True)
+            result["rows"][name] = {"model": model_name, "context": context, "batch": rows[name][2], "dtype": dtype,
+                                    "policy_info": info, **arms, "ratios": ratios(arms["full"], arms["policy"]),
+                                    "targets": TARGETS.get(name)}
+    from headwise.io import atomic_write_text
+
+    stem = "kv_policy_decode_cpu" + ("_quick" if args.quick else "")
+    text = table(result)
+    atomic_write_text(RESULTS / f"{stem}.json", json.dumps(result, indent=1))
+    atomic_write_text(RESULTS / f"{stem}.md", text + "\n")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -74,14 +74,17 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
     t = query.shape[2]
     i = torch.arange(t)[:, None]
     j = torch.arange(t)[None, :]
-    allowed = []
-    for h in range(query.shape[1]):
-        rule = rules[h // group]
-        ok = j <= i
-        if not rule.full:
-            ok = ok & ((j < rule.sink) | (i - j <= rule.window))
-        allowed.append(ok)
-    allowed = torch.stack(allowed)[None]  # [1, H, T, T]
+    rows = []
+    for pad in _REFERENCE_POLICY["pads"]:  # sinks are each row's first real tokens (after its left padding)
+        allowed = []
+        for h in range(query.shape[1]):
+            rule = rules[h // group]
+            ok = j <= i
+            if not rule.full:
+                ok = ok & ((j - pad < rule.sink) | (i - j <= rule.window))
+            allowed.append(ok)
+        rows.append(torch.stack(allowed))
+    allowed = torch.stack(rows)  # [B, H, T, T]
     if attention_mask is not None:
         allowed = allowed & attention_mask[..., :t]
     allowed = allowed | ~allowed.any(-1, keepdim=True)
@@ -96,6 +99,7 @@ AttentionMaskInterface.register(REFERENCE, sdpa_mask)
 
 def reference_logits(model, policy: KVPolicy, sequences: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     _REFERENCE_POLICY["policy"] = policy
+    _REFERENCE_POLICY["pads"] = (mask.cumsum(-1) == 0).sum(-1).tolist()  # left padding of each row
     model.set_attn_implementation(REFERENCE)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as generate numbers left-padded rows
     try:
@@ -162,7 +166,7 @@ def test_chunked_prefill_equals_one_prefill():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
-def test_stored_bytes_match_the_formula(family):
+def test_stored_bytes_are_the_buffers_counted_by_hand(family):
     model, inputs = causal_lm(family), prompt()
     policy = mixed_policy(model)
     headwise.apply_kv_policy(model, policy)
@@ -170,14 +174,16 @@ def test_stored_bytes_match_the_formula(family):
     seen = cache.get_seq_length()
     assert seen == PROMPT + NEW - 1
     head_dim = model.config.hidden_size // model.config.num_attention_heads
-    expected = policy.kv_bytes(seen, head_dim, itemsize=4, batch=2)
-    assert cache.stored_bytes() == expected
-    # by hand: layer 0 keeps all 17 tokens on head 0 and 2 + 3 on the others; layer 1 keeps 5 on every head
+    # by hand: layer 0's full head 0 took the 11-token prompt in 11 slots and grew once by 11 when decoding began
+    # (22 >= 17 tokens) — unless it is the layer's only head (qwen2): then the layer is the default cache's (17);
+    # a streaming head holds sink + window + 1 slots (2 + 3 + 1, 1 + 4 + 1, 0 + 5 + 1)
     heads = policy.kv_heads
-    tokens = seen + (heads[0] - 1) * 5 + heads[1] * 5
-    assert expected == 2 * 2 * head_dim * 4 * tokens
+    slots = (22 if heads[0] > 1 else seen) + (heads[0] - 1) * 6 + heads[1] * 6
+    assert cache.stored_bytes() == 2 * 2 * head_dim * 4 * slots
     assert cache.stored_bytes() < KVPolicy.uniform(model).kv_bytes(seen, head_dim, 4, 2)
-    # nothing else stays alive: no layer keeps the visible (prompt-long) keys of its last forward
+    # the tokens the policy keeps (17 on the full head, 5 per streaming head) fit those slots
+    assert policy.stored_tokens(seen) == seen + (heads[0] - 1) * 5 + heads[1] * 5 <= slots
+    # nothing else stays alive: no layer keeps the keys of its last forward
     for layer in cache.layers:
         assert not any(hasattr(v, GROUPED_KV) for v in vars(layer).values())
 
@@ -190,8 +196,8 @@ def test_prefill_keys_are_released():
         model(**inputs, **{CACHE: cache}, use_cache=True)
     for layer in cache.layers:
         assert not any(hasattr(v, GROUPED_KV) for v in vars(layer).values())
-        assert all(g.keys.shape[2] == 3 for g in layer.groups)
-    assert cache.stored_bytes() == 2 * 2 * 2 * 8 * 4 * 3  # layers x K,V x KV heads x head_dim x fp32 x 3 tokens
+        assert all(g.keys.shape[2] == 4 for g in layer.groups)
+    assert cache.stored_bytes() == 2 * 2 * 2 * 8 * 4 * 4  # layers x K,V x KV heads x head_dim x fp32 x 1 + 2 + 1 slots
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -208,8 +214,8 @@ def test_half_precision_matches_float32(family, dtype):
         step = model(ids[:, -1:], attention_mask=torch.ones(2, PROMPT + 1, dtype=torch.long),
                      **{CACHE: cache}, use_cache=True).logits
     assert half.dtype == dtype and step.dtype == dtype
-    assert cache.stored_bytes() == policy_of(model).kv_bytes(PROMPT + 1, model.config.hidden_size //
-                                                             model.config.num_attention_heads, 2, 2)
+    heads = policy_of(model).kv_heads  # the full head: 11 slots, grown to 22 by the step; streaming heads 6 each
+    assert cache.stored_bytes() == 2 * 2 * 8 * 2 * (22 + (heads[0] - 1) * 6 + heads[1] * 6)
     real = inputs["attention_mask"].bool()
     tol = 2e-2 if dtype == torch.float16 else 8e-2
     torch.testing.assert_close(half.float()[real], ref[real], atol=tol * ref.abs().max().item(), rtol=0)
@@ -226,7 +232,7 @@ def test_meta_device():
     assert out.device.type == "meta" and out.shape == (2, PROMPT, model.config.vocab_size)
     assert step.shape == (2, 1, model.config.vocab_size)
     layer = cache.layers[1]
-    assert all(g.keys.device.type == "meta" and g.keys.shape[2] == 5 for g in layer.groups)
+    assert all(g.keys.device.type == "meta" and g.keys.shape[2] == 6 for g in layer.groups)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

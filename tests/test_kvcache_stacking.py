@@ -62,9 +62,10 @@ def test_grouped_query_conversion_takes_a_policy_for_its_new_heads():
     ref = reference_logits(model, policy, out.sequences[:, :-1], full_mask)
     for step, logits in enumerate(out.logits):
         torch.testing.assert_close(logits, ref[:, PROMPT - 1 + step], atol=1e-4, rtol=1e-4)
-    # one KV head per layer now: layer 0 holds every token, layer 1 sink 1 + window 4
+    # one KV head per layer now: layer 0 holds every token (the default cache's layer), layer 1 sink 1 + window 4
+    # in 1 + 4 + 1 slots
     seen = out[CACHE].get_seq_length()
-    assert out[CACHE].stored_bytes() == policy.kv_bytes(seen, 8, 4, batch=2)
+    assert out[CACHE].stored_bytes() == 2 * 2 * 8 * 4 * (seen + 6)
 
 
 def latent_model():

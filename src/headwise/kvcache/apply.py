@@ -25,6 +25,7 @@ from .config import KVPolicy
 
 KIND = "kv_policy"
 HOOK = "_prepare_cache_for_generation"
+PREFILL_CHUNK = 512  # tokens per prefill forward under a policy; chosen by measurement (docs/kv-policy.md)
 
 
 def _as_policy(policy: KVPolicy | dict | str | os.PathLike) -> KVPolicy:
@@ -43,6 +44,13 @@ def policy_of(model: nn.Module) -> KVPolicy | None:
     edits = (getattr(model.config, "headwise", None) or {}).get("edits", [])
     records = [e for e in edits if e.get("kind") == KIND]
     return KVPolicy.from_dict(records[-1]["policy"]) if records else None
+
+
+def prefill_chunk_of(model: nn.Module) -> int | None:
+    """Tokens per prefill forward that ``generate`` uses under the model's KV policy (None: the whole prompt)."""
+    edits = (getattr(model.config, "headwise", None) or {}).get("edits", [])
+    records = [e for e in edits if e.get("kind") == KIND]
+    return records[-1].get("prefill_chunk", PREFILL_CHUNK) if records else None
 
 
 def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCache:
@@ -81,12 +89,15 @@ def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator
 
 
 def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *args, **kwargs) -> Any:
-    """``generate``'s cache preparation, then the default ``DynamicCache`` swapped for a ``PolicyCache``."""
+    """``generate``'s cache preparation, then the default ``DynamicCache`` swapped for a ``PolicyCache`` and the
+    prompt chunked (``generation_config`` is ``generate``'s own copy: the model's stays unchanged)."""
     user_cache = cache_given(model_kwargs)
     result = type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
     policy = policy_of(self)
     if policy is not None and not user_cache and type(model_kwargs.get(CACHE)) is DynamicCache:
         model_kwargs[CACHE] = policy_cache(self, policy)
+        if generation_config.prefill_chunk_size is None:
+            generation_config.prefill_chunk_size = prefill_chunk_of(self)
     return result
 
 
@@ -97,17 +108,24 @@ def _replace_record(model: nn.Module, record: dict | None) -> None:
     model.config.headwise = state
 
 
-def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLike) -> nn.Module:
+def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLike,
+                    prefill_chunk: int | None = PREFILL_CHUNK) -> nn.Module:
     """Give ``model`` a per-KV-head cache: afterwards ``model.generate()`` keeps only what ``policy`` says.
 
     ``policy``: a ``KVPolicy``, its dict, or the path of a ``policy.json`` (or of the folder holding it). A policy
-    that does not fit the model raises ``HeadwiseError`` before anything changes. Replaces an earlier policy;
-    selects the ``headwise`` attention implementation; saved by ``headwise.save_pretrained``. Returns the model.
+    that does not fit the model raises ``HeadwiseError`` before anything changes. ``prefill_chunk``: tokens per
+    prefill forward in ``generate`` (streaming heads never hold more than their slots plus one chunk; None: the
+    whole prompt at once). Replaces an earlier policy; selects the ``headwise`` attention implementation; saved by
+    ``headwise.save_pretrained``. Returns the model.
     """
     policy = _as_policy(policy)
+    if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                      or prefill_chunk < 1):
+        raise HeadwiseError(f"prefill_chunk={prefill_chunk!r} must be a positive number of tokens (or None for the "
+                            "whole prompt at once)")
     policy.validate(model)
     _install(model)
-    _replace_record(model, {"kind": KIND, "policy": policy.to_dict()})
+    _replace_record(model, {"kind": KIND, "policy": policy.to_dict(), "prefill_chunk": prefill_chunk})
     return model
 
 

@@ -19,7 +19,8 @@ class PolicyCache(Cache):
         self.policy = policy
 
     def stored_bytes(self) -> int:
-        """Bytes of the key/value storage the cache holds now (every tensor's whole buffer)."""
+        """Bytes of the key/value storage the cache holds now (every tensor's whole buffer: a streaming head's
+        ``sink + window + 1`` slots, a full head's tokens plus fewer than ``min(tokens, layer.GROW)`` spare slots)."""
         total = 0
         for layer in self.layers:
             tensors = layer.stored_tensors() if isinstance(layer, PolicyLayer) else [

@@ -2,8 +2,8 @@
 
 A head is either ``full`` (every token) or ``streaming(sink=S, window=W)``: the cache keeps the first ``S`` tokens
 (attention sinks) and the last ``W`` tokens, and a query at position ``t`` attends to key ``j ≤ t`` only when
-``j < S`` or ``t - j ≤ W`` (the sinks, the ``W`` previous tokens and itself). Positions count cache slots, padding
-included (as transformers' sliding-window caches do). Under GQA a key/value head is listed once and serves its
+``j < S`` or ``t - j ≤ W`` (the sinks, the ``W`` previous tokens and itself). Positions count a row's real tokens:
+left padding never counts toward a sink or a window. Under GQA a key/value head is listed once and serves its
 whole group of query heads.
 """
 

@@ -1,9 +1,19 @@
-"""One decoder layer of a per-head cache: its KV heads split into groups that share a cache rule, each group one
-dense tensor ``[B, heads, stored, d]`` (full heads grow; sink + window heads hold at most ``S + W`` tokens).
+"""One decoder layer of a per-head cache: its KV heads split into groups that share a cache rule, each group in one
+preallocated buffer ``[B, heads, slots, d]``.
 
-``update`` cannot return one key tensor (the groups have different lengths): it returns an empty carrier tensor
-that holds a ``GroupedKV`` under ``runtime.GROUPED_KV``; the ``headwise`` attention function calls its ``attend``,
-which runs attention per group with the group's own mask and scatters the outputs back to the query heads.
+- A **full** group writes token ``p`` to slot ``p`` of a buffer that, when full, grows to what the forward needs or
+  by ``min(held, GROW)`` slots, whichever is more (a copy every ``GROW`` decoding steps, not every step); attention reads slots ``0 .. seen - 1`` with the model's own mask, as the default cache does.
+- A **streaming** group (sink ``S``, window ``W``) holds a fixed ``S + W + 1`` slots: ``S`` sink slots (row ``b``'s
+  first ``S`` real tokens, i.e. after its left padding) and a ring of ``W + 1`` slots where token ``p`` goes to slot
+  ``S + p mod (W + 1)``. Keys carry their rotary phase already, so slot order does not matter to attention; the
+  ``+ 1`` is the slot the newest token is written to while the oldest one of the window is still visible.
+  A decoding query sees every valid slot, so once the ring is full and past every row's sinks it attends with no
+  mask at all; prefill chunks attend to the held slots plus the chunk with a mask built from positions.
+
+``update`` cannot return one key tensor (the groups have different lengths): it returns empty carrier tensors that
+hold a ``GroupedKV`` (the layer and this forward's new keys/values) under ``runtime.GROUPED_KV``; the ``headwise``
+attention function calls its ``attend``, which writes the buffers (it needs the attention mask to find each row's
+padding) and runs one SDPA call per group, GQA-aware (query heads reshaped onto their KV head, never repeated keys).
 """
 
 from __future__ import annotations
@@ -11,86 +21,123 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..errors import HeadwiseError
 from ..runtime.attention import GROUPED_KV, keep_mask
 from .config import HeadCache
 
+GROW = 64  # most slots a full group's buffer grows by at once: it holds < min(tokens, GROW) spare slots per head
+
 
 @dataclass
 class Group:
-    """KV heads ``heads`` of one layer that share ``rule``; ``keys``/``values`` ``[B, len(heads), stored, d]``."""
+    """KV heads ``heads`` of one layer that share ``rule``; ``keys``/``values`` ``[B, len(heads), slots, d]``."""
 
     heads: list[int]
     rule: HeadCache
+    select: slice | torch.Tensor | None = None  # the heads as an index of the layer's KV heads (None: all of them)
     keys: torch.Tensor | None = None
     values: torch.Tensor | None = None
 
-    def stored_positions(self, seen: int, device: torch.device) -> torch.Tensor:
-        """Absolute positions ``[stored]`` of the tokens held after ``seen`` tokens."""
-        cap = self.rule.capacity
-        if cap is None or seen <= cap:
-            return torch.arange(seen, device=device)
-        sink, window = self.rule.sink, self.rule.window
-        return torch.cat([torch.arange(sink, device=device), torch.arange(seen - window, seen, device=device)])
+    def pick(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
+        """The group's heads of ``tensor`` along ``dim`` (a view when they are contiguous)."""
+        if self.select is None:
+            return tensor
+        if isinstance(self.select, slice):
+            return tensor[(slice(None),) * dim + (self.select,)]
+        return tensor.index_select(dim, self.select.to(tensor.device))
 
-    def trim(self, keys: torch.Tensor, seen: int) -> torch.Tensor:
-        """The slots to keep from ``keys`` ``[B, h, n, d]`` (positions ``stored_positions(seen - new) + new``)."""
-        cap = self.rule.capacity
-        if cap is None or keys.shape[2] <= cap:
-            return keys
-        return torch.cat([keys[:, :, : self.rule.sink], keys[:, :, keys.shape[2] - self.rule.window :]], dim=2)
+    def allocate(self, batch: int, slots: int, like: torch.Tensor, zeros: bool) -> None:
+        shape = (batch, len(self.heads), slots, like.shape[-1])
+        make = torch.zeros if zeros else torch.empty
+        self.keys = make(shape, dtype=like.dtype, device=like.device)
+        self.values = make(shape, dtype=like.dtype, device=like.device)
+
+    # --- full heads ---------------------------------------------------------------------------------------------
+    def write_full(self, keys: torch.Tensor, values: torch.Tensor, past: int) -> None:
+        """Write ``[B, h, Tq, d]`` at slots ``past .. past + Tq - 1``, growing the buffer when full."""
+        total = past + keys.shape[2]
+        held = 0 if self.keys is None else self.keys.shape[2]
+        if held < total:
+            old_k, old_v = self.keys, self.values
+            self.allocate(keys.shape[0], max(total, held + min(held, GROW)), keys, zeros=False)
+            if old_k is not None and past:
+                self.keys[:, :, :past] = old_k[:, :, :past]
+                self.values[:, :, :past] = old_v[:, :, :past]
+        self.keys[:, :, past:total] = keys
+        self.values[:, :, past:total] = values
+
+    # --- sink + window heads ------------------------------------------------------------------------------------
+    def ring_positions(self, total: int, device: torch.device) -> torch.Tensor:
+        """Position ``[W + 1]`` of the token in each ring slot after ``total`` tokens (negative: empty)."""
+        span = self.rule.window + 1
+        slots = torch.arange(span, device=device)
+        return (total - 1) - torch.remainder(total - 1 - slots, span)
+
+    def slot_mask(self, pads: torch.Tensor, total: int, q_pos: torch.Tensor) -> torch.Tensor:
+        """Boolean ``[B, 1, Tq, S + W + 1]``: the held slots (tokens before ``total``) each query may see."""
+        sink = self.rule.sink
+        ring_pos = self.ring_positions(total, q_pos.device)
+        ring_ok = (ring_pos[None] >= 0) & (ring_pos[None] - pads[:, None] >= sink)  # a real token past the sinks
+        ring_ok = ring_ok[:, None] & (q_pos[None, :, None] - ring_pos[None, None] <= self.rule.window)
+        sink_ok = pads[:, None] + torch.arange(sink, device=q_pos.device)[None] < total  # [B, S]
+        sink_ok = sink_ok[:, None].expand(-1, q_pos.shape[0], -1)
+        return torch.cat([sink_ok, ring_ok], -1)[:, None]
+
+    def write_streaming(self, keys: torch.Tensor, values: torch.Tensor, past: int, pads: torch.Tensor,
+                        sinks_pending: bool) -> None:
+        """Write ``[B, h, Tq, d]`` (positions ``past ..``): row ``b``'s real tokens ``0 .. S - 1`` to its sink slots
+        (only while ``sinks_pending``), the last ``W + 1`` positions to the ring."""
+        sink, span, new = self.rule.sink, self.rule.window + 1, keys.shape[2]
+        if self.keys is None:
+            self.allocate(keys.shape[0], sink + span, keys, zeros=True)  # empty slots are masked: zeros, never NaN
+        if sink and sinks_pending:
+            source = pads[:, None] + torch.arange(sink, device=keys.device)[None] - past  # [B, S]
+            inside = ((source >= 0) & (source < new))[:, None, :, None]
+            index = source.clamp(0, new - 1)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
+            for buffer, fresh in ((self.keys, keys), (self.values, values)):
+                buffer[:, :, :sink] = torch.where(inside, fresh.gather(2, index), buffer[:, :, :sink])
+        start = max(0, new - span)
+        if new - start == 1:
+            slot = sink + (past + start) % span
+            self.keys[:, :, slot] = keys[:, :, start]
+            self.values[:, :, slot] = values[:, :, start]
+        else:
+            slots = torch.remainder(torch.arange(past + start, past + new, device=keys.device), span)
+            self.keys[:, :, sink:].index_copy_(2, slots, keys[:, :, start:])
+            self.values[:, :, sink:].index_copy_(2, slots, values[:, :, start:])
+
+
+def _sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scaling: float,
+          dropout: float, causal: bool) -> torch.Tensor:
+    """``query [B, h·g, Tq, d]``, ``keys``/``values [B, h, Tk, d]`` → ``[B, h·g, Tq, d]``. One query token: the ``g``
+    query heads of a KV head are its rows (``[B, h, g, d]``), so keys are read once, never repeated."""
+    batch, q_heads, q_len, dim = query.shape
+    kv_heads = keys.shape[1]
+    group = q_heads // kv_heads
+    if q_len == 1 and group > 1:
+        out = F.scaled_dot_product_attention(query.reshape(batch, kv_heads, group, dim), keys, values, attn_mask=mask,
+                                             dropout_p=dropout, scale=scaling)
+        return out.reshape(batch, q_heads, 1, dim)
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                          is_causal=causal and mask is None and q_len > 1, enable_gqa=group > 1)
 
 
 @dataclass
 class GroupedKV:
-    """What attention needs for one layer and one forward: the visible keys/values of every group."""
+    """What attention needs for one layer and one forward: the layer and this forward's new keys/values."""
 
-    groups: list[tuple[Group, torch.Tensor, torch.Tensor, torch.Tensor | None]]  # group, keys, values, positions
-    num_kv_heads: int
+    layer: "PolicyLayer"
+    keys: torch.Tensor  # [B, Hkv, Tq, d]
+    values: torch.Tensor
     past: int  # tokens cached before this forward; queries sit at past .. past + Tq - 1
 
     def attend(self, module, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
                dropout: float, causal: bool) -> torch.Tensor:
-        """``query [B, Hq, Tq, d]`` → ``out [B, Tq, Hq, d]``, each group attending to its own keys."""
-        batch, num_heads, q_len, _ = query.shape
-        group_size = num_heads // self.num_kv_heads
-        out = None
-        q_pos = torch.arange(self.past, self.past + q_len, device=query.device)
-        total = self.past + q_len
-        keep = None
-        if attention_mask is not None:
-            if attention_mask.shape[-1] < total:
-                raise HeadwiseError(f"attention mask covers {attention_mask.shape[-1]} keys but {total} tokens are "
-                                    "cached; build the mask from this cache (get_mask_sizes)")
-            keep = keep_mask(attention_mask, q_len, total, causal, query.device)
-        for group, keys, values, k_pos in self.groups:
-            q_heads = torch.tensor([h * group_size + r for h in group.heads for r in range(group_size)],
-                                   device=query.device)
-            q = query.index_select(1, q_heads)
-            if k_pos is None:  # full heads: the model's own mask, as without a policy
-                o, _ = sdpa_attention_forward(module, q, keys, values, attention_mask, dropout=dropout,
-                                              scaling=scaling, is_causal=causal)
-            else:
-                o, _ = sdpa_attention_forward(module, q, keys, values, self.mask(group.rule, q_pos, k_pos, keep),
-                                              dropout=dropout, scaling=scaling, is_causal=False)
-            if out is None:
-                out = o.new_empty(batch, q_len, num_heads, o.shape[-1])
-            out.index_copy_(2, q_heads, o)
-        return out
-
-    @staticmethod
-    def mask(rule: HeadCache, q_pos: torch.Tensor, k_pos: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-        """Boolean ``[B|1, 1, Tq, n]``: causal, a sink or within the window, and allowed by the model's mask."""
-        distance = q_pos[:, None] - k_pos[None, :]
-        allowed = (distance >= 0) & ((k_pos[None, :] < rule.sink) | (distance <= rule.window))
-        allowed = allowed[None, None]
-        if keep is not None:
-            allowed = allowed & keep.index_select(-1, k_pos)
-        # a query with nothing visible (a padding position) looks at every kept key instead of producing NaN
-        return allowed | ~allowed.any(-1, keepdim=True)
+        """``query [B, Hq, Tq, d]`` → ``out [B, Tq, Hq, d]``, each group attending to its own slots."""
+        return self.layer.attend(self, query, attention_mask, scaling, dropout if module.training else 0.0, causal)
 
 
 class PolicyLayer(DynamicLayer):
@@ -106,40 +153,116 @@ class PolicyLayer(DynamicLayer):
             by_rule.setdefault(rule, []).append(h)
         self.groups = [Group(heads, rule) for rule, heads in sorted(by_rule.items(), key=lambda kv: kv[1][0])]
         self.seen = 0
+        self.pads: torch.Tensor | None = None  # [B]: slots before each row's first real token (left padding)
+        self.max_pad = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
+        for group in self.groups:
+            heads = group.heads
+            if len(heads) == self.num_kv_heads:
+                group.select = None
+            elif heads == list(range(heads[0], heads[-1] + 1)):
+                group.select = slice(heads[0], heads[-1] + 1)
+            else:
+                group.select = torch.tensor(heads, device=key_states.device)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """Add ``[B, Hkv, Tq, d]`` keys/values; returns empty carriers holding the ``GroupedKV`` of this forward."""
+        """Take ``[B, Hkv, Tq, d]`` keys/values; returns empty carriers holding the ``GroupedKV`` of this forward
+        (the buffers are written by its ``attend``, which sees the attention mask)."""
         if key_states.shape[1] != self.num_kv_heads:
             raise HeadwiseError(f"the KV policy has {self.num_kv_heads} KV heads for this layer but the model gives "
                                 f"{key_states.shape[1]}; rebuild the policy for this model")
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        past, new = self.seen, key_states.shape[2]
-        self.seen += new
-        visible = []
-        for group in self.groups:
-            index = torch.tensor(group.heads, device=key_states.device)
-            k_new, v_new = key_states.index_select(1, index), value_states.index_select(1, index)
-            keys = k_new if group.keys is None else torch.cat([group.keys, k_new], dim=2)
-            values = v_new if group.values is None else torch.cat([group.values, v_new], dim=2)
-            positions = None
-            if not group.rule.full:
-                positions = torch.cat([group.stored_positions(past, key_states.device),
-                                       torch.arange(past, self.seen, device=key_states.device)])
-            visible.append((group, keys, values, positions))
-            # cat/index_select allocate: the stored tensors never share a larger buffer
-            group.keys, group.values = group.trim(keys, self.seen), group.trim(values, self.seen)
-        # the carriers (and the prompt-long visible keys they hold) live only until this layer's attention ran
-        grouped = GroupedKV(visible, self.num_kv_heads, past)
+        grouped = GroupedKV(self, key_states, value_states, self.seen)
+        self.seen += key_states.shape[2]
+        # the carriers (and the chunk's keys they hold) live only until this layer's attention ran
         carrier_k, carrier_v = key_states[:, :0], value_states[:, :0]
         setattr(carrier_k, GROUPED_KV, grouped)
         setattr(carrier_v, GROUPED_KV, grouped)
-        self.keys, self.values = self.groups[0].keys, self.groups[0].values
         return carrier_k, carrier_v
+
+    def _track_padding(self, keep: torch.Tensor | None, batch: int, total: int, device: torch.device) -> None:
+        """Each row's left padding, read from the last query's row of the model's mask (it sees every real key)."""
+        if keep is None:
+            if self.pads is None:
+                self.pads = torch.zeros(batch, dtype=torch.long, device=device)
+            return
+        visible = keep[:, 0, -1, :total].expand(batch, total)
+        first = visible.to(torch.uint8).argmax(-1)
+        self.pads = torch.where(visible.any(-1), first, total)
+        self.max_pad = 0 if device.type == "meta" else int(self.pads.max())
+
+    def attend(self, grouped: GroupedKV, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
+               dropout: float, causal: bool) -> torch.Tensor:
+        """Write the forward's keys/values and attend: ``query [B, Hq, Tq, d]`` → ``[B, Tq, Hq, d]``."""
+        batch, q_heads, q_len, dim = query.shape
+        past, total = grouped.past, grouped.past + q_len
+        group_size = q_heads // self.num_kv_heads
+        if attention_mask is not None and attention_mask.shape[-1] < total:
+            raise HeadwiseError(f"attention mask covers {attention_mask.shape[-1]} keys but {total} tokens are "
+                                "cached; build the mask from this cache (get_mask_sizes)")
+        decoding = q_len == 1 and past > 0
+        if q_len > 1 or past <= self.max_pad:  # a row may still be padding: (re)read it from the model's mask
+            keep = None if attention_mask is None else keep_mask(attention_mask, q_len, total, causal, query.device)
+            self._track_padding(keep, batch, total, query.device)
+        if not decoding:
+            if attention_mask is None and causal and q_len > 1 and past > 0:  # SDPA's is_causal is top-left aligned
+                q_pos = torch.arange(past, total, device=query.device)
+                attention_mask = (torch.arange(total, device=query.device)[None] <= q_pos[:, None])[None, None]
+        by_head = query.view(batch, self.num_kv_heads, group_size, q_len, dim)
+        out = None
+        for group in self.groups:
+            k_new, v_new = group.pick(grouped.keys, 1), group.pick(grouped.values, 1)
+            q = group.pick(by_head, 1).reshape(batch, len(group.heads) * group_size, q_len, dim)
+            if group.rule.full:
+                group.write_full(k_new, v_new, past)
+                mask = None if attention_mask is None else attention_mask[..., :total]
+                o = _sdpa(q, group.keys[:, :, :total], group.values[:, :, :total], mask, scaling, dropout, causal)
+            else:
+                o = self._attend_streaming(group, q, k_new, v_new, past, decoding, scaling, dropout)
+            if len(self.groups) == 1:
+                return o.transpose(1, 2)
+            if out is None:
+                out = query.new_empty(batch, q_len, self.num_kv_heads, group_size, dim)
+            o = o.view(batch, len(group.heads), group_size, q_len, dim).permute(0, 3, 1, 2, 4)
+            if isinstance(group.select, torch.Tensor):
+                out.index_copy_(2, group.select, o)
+            else:
+                out[:, :, group.select] = o
+        return out.view(batch, q_len, q_heads, dim)
+
+    def _attend_streaming(self, group: Group, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          past: int, decoding: bool, scaling: float, dropout: float) -> torch.Tensor:
+        sink, window = group.rule.sink, group.rule.window
+        q_len, total = keys.shape[2], past + keys.shape[2]
+        sinks_pending = past < self.max_pad + sink
+        if decoding:  # write first: the query sees every valid slot, the newest included
+            group.write_streaming(keys, values, past, self.pads, sinks_pending)
+            clean = past >= self.max_pad + sink + window  # every slot holds a real token past the sinks
+            mask = None
+            if not clean:
+                mask = group.slot_mask(self.pads, total, torch.arange(past, total, device=keys.device))
+                mask = mask | ~mask.any(-1, keepdim=True)  # a row still in its padding sees everything, not NaN
+            return _sdpa(query, group.keys, group.values, mask, scaling, dropout, False)
+        q_pos = torch.arange(past, total, device=keys.device)
+        pads = self.pads[:, None, None]
+        distance = q_pos[:, None] - q_pos[None, :]  # chunk query - chunk key
+        key_real = q_pos[None, None, :] - pads  # [B, 1, Tq]: the keys' indices among the row's real tokens
+        chunk_ok = (key_real >= 0) & (distance[None] >= 0) & ((key_real < sink) | (distance[None] <= window))
+        if past:
+            held_ok = group.slot_mask(self.pads, past, q_pos)[:, 0]
+            allowed = torch.cat([held_ok, chunk_ok], -1)
+            keys, values = torch.cat([group.keys, keys], 2), torch.cat([group.values, values], 2)
+        else:
+            allowed = chunk_ok
+        allowed = allowed | ~allowed.any(-1, keepdim=True)  # a padding query sees everything instead of NaN
+        o = _sdpa(query, keys, values, allowed[:, None], scaling, dropout, False)
+        group.write_streaming(keys[:, :, keys.shape[2] - q_len:], values[:, :, values.shape[2] - q_len:], past,
+                              self.pads, sinks_pending)
+        return o
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.seen + query_length, 0
@@ -153,7 +276,7 @@ class PolicyLayer(DynamicLayer):
     def reset(self) -> None:
         for group in self.groups:
             group.keys = group.values = None
-        self.seen = 0
+        self.seen, self.pads, self.max_pad = 0, None, 0
         self.keys = self.values = None
         self.is_initialized = False
 
@@ -162,17 +285,17 @@ class PolicyLayer(DynamicLayer):
             return
         if tokens_to_remove > 0:
             raise HeadwiseError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
-        if any(g.rule.capacity is not None and self.seen > g.rule.capacity for g in self.groups):
+        if any(not g.rule.full and self.seen > g.rule.window + 1 for g in self.groups):
             raise HeadwiseError("a per-head KV cache cannot be cropped once streaming heads dropped tokens "
                                 "(assisted decoding is not supported with a KV policy)")
-        for group in self.groups:
-            group.keys, group.values = group.keys[:, :, :tokens_to_remove], group.values[:, :, :tokens_to_remove]
-        self.seen += tokens_to_remove
+        self.seen += tokens_to_remove  # slots past `seen` are ignored (full) or read as empty (ring, sinks)
 
     def _each(self, fn) -> None:
         for group in self.groups:
             if group.keys is not None:
                 group.keys, group.values = fn(group.keys), fn(group.values)
+        if self.pads is not None:
+            self.pads = fn(self.pads)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._each(lambda t: t.index_select(0, beam_idx.to(t.device)))
