@@ -88,10 +88,16 @@ def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
     num_labels = None
     if getattr(args, "new_head", False) and task.name == "classification":
         num_labels = 1 if task.is_regression() else len(task.label_names())
-    model, tokenizer = load_model(args.model, args.device, args.dtype, task=task,
+    model, tokenizer = load_model(args.model, args.device, args.dtype, task=task, **dispatch_of(args),
                                   new_head=getattr(args, "new_head", False), num_labels=num_labels)
     task.check_model(model, tokenizer)
     return model, tokenizer
+
+
+def dispatch_of(args: argparse.Namespace) -> dict[str, Any]:
+    """``--device-map`` / ``--max-memory`` / ``--offload-folder`` as ``load_model`` keywords."""
+    return {"device_map": getattr(args, "device_map", None), "max_memory": getattr(args, "max_memory", None),
+            "offload_folder": getattr(args, "offload_folder", None)}
 
 
 def load_task_model(args: argparse.Namespace, task) -> tuple[Any, Any]:
@@ -101,7 +107,7 @@ def load_task_model(args: argparse.Namespace, task) -> tuple[Any, Any]:
         return load_for_task(args, task)
     from ..models import load_model
 
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, tokenizer = load_model(args.model, args.device, args.dtype, **dispatch_of(args))
     if task is not None:
         task.check_model(model, tokenizer)
     return model, tokenizer

@@ -100,6 +100,12 @@ def apply_edit(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, tor
     """Perform ``edit`` on ``model`` in place (see the module docstring for the order); returns the model.
     ``calibration``: model-input batches for the calibrated KV merge and the collaborative objective; an edit
     that uses either is refused without them (the plan measured the calibrated forms)."""
+    offloaded = [s.name for s in find_sites(model) if set(edit.methods) - set(REVERSIBLE)
+                 and any(p.device.type == "meta" for p in s.module.parameters())]
+    if offloaded:
+        raise HeadwiseError(f"edit '{edit.describe()}' rewrites attention weights that are offloaded (on the meta "
+                            f"device, e.g. {offloaded[0]}): load the model with a --max-memory that keeps the "
+                            "attention weights on a device, or without --device-map")
     if edit.needs_calibration() and not calibration:
         raise HeadwiseError(f"edit '{edit.describe()}' merges KV heads or compresses to collaborative heads, which "
                             "are calibrated: pass calibration batches (Plan.apply builds them from the tokenizer)")
@@ -144,6 +150,19 @@ def _touched_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
             if id(child) in outer]
 
 
+def _shared_hook_state(module: nn.Module) -> dict[int, Any]:
+    """Accelerate's offloaded weights (``_hf_hook.weights_map``), which a copy of ``module`` must share, not copy."""
+    memo = {}
+    for sub in module.modules():
+        hook = getattr(sub, "_hf_hook", None)
+        for h in getattr(hook, "hooks", [hook]):
+            for attr in ("weights_map", "tied_params_map"):
+                value = getattr(h, attr, None)
+                if value is not None:
+                    memo[id(value)] = value
+    return memo
+
+
 class EditedModel:
     """``model`` with an edit applied in place on copies of the touched modules only (``edited``); the original
     modules and config stay aside, untouched, and ``original()`` swaps them back in for a block (the base of a
@@ -158,7 +177,7 @@ class EditedModel:
         self.attn = model.config._attn_implementation
         self.copies = []
         for parent, name, module in self.slots:
-            memo = dict(keep)
+            memo = dict(keep) | _shared_hook_state(module)
             if share_tensors:  # reversible edits rewrite no tensor: the copy shares them
                 memo |= {id(t): t for t in [*module.parameters(), *module.buffers()]}
             self.copies.append(copy.deepcopy(module, memo))
