@@ -225,3 +225,17 @@ def test_packaged_minilm_end_to_end(minilm):
     abl = np.array(doc["heads"]["importance_ablation"]).ravel()
     rank = lambda x: np.argsort(np.argsort(x))  # noqa: E731
     assert np.corrcoef(rank(grad), rank(abl))[0, 1] > 0.3  # first-order estimate tracks the real drop
+
+
+def test_gradient_importance_freezes_every_weight_and_leaves_no_gradient():
+    tokenizer, model = word_tokenizer("llama"), loud_model("llama")
+    seen = []
+
+    def loss(m, batch):
+        seen.append([p.requires_grad for p in m.parameters()])
+        return m(**batch).last_hidden_state.pow(2).mean((1, 2))
+
+    table = gradient_importance(model, tokenizer, TEXTS, loss_fn=loss, batch_size=2, progress=False)
+    assert seen and not any(any(flags) for flags in seen)  # frozen during the pass
+    assert (table > 0).all()  # every gate still gets its gradient
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())  # restored, nothing accumulated

@@ -5,7 +5,8 @@ Both return ``[rows, H]`` tables (``rows.rows_of`` order; NaN for heads a row do
 or Z is the same). Under ``torch.distributed`` each process passes its own share of the data and the sums are
 added over processes before dividing.
 
-**Gradient importance** ``I_h = E|∂L/∂g_h|`` at ``g = 1`` (D.2). ``abs_scope="batch"`` takes the absolute value
+**Gradient importance** ``I_h = E|∂L/∂g_h|`` at ``g = 1`` (D.2), with every weight of the model frozen for the
+pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored). ``abs_scope="batch"`` takes the absolute value
 of each batch's summed gradient (bertology, with the gradient zeroed per batch), ``"example"`` of each example's
 gradient (the paper); the score is the sum of those absolute values divided by the number of examples (both
 scopes agree at batch size 1), then each row is divided by its L2 norm (``normalize``). The loss ``L``:
@@ -128,6 +129,21 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
             yield len(batch.index), projection
 
 
+@contextmanager
+def frozen(model: nn.Module) -> Iterator[None]:
+    """Every parameter of ``model`` with ``requires_grad=False`` for the block (restored after): a backward to
+    the head gates then neither computes nor keeps anything for the weights' gradients (no activations saved for
+    them, no ``.grad``)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
 def gradient_sums(
     model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *, index: Sequence[int] | None = None,
     pairs: Pairs | None = None, loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None,
@@ -145,7 +161,8 @@ def gradient_sums(
              else len(pairs[0]) if pairs is not None else len(texts or ()))
     bar = tqdm(total=total, desc="gradient importance", unit="sent", disable=None if progress is None else not progress)
     sums, count = None, 0
-    with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates, torch.enable_grad():
+    with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
+            torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
                                           seed, score_scale, inputs):
