@@ -70,7 +70,7 @@ def main() -> None:
     model, tokenizer = headwise.load_model("smollm2-135m", task=task, device=args.device)
     start = time.time()
     if plan is not None:  # the plan's own task: same windows, same calibration
-        plan.retime(model, tokenizer, repeats=args.repeats, task=task, progress=True, side_by_side=False)
+        plan.retime(model, tokenizer, repeats=args.repeats, task=task, progress=True)
         data["timing"] = {"retimed": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "repeats": args.repeats}
     else:
         plan = headwise.plan(model, tokenizer, task, args.budget, examples=args.examples,

@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from headwise.analysis import ablation_importance, analyze, gradient_importance
+from headwise.analysis.rows import rows_of
+from headwise.errors import HeadwiseError
 from headwise.runtime import add_gates, detach
 from headwise.sites import find_sites
 from test_analysis_support import loud_model, padded, pooled_unit, random_texts, run_eager, site_calls, word_tokenizer
@@ -141,10 +143,17 @@ def _embeddings(model, tokenizer, texts):
     return torch.stack(rows)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2"])
-def test_ablation_sweep_equals_one_run_per_head_gate(family):
+@pytest.mark.parametrize("method", ["layers", "batched", "exact"])
+@pytest.mark.parametrize("family", ["bert", "gpt2", "llama"])
+def test_ablation_sweep_equals_one_run_per_head_gate(family, method):
+    """Every sweep (layer by layer from the cached output of the layer below, mixed batches, one head per
+    forward) equals one unbatched run per head with a plain gate."""
     tokenizer, model = word_tokenizer(family), loud_model(family)
-    ours = ablation_importance(model, tokenizer, TEXTS, batch_size=3, sweep_batch=7, progress=False)  # 2 copies
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    ours = ablation_importance(model, tokenizer, TEXTS, batch_size=3, sweep_batch=7, progress=False,  # 2 copies
+                               method=method)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    assert not any("forward" in vars(m) for m in model.modules())  # every block runs its own forward again
     base = _embeddings(model, tokenizer, TEXTS)
     ref = torch.zeros(2, 4, dtype=torch.float64)
     for r, site in enumerate(find_sites(model)):
@@ -157,6 +166,23 @@ def test_ablation_sweep_equals_one_run_per_head_gate(family):
         detach(site, "reference")
     np.testing.assert_allclose(ours.numpy(), ref.numpy(), atol=1e-5, rtol=0)
     assert (ours > 1e-4).all()
+
+
+def test_the_layer_sweep_skips_the_layers_below_and_refuses_unknown_methods():
+    from headwise.analysis.importance import _block_stack, ablation_sums
+
+    tokenizer, model = word_tokenizer("llama"), loud_model("llama")
+    stack, blocks = _block_stack(model, rows_of(model))
+    assert stack is model.layers and blocks == [0, 1]
+    calls = []
+    handles = [s.module.register_forward_pre_hook(lambda m, a, k, i=i: calls.append(i), with_kwargs=True)
+               for i, s in enumerate(find_sites(model))]  # the attention of the layers that really run
+    ablation_sums(model, tokenizer, TEXTS[:3], batch_size=3, sweep_batch=12, progress=False)  # a layer per forward
+    for h in handles:
+        h.remove()
+    assert calls == [0, 1, 0, 1, 1]  # reference; layer 0's heads (both layers); layer 1's heads (layer 1 only)
+    with pytest.raises(HeadwiseError, match="ablation method"):
+        ablation_sums(model, tokenizer, TEXTS, method="fast")
 
 
 def test_ablation_per_layer_of_a_shared_module_and_metric_callable():
@@ -199,3 +225,17 @@ def test_packaged_minilm_end_to_end(minilm):
     abl = np.array(doc["heads"]["importance_ablation"]).ravel()
     rank = lambda x: np.argsort(np.argsort(x))  # noqa: E731
     assert np.corrcoef(rank(grad), rank(abl))[0, 1] > 0.3  # first-order estimate tracks the real drop
+
+
+def test_gradient_importance_freezes_every_weight_and_leaves_no_gradient():
+    tokenizer, model = word_tokenizer("llama"), loud_model("llama")
+    seen = []
+
+    def loss(m, batch):
+        seen.append([p.requires_grad for p in m.parameters()])
+        return m(**batch).last_hidden_state.pow(2).mean((1, 2))
+
+    table = gradient_importance(model, tokenizer, TEXTS, loss_fn=loss, batch_size=2, progress=False)
+    assert seen and not any(any(flags) for flags in seen)  # frozen during the pass
+    assert (table > 0).all()  # every gate still gets its gradient
+    assert all(p.requires_grad and p.grad is None for p in model.parameters())  # restored, nothing accumulated

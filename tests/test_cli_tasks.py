@@ -137,7 +137,7 @@ def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, 
                  "--max-length", "32", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the Trainer logs before it
     assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_after"] is not None
-    assert result["recovery"] == {"mode": "distill", "epochs": 1.0, "steps": 2, "teacher": "the model before the edit",
+    assert result["recovery"] == {"mode": "distill", "epochs": 1.0, "steps": 2, "teacher": "a copy of the model before the edit",
                                   "alpha": 0.5, "temperature": 2.0, "distance": "mse"}
     assert result["metric_before_recovery"] is not None and result["metric_before_recovery"] != result["metric_after"]
 
@@ -157,6 +157,20 @@ def test_mix_and_replace_report_the_task_metric(llama_dir, tmp_path, capsys, ver
     if verb == "replace":
         assert result["recovery"] == {"mode": "finetune", "epochs": 1.0, "steps": 4}
         assert result["metric_recovered"] != result["metric_after"]
+
+
+def test_replace_distils_from_the_model_with_its_mechanism_switched_off(llama_dir, tmp_path, capsys):
+    out = tmp_path / "r"
+    common = ["replace", "local", "--arg", "window=4", "--task", "lm", "--model", str(llama_dir / "model"), "--data",
+              str(llama_dir / "text.txt"), "--max-length", "32", "--recover", "distill", "--recover-steps", "2"]
+    assert main([*common, "--out", str(out), "--json"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["recovery"]["teacher"] == "the model with its headwise ops switched off"
+    assert result["metric_recovered"] != result["metric_after"]
+    assert main(["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
+                 "--method", "l0", "--keep", "12", "--max-steps", "1", "--recover", "distill", "--teacher", "off",
+                 "--max-length", "32", "--out", str(tmp_path / "p")]) == 2
+    assert "--teacher off needs a reversible edit" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("dk", [48, 12])

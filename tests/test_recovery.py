@@ -251,3 +251,49 @@ def test_l0_with_distillation_keeps_the_target(tmp_path, tokenizer):
     removed = l0_prune(student, tokenizer, 5, task, teacher=teacher, max_steps=4, batch_size=4, progress=False)
     assert sum(s.num_heads for s in headwise.find_sites(student)) == 5 == 8 - sum(map(len, removed.values()))
     assert sum(s.num_heads for s in headwise.find_sites(teacher)) == 8
+
+
+# ---- the teacher without a copy: the student with its reversible edit switched off ------------------------------
+def _reversible_edits(model):
+    headwise.replace_attention(model, "local", sites=[headwise.find_sites(model)[0].name], window=2)
+    headwise.quantize_attention(model, method="lin", bits=4)
+
+
+@pytest.mark.parametrize("case", ["lm", "stsb"])
+def test_switched_off_teacher_gives_the_loss_and_gradients_of_a_copied_teacher(case, tmp_path, tokenizer):
+    from headwise.tasks.recovery import has_ops, switched_off
+
+    task, model = CASES[case](tmp_path, tokenizer)
+    copied = copy.deepcopy(model)  # the teacher taken before the edit, the old way
+    _reversible_edits(model)
+    assert has_ops(model)
+    batch = collate(task.examples(tokenizer, "train").items[:4], tokenizer.pad_token_id)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    results = []
+    for teacher in (copied, "off"):
+        model.zero_grad(set_to_none=True)
+        out = DistillationObjective(task, model, teacher, alpha=0.7, temperature=2.0)(**batch)
+        out["loss"].backward()
+        results.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (a, grads_a), (b, grads_b) = results
+    assert a["distill_loss"].item() > 1e-8  # the edit changes the outputs: the loss is not trivially zero
+    assert b["distill_loss"].item() == pytest.approx(a["distill_loss"].item(), rel=1e-4, abs=1e-10)
+    assert b["loss"].item() == pytest.approx(a["loss"].item(), rel=1e-5, abs=1e-7)
+    assert grads_a.keys() == grads_b.keys() and len(grads_a) > 0
+    assert all(torch.allclose(grads_a[n], grads_b[n], rtol=1e-4, atol=1e-7) for n in grads_a)
+    # the ops are back, the model unchanged, and the teacher's forward equals the copy's
+    assert has_ops(model) and all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+    with switched_off(model), torch.no_grad():
+        off = task.outputs(model, batch).values
+    assert torch.allclose(off, task.outputs(copied, batch).values.detach(), atol=1e-5)
+
+
+def test_switched_off_teacher_is_refused_without_ops_and_recovers_with_them(tmp_path, tokenizer):
+    task, model = stsb_case(tmp_path, tokenizer)
+    with pytest.raises(HeadwiseError, match="teacher='off'.*none"):
+        headwise.recover(model, tokenizer, task, teacher="off", max_steps=1, progress=False)
+    with pytest.raises(HeadwiseError, match="pass a model or 'off'"):
+        DistillationObjective(task, model, "copy")
+    _reversible_edits(model)
+    headwise.recover(model, tokenizer, task, teacher="off", max_steps=2, batch_size=4, progress=False)
+    assert not model.training and sum(1 for _ in headwise.find_sites(model)) == 2

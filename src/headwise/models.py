@@ -284,6 +284,10 @@ def load_model(
     task: Any = None,
     new_head: bool = False,
     num_labels: int | None = None,
+    *,
+    device_map: str | dict | None = None,
+    max_memory: dict | None = None,
+    offload_folder: str | None = None,
 ) -> tuple[nn.Module, Any]:
     """Load a model (and its tokenizer) with the ``headwise`` attention implementation selected.
 
@@ -293,6 +297,8 @@ def load_model(
     ``translation`` → sequence-to-sequence LM, ``classification`` → sequence classification, ``stsb`` or None →
     the base model. A checkpoint without the weights of that head is refused, unless ``new_head=True`` (a fresh,
     randomly initialised classification head with ``num_labels`` outputs, for fine-tuning).
+    ``device_map`` / ``max_memory`` / ``offload_folder``: Accelerate dispatch, as transformers takes them (a
+    model larger than one device, layers on several devices, the CPU or disk); ``device`` is then unused.
     Returns ``(model in eval mode, tokenizer or None)``. Raises ``HeadwiseError`` for a path that is not a model,
     a family without an adapter or a missing head.
     """
@@ -308,7 +314,11 @@ def load_model(
     dtype = parse_dtype(dtype)
     local = Path(path)
     try:
+        dispatch = dispatch_kwargs(device_map, max_memory, offload_folder)
         if local.is_dir() and "headwise" in json.loads((local / "config.json").read_text()):
+            if dispatch:
+                raise HeadwiseError(f"{path} was saved by headwise; device_map loads transformers checkpoints only: "
+                                    "load it without --device-map")
             model = from_pretrained(local, device=device, dtype=dtype)
             _check_checkpoint_head(model, name_or_path or path, head)
         else:
@@ -317,7 +327,7 @@ def load_model(
             extra = {"num_labels": num_labels} if new_head and num_labels else {}
             with quiet_transformers():
                 model, info = auto.from_pretrained(path, attn_implementation=NAME, dtype=dtype,
-                                                   output_loading_info=True, **extra)
+                                                   output_loading_info=True, **extra, **dispatch)
             if info["unexpected_keys"]:
                 unused = sorted(info["unexpected_keys"])
                 print(f"headwise: note: {len(unused)} weights of {name_or_path or path} are not used by "
@@ -328,7 +338,7 @@ def load_model(
                     f"{name_or_path or path} has no weights for the {head} head the task needs (missing: "
                     f"{', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}); use a checkpoint with that head"
                     + (", or new_head=True (--new-head) to train a fresh one" if head == "classification" else ""))
-            model = model.to(device).eval()
+            model = (model if dispatch else model.to(device)).eval()
     except Exception as err:  # noqa: BLE001 - transformers and safetensors raise many kinds; sorted here
         if isinstance(err, HeadwiseError):
             raise
@@ -347,6 +357,28 @@ def load_model(
         ) from err
     find_sites(model)  # unsupported families fail here, before any work
     return model, (load_tokenizer(path, model) if with_tokenizer else None)
+
+
+def dispatch_kwargs(device_map: str | dict | None, max_memory: dict | str | None = None,
+                    offload_folder: str | None = None) -> dict[str, Any]:
+    """The Accelerate keywords of ``from_pretrained`` (empty without ``device_map``). ``max_memory`` may be a
+    dict or the CLI's ``"cpu=2GiB,0=20GiB"``."""
+    if device_map is None:
+        if max_memory or offload_folder:
+            raise HeadwiseError("--max-memory and --offload-folder need --device-map (e.g. --device-map auto)")
+        return {}
+    if isinstance(max_memory, str):
+        try:
+            pairs = [item.split("=", 1) for item in max_memory.split(",") if item.strip()]
+            max_memory = {(int(k) if k.strip().isdigit() else k.strip()): v.strip() for k, v in pairs}
+        except ValueError:
+            raise HeadwiseError(f"--max-memory {max_memory!r}: write DEVICE=SIZE pairs, e.g. cpu=2GiB,0=20GiB") from None
+    out: dict[str, Any] = {"device_map": device_map}
+    if max_memory:
+        out["max_memory"] = max_memory
+    if offload_folder:
+        out["offload_folder"] = offload_folder
+    return out
 
 
 HEAD_CLASSES = {"base": "AutoModel", "causal-lm": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM",

@@ -5,7 +5,8 @@ Both return ``[rows, H]`` tables (``rows.rows_of`` order; NaN for heads a row do
 or Z is the same). Under ``torch.distributed`` each process passes its own share of the data and the sums are
 added over processes before dividing.
 
-**Gradient importance** ``I_h = E|∂L/∂g_h|`` at ``g = 1`` (D.2). ``abs_scope="batch"`` takes the absolute value
+**Gradient importance** ``I_h = E|∂L/∂g_h|`` at ``g = 1`` (D.2), with every weight of the model frozen for the
+pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored). ``abs_scope="batch"`` takes the absolute value
 of each batch's summed gradient (bertology, with the gradient zeroed per batch), ``"example"`` of each example's
 gradient (the paper); the score is the sum of those absolute values divided by the number of examples (both
 scopes agree at batch size 1), then each row is divided by its L2 norm (``normalize``). The loss ``L``:
@@ -22,15 +23,22 @@ scopes agree at batch size 1), then each row is divided by its L2 norm (``normal
   head is ``≈ ½‖∂ê/∂g_h‖²``, which ties it to the ablation score below.
 
 **Ablation importance**: the drop of a metric when one head alone is zeroed. By default the metric is
-embedding fidelity, so the drop is ``mean_b (1 − cos(ê_b, ê_b without head h))``. All heads are swept in
-batches: the batch is repeated once per (row, head) being zeroed, up to ``sweep_batch`` sequences per forward,
-and each copy's ``RowGate`` weights zero its own head. With ``metric(model) -> float`` (higher is better) the
-model is instead evaluated once per head: ``drop = metric(intact) − metric(head zeroed)``; that path is not
-reduced across processes.
+embedding fidelity, so the drop is ``mean_b (1 − cos(ê_b, ê_b without head h))``. ``method="layers"``
+(default) sweeps the heads one layer at a time: the batch is repeated once per head of the layer (up to
+``sweep_batch`` sequences per forward), each copy's ``RowGate`` weights zero its own head, and the layers below
+are not run again — their outputs do not depend on the head, so the reference forward's output of the layer
+below is fed in, repeated (models whose layers form one stack of blocks returning a tensor, e.g. Llama, BERT,
+GPT-2; others run the whole model per forward). One forward per layer and text batch (per ``sweep_batch``
+sequences), and on average half the layers' work per ablated head. ``method="batched"``: the same sweep
+through the whole model, heads of any layers mixed in a forward; ``method="exact"``: one forward per head,
+nothing repeated (the reference the others equal to float tolerance). With ``metric(model) -> float`` (higher
+is better) the model is instead evaluated once per head: ``drop = metric(intact) − metric(head zeroed)``; that
+path is not reduced across processes.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
@@ -121,6 +129,21 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
             yield len(batch.index), projection
 
 
+@contextmanager
+def frozen(model: nn.Module) -> Iterator[None]:
+    """Every parameter of ``model`` with ``requires_grad=False`` for the block (restored after): a backward to
+    the head gates then neither computes nor keeps anything for the weights' gradients (no activations saved for
+    them, no ``.grad``)."""
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p, _ in flags:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
 def gradient_sums(
     model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *, index: Sequence[int] | None = None,
     pairs: Pairs | None = None, loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None,
@@ -138,7 +161,8 @@ def gradient_sums(
              else len(pairs[0]) if pairs is not None else len(texts or ()))
     bar = tqdm(total=total, desc="gradient importance", unit="sent", disable=None if progress is None else not progress)
     sums, count = None, 0
-    with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates, torch.enable_grad():
+    with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
+            torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
                                           seed, score_scale, inputs):
@@ -181,31 +205,117 @@ def _heads(rows: list[Row]) -> list[tuple[int, int]]:
     return [(r.index, h) for r in rows for h in range(r.site.num_heads)]
 
 
+ABLATION_METHODS = ("layers", "batched", "exact")
+
+
+def _block_stack(model: nn.Module, rows: list[Row]) -> tuple[nn.ModuleList, list[int]] | None:
+    """``(the layer stack, block index of each row)`` when every row's site sits in its own element of one
+    ``ModuleList`` of ``model`` (a stack of blocks run in order); ``None`` otherwise (shared modules, several
+    stacks), where ``method="layers"`` runs the whole model."""
+    if any(r.site.shared for r in rows):
+        return None
+    for stack in model.modules():
+        if not isinstance(stack, nn.ModuleList):
+            continue
+        where = {id(sub): i for i, block in enumerate(stack) for sub in block.modules()}
+        blocks = [where.get(id(r.site.module)) for r in rows]
+        if all(b is not None for b in blocks) and len(set(blocks)) == len(rows):
+            return stack, blocks
+    return None
+
+
+@contextmanager
+def _captured(stack: nn.ModuleList) -> Iterator[list]:
+    """Record each block's output during the block (``None`` for an output that is not a tensor)."""
+    outputs: list = [None] * len(stack)
+
+    def hook(index: int):
+        def record(module, args, output):
+            outputs[index] = output if isinstance(output, torch.Tensor) else None
+        return record
+
+    handles = [block.register_forward_hook(hook(i)) for i, block in enumerate(stack)]
+    try:
+        yield outputs
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextmanager
+def _from_block(stack: nn.ModuleList, start: int, below: torch.Tensor | None) -> Iterator[None]:
+    """Run only blocks ``start..`` of ``stack``: the blocks before pass their input through untouched, and the
+    one just below returns ``below`` (its output in the reference forward, repeated for the batch's copies)."""
+    if start == 0:
+        yield
+        return
+    saved = [block.__dict__.get("forward") for block in stack[:start]]  # keep hooks that wrap forward
+
+    def passing(*args, **kwargs):
+        return args[0] if args else kwargs["hidden_states"]
+
+    for block in stack[: start - 1]:
+        block.forward = passing
+    stack[start - 1].forward = lambda *args, **kwargs: below
+    try:
+        yield
+    finally:
+        for block, forward in zip(stack[:start], saved):
+            if forward is None:
+                del block.__dict__["forward"]
+            else:
+                block.forward = forward
+
+
+def _sweep_plan(rows: list[Row], copies: int, method: str, blocks: list[int] | None
+                ) -> list[tuple[int, list[tuple[int, int]]]]:
+    """``[(first block to run, [(row, head) zeroed in each copy])]``: the forwards of one text batch."""
+    heads = _heads(rows)
+    if method == "exact":
+        return [(0, [h]) for h in heads]
+    if method == "batched" or blocks is None:
+        return [(0, heads[i : i + copies]) for i in range(0, len(heads), copies)]
+    out = []
+    for row in rows:  # a layer's heads in as few, as even forwards as fit
+        mine = [(row.index, h) for h in range(row.site.num_heads)]
+        n = -(-len(mine) // copies)
+        size = -(-len(mine) // n)
+        out += [(blocks[row.index], mine[i : i + size]) for i in range(0, len(mine), size)]
+    return out
+
+
 @torch.no_grad()
 def ablation_sums(
     model: nn.Module, tokenizer: Any, texts: Sequence[str], *, batch_size: int = 32, sweep_batch: int = 256,
-    max_length: int | None = None, progress: bool | None = None,
+    max_length: int | None = None, progress: bool | None = None, method: str = "layers",
 ) -> tuple[torch.Tensor, int]:
-    """This process's ``(Σ_b (1 − cos(ê_b, ê_b without head)) [rows, H] float64 CPU, number of sentences)``."""
+    """This process's ``(Σ_b (1 − cos(ê_b, ê_b without head)) [rows, H] float64 CPU, number of sentences)``;
+    ``method``: ``"layers"``, ``"batched"`` or ``"exact"`` (module docstring)."""
+    if method not in ABLATION_METHODS:
+        raise HeadwiseError(f"unknown ablation method {method!r}; use one of {', '.join(ABLATION_METHODS)}")
     rows = rows_of(model)
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
+    found = _block_stack(model, rows) if method == "layers" else None
+    stack, blocks = found if found is not None else (None, None)
     bar = tqdm(total=len(texts), desc="ablation sweep", unit="sent", disable=None if progress is None else not progress)
     count = 0
     with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates:
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
-        heads = _heads(rows)
         for batch in text_batches(tokenizer, texts, min(batch_size, sweep_batch), max_length, device):
             b = len(batch.index)
             gates.set(gates.ones(1, device))
-            reference = pooled(model, batch.inputs)  # [b, D]
-            copies = max(1, sweep_batch // b)
-            for start in range(0, len(heads), copies):
-                chunk = heads[start : start + copies]
+            with _captured(stack) if stack is not None else _nothing() as below:
+                reference = pooled(model, batch.inputs)  # [b, D]
+            plan = _sweep_plan(rows, max(1, sweep_batch // b), method,
+                               blocks if below is not None and all(o is not None for o in below) else None)
+            for start, chunk in plan:
                 weight = gates.ones(len(chunk) * b, device)
                 for c, (row, head) in enumerate(chunk):
                     weight[row, c * b : (c + 1) * b, head] = 0.0
                 gates.set(weight)
-                emb = pooled(model, batch.repeat(len(chunk))).view(len(chunk), b, -1)
+                repeated = None if start == 0 else below[start - 1].repeat(len(chunk), *[1] * (below[0].dim() - 1))
+                with _from_block(stack, start, repeated) if start else _nothing():
+                    emb = pooled(model, batch.repeat(len(chunk))).view(len(chunk), b, -1)
                 drop = (1.0 - (emb * reference[None]).sum(-1)).sum(1).double().cpu()  # [copies]
                 for c, (row, head) in enumerate(chunk):
                     sums[row, head] += drop[c]
@@ -215,23 +325,29 @@ def ablation_sums(
     return sums, count
 
 
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield None
+
+
 @torch.no_grad()
 def ablation_importance(
     model: nn.Module, tokenizer: Any = None, texts: Sequence[str] | None = None, *,
     metric: Callable[[nn.Module], float] | None = None, batch_size: int = 32, sweep_batch: int = 256,
-    max_length: int | None = None, progress: bool | None = None,
+    max_length: int | None = None, progress: bool | None = None, method: str = "layers",
 ) -> torch.Tensor:
     """Drop of a metric when each head alone is zeroed, ``[rows, H]`` (float64, CPU); see the module docstring.
 
-    Default: embedding-fidelity drop over ``texts`` (batched sweep). ``metric(model) -> float``: called once
-    intact and once per head with that head zeroed.
+    Default: embedding-fidelity drop over ``texts`` (``method``: ``"layers"`` sweep, ``"batched"`` or
+    ``"exact"``). ``metric(model) -> float``: called once intact and once per head with that head zeroed.
     """
     rows = rows_of(model)
     if metric is None:
         if tokenizer is None or texts is None:
             raise HeadwiseError("ablation importance needs a tokenizer and texts, or a metric callable")
         sums, count = reduce_sums(*ablation_sums(model, tokenizer, texts, batch_size=batch_size,
-                                                 sweep_batch=sweep_batch, max_length=max_length, progress=progress))
+                                                 sweep_batch=sweep_batch, max_length=max_length, progress=progress,
+                                                 method=method))
         return _mask_missing(sums / count, rows)
     device = _device(model)
     with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates:
@@ -246,4 +362,5 @@ def ablation_importance(
     return _mask_missing(table, rows)
 
 
-__all__ = ["gradient_importance", "ablation_importance", "gradient_sums", "ablation_sums", "reduce_sums"]
+__all__ = ["gradient_importance", "ablation_importance", "gradient_sums", "ablation_sums", "reduce_sums",
+           "ABLATION_METHODS"]

@@ -114,6 +114,13 @@ def model_args(parser: argparse.ArgumentParser) -> None:
                              "multi30k-marian-de-en")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    parser.add_argument("--device-map", default=None,
+                        help="Accelerate dispatch for models larger than one device: auto, balanced, sequential "
+                             "(replaces --device; transformers checkpoints only)")
+    parser.add_argument("--max-memory", default=None,
+                        help="with --device-map: memory per device, e.g. cpu=8GiB or 0=20GiB,cpu=30GiB")
+    parser.add_argument("--offload-folder", default=None,
+                        help="with --device-map: folder for the weights that fit nowhere (disk offload)")
 
 
 def build_parser() -> argparse.ArgumentParser:

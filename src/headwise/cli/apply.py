@@ -48,10 +48,12 @@ def run(args: argparse.Namespace) -> int:
     args.model = args.model or (None if plan.model.startswith(PACKAGED) else plan.model)
     model, tokenizer = load_task_model(args, task)
     teacher = None
-    if mode == "distill":
+    if mode == "distill":  # a reversible edit distils from the model with its ops off; others from a copy
         import copy
 
-        teacher = copy.deepcopy(model)
+        from ..planning.edits import REVERSIBLE
+
+        teacher = "off" if point.edit.methods and set(point.edit.methods) <= set(REVERSIBLE) else copy.deepcopy(model)
     before = None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
     plan.apply(model, tokenizer, point.name, task, progress=None)
     if mode != "none":

@@ -1,5 +1,7 @@
 """``--recover distill|finetune|none`` and its options, shared by the verbs that edit a model (prune, compress,
-replace): the teacher is taken before the edit, recovery runs after it, and the verb records what ran."""
+replace): the teacher is chosen before the edit, recovery runs after it, and the verb records what ran. After a
+reversible edit (ops attached: ``replace``) the teacher is the model itself with its ops switched off (no copy);
+after one that rewrites weights (``prune``, ``compress``) it is a copy taken before the edit."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 from ..errors import HeadwiseError
 
 MODES = ("distill", "finetune", "none")  # headwise.tasks.recovery.MODES
+OFF, COPY = "off", "copy"  # --teacher values that name no model (headwise.tasks.recovery.OFF)
 
 
 def recovery_args(parser: argparse.ArgumentParser) -> None:
@@ -22,7 +25,10 @@ def recovery_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--finetune", type=float, default=0.0, metavar="EPOCHS",
                    help="shorthand for --recover finetune --recover-epochs EPOCHS")
     g.add_argument("--teacher", default=None,
-                   help="distill: the model to distil from (default: the model as loaded, before the edit)")
+                   help="distill: the model to distil from: a model name or folder; 'copy' (a copy of the model as "
+                        "loaded, taken before the edit: twice the weights in memory); 'off' (the edited model with "
+                        "its headwise ops switched off: no copy, reversible edits only). Default: 'off' after a "
+                        "reversible edit (replace), 'copy' after one that rewrites weights (prune, compress)")
     g.add_argument("--alpha", type=float, default=0.5,
                    help="distill: weight of the distillation loss, 0-1 (default: 0.5; the task loss gets 1 - alpha)")
     g.add_argument("--temperature", type=float, default=2.0, help="distill: softening of logits (default: 2)")
@@ -46,11 +52,19 @@ def recovery_mode(args: argparse.Namespace) -> str:
     return mode
 
 
-def teacher_for(args: argparse.Namespace, model: Any, task: Any) -> Any:
-    """The teacher of ``--recover distill`` (``--teacher``, or a copy of ``model`` taken before the edit)."""
+def teacher_for(args: argparse.Namespace, model: Any, task: Any, reversible: bool = False) -> Any:
+    """The teacher of ``--recover distill``, chosen before the edit: ``"off"`` (the student with its ops
+    switched off; the default when the verb's edit is ``reversible``), a copy of ``model`` (``--teacher copy``;
+    the default otherwise) or the model ``--teacher`` names."""
     if recovery_mode(args) != "distill":
         return None
-    if args.teacher is None:
+    choice = args.teacher or (OFF if reversible else COPY)
+    if choice == OFF:
+        if not reversible:
+            raise HeadwiseError(f"--teacher off needs a reversible edit (ops attached); {args.verb} rewrites weights: "
+                                "use --teacher copy or a model name")
+        return OFF
+    if choice == COPY:
         return copy.deepcopy(model)
     from ..models import load_model
 
@@ -70,6 +84,8 @@ def recover_after_edit(args: argparse.Namespace, model: Any, tokenizer: Any, tas
             alpha=args.alpha, temperature=args.temperature, distance=args.distance)
     done = {"mode": mode, "epochs": epochs, "steps": args.recover_steps}
     if mode == "distill":
-        done |= {"teacher": args.teacher or "the model before the edit", "alpha": args.alpha,
+        named = args.teacher not in (None, OFF, COPY)
+        done |= {"teacher": args.teacher if named else "the model with its headwise ops switched off"
+                 if isinstance(teacher, str) else "a copy of the model before the edit", "alpha": args.alpha,
                  "temperature": args.temperature, "distance": args.distance}
     return done

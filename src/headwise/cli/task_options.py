@@ -89,11 +89,17 @@ def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
     num_labels = None
     if getattr(args, "new_head", False) and task.name == "classification":
         num_labels = 1 if task.is_regression() else len(task.label_names())
-    model, tokenizer = load_model(args.model, args.device, args.dtype, task=task,
+    model, tokenizer = load_model(args.model, args.device, args.dtype, task=task, **dispatch_of(args),
                                   new_head=getattr(args, "new_head", False), num_labels=num_labels)
     task.check_model(model, tokenizer)
     check_max_length(args, model, tokenizer)
     return model, tokenizer
+
+
+def dispatch_of(args: argparse.Namespace) -> dict[str, Any]:
+    """``--device-map`` / ``--max-memory`` / ``--offload-folder`` as ``load_model`` keywords."""
+    return {"device_map": getattr(args, "device_map", None), "max_memory": getattr(args, "max_memory", None),
+            "offload_folder": getattr(args, "offload_folder", None)}
 
 
 def load_task_model(args: argparse.Namespace, task, need_tokenizer: bool = False) -> tuple[Any, Any]:
@@ -108,7 +114,7 @@ def load_task_model(args: argparse.Namespace, task, need_tokenizer: bool = False
     name = getattr(args, "task", None) if task is None else None
     optional = task is None and not need_tokenizer
     model, tokenizer = load_model(args.model, args.device, args.dtype, with_tokenizer=not optional,
-                                  task=name if name in TASK_NAMES and name != "stsb" else None)
+                                  task=name if name in TASK_NAMES and name != "stsb" else None, **dispatch_of(args))
     if optional:
         tokenizer = optional_tokenizer(args.model, model)
     if task is not None:

@@ -14,14 +14,20 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Callable, Sequence, Union
 
 import torch
 from torch import nn
 
 from ..runtime.ops import ATTR
 from ..sites import AttentionSite, find_sites
+
+
+# what can be timed: a model, or a callable returning a context that yields the model in the wanted state (e.g.
+# ``EditedModel.original``: the same model with its unedited modules swapped in for the block)
+Timed = Union[nn.Module, Callable[[], AbstractContextManager]]
 
 
 @dataclass
@@ -112,29 +118,31 @@ def static_costs(model: nn.Module, length: float) -> Costs:
 
 
 @torch.inference_mode()
-def _time(model: nn.Module, batch: dict[str, torch.Tensor]) -> float:
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    model(**batch)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - start
+def _time(timed: Timed, batch: dict[str, torch.Tensor]) -> float:
+    with nullcontext(timed) if isinstance(timed, nn.Module) else timed() as model:
+        device = next(model.parameters()).device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        model(**batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - start
 
 
-def measure_latency(model: nn.Module, base: nn.Module, batch: dict[str, torch.Tensor], repeats: int = 7,
+def measure_latency(model: Timed, base: Timed, batch: dict[str, torch.Tensor], repeats: int = 7,
                     warmup: int = 2) -> tuple[float, float]:
     """``(median ratio, median ms of model)`` of one edited model beside ``base`` (``measure_latencies``)."""
     return measure_latencies({"model": model}, base, batch, repeats, warmup)[0]["model"]
 
 
-def measure_latencies(models: dict[str, nn.Module], base: nn.Module, batch: dict[str, torch.Tensor],
+def measure_latencies(models: dict[str, Timed], base: Timed, batch: dict[str, torch.Tensor],
                       repeats: int = 15, warmup: int = 2) -> tuple[dict[str, tuple[float, float]], float]:
     """``({name: (median ratio, median ms)}, median ms of base)`` for edited models timed side by side: each
     round runs ``base``, every model (in an order rotated each round) and ``base`` again; a model's ratio in a
     round is its time over the mean of that round's two base forwards, so slow drifts of the machine cancel and
-    no model always runs right after another."""
+    no model always runs right after another. A model or base may be given as a callable returning a context
+    that yields it (only the forward inside is timed)."""
     names = list(models)
     for _ in range(warmup):
         _time(base, batch)

@@ -2,8 +2,10 @@
 
 1. The budget is checked against the model before any work. 2. Proxies rank candidates: head importance orders
 removals, the output error on calibration batches ranks layers for a mechanism. 3. Every single-method level is
-applied to a copy and measured (task score on the dev data, costs after physical removal, latency beside the
-unedited model). 4. Pairs (heads removed × another method) are predicted from the singles and the best inside
+applied in place and measured (task score on the dev data, costs after physical removal, latency beside the
+unedited model), then the model is restored exactly (``edits.edited``: only the attention modules an edit
+rewrites are copied, one edit at a time; the model itself is never copied, except once as the recovery teacher
+and restore source when ``recover`` trains every weight). 4. Pairs (heads removed × another method) are predicted from the singles and the best inside
 the budget are measured too. 5. The front is taken over measured points only; the recommended plan is the
 best-scoring measured point that meets the whole budget.
 """
@@ -30,7 +32,7 @@ from .budget import Budget
 from .candidates import (Candidate, dk_candidates, kv_candidates, mechanism_candidates, prune_candidates,
                          quantization_candidates)
 from .costs import measure_latencies, measure_latency, sequence_length, static_costs
-from .edits import Edit, apply_edit
+from .edits import Edit, apply_edit, edited
 from .pareto import COST_AXES, front
 from .proxies import head_scores, outputs, relative_error, removal_order
 from .search import finalists
@@ -144,30 +146,30 @@ class Plan:
         return apply_edit(model, edit, calibration, self.settings.get("allow_empty_layers", False), progress)
 
     def retime(self, model: nn.Module, tokenizer: Any, repeats: int = 15, task: Task | None = None,
-               progress: bool | None = None, side_by_side: bool = True) -> None:
+               progress: bool | None = None) -> None:
         """Measure every point's latency again beside the unedited ``model`` (e.g. on an idle machine), then
-        recompute the budget fits, the front and the recommended point. Scores are not re-measured.
-        ``side_by_side`` (default) keeps every edited copy in memory and times them all in the same rounds
-        (``measure_latencies``), so the points are compared under the same machine load; ``False`` re-applies
-        and times one point at a time beside the original (for models too large to hold many copies)."""
+        recompute the budget fits, the front and the recommended point. Scores are not re-measured. Each point
+        is applied in place (``edits.edited``) and timed in rounds bracketed by forwards of the unedited model
+        (the original modules swapped back in), so at most one edited copy of the attention modules exists at a
+        time; the model is restored exactly afterwards."""
         task = task or self.make_task()
         device = next(model.parameters()).device
         size = self.settings["timing_batch"][0]
         timing = task.calibration_inputs(tokenizer, limit=size, batch_size=size, device=device)[0]
         edits = [p for p in self.points if p.kind != "base"]
         bar = dict(unit="edit", disable=None if progress is None else not progress)
-        if side_by_side:
-            copies = {p.name: self.apply(copy.deepcopy(model), tokenizer, p.name, task)
-                      for p in tqdm(edits, desc="apply every edit", **bar)}
-            measured, base_ms = measure_latencies(copies, model, timing, repeats)
-        else:
-            measured = {p.name: measure_latency(self.apply(copy.deepcopy(model), tokenizer, p.name, task), model,
-                                                timing, repeats) for p in tqdm(edits, desc="re-time", **bar)}
-            base_ms = measure_latency(model, model, timing, repeats)[1]
+        calibration = None
+        measured = {}
+        for p in tqdm(edits, desc="re-time", **bar):
+            if p.edit.needs_calibration() and calibration is None:
+                calibration = self.calibration(tokenizer, task, device)
+            with edited(model, p.edit, calibration if p.edit.needs_calibration() else None,
+                        self.settings.get("allow_empty_layers", False)) as state:
+                measured[p.name] = measure_latency(model, state.original, timing, repeats)
+        base_ms = measure_latency(model, model, timing, repeats)[1]
         for p in self.points:
             p.measured["latency"], p.measured["latency_ms"] = measured.get(p.name, (1.0, base_ms))
         self.settings["latency_repeats"] = repeats
-        self.settings["latency_side_by_side"] = side_by_side
         self.recommended = _finish(self.points, Budget.parse(self.budget), self.base, self.sign)
 
     # ---- files ---------------------------------------------------------------------------------------------
@@ -209,12 +211,13 @@ def task_spec(task: Task) -> dict[str, Any]:
     return {"name": task.name, "options": options, "metric": task.metric, "higher_is_better": task.higher_is_better}
 
 
-def recover_model(model: nn.Module, tokenizer: Any, task: Task, teacher: nn.Module, mode: str,
+def recover_model(model: nn.Module, tokenizer: Any, task: Task, pristine: nn.Module | None, mode: str,
                   epochs: float) -> None:
-    """``headwise.recover`` (the tasks layer's recovery), or nothing for ``mode="none"``."""
+    """``headwise.recover`` (the tasks layer's recovery) with ``pristine`` (the unedited model) as the teacher,
+    or nothing for ``mode="none"``."""
     if mode == "none":
         return
-    recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs, progress=False)
+    recover(model, tokenizer, task, teacher=pristine, mode=mode, epochs=epochs, progress=False)
 
 
 def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | str | dict, *,
@@ -245,16 +248,25 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     probe = [{k: v[:4] for k, v in calib[0].items()}]  # proxies: the first four calibration examples
     reference = outputs(model, probe)
 
-    def edit_copy(edit: Edit) -> nn.Module:
-        return apply_edit(copy.deepcopy(model), edit, calib if edit.needs_calibration() else None,
-                          allow_empty_layers)
+    # recovery trains every weight of the edited model: one pristine copy is its teacher and what the weights
+    # are restored from after each edit (the only copy of the model a plan makes, and only with recovery)
+    pristine = copy.deepcopy(model) if recover != "none" else None
 
-    def measure(edited: nn.Module) -> dict[str, Any]:
-        recover_model(edited, tokenizer, task, model, recover, recover_epochs)
-        metrics = task.evaluate(edited, tokenizer, progress=False)
-        costs = static_costs(edited, length)
-        costs.latency, costs.latency_ms = measure_latency(edited, model, timing, repeats)
-        return {"score": float(metrics[task.metric]), "metrics": _plain(metrics), **costs.to_dict()}
+    def measure(edit: Edit) -> tuple[float, dict[str, Any]]:
+        """``(output error on the probe, measured score and costs)`` of ``edit``, applied in place; the model
+        is restored exactly afterwards."""
+        with edited(model, edit, calib if edit.needs_calibration() else None, allow_empty_layers) as state:
+            try:
+                proxy = relative_error(reference, outputs(model, probe))
+                recover_model(model, tokenizer, task, pristine, recover, recover_epochs)
+                metrics = task.evaluate(model, tokenizer, progress=False)
+                costs = static_costs(model, length)
+                costs.latency, costs.latency_ms = measure_latency(model, state.original, timing, repeats)
+            finally:
+                if pristine is not None:  # the weights outside the attention modules were trained in place
+                    with state.original(), torch.no_grad():
+                        model.load_state_dict(pristine.state_dict())
+        return proxy, {"score": float(metrics[task.metric]), "metrics": _plain(metrics), **costs.to_dict()}
 
     # the unedited model
     base_metrics = task.evaluate(model, tokenizer, progress=False)
@@ -291,9 +303,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     for cand in tqdm(singles, desc="measure single methods", unit="edit",
                      disable=None if progress is None else not progress):
         try:
-            candidate = edit_copy(cand.edit)
-            cand.proxy = relative_error(reference, outputs(candidate, probe))
-            measured = measure(candidate)
+            cand.proxy, measured = measure(cand.edit)
         except HeadwiseError as err:
             skipped.setdefault(cand.method, f"{cand.name}: {err}")
             continue
@@ -308,7 +318,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     for name, parts, edit, pred in tqdm(chosen, desc="measure combined plans", unit="edit",
                                         disable=None if progress is None else not progress):
         try:
-            measured = measure(edit_copy(edit))
+            measured = measure(edit)[1]
         except HeadwiseError as err:
             skipped.setdefault("combined", f"{name}: {err}")
             continue

@@ -1,12 +1,13 @@
 """Cheap proxies that rank candidate edits before anything is measured on the task: head importance (gradient
-of the task loss, or L0 gate logits after a short joint training) and the relative output error of an edited
-copy on calibration batches (reconstruction / calibration error of a collaborative width, a KV merge, a
-quantizer or a mechanism on one layer)."""
+of the task loss, or L0 gate logits after a short training of the gates alone) and the relative output error of
+an edit applied in place on calibration batches (reconstruction / calibration error of a collaborative width, a
+KV merge, a quantizer or a mechanism on one layer). Nothing here copies the model: every proxy leaves it as it
+was, bit for bit."""
 
 from __future__ import annotations
 
-import copy
 import math
+from contextlib import ExitStack
 from typing import Any, Sequence
 
 import torch
@@ -14,11 +15,12 @@ from torch import nn
 
 from ..analysis.importance import gradient_importance
 from ..errors import HeadwiseError
-from ..pruning import L0Config, L0Penalty, add_l0_gates, l0_gates
+from ..pruning import L0Config, L0Penalty, add_l0_gates, l0_gates, remove_l0_gates
 from ..pruning.schedule import site_importance
+from ..runtime import using_headwise
 from ..sites import find_sites
 from ..tasks import Task
-from .edits import Edit, apply_edit
+from .edits import Edit, edited
 
 RANKINGS = ("gradient", "l0")
 
@@ -27,7 +29,8 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
                 keep: int | None = None, epochs: float = 1.0, progress: bool | None = None) -> dict[str, list[float]]:
     """``{site name: [score per head]}``, higher = more important. ``"gradient"``: Michel et al. importance of the
     task loss on ``examples`` training examples; ``"l0"``: ``log α`` of Hard-Concrete gates trained toward ``keep``
-    open heads with the task loss on a copy (the model itself is not changed)."""
+    open heads with the task loss, every weight of the model frozen (only the gates train; they are removed
+    after, and the model is left as it was)."""
     if ranking not in RANKINGS:
         raise HeadwiseError(f"unknown head ranking {ranking!r}; use one of {', '.join(RANKINGS)}")
     names = {s.path: s.name for s in find_sites(model)}
@@ -36,16 +39,28 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
         inputs = task.batches(tokenizer, "train", 8, examples, device)
         table = gradient_importance(model, tokenizer, inputs=inputs, loss_fn=task.loss, progress=progress)
         return {names[p]: [float(x) for x in v] for p, v in site_importance(model, table).items()}
-    trained = copy.deepcopy(model)
     total = sum(s.num_heads for s in find_sites(model))
     batch = task.train_defaults["batch_size"]
     steps = math.ceil(len(task.examples(tokenizer, "train").head(examples)) / batch * epochs)
     config = L0Config(lam=0.0, target_heads=keep or total // 2, lambda_lr=0.01, target_warmup=max(1, steps // 2),
                       init=3.0)
-    add_l0_gates(trained, config)
-    task.finetune(trained, tokenizer, epochs=epochs, limit=examples, penalties=[L0Penalty(trained, config)],
-                  head_learning_rate=0.1, progress=bool(progress))
-    return {names[p]: [float(x) for x in g.log_alpha.detach().cpu()] for p, g in l0_gates(trained).items()}
+    trainable = {n: p.requires_grad for n, p in model.named_parameters()}
+    was_training = model.training
+    stack = ExitStack()  # the attention implementation comes back last
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        stack.enter_context(using_headwise(model))
+        add_l0_gates(model, config)
+        task.finetune(model, tokenizer, epochs=epochs, limit=examples, penalties=[L0Penalty(model, config)],
+                      head_learning_rate=0.1, progress=bool(progress))
+        return {names[p]: [float(x) for x in g.log_alpha.detach().cpu()] for p, g in l0_gates(model).items()}
+    finally:
+        remove_l0_gates(model)
+        for n, p in model.named_parameters():
+            p.requires_grad_(trainable[n])
+        model.train(was_training)
+        stack.close()
 
 
 def removal_order(model: nn.Module, scores: dict[str, list[float]], allow_empty_layers: bool = False
@@ -101,7 +116,8 @@ def relative_error(reference: Sequence[torch.Tensor], got: Sequence[torch.Tensor
 def output_error(model: nn.Module, edit: Edit, batches: Sequence[dict[str, torch.Tensor]],
                  reference: Sequence[torch.Tensor] | None = None,
                  calibration: Sequence[dict[str, torch.Tensor]] | None = None) -> float:
-    """``relative_error`` of a copy of ``model`` with ``edit`` applied, against ``reference`` (the unedited
-    outputs on ``batches``, computed when not given)."""
+    """``relative_error`` of ``model`` with ``edit`` applied in place (``edits.edited``; restored exactly after)
+    against ``reference`` (the unedited outputs on ``batches``, computed when not given)."""
     reference = reference if reference is not None else outputs(model, batches)
-    return relative_error(reference, outputs(apply_edit(copy.deepcopy(model), edit, calibration), batches))
+    with edited(model, edit, calibration):
+        return relative_error(reference, outputs(model, batches))

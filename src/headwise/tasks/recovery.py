@@ -6,61 +6,109 @@ Distillation: ``loss = (1 − α) · task loss + α · distillation loss`` per b
 (``tasks.distillation``). Training goes through the task's ``train_objective`` (``HeadwiseTrainer``), so it runs
 unchanged under ``torchrun``.
 
-    teacher = copy.deepcopy(model)          # before the edit
+The teacher costs no memory when the edit is reversible (gates, masks, L0 gates, mixers, mechanisms,
+quantizers: ops attached to the attention modules): ``teacher="off"`` runs the student itself with every headwise
+op switched off (``switched_off``). That is the unedited model as long as only the ops' parameters have trained;
+when the shared weights train too, it is the current weights without the edit (a teacher that moves with them).
+An edit that rewrites weights (head removal, KV merge, collaborative heads) needs the model from before the edit:
+
+    teacher = copy.deepcopy(model)          # before the edit (a second copy of the weights)
     headwise.prune_heads(model, ...)         # any edit
     headwise.recover(model, tokenizer, "stsb", teacher=teacher, epochs=1)
+
+    headwise.apply_mechanism(model, "local", window=64)   # a reversible edit: no copy
+    headwise.recover(model, tokenizer, "stsb", teacher="off", epochs=1)
 """
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from ..runtime import eval_mode
+from ..runtime.ops import ATTR
+from ..sites import find_sites
 from .base import Task
 from .distillation import DISTANCES, distillation_loss
 
 MODES = ("distill", "finetune", "none")
+OFF = "off"  # teacher=OFF: the student with its headwise ops switched off
+
+
+def has_ops(model: nn.Module) -> bool:
+    """Whether any attention module of ``model`` carries headwise ops (an edit ``switched_off`` can undo)."""
+    return any(getattr(s.module, ATTR, None) is not None for s in find_sites(model))
+
+
+@contextmanager
+def switched_off(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` with every headwise op (gates, masks, mixers, mechanisms, quantizers, observers) switched off and
+    in eval mode for the block: the model without its reversible edits. Nothing is copied; each attention
+    module's ops are set aside in place (``None`` in their slot) and put back after."""
+    held = []
+    for site in find_sites(model):
+        ops = site.module._modules.get(ATTR)
+        if ops is not None:
+            held.append((site.module, ops))
+            site.module._modules[ATTR] = None
+    try:
+        with eval_mode(model):
+            yield model
+    finally:
+        for module, ops in held:
+            module._modules[ATTR] = ops
 
 
 class DistillationObjective(nn.Module):
     """``forward(**batch) -> {"loss", "task_loss", "distill_loss"}``: the student's task loss blended with its
     distillation loss toward ``teacher`` (kept out of the module tree: never trained, saved or wrapped by DDP;
-    moved to the batch's device on first use)."""
+    moved to the batch's device on first use), or toward the student itself with its headwise ops switched off
+    (``teacher="off"``: no second model)."""
 
-    def __init__(self, task: Task, model: nn.Module, teacher: nn.Module, *, alpha: float = 0.5,
+    def __init__(self, task: Task, model: nn.Module, teacher: nn.Module | str, *, alpha: float = 0.5,
                  temperature: float = 2.0, distance: str = "mse") -> None:
         super().__init__()
+        if isinstance(teacher, str) and teacher != OFF:
+            raise HeadwiseError(f"teacher={teacher!r}; pass a model or {OFF!r} (the student with its ops off)")
         self.task, self.model = task, model
-        self._teacher = [teacher.eval()]
+        self._teacher = [teacher if teacher == OFF else teacher.eval()]
         self.alpha, self.temperature, self.distance = alpha, temperature, distance
 
     @property
-    def teacher(self) -> nn.Module:
+    def teacher(self) -> nn.Module | str:
         return self._teacher[0]
+
+    def _target(self, batch: dict[str, torch.Tensor], device: torch.device):
+        """The teacher's ``TaskOutputs`` on ``batch`` (no gradient)."""
+        with torch.no_grad():
+            if self.teacher == OFF:
+                with switched_off(self.model):
+                    return self.task.outputs(self.model, batch)
+            if next(self.teacher.parameters()).device != device:
+                self._teacher[0] = self.teacher.to(device)
+            return self.task.outputs(self.teacher, batch)
 
     def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
         student = self.task.outputs(self.model, batch)
-        device = student.values.device
-        if next(self.teacher.parameters()).device != device:
-            self._teacher[0] = self.teacher.to(device)
-        with torch.no_grad():
-            target = self.task.outputs(self.teacher, batch)
+        target = self._target(batch, student.values.device)
         task_loss = self.task.loss_from(student, batch).mean()
         distill = distillation_loss(student, target, temperature=self.temperature, distance=self.distance).mean()
         return {"loss": (1 - self.alpha) * task_loss + self.alpha * distill, "task_loss": task_loss.detach(),
                 "distill_loss": distill.detach()}
 
 
-def recover(model: nn.Module, tokenizer: Any, task: Task | str, *, teacher: nn.Module | None = None,
+def recover(model: nn.Module, tokenizer: Any, task: Task | str, *, teacher: nn.Module | str | None = None,
             mode: str = "distill", epochs: float = 1.0, max_steps: int = -1, alpha: float = 0.5,
             temperature: float = 2.0, distance: str = "mse", limit: int | None = None, seed: int = 0,
             progress: bool = True, **train_args: Any) -> nn.Module:
     """Recover ``model`` (in place) after an edit; returns it in eval mode.
 
-    ``mode``: ``"distill"`` (task loss + distillation from ``teacher``, the unedited model), ``"finetune"`` (the
+    ``mode``: ``"distill"`` (task loss + distillation from ``teacher``: the unedited model, or ``"off"`` for
+    the student with its headwise ops switched off, see the module docstring), ``"finetune"`` (the
     task's own fine-tuning recipe) or ``"none"`` (the model untouched). ``alpha``: weight of the distillation loss
     (0–1); ``temperature``: softening of logits; ``distance``: ``"mse"`` or ``"cosine"`` for embedding tasks
     (STS-B, regression). ``limit``: train examples; ``train_args``: batch_size, learning_rate, penalties,
@@ -75,11 +123,17 @@ def recover(model: nn.Module, tokenizer: Any, task: Task | str, *, teacher: nn.M
         return task.finetune(model, tokenizer, epochs=epochs, max_steps=max_steps, limit=limit, seed=seed,
                              progress=progress, **train_args)
     if teacher is None:
-        raise HeadwiseError("mode 'distill' needs teacher= (the unedited model, e.g. copy.deepcopy(model) taken "
-                            "before the edit); or use mode='finetune'")
+        raise HeadwiseError("mode 'distill' needs teacher= ('off' after a reversible edit, else the unedited model, "
+                            "e.g. copy.deepcopy(model) taken before the edit); or use mode='finetune'")
     if teacher is model:
-        raise HeadwiseError("the teacher is the student itself; pass a copy of the model taken before the edit")
-    task.check_model(teacher, tokenizer)
+        raise HeadwiseError("the teacher is the student itself; pass teacher='off' (its headwise ops switched off) "
+                            "or a copy of the model taken before the edit")
+    if teacher == OFF:
+        if not has_ops(model):
+            raise HeadwiseError("teacher='off' switches off the model's headwise ops, but it has none (the edit "
+                                "rewrote weights): pass the model from before the edit, e.g. copy.deepcopy(model)")
+    else:
+        task.check_model(teacher, tokenizer)
     objective = DistillationObjective(task, model, teacher, alpha=alpha, temperature=temperature, distance=distance)
     task.train_objective(objective, tokenizer, epochs=epochs, max_steps=max_steps, limit=limit, seed=seed,
                          progress=progress, **train_args)

@@ -1,0 +1,240 @@
+"""How each verb's cost grows with model size and context (issue 32): time and peak process memory per verb on
+SmolLM2-135M and on random-initialised models with the shapes of SmolLM2-360M, Llama-3.2-1B and Llama-3-8B
+(the 8B shape layer-sliced: 2 of its 32 decoder layers, a lower bound to extrapolate per layer).
+
+Every (shape, verb, context) arm runs in a fresh process, so its peak memory is its own. Memory is reported as
+``(peak anonymous RSS − anonymous RSS before the model exists, libraries imported) / weights' bytes`` — the
+verb's memory in units of the model, sampled every 5 ms while the verb runs (loading's own transient peak is
+recorded apart, ``anon_load_peak_mb``) — and the raw peak RSS (which also counts the page cache of the
+memory-mapped checkpoint and the pages of the libraries' code). Verbs (the Python calls the CLI verbs make):
+
+- ``eval``: ``lm`` perplexity over ``2 × context`` tokens of WikiText-2 in windows of ``context``;
+- ``analyze``: streaming statistics + gradient importance (``analyze``, one text of ``context`` tokens);
+- ``kv-policy``: ``kv_policy`` (retrieval ranking, budget 0.5 at ``context``);
+- ``prune``: gradient importance of the lm loss (2 windows) then removal of a quarter of the KV groups;
+- ``plan``: ``headwise.plan`` with ``--methods prune,quantization`` (budget heads=0.75, 2 importance windows);
+- ``apply``: a planned removal applied to the model (``Plan.apply`` path: ``apply_edit``), then ``eval``.
+
+Quality numbers mean nothing on random weights; time and memory are real. Under load only ratios measured in
+one run mean anything; the lead re-runs the full table on an idle machine.
+
+Run: ``python benchmarks/scaling.py [--quick] [--shapes smollm2-135m,smollm2-360m,llama-3.2-1b]
+[--contexts 512,2048] [--verbs eval,analyze,...]``. Writes benchmarks/results/scaling_cpu.json and
+benchmarks/results/scaling_cpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+DATA = Path("/work/shared/data/wikitext-2/valid.txt")
+VERBS = ("eval", "analyze", "kv-policy", "prune", "plan", "apply")
+BOUNDS = {"eval": 1.3, "analyze": 1.3, "kv-policy": 1.3, "prune": 2.0, "plan": 2.0, "apply": 2.0}
+SHAPES = {  # transformers LlamaConfig fields of each shape (SmolLM2 is a Llama)
+    "smollm2-135m": None,  # the packaged model itself
+    "smollm2-360m": dict(hidden_size=960, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
+                         intermediate_size=2560, vocab_size=49152, tie_word_embeddings=True),
+    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True, head_dim=64),
+    "llama-3-8b/2-layers": dict(hidden_size=4096, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
+                                intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
+}
+QUICK = dict(shapes=["smollm2-135m"], contexts=[256], verbs=list(VERBS))
+
+
+def anon_mb() -> float:
+    """Anonymous resident memory (MiB) of this process: tensors and Python objects, not the page cache of
+    memory-mapped checkpoint files (which the kernel can drop)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:")) / 1024
+
+
+def peak_mb() -> float:
+    """Peak resident memory (MiB) of this process, mapped files included."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class AnonPeak:
+    """Samples ``anon_mb`` every 5 ms in a thread; ``peak`` is the largest value seen."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak, self._stop = anon_mb(), threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, anon_mb())
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, anon_mb())
+        return self.peak
+
+
+def build(shape: str, context: int):
+    """``(model, tokenizer)``: SmolLM2-135M, or a random-initialised Llama of ``shape`` with SmolLM2's tokenizer."""
+    import torch
+    import transformers as tf
+
+    import headwise
+
+    model, tokenizer = headwise.load_model("smollm2-135m", task="lm")
+    if SHAPES[shape] is None:
+        with torch.no_grad():  # from the checkpoint's memory map into process memory, as a loaded model holds it
+            for p in model.parameters():
+                p.data = p.data.clone()
+        return model, tokenizer
+    del model
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(**SHAPES[shape], max_position_embeddings=max(8192, context), rms_norm_eps=1e-5)
+    with torch.device("cpu"):
+        model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise", dtype=torch.float32)
+    return model.eval(), tokenizer
+
+
+def child(shape: str, verb: str, context: int, text: str) -> dict:
+    """Run one arm in this (fresh) process; returns its measurements."""
+    import torch
+    import transformers  # noqa: F401  (libraries loaded before the baseline)
+    from transformers.models.llama import modeling_llama  # noqa: F401
+
+    import headwise  # noqa: F401
+    from headwise import analysis, kvcache, planning, tasks  # noqa: F401
+
+    before = anon_mb()
+    sampler = AnonPeak()
+    model, tokenizer = build(shape, context)
+    tokenizer.model_max_length = max(context, 8192)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    load_peak, loaded = sampler.stop(), anon_mb()
+    sampler = AnonPeak()
+    start = time.perf_counter()
+    run_verb(verb, model, tokenizer, context, text)
+    seconds = time.perf_counter() - start
+    peak = sampler.stop()
+    return {"shape": shape, "verb": verb, "context": context, "seconds": seconds, "weights_mb": weights / 2**20,
+            "anon_before_mb": before, "anon_loaded_mb": loaded, "anon_load_peak_mb": load_peak,
+            "anon_peak_mb": peak, "peak_rss_mb": peak_mb(), "ratio": (peak - before) * 2**20 / weights,
+            "loaded_ratio": (loaded - before) * 2**20 / weights, "threads": torch.get_num_threads(),
+            "heads": sum(s.num_heads for s in __import__("headwise").find_sites(model)),
+            "layers": model.config.num_hidden_layers}
+
+
+def run_verb(verb: str, model, tokenizer, context: int, text: str) -> None:
+    import headwise
+    from headwise.analysis import analyze
+    from headwise.tasks import LanguageModeling
+
+    task = LanguageModeling(data=text, max_length=context, max_tokens=2 * context)
+    if verb == "eval":
+        task.evaluate(model, tokenizer, progress=False)
+    elif verb == "analyze":
+        texts = [" ".join(Path(text).read_text().split()[: context])]
+        analyze(model, tokenizer, texts, importance=("gradient",), examples=0, batch_size=1, max_length=context,
+                progress=False)
+    elif verb == "kv-policy":
+        from headwise.kvcache import ScoreConfig, kv_policy
+
+        kv_policy(model, tokenizer, 0.5, context, 4, None, "retrieval",
+                  config=ScoreConfig(length=min(512, context), sink=4, window=max(8, context // 4)), progress=False)
+    elif verb == "prune":
+        from headwise.pruning.schedule import site_importance
+        from headwise.planning.proxies import head_scores, prune_edit, removal_order
+        from headwise.planning.edits import apply_edit
+
+        scores = head_scores(model, tokenizer, task, "gradient", examples=2)
+        order = removal_order(model, scores)
+        total = sum(s.num_heads for s in headwise.find_sites(model))
+        apply_edit(model, prune_edit(order, total // 4))
+    elif verb == "plan":
+        headwise.plan(model, tokenizer, task, "heads=0.75", examples=2, calibration=2, repeats=1, top_k=1,
+                      methods=("prune", "quantization"), progress=False)
+    elif verb == "apply":
+        from headwise.planning.edits import Edit, apply_edit
+
+        sites = headwise.find_sites(model)
+        g = sites[0].group_size
+        apply_edit(model, Edit(prune={s.name: list(range(g)) for s in sites}))  # one KV group per layer
+        task.evaluate(model, tokenizer, progress=False)
+    else:
+        raise SystemExit(f"unknown verb {verb}")
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| shape | layers | heads | context | verb | time (s) | weights (MiB) | loaded / weights | "
+             "peak anon (MiB) | (peak − before) / weights | bound |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['shape']} | | | {r['context']} | {r['verb']} | error: {r['error'][:80]} | | | | | |")
+            continue
+        bound = BOUNDS[r["verb"]]
+        mark = "ok" if r["ratio"] <= bound else "**over**"
+        lines.append(f"| {r['shape']} | {r['layers']} | {r['heads']} | {r['context']} | {r['verb']} | "
+                     f"{r['seconds']:.1f} | {r['weights_mb']:.0f} | {r['loaded_ratio']:.2f} | {r['anon_peak_mb']:.0f} | "
+                     f"{r['ratio']:.2f} | "
+                     f"≤ {bound} {mark} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="SmolLM2-135M at 256 tokens, every verb")
+    parser.add_argument("--shapes", default="smollm2-135m,smollm2-360m,llama-3.2-1b,llama-3-8b/2-layers")
+    parser.add_argument("--contexts", default="512,2048")
+    parser.add_argument("--verbs", default=",".join(VERBS))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per arm (default: torch's)")
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds per arm")
+    parser.add_argument("--out", default=str(HERE / "results" / "scaling_cpu"))
+    parser.add_argument("--child", nargs=3, metavar=("SHAPE", "VERB", "CONTEXT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        shape, verb, context = args.child
+        print("RESULT " + json.dumps(child(shape, verb, int(context), str(DATA))), flush=True)
+        return
+    shapes, contexts, verbs = args.shapes.split(","), [int(c) for c in args.contexts.split(",")], args.verbs.split(",")
+    if args.quick:
+        shapes, contexts, verbs = QUICK["shapes"], QUICK["contexts"], QUICK["verbs"]
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    rows = []
+    for shape in shapes:
+        for context in contexts:
+            for verb in verbs:
+                cmd = [sys.executable, __file__, "--child", shape, verb, str(context)]
+                try:
+                    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
+                    found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+                    row = json.loads(found[-1][7:]) if found else {
+                        "shape": shape, "verb": verb, "context": context,
+                        "error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+                except subprocess.TimeoutExpired:
+                    row = {"shape": shape, "verb": verb, "context": context, "error": f"over {args.timeout}s"}
+                rows.append(row)
+                print(table([row]).splitlines()[-1], flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {"quick": args.quick, "python": sys.version.split()[0], "machine": os.uname().machine,
+            "cpus": os.cpu_count(), "note": "under load unless re-run on an idle machine"}
+    from headwise.io import atomic_write_text
+
+    atomic_write_text(out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1))
+    atomic_write_text(out.with_suffix(".md"), "# Scaling (CPU)\n\n" + table(rows) + "\n")
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()
