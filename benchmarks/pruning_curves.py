@@ -155,7 +155,7 @@ headwise.prune_masked(model)                            # remove closed heads, f
 
 `HeadwiseTrainer` (a `transformers.Trainer`) takes `penalties=[...]` and `head_learning_rate=`; it divides
 the loss by the accumulation steps itself (transformers #47688) and runs unchanged under `torchrun`.
-Plain export for uniformly pruned Llama / Mistral / Qwen2: `headwise.pruning.export_plain(model, path)`.
+Plain export for uniformly pruned Llama / Mistral / Qwen2: `headwise.io.export_plain(model, path)`.
 """
     atomic_write_text(DOCS / "pruning.md", text)
 

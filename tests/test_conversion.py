@@ -10,7 +10,7 @@ import transformers as tf
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 import headwise
-from headwise.conversion import (LatentProjection, convert_gqa, convert_latent, export_native, kv_values_per_token,
+from headwise.conversion import (LatentProjection, convert_gqa, convert_latent, kv_values_per_token,
                                  pair_scale)
 from headwise.conversion.rotary import conjugate_rows, to_complex, to_real
 from headwise.errors import HeadwiseError
@@ -170,7 +170,7 @@ def test_similarity_grouping_finds_heads_that_share_keys():
 def test_native_export_loads_with_plain_transformers(tmp_path):
     model = causal_lm("qwen2", num_key_value_heads=2)  # biases on q/k/v
     convert_gqa(model, kv_heads=1, init="calibrated", calibration=calibration(), progress=False)
-    export_native(model, tmp_path / "plain")
+    headwise.io.export_plain(model, tmp_path / "plain")
     plain = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "plain").eval()
     assert plain.config.num_key_value_heads == 1
     torch.testing.assert_close(logits(plain, "qwen2"), logits(model, "qwen2"), rtol=0, atol=1e-5)
@@ -178,7 +178,7 @@ def test_native_export_loads_with_plain_transformers(tmp_path):
     out = plain.generate(prompt, max_new_tokens=5, do_sample=False)
     assert torch.equal(out, model.generate(prompt, max_new_tokens=5, do_sample=False))
     with pytest.raises(HeadwiseError, match="not empty"):
-        export_native(model, tmp_path / "plain")
+        headwise.io.export_plain(model, tmp_path / "plain")
 
 
 def test_marian_decoder_self_attention(tmp_path):
@@ -204,7 +204,7 @@ def test_marian_decoder_self_attention(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(back(**inputs).logits, model(**inputs).logits, rtol=0, atol=1e-5)
     with pytest.raises(HeadwiseError, match="no key/value head count"):
-        export_native(model, tmp_path / "plain")
+        headwise.io.export_plain(model, tmp_path / "plain")
 
 
 # --- latent keys/values ------------------------------------------------------------------------------------------
@@ -233,7 +233,7 @@ def test_latent_budget_saves_and_reloads(tmp_path):
     back = headwise.from_pretrained(tmp_path / "m")
     torch.testing.assert_close(logits(back), logits(model), rtol=0, atol=1e-6)
     with pytest.raises(HeadwiseError, match="latent"):
-        export_native(model, tmp_path / "plain")
+        headwise.io.export_plain(model, tmp_path / "plain")
 
 
 def test_latent_marian_full_rank_exact():

@@ -197,7 +197,7 @@ def test_whole_layer_removal_needs_the_flag():
 def test_uniformly_pruned_llama_family_exports_a_plain_checkpoint(family, tmp_path):
     import transformers as tf
 
-    from headwise.pruning import export_plain
+    from headwise.io import export_plain
 
     model = tiny_model(family)
     gates = add_l0_gates(model, L0Config(init=0.0))  # fractional gates get folded, closed groups removed
@@ -218,7 +218,7 @@ def test_uniformly_pruned_llama_family_exports_a_plain_checkpoint(family, tmp_pa
 
 
 def test_plain_export_refuses_non_uniform_or_unsupported_models(tmp_path):
-    from headwise.pruning import export_plain
+    from headwise.io import export_plain
 
     model = tiny_model("llama")
     headwise.prune_heads(model, {"dec-self.0": [2, 3]})

@@ -30,7 +30,7 @@ def register(verbs, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
     from ..planning import Plan
-    from ..pruning import export_plain, plain_problem
+    from ..io import export_plain, plain_problem
     from ..report import Report
     from ..report.plan import savings
     from ..tasks import recover

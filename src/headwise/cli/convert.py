@@ -208,7 +208,8 @@ def _default_calibration(task_name: str, tokenizer, args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..conversion import convert_gqa, convert_latent, export_native, kv_cache_bytes, native_reason
+    from ..conversion import convert_gqa, convert_latent, kv_cache_bytes
+    from ..io import export_plain, plain_problem
     from ..io import atomic_dir, check_writable_dir, save_pretrained
     from ..models import load_model
 
@@ -259,13 +260,13 @@ def run(args: argparse.Namespace) -> int:
         if ppl is not None:
             ppl["uptrained"] = perplexity(model, evaluation)
     summary["perplexity"] = ppl
-    reason = native_reason(model)
+    reason = plain_problem(model)
     summary["saved"] = "plain transformers (AutoModelForCausalLM.from_pretrained)" if reason is None else \
         f"headwise.from_pretrained ({reason})"
     summary["verdict"] = _verdict(summary)
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         if reason is None:
-            export_native(model, tmp / "model", tokenizer=tokenizer)
+            export_plain(model, tmp / "model", tokenizer=tokenizer)
         else:
             save_pretrained(model, tmp / "model", tokenizer=tokenizer)
         (tmp / "conversion.json").write_text(json.dumps(summary, indent=1))

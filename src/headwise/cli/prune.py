@@ -56,7 +56,8 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
-    from ..pruning import apply_masks, export_plain, load_masks, plain_problem, prune_masked
+    from ..io import export_plain, plain_problem
+    from ..pruning import apply_masks, load_masks, prune_masked
     from ..report import Report
     from .output import save_run
     from ..report.pruning import add_pruning_section

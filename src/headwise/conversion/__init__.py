@@ -5,7 +5,6 @@ keys/values (``convert_latent``), calibrated to respect the rotary embedding. Ma
 from .budget import kv_cache_bytes, kv_values_per_token
 from .calibration import input_moments
 from .config import GQAConfig, LatentConfig
-from .export import export_native, native_reason
 from .gqa import convert_gqa
 from .latent import convert_latent
 from .layer import LatentProjection, is_latent
@@ -13,4 +12,4 @@ from .rotary import pair_scale
 
 from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
 __all__ = ["convert_gqa", "convert_latent", "GQAConfig", "LatentConfig", "LatentProjection", "is_latent",
-           "export_native", "native_reason", "kv_cache_bytes", "kv_values_per_token", "input_moments", "pair_scale"]
+           "kv_cache_bytes", "kv_values_per_token", "input_moments", "pair_scale"]
