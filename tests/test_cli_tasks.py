@@ -144,7 +144,7 @@ def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, 
 
 @pytest.mark.parametrize("verb", ["mix", "replace"])
 def test_mix_and_replace_report_the_task_metric(llama_dir, tmp_path, capsys, verb):
-    extra = ["--finetune", "0.5"] if verb == "mix" else ["local", "--arg", "window=4", "--recover", "finetune",
+    extra = ["--mix-epochs", "0.5"] if verb == "mix" else ["local", "--arg", "window=4", "--recover", "finetune",
                                                           "--recover-steps", "4"]
     out = tmp_path / verb
     assert main([verb, *extra, "--task", "lm", "--model", str(llama_dir / "model"), "--data",

@@ -72,7 +72,7 @@ def test_mix_no_mixers_fine_tunes_the_swapped_model_as_it_is(marian_dir, tmp_pat
     out = tmp_path / "m"
     swap = "dec-enc.0:1 <-> dec-enc.1:2"
     argv = ["mix", "--task", "translation", "--model", str(marian_dir / "model"), "--data-dir", str(marian_dir),
-            "--max-length", "32", "--max-new-tokens", "8", "--swap", swap, "--finetune", "0.5", "--no-mixers", "--json", "--out", str(out)]
+            "--max-length", "32", "--max-new-tokens", "8", "--swap", swap, "--mix-epochs", "0.5", "--no-mixers", "--json", "--out", str(out)]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["mixers"] is False and "nuclear_norms" not in result
@@ -84,7 +84,7 @@ def test_mix_no_mixers_fine_tunes_the_swapped_model_as_it_is(marian_dir, tmp_pat
     assert all(torch.allclose(v, want[k], atol=1e-6) for k, v in got.state_dict().items())
     assert not torch.equal(want["model.decoder.layers.0.encoder_attn.q_proj.weight"],
                            tiny_seq2seq("marian").state_dict()["model.decoder.layers.0.encoder_attn.q_proj.weight"])
-    assert main(argv[:-3] + ["--finetune", "0", "--out", str(tmp_path / "never")]) != 0  # --no-mixers alone
+    assert main(argv[:-3] + ["--mix-epochs", "0", "--out", str(tmp_path / "never")]) != 0  # --no-mixers alone
     assert "--no-mixers" in capsys.readouterr().err and not (tmp_path / "never").exists()
 
 

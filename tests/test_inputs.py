@@ -384,7 +384,7 @@ def test_convert_takes_a_task_and_calibrates_on_its_default_data(llama_dir, tmp_
     monkeypatch.setenv("HEADWISE_DATA_DIR", str(tmp_path / "data"))
     out = tmp_path / "c"
     assert main(["convert", "gqa", "--task", "lm", "--model", str(llama_dir / "model"), "--kv-heads", "1",
-                 "--window", "16", "--calib-tokens", "64", "--eval-tokens", "16", "--out", str(out), "--json"]) == 0
+                 "--max-length", "16", "--calib-tokens", "64", "--eval-tokens", "16", "--out", str(out), "--json"]) == 0
     captured = capsys.readouterr()
     assert f"calibrating on {data / 'valid.txt'}" in captured.err
     summary = json.loads(captured.out)
@@ -397,7 +397,7 @@ def test_convert_keeps_the_last_complete_checkpoint_and_resumes_from_it(llama_di
     out = tmp_path / "c"
     checkpoints = tmp_path / "c.checkpoints"
     common = ["convert", "gqa", "--model", str(llama_dir / "model"), "--kv-heads", "1", "--init", "mean",
-              "--text", str(llama_dir / "text.txt"), "--window", "16", "--eval-tokens", "0",
+              "--text", str(llama_dir / "text.txt"), "--max-length", "16", "--eval-tokens", "0",
               "--uptrain-tokens", "128", "--out", str(out)]
     assert main(common) == 0
     assert not checkpoints.exists()  # removed at the end

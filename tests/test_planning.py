@@ -251,7 +251,7 @@ def test_plan_and_apply_verbs_end_to_end(tmp_path, bert_dir, stsb_dir, capsys):
     out = tmp_path / "plan"
     common = ["--model", str(bert_dir), "--task", "stsb", "--data", str(stsb_dir)]
     assert main(["plan", *common, "--budget", "heads=5", "--repeats", "1", "--importance-examples", "16",
-                 "--calibration", "8", "--methods", "prune,dk", "--out", str(out)]) == 0
+                 "--calibration-limit", "8", "--methods", "prune,dk", "--out", str(out)]) == 0
     data = json.loads((out / "plan.json").read_text())
     assert data["schema"] == "headwise.plan/1" and data["recommended"] and data["front"]
     html = (out / "report.html").read_text()

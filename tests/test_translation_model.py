@@ -173,8 +173,8 @@ def test_refuses_other_folders_and_recipes(corpus_dir, tmp_path):
 def test_cli_trains_and_refuses_missing_data(corpus_dir, tmp_path, capsys):
     out = tmp_path / "cli"
     args = ["train", "translation", "--data-dir", str(corpus_dir), "--src", "src", "--tgt", "tgt", "--out", str(out),
-            "--no-time-limit", "--max-steps", "3", "--vocab-size", "200", "--d-model", "32", "--layers", "1",
-            "--heads", "2", "--ffn", "64", "--max-tokens", "400", "--val-size", "8", "--json"]
+            "--no-time-limit", "--max-steps", "3", "--vocab-size", "200", "--d-model", "32", "--num-layers", "1",
+            "--num-heads", "2", "--ffn", "64", "--batch-tokens", "400", "--val-size", "8", "--json"]
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["steps"] == 3 and result["recipe"]["layers"] == 1 and (out / "model.safetensors").is_file()

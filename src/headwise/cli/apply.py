@@ -19,8 +19,8 @@ def register(verbs, parents) -> None:
     p.add_argument("--point", default=None, help="apply this point of the plan (default: the recommended one)")
     p.add_argument("--recover", choices=RECOVERY, default=None,
                    help="recovery after the edit (default: what the plan used, else none)")
-    p.add_argument("--epochs", type=float, default=1.0, help="epochs of recovery (default: 1)")
-    p.add_argument("--max-steps", type=int, default=-1, help="stop recovery after N steps")
+    p.add_argument("--recover-epochs", type=float, default=1.0, help="epochs of recovery (default: 1)")
+    p.add_argument("--recover-max-steps", type=int, default=-1, help="stop recovery after N steps")
     p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
     p.add_argument("--out", default="headwise-applied", help="output folder: model/, apply.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     point = plan.point(args.point)
     mode = args.recover or plan.settings.get("recover", "none")
-    if args.epochs <= 0 and mode != "none":
+    if args.recover_epochs <= 0 and mode != "none":
         raise HeadwiseError("--epochs must be > 0 with --recover distill|finetune")
     check_writable_dir(args.out, args.force)
     task = plan.make_task()
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     before = None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
     plan.apply(model, tokenizer, point.name, task, progress=None)
     if mode != "none":
-        recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.epochs, max_steps=args.max_steps)
+        recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.recover_epochs, max_steps=args.recover_max_steps)
     after = None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
     summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.to_dict(),
                "describe": point.edit.describe(), "recover": mode, "metric": task.metric, "before": before,

@@ -25,7 +25,7 @@ def register(verbs, parents) -> None:
                    help="STS-B .tsv file or folder, a .txt file (one text a line), or 'task' (the task's "
                         "calibration split): minimise the attention-score error on these inputs instead of the weight "
                         "error")
-    p.add_argument("--limit", type=int, default=2000, help="calibration texts used, a seeded random sample when the file holds more (default: 2000)")
+    p.add_argument("--calibration-limit", type=int, default=2000, help="calibration texts used, a seeded random sample when the file holds more (default: 2000)")
     p.add_argument("--kinds", default=None,
                    help="convert only these attention kinds, comma-separated (an encoder-decoder: enc-self, dec-self, dec-enc; "
                         "T5 converts enc-self,dec-self only)")
@@ -101,19 +101,19 @@ def run(args: argparse.Namespace) -> int:
     args.dk = _dk(args.dk)
     check_writable_dir(args.out, args.force)
     from_task = args.calibration == "task"
-    texts = _calibration_texts(args.calibration, args.limit) if args.calibration and not from_task else None
+    texts = _calibration_texts(args.calibration, args.calibration_limit) if args.calibration and not from_task else None
     if args.calibration and not from_task and not texts:
         raise HeadwiseError(f"the calibration set {args.calibration} holds no text")
     evaluate = not args.no_eval
     recovering = recovery_mode(args) != "none"
-    task = task_from_args(args, skip=("limit",)) if evaluate or recovering or from_task else None
+    task = task_from_args(args) if evaluate or recovering or from_task else None
     # the head of --task also without evaluation; calibration texts need the tokenizer
     model, tokenizer = load_task_model(args, task, need_tokenizer=bool(texts))
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
     config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations, kinds=kinds)
     sites = select_sites(model, kinds)
     check_compressible(model, sites, args.dk)
-    calibration = task.calibration_inputs(tokenizer, limit=args.limit, batch_size=config.batch_size) \
+    calibration = task.calibration_inputs(tokenizer, limit=args.calibration_limit, batch_size=config.batch_size) \
         if from_task else texts
     moments = input_moments(model, sites, calibration, tokenizer, config.batch_size, config.max_length) \
         if calibration else None

@@ -52,7 +52,7 @@ def register(verbs, parents) -> None:
                          "evaluate (default for lm: shared/data/wikitext-2/valid.txt)")
         sub.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens (default: 16384)")
         sub.add_argument("--eval-tokens", type=int, default=4096, help="evaluation tokens, 0 to skip (default: 4096)")
-        sub.add_argument("--window", type=int, default=1024, help="tokens per sequence (default: 1024)")
+        sub.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (default: 1024)")
         sub.add_argument("--uptrain-tokens", type=int, default=0, help="tokens of next-token uptraining (default: 0)")
         sub.add_argument("--distill", type=float, default=0.0, help="weight W of the KL to the original model's "
                          "predictions: (loss + W·KL) / (1 + W), headwise.recover with alpha W / (1 + W)")
@@ -70,8 +70,8 @@ def _windows(ids, tokens: int, window: int, what: str) -> list:
     """``[1, window]`` slices of the first ``tokens`` ids; refuses when not even one fits."""
     ids = ids[:tokens]
     if len(ids) < window:
-        raise HeadwiseError(f"{what}: {len(ids)} tokens, fewer than one --window of {window}; pass more text, "
-                            "more tokens or a shorter --window")
+        raise HeadwiseError(f"{what}: {len(ids)} tokens, fewer than one --max-length of {window}; pass more text, "
+                            "more tokens or a shorter --max-length")
     return [ids[i : i + window][None] for i in range(0, len(ids) - window + 1, window)]
 
 
@@ -120,7 +120,7 @@ def _uptrain(model, teacher, tokenizer, windows: list, args: argparse.Namespace)
             self.loss = next((h["train_loss"] for h in reversed(state.log_history) if "train_loss" in h), None)
 
     result, n = Result(), len(windows)
-    task = _text_task(args.text, args.window, tokens=n * args.window)
+    task = _text_task(args.text, args.max_length, tokens=n * args.max_length)
     checkpoints = checkpoint_dir(args.out)
     if args.resume:
         drop_incomplete_checkpoints(checkpoints)
@@ -196,8 +196,8 @@ def _default_calibration(task_name: str, tokenizer, args: argparse.Namespace):
 
     try:
         if task_name == "lm":
-            return LanguageModeling(max_length=args.window).source(), None
-        batches = Translation(max_length=args.window).calibration_inputs(tokenizer, limit=256, batch_size=16,
+            return LanguageModeling(max_length=args.max_length).source(), None
+        batches = Translation(max_length=args.max_length).calibration_inputs(tokenizer, limit=256, batch_size=16,
                                                                          device=args.device)
         return None, batches
     except HeadwiseError as err:
@@ -223,19 +223,19 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError("--uptrain-tokens needs a decoder and --text FILE (training text)")
     if args.resume and not args.uptrain_tokens:
         raise HeadwiseError("--resume continues uptraining; give --uptrain-tokens too")
-    text = _text_task(args.text, args.window) if args.text else None  # bad text fails before the model loads
+    text = _text_task(args.text, args.max_length) if args.text else None  # bad text fails before the model loads
     model, tokenizer = load_model(args.model, args.device, args.dtype or "float32", task=task_name)
     calib_batches = None
     if args.init == "calibrated" and not args.text:
         args.text, calib_batches = _default_calibration(task_name, tokenizer, args)
         if args.text:
             print(f"headwise: calibrating on {args.text} (no --text given)", file=sys.stderr)
-            text = _text_task(args.text, args.window)
+            text = _text_task(args.text, args.max_length)
     calibration = evaluation = None
     if text is not None:
         calib_ids, eval_ids = text.token_stream(tokenizer, "train"), text.token_stream(tokenizer, "eval")
-        calibration = _windows(calib_ids, args.calib_tokens, args.window, "calibration (first 90% of --text)")
-        evaluation = _windows(eval_ids, args.eval_tokens, args.window, "evaluation (last 10% of --text)") \
+        calibration = _windows(calib_ids, args.calib_tokens, args.max_length, "calibration (first 90% of --text)")
+        evaluation = _windows(eval_ids, args.eval_tokens, args.max_length, "evaluation (last 10% of --text)") \
             if args.eval_tokens > 0 else None
     calibration = calib_batches if calib_batches is not None else calibration
     teacher = copy.deepcopy(model) if args.uptrain_tokens and args.distill > 0 else None
@@ -255,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     if ppl is not None:
         ppl["converted"] = perplexity(model, evaluation)
     if args.uptrain_tokens:
-        windows = _windows(calib_ids, args.uptrain_tokens, args.window, "--uptrain-tokens")
+        windows = _windows(calib_ids, args.uptrain_tokens, args.max_length, "--uptrain-tokens")
         summary["uptraining"] = _uptrain(model, teacher, tokenizer, windows, args)
         if ppl is not None:
             ppl["uptrained"] = perplexity(model, evaluation)

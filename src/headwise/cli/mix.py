@@ -17,7 +17,7 @@ def register(verbs, parents) -> None:
     p.add_argument("--swap", action="append", default=[], metavar="'SITE:HEAD <-> SITE:HEAD'",
                    help="exchange two heads' q/k/v weights (repeatable), e.g. 'enc-self.1:3 <-> enc-self.4:0'")
     p.add_argument("--include-output", action="store_true", help="swap the heads' output-projection columns too")
-    p.add_argument("--finetune", type=float, default=0.0,
+    p.add_argument("--mix-epochs", type=float, default=0.0,
                    help="epochs of fine-tuning on the task with alpha mixers on every site, folded afterwards "
                         "(default: 0)")
     p.add_argument("--gamma", type=float, default=1.0, help="nuclear-norm coefficient while fine-tuning (default: 1)")
@@ -38,15 +38,15 @@ def run(args: argparse.Namespace) -> int:
     from ..report.mixing import add_mixing_section
     from .output import save_run
 
-    if not args.swap and not args.finetune:
-        raise HeadwiseError("nothing to do: give --swap 'SITE:HEAD <-> SITE:HEAD' and/or --finetune EPOCHS")
-    if args.finetune < 0 or args.gamma < 0:
-        raise HeadwiseError("--finetune and --gamma must be ≥ 0")
-    if args.no_mixers and not args.finetune:
-        raise HeadwiseError("--no-mixers changes fine-tuning; give --finetune EPOCHS with it")
+    if not args.swap and not args.mix_epochs:
+        raise HeadwiseError("nothing to do: give --swap 'SITE:HEAD <-> SITE:HEAD' and/or --mix-epochs EPOCHS")
+    if args.mix_epochs < 0 or args.gamma < 0:
+        raise HeadwiseError("--mix-epochs and --gamma must be ≥ 0")
+    if args.no_mixers and not args.mix_epochs:
+        raise HeadwiseError("--no-mixers changes fine-tuning; give --mix-epochs EPOCHS with it")
     check_writable_dir(args.out, args.force)
     evaluate = not args.no_eval
-    task = task_from_args(args) if evaluate or args.finetune else None  # bad data fails before the model loads
+    task = task_from_args(args) if evaluate or args.mix_epochs else None  # bad data fails before the model loads
     model, tokenizer = load_task_model(args, task)
     resolve(model, args.swap)  # every swap is checked before the first change or any slow work
 
@@ -55,18 +55,18 @@ def run(args: argparse.Namespace) -> int:
 
     result = {"model": args.model or "all-MiniLM-L6-v2", "swaps": list(args.swap),
               "include_output": args.include_output, "metric_name": metric_label(task),
-              "metric_before": metric(), "finetune_epochs": args.finetune, "mixers": bool(args.finetune) and
+              "metric_before": metric(), "finetune_epochs": args.mix_epochs, "mixers": bool(args.mix_epochs) and
               not args.no_mixers, "gamma": None if args.no_mixers else args.gamma}
     swap_heads(model, args.swap, include_output=args.include_output)
     result["metric_after_swaps"] = metric() if args.swap else result["metric_before"]
     report = Report("headwise mixing report", f"{result['model']}: head swaps and mixing")
-    if args.finetune and args.no_mixers:
-        task.finetune(model, tokenizer, epochs=args.finetune)
-    elif args.finetune:
+    if args.mix_epochs and args.no_mixers:
+        task.finetune(model, tokenizer, epochs=args.mix_epochs)
+    elif args.mix_epochs:
         config = MixingConfig(gamma=args.gamma)
         add_mixers(model, config)
         term = NuclearNormPenalty(model, config)
-        task.finetune(model, tokenizer, epochs=args.finetune, penalties=[term], callbacks=[term])
+        task.finetune(model, tokenizer, epochs=args.mix_epochs, penalties=[term], callbacks=[term])
         alphas = alpha_table(model)
         add_mixing_section(report, {"alphas": alphas})
         result["nuclear_norms"] = {name: a["nuclear_norm"] for name, a in alphas.items()}
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result))
     else:
-        tuned = "" if not args.finetune else f", {args.finetune:g} epoch(s) " + (
+        tuned = "" if not args.mix_epochs else f", {args.mix_epochs:g} epoch(s) " + (
             "fine-tuned" if args.no_mixers else "with mixers (folded)")
         print(f"{len(args.swap)} swap(s)" + tuned
               + ("" if not evaluate else f", {metric_label(task)} {result['metric_before']} → {result['metric_after']}"))
