@@ -84,6 +84,17 @@ class AnonPeak:
         return self.peak
 
 
+def fingerprint(model) -> str:
+    """SHA-1 over the state dict's names, shapes, dtypes and bytes (the plan must leave it bit-identical)."""
+    import hashlib
+
+    h = hashlib.sha1()
+    for name, t in model.state_dict().items():
+        h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        h.update(t.detach().contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def build(shape: str, context: int):
     """``(model, tokenizer)``: SmolLM2-135M, or a random-initialised Llama of ``shape`` with SmolLM2's tokenizer."""
     import torch
@@ -120,12 +131,14 @@ def child(shape: str, verb: str, context: int, text: str) -> dict:
     tokenizer.model_max_length = max(context, 8192)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     load_peak, loaded = sampler.stop(), anon_mb()
+    digest = fingerprint(model) if verb == "plan" else None
     sampler = AnonPeak()
     start = time.perf_counter()
     run_verb(verb, model, tokenizer, context, text)
     seconds = time.perf_counter() - start
     peak = sampler.stop()
-    return {"shape": shape, "verb": verb, "context": context, "seconds": seconds, "weights_mb": weights / 2**20,
+    extra = {} if digest is None else {"model_unchanged": fingerprint(model) == digest}
+    return {**extra, "shape": shape, "verb": verb, "context": context, "seconds": seconds, "weights_mb": weights / 2**20,
             "anon_before_mb": before, "anon_loaded_mb": loaded, "anon_load_peak_mb": load_peak,
             "anon_peak_mb": peak, "peak_rss_mb": peak_mb(), "ratio": (peak - before) * 2**20 / weights,
             "loaded_ratio": (loaded - before) * 2**20 / weights, "threads": torch.get_num_threads(),

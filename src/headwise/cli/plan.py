@@ -25,6 +25,8 @@ def register(verbs, parents) -> None:
                    help="how heads are ranked for removal: gradient importance of the task loss, or L0 gates "
                         "trained on a copy (default: gradient)")
     p.add_argument("--importance-examples", type=int, default=256, help="training examples for the ranking")
+    p.add_argument("--importance-batch", type=int, default=8,
+                   help="examples per backward of the gradient ranking (default: 8; lower it to lower peak memory)")
     p.add_argument("--calibration-limit", type=int, default=64,
                    help="calibration examples (collaborative and KV fits, output-error proxies; default: 64)")
     p.add_argument("--top-k", type=int, default=3, help="combined plans measured (default: 3)")
@@ -58,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     result = plan(model, tokenizer, task, budget, ranking=args.ranking, examples=args.importance_examples,
                   top_k=args.top_k, repeats=args.repeats, calibration=args.calibration_limit, recover=args.recover,
                   recover_epochs=args.recover_epochs, allow_empty_layers=args.allow_empty_layers, methods=methods,
-                  model_name=args.model or "all-MiniLM-L6-v2", progress=None)
+                  model_name=args.model or "all-MiniLM-L6-v2", progress=None, importance_batch=args.importance_batch)
     data = result.to_dict()
     data["command"] = result.command(f"{args.out}/plan.json")
     report = Report("headwise plan", f"{data['model']} on {task.name}, budget {budget}")

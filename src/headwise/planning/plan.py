@@ -224,16 +224,17 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
          ranking: str = "gradient", examples: int = 256, top_k: int = 3, repeats: int = 7, calibration: int = 64,
          recover: str = "none", recover_epochs: float = 1.0, allow_empty_layers: bool = False,
          methods: tuple[str, ...] | None = None, model_name: str | None = None,
-         progress: bool | None = None) -> Plan:
+         progress: bool | None = None, importance_batch: int = 8) -> Plan:
     """Search edits of ``model`` (unchanged) for ``task`` under ``budget`` and measure them; see the module
     docstring. ``methods`` restricts the methods tried (``edits.METHODS``); ``recover`` recovers every measured
-    edit first (costly); ``repeats``: latency repeats per point."""
+    edit first (costly); ``repeats``: latency repeats per point; ``importance_batch``: examples per backward
+    of the gradient ranking (lower it to lower the plan's peak memory)."""
     task = get_task(task) if isinstance(task, str) else task
     budget = Budget.parse(budget)
     if recover not in RECOVERY:
         raise HeadwiseError(f"recover={recover!r}; use one of {', '.join(RECOVERY)}")
-    if top_k < 1 or repeats < 1 or calibration < 1 or examples < 1:
-        raise HeadwiseError("top_k, repeats, calibration and examples must be ≥ 1")
+    if top_k < 1 or repeats < 1 or calibration < 1 or examples < 1 or importance_batch < 1:
+        raise HeadwiseError("top_k, repeats, calibration, examples and importance_batch must be ≥ 1")
     budget.validate(model, allow_empty_layers)
     task.check_model(model, tokenizer)
     model.eval()
@@ -278,7 +279,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     # proxies and single-method candidates
     skipped: dict[str, str] = {}
     total = base_costs.heads
-    scores = head_scores(model, tokenizer, task, ranking, examples, budget.head_count(total), progress=progress)
+    scores = head_scores(model, tokenizer, task, ranking, examples, budget.head_count(total), progress=progress,
+                         batch_size=importance_batch)
     order = removal_order(model, scores, allow_empty_layers)
     singles: list[Candidate] = []
     if "prune" in allowed:
@@ -326,7 +328,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
 
     recommended = _finish(points, budget, base, sign)
     layers = _layers(model, scores, mech_errors)
-    settings = {"ranking": ranking, "importance_examples": examples, "top_k": top_k, "latency_repeats": repeats,
+    settings = {"ranking": ranking, "importance_examples": examples, "importance_batch": importance_batch,
+                "top_k": top_k, "latency_repeats": repeats,
                 "calibration": calibration, "recover": recover, "recover_epochs": recover_epochs,
                 "allow_empty_layers": allow_empty_layers, "sequence_length": length,
                 "timing_batch": list(timing["input_ids"].shape), "device": str(device),

@@ -26,17 +26,20 @@ RANKINGS = ("gradient", "l0")
 
 
 def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gradient", examples: int = 256,
-                keep: int | None = None, epochs: float = 1.0, progress: bool | None = None) -> dict[str, list[float]]:
+                keep: int | None = None, epochs: float = 1.0, progress: bool | None = None,
+                batch_size: int = 8) -> dict[str, list[float]]:
     """``{site name: [score per head]}``, higher = more important. ``"gradient"``: Michel et al. importance of the
     task loss on ``examples`` training examples; ``"l0"``: ``log α`` of Hard-Concrete gates trained toward ``keep``
     open heads with the task loss, every weight of the model frozen (only the gates train; they are removed
-    after, and the model is left as it was)."""
+    after, and the model is left as it was). ``batch_size``: examples per backward of the gradient ranking
+    (its peak memory: the activations and, for a language model, the vocabulary-sized logits of one batch;
+    per-example scores do not depend on it beyond float rounding)."""
     if ranking not in RANKINGS:
         raise HeadwiseError(f"unknown head ranking {ranking!r}; use one of {', '.join(RANKINGS)}")
     names = {s.path: s.name for s in find_sites(model)}
     if ranking == "gradient":
         device = next(model.parameters()).device
-        inputs = task.batches(tokenizer, "train", 8, examples, device)
+        inputs = task.batches(tokenizer, "train", batch_size, examples, device)
         table = gradient_importance(model, tokenizer, inputs=inputs, loss_fn=task.loss, progress=progress)
         return {names[p]: [float(x) for x in v] for p, v in site_importance(model, table).items()}
     total = sum(s.num_heads for s in find_sites(model))
