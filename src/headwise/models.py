@@ -269,6 +269,9 @@ def tokenizer_source_of(model: nn.Module) -> str | None:
     if recorded:
         return recorded
     name = str(getattr(model.config, "name_or_path", "") or "")
+    named = {str(packaged_minilm()): "minilm", str(cache_dir() / SMOLLM2): SMOLLM2, str(packaged_multi30k()): MULTI30K}
+    if name in named:  # the named model, not this machine's path to it
+        return named[name]
     if name in NAMED or looks_like_hub_name(name) or (Path(name).is_dir() and has_tokenizer_files(Path(name))):
         return name
     return None
