@@ -262,21 +262,6 @@ def _tokenizer_source(path: str) -> str:
                         "or copy the tokenizer files of its base model into it")
 
 
-def tokenizer_source_of(model: nn.Module) -> str | None:
-    """The name or folder a model's tokenizer can be loaded from (recorded by ``save_pretrained``): the model's
-    ``name_or_path`` when it is a named model, a hub name or a folder with tokenizer files."""
-    recorded = (getattr(model.config, "headwise", None) or {}).get("source")
-    if recorded:
-        return recorded
-    name = str(getattr(model.config, "name_or_path", "") or "")
-    named = {str(packaged_minilm()): "minilm", str(cache_dir() / SMOLLM2): SMOLLM2, str(packaged_multi30k()): MULTI30K}
-    if name in named:  # the named model, not this machine's path to it
-        return named[name]
-    if name in NAMED or looks_like_hub_name(name) or (Path(name).is_dir() and has_tokenizer_files(Path(name))):
-        return name
-    return None
-
-
 def check_vocabulary(model: nn.Module, tokenizer: Any, name: str) -> None:
     """Refuse a tokenizer that does not belong to ``model``: ids beyond its embeddings, or fewer than half of
     them covered (a placeholder tokenizer)."""

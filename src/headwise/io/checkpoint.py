@@ -63,13 +63,12 @@ def save_pretrained(
 
     Refuses a non-empty ``path`` unless ``overwrite``.
     """
-    from ..models import tokenizer_source_of
-
     sites = find_sites(model)
     state = dict(getattr(model.config, "headwise", None) or {})
     state.update(version=FORMAT_VERSION, ops=[r for s in sites for r in saved_specs(s)])
     state.setdefault("edits", [])
-    source = tokenizer_source_of(model)
+    # where the tokenizer can be found if none is saved here (checked by models.load_model when reloading)
+    source = state.get("source") or str(getattr(model.config, "name_or_path", "") or "")
     if source:
         state["source"] = source
     model.config.headwise = state
