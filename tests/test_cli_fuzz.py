@@ -10,7 +10,8 @@ import pytest
 
 from headwise.cli import POSITIVE, build_parser, main
 
-# values the required arguments get, so that only the option under test is wrong
+# values the required arguments get, so that only the option under test is wrong (a value the parser refuses is
+# reported while parsing, before missing required arguments are, so the typed sweep needs none of them)
 REQUIRED = {"--kv-heads": "1", "--budget": "heads=50%", "--dk": "8", "plan": "plan.json", "mechanism": "local",
             "--out": "out"}
 
@@ -25,13 +26,15 @@ def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
             yield from leaves(sub, (*path, name))
 
 
-def required_args(parser: argparse.ArgumentParser) -> list[str]:
+def required_args(parser: argparse.ArgumentParser) -> list[str] | None:
+    """Valid values of the verb's required arguments, or None when one has no entry in ``REQUIRED``."""
     out = []
     for action in parser._actions:
-        if not action.option_strings and action.dest not in ("help",) and action.nargs != 0:
-            out.append(REQUIRED[action.dest])
-        elif action.required:
-            out += [action.option_strings[0], REQUIRED[action.option_strings[0]]]
+        name = action.dest if not action.option_strings else action.option_strings[0]
+        if (not action.option_strings and action.nargs != 0) or (action.option_strings and action.required):
+            if name not in REQUIRED:
+                return None
+            out += [REQUIRED[name]] if not action.option_strings else [name, REQUIRED[name]]
     return out
 
 
@@ -42,8 +45,8 @@ def malformed(action: argparse.Action) -> list[str]:
         return ["nope"]
     if kind in ("int", "float"):
         values = ["abc", "1.5" if kind == "int" else "nan", "inf" if kind == "float" else "1e3"]
-        negative_ok = isinstance(action.default, (int, float)) and action.default < 0
-        if not negative_ok:
+        counted = isinstance(action.default, (int, float)) and action.default >= 0
+        if counted or action.dest in POSITIVE:
             values.append("-1")
         if action.dest in POSITIVE:
             values.append("0")
@@ -57,7 +60,7 @@ def malformed(action: argparse.Action) -> list[str]:
 
 def cases():
     for path, parser in leaves(build_parser()):
-        base = [*path, *required_args(parser)]
+        base = list(path)
         for action in parser._actions:
             if not action.option_strings or action.nargs == 0 or action.dest in ("help",):
                 continue
@@ -89,7 +92,10 @@ def test_a_malformed_option_exits_2_with_one_line_and_writes_nothing(argv, flag,
 def model_cases():
     for path, parser in leaves(build_parser()):
         flags = {s for a in parser._actions for s in a.option_strings}
-        base = [*path, *required_args(parser)]
+        required = required_args(parser)
+        if required is None:  # a verb whose required values this sweep does not know: covered by the typed sweep
+            continue
+        base = [*path, *required]
         for flag, value in (("--model", "no-such-model"), ("--model", "./no/such/dir"), ("--data", "/no/such.file")):
             if flag in flags:
                 yield pytest.param([*base, flag, value], value, id=f"{' '.join(path)} {flag} {value}")

@@ -60,6 +60,7 @@ def bert_dir(tmp_path_factory, tokenizer):
     tokenizer.save_pretrained(root / "model")
     rows = "".join(f"{sentence(i)},{i % 2}\n" for i in range(40))
     (root / "data.csv").write_text("text,label\n" + rows)
+    (root / "texts.txt").write_text("\n".join(sentence(i) for i in range(10)) + "\n")
     return root
 
 
@@ -99,8 +100,7 @@ def test_a_folder_saved_without_tokenizer_uses_the_tokenizer_of_its_source(minil
     assert "holds no tokenizer" in capsys.readouterr().err
     # and the CLI's STS-B score is the packaged model's, not the [UNK]-only tokenizer's
     stsb = tmp_path / "sts-dev.tsv"
-    lines = (headwise.tasks.stsb_file("dev").read_text().splitlines())[:40]
-    stsb.write_text("\n".join(lines) + "\n")
+    stsb.write_text("".join(f"g\tf\ty\t{i}\t{i % 6}.0\t{sentence(i)}\t{sentence(i + i % 3)}\n" for i in range(30)))
     assert main(["eval", "stsb", "--data", str(stsb), "--json"]) == 0
     reference = json.loads(capsys.readouterr().out)
     assert main(["eval", "stsb", "--model", str(tmp_path / "bare"), "--data", str(stsb), "--json"]) == 0
@@ -307,7 +307,7 @@ def test_max_length_beyond_the_model_is_refused_in_one_line(verb, bert_dir, tmp_
     argv = {"eval classification": ["eval", "classification", "--model", str(bert_dir / "model"), "--new-head",
                                     "--data", str(bert_dir / "data.csv"), "--max-length", "4096"],
             "analyze": ["analyze", "--model", str(bert_dir / "model"), "--max-length", "4096", "--out", str(out),
-                        "--importance", "none", "--limit", "4"]}[verb]
+                        "--data", str(bert_dir / "texts.txt"), "--importance", "none", "--limit", "4"]}[verb]
     assert main(argv) == 2
     one_line_error(capsys, "--max-length 4096 is longer than the model's context of 512 tokens")
     assert not out.exists()

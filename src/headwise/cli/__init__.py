@@ -2,8 +2,8 @@
 
 Each verb lives in ``headwise.cli.<verb>`` with ``register(verbs, parents)``; this module builds the parser and runs
 the chosen verb. Every number option of every verb is checked while parsing, before any work: a finite value,
-not negative (unless the option's default is, e.g. ``--max-steps -1``), and at least 1 for the counts and sizes in
-``AT_LEAST_ONE``; ``--device`` must name a device this build of torch has.
+above 0 for the counts and sizes in ``POSITIVE``, not negative where the default is a number ≥ 0 (``--max-steps
+-1`` keeps its meaning); ``--device`` must name a device this build of torch has and ``--dtype`` a known dtype.
 """
 
 from __future__ import annotations
@@ -83,8 +83,8 @@ def checked(names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     kind = kwargs.get("type")
     if kind in (int, float):
         default = kwargs.get("default")
-        kwargs["type"] = number(kind, positive=dest in POSITIVE,
-                                negative_allowed=isinstance(default, (int, float)) and default < 0)
+        counted = isinstance(default, (int, float)) and not isinstance(default, bool) and default >= 0
+        kwargs["type"] = number(kind, positive=dest in POSITIVE, negative_allowed=not counted)
     elif kind is None and dest in ("device", "dtype"):
         kwargs["type"] = device if dest == "device" else dtype
     return kwargs

@@ -43,12 +43,13 @@ def run_task(args: argparse.Namespace) -> int:
 
 
 def run_stsb(args: argparse.Namespace) -> int:
-    from ..models import load_model
+    from ..models import load_model, load_tokenizer
     from ..tasks import ensure_encoder, evaluate_stsb, read_stsb
 
     read_stsb(args.split, args.data)  # a missing or malformed file fails before the model loads
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
-    ensure_encoder(model, "eval stsb")
+    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
+    ensure_encoder(model, "eval stsb")  # a decoder is refused first: the clearer reason
+    tokenizer = load_tokenizer(args.model, model)
     result = evaluate_stsb(model, tokenizer, args.split, args.data, args.batch_size)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
