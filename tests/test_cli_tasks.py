@@ -153,10 +153,10 @@ def test_mix_and_replace_report_the_task_metric(llama_dir, tmp_path, capsys, ver
     model, tokenizer = headwise.load_model(str(llama_dir / "model"), task="lm")
     ppl = LanguageModeling(data=str(llama_dir / "text.txt"), max_length=32).evaluate(model, tokenizer)["perplexity"]
     assert result["metric_name"] == "lm perplexity" and result["metric_before"] == pytest.approx(ppl, abs=0.006)
-    assert result["metric_after"] != result["metric_before"]  # mixers trained on the lm loss / a 4-token window
+    assert result["metric_edited"] != result["metric_before"]  # mixers trained on the lm loss / a 4-token window
     if verb == "replace":
         assert result["recovery"] == {"mode": "finetune", "epochs": 1.0, "steps": 4}
-        assert result["metric_recovered"] != result["metric_after"]
+        assert result["metric_recovered"] != result["metric_edited"]
 
 
 def test_replace_distils_from_the_model_with_its_mechanism_switched_off(llama_dir, tmp_path, capsys):
@@ -166,7 +166,7 @@ def test_replace_distils_from_the_model_with_its_mechanism_switched_off(llama_di
     assert main([*common, "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["recovery"]["teacher"] == "the model with its headwise ops switched off"
-    assert result["metric_recovered"] != result["metric_after"]
+    assert result["metric_recovered"] != result["metric_edited"]
     assert main(["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
                  "--method", "l0", "--keep", "12", "--max-steps", "1", "--recover", "distill", "--teacher", "off",
                  "--max-length", "32", "--out", str(tmp_path / "p")]) == 2
@@ -184,9 +184,9 @@ def test_compress_a_rotary_gqa_lm_with_task_calibration(llama_dir, tmp_path, cap
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["objective"] == "scores" and result["task"] == "lm"
     if dk == 48:
-        assert result["metric_after"] == pytest.approx(result["metric_before"], abs=0.01)
+        assert result["metric_edited"] == pytest.approx(result["metric_before"], abs=0.01)
     model = headwise.from_pretrained(out / "model")
     tokenizer = tf.AutoTokenizer.from_pretrained(out / "model")
     ppl = LanguageModeling(data=str(llama_dir / "text.txt"), max_length=32).evaluate(model, tokenizer, progress=False)
-    assert round(ppl["perplexity"], 2) == pytest.approx(result["metric_after"], abs=0.01)
+    assert round(ppl["perplexity"], 2) == pytest.approx(result["metric_edited"], abs=0.01)
     assert all(s.module.mixing.shape == (6, dk) for s in find_sites(model))

@@ -105,6 +105,6 @@ def test_compress_cross_attention_with_task_calibration(marian_dir, tmp_path, ca
             "--json", "--out", str(out)]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert result["metric_after"] == pytest.approx(result["metric_before"], abs=1e-6)  # dk = H·d is exact
+    assert result["metric_edited"] == pytest.approx(result["metric_before"], abs=1e-6)  # dk = H·d is exact
     model = headwise.from_pretrained(out / "model")
     assert [s.kind for s in find_sites(model) if is_collaborative(s.module)] == ["dec-enc", "dec-enc"]

@@ -193,6 +193,7 @@ def test_a_model_path_that_does_not_exist_is_refused_without_the_hub(tmp_path, m
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_hub)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # online, a bare name (gpt2, my-model) is a hub candidate
     (tmp_path / "runs").mkdir()
     for missing in ("my-model", "runs/model", "./x", str(tmp_path / "nope")):
         with pytest.raises(HeadwiseError, match="does not exist"):

@@ -259,7 +259,8 @@ def test_plan_and_apply_verbs_end_to_end(tmp_path, bert_dir, stsb_dir, capsys):
     applied = tmp_path / "applied"
     assert main(["apply", str(out / "plan.json"), "--model", str(bert_dir), "--out", str(applied), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert summary["after"] == pytest.approx(summary["planned"], abs=1e-5)
+    assert summary["metric_edited"] == pytest.approx(summary["planned"], abs=1e-5) and summary["metric_recovered"] is None
+    assert summary["costs"]["after"]["heads"] <= 5 < summary["costs"]["before"]["heads"]
     reloaded = headwise.from_pretrained(applied / "model")
     assert sum(s.num_heads for s in headwise.find_sites(reloaded)) <= 5
     # refusing to overwrite without --force, nothing changed

@@ -111,13 +111,17 @@ def packaged_multi30k() -> Path | None:
 NAMED = ("minilm", SMOLLM2, MULTI30K)
 # ``org/name`` on the Hugging Face hub; anything else that is not an existing folder is a path that does not exist
 HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+BARE_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")  # gpt2, bert-base-uncased: hub models without an organisation
 # files a saved tokenizer leaves in its folder (one of them at least)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
                    "source.spm", "sentencepiece.bpe.model", "tokenizer.model")
 
 
 def looks_like_hub_name(text: str) -> bool:
-    """``org/name`` that is no local path: not starting with ``.``/``~``/``/`` and ``org`` is no local folder."""
+    """``org/name`` that is no local path (not starting with ``.``/``~``/``/``, and ``org`` is no local folder), or,
+    while the hub may be asked (``HF_HUB_OFFLINE`` unset), a bare canonical name such as ``gpt2``."""
+    if BARE_NAME.match(text) and os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("1", "true", "on", "yes"):
+        return True
     return bool(HUB_NAME.match(text)) and not Path(text.split("/")[0]).expanduser().is_dir()
 
 
@@ -135,8 +139,9 @@ def local_or_hub(text: str) -> str:
         return str(path)
     if looks_like_hub_name(text):
         return text
-    raise HeadwiseError(f"model folder {text} does not exist; pass an existing folder, a hub name (org/name) or "
-                        f"a named model ({', '.join(NAMED)})")
+    offline = " (HF_HUB_OFFLINE is set, so bare names are not looked up on the hub)" if BARE_NAME.match(text) else ""
+    raise HeadwiseError(f"model folder {text} does not exist{offline}; pass an existing folder, a hub name "
+                        f"(org/name) or a named model ({', '.join(NAMED)})")
 
 
 def resolve_model(name_or_path: str | None) -> str:

@@ -35,13 +35,13 @@ def run(args: argparse.Namespace) -> int:
     from ..report.plan import savings
     from ..tasks import recover
     from .output import save_run
-    from .task_options import load_task_model
+    from .task_options import load_task_model, model_costs, run_record
 
     plan = Plan.load(args.plan)
     point = plan.point(args.point)
     mode = args.recover or plan.settings.get("recover", "none")
     if args.recover_epochs <= 0 and mode != "none":
-        raise HeadwiseError("--epochs must be > 0 with --recover distill|finetune")
+        raise HeadwiseError("--recover-epochs must be > 0 with --recover distill|finetune")
     check_writable_dir(args.out, args.force)
     task = plan.make_task()
     task.check()
@@ -54,14 +54,20 @@ def run(args: argparse.Namespace) -> int:
         from ..planning.edits import REVERSIBLE
 
         teacher = "off" if point.edit.methods and set(point.edit.methods) <= set(REVERSIBLE) else copy.deepcopy(model)
-    before = None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
+    def metric() -> float | None:
+        return None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
+
+    before, costs = metric(), model_costs(model)
     plan.apply(model, tokenizer, point.name, task, progress=None)
+    edited = metric()
     if mode != "none":
-        recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.recover_epochs, max_steps=args.recover_max_steps)
-    after = None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
+        recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.recover_epochs,
+                max_steps=args.recover_max_steps)
+    after = metric() if mode != "none" else edited
     summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.to_dict(),
-               "describe": point.edit.describe(), "recover": mode, "metric": task.metric, "before": before,
-               "after": after, "planned": point.measured["score"],
+               "describe": point.edit.describe(), "recover": mode,
+               **run_record(task, before, edited, after if mode != "none" else None, costs, model),
+               "planned": point.measured["score"],
                "saves": savings(point.to_dict(), plan.base.to_dict())}
     native = not point.edit.mechanism and not point.edit.quantization and plain_problem(model) is None
     report = Report("headwise apply", f"{plan.model}: {point.edit.describe()}")

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import HeadwiseError
 from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
-from .task_options import load_task_model, metric_label, task_args, task_from_args
+from .task_options import load_task_model, metric_label, model_costs, run_record, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
     from .output import save_run
     from ..collaborative import CollaborativeConfig, compress, input_moments, tradeoff
     from ..collaborative.apply import check_compressible, exact_rank
+    from ..contract import config_to_dict
     from ..report.compression import add_compression_section
 
     args.dk = _dk(args.dk)
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     exact = max(exact_rank(s) for s in sites)
     dks = _curve_dks(args.curve, args.dk, exact)
     curve = tradeoff(model, dks, config, moments=moments) if dks else []
-    before = sum(p.numel() for p in model.parameters())
+    costs = model_costs(model)
 
     def metric() -> float | None:
         return round(float(task.evaluate(model, tokenizer, progress=False)[task.metric]), 2) if evaluate else None
@@ -132,12 +133,9 @@ def run(args: argparse.Namespace) -> int:
     recovery = recover_after_edit(args, model, tokenizer, task, teacher)
     metric_recovered = metric() if recovering else None
     summary = {
-        "model": args.model or "all-MiniLM-L6-v2", "calibration": args.calibration, "config": vars(config),
-        **result.as_dict(), "parameters_before": before, "parameters_after": sum(p.numel() for p in model.parameters()),
-        "task": None if task is None else task.name,
-        "metric_name": metric_label(task),
-        "metric_before": metric_before, "metric_after": metric_after,
-        "metric_recovered": metric_recovered, "recovery": recovery,
+        "model": args.model or "all-MiniLM-L6-v2", "calibration": args.calibration, "config": config_to_dict(config)["config"],
+        **result.as_dict(), "task": None if task is None else task.name,
+        **run_record(task, metric_before, metric_after, metric_recovered, costs, model), "recovery": recovery,
         "curve": [c.as_dict() for c in curve],
     }
     report = Report("headwise compression report", f"{summary['model']}: collaborative heads, dk={result.dk}")

@@ -8,7 +8,8 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
-from .task_options import load_task_model, metric_label, task_args, task_from_args, task_metric
+from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
+                           task_metric)
 
 
 def register(verbs, parents) -> None:
@@ -53,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
     def metric() -> float | None:
         return task_metric(task, model, tokenizer) if evaluate else None
 
+    before, costs = metric(), model_costs(model)
     result = {"model": args.model or "all-MiniLM-L6-v2", "swaps": list(args.swap),
-              "include_output": args.include_output, "metric_name": metric_label(task),
-              "metric_before": metric(), "finetune_epochs": args.mix_epochs, "mixers": bool(args.mix_epochs) and
+              "include_output": args.include_output, "metric_before": before, "mix_epochs": args.mix_epochs, "mixers": bool(args.mix_epochs) and
               not args.no_mixers, "gamma": None if args.no_mixers else args.gamma}
     swap_heads(model, args.swap, include_output=args.include_output)
     result["metric_after_swaps"] = metric() if args.swap else result["metric_before"]
@@ -71,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         add_mixing_section(report, {"alphas": alphas})
         result["nuclear_norms"] = {name: a["nuclear_norm"] for name, a in alphas.items()}
         fold_mixing(model)
-    result["metric_after"] = metric()
+    result.update(run_record(task, before, metric(), None, costs, model))  # mixing trains: no recovery after it
     report.add_section("Swaps", "Heads exchanged, in order (q/k/v weights"
                        + (" and output columns)." if args.include_output else ").")).table(
         [[s] for s in args.swap] or [["none"]], ["swap"])
@@ -82,6 +83,6 @@ def run(args: argparse.Namespace) -> int:
         tuned = "" if not args.mix_epochs else f", {args.mix_epochs:g} epoch(s) " + (
             "fine-tuned" if args.no_mixers else "with mixers (folded)")
         print(f"{len(args.swap)} swap(s)" + tuned
-              + ("" if not evaluate else f", {metric_label(task)} {result['metric_before']} → {result['metric_after']}"))
+              + ("" if not evaluate else f", {metric_label(task)} {result['metric_before']} → {result['metric_edited']}"))
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
     return 0

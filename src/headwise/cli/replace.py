@@ -9,7 +9,8 @@ import json
 from ..errors import HeadwiseError
 from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
-from .task_options import load_task_model, metric_label, task_args, task_from_args, task_metric
+from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
+                           task_metric)
 
 
 def register(verbs, parents) -> None:
@@ -69,18 +70,17 @@ def run(args: argparse.Namespace) -> int:
     def metric() -> float | None:
         return task_metric(task, model, tokenizer) if evaluate else None
 
-    before = metric()
+    before, costs = metric(), model_costs(model)
     ops = apply(model, args.mechanism, kinds=kinds, **mechanism_args)
+    edited = metric()
+    recovery = recover_after_edit(args, model, tokenizer, task, teacher)
     result = {"model": args.model or "all-MiniLM-L6-v2", "mechanism": args.mechanism, "args": mechanism_args,
-              "sites": sorted(ops), "metric_name": metric_label(task), "metric_before": before,
-              "metric_after": metric()}
-    result["recovery"] = recover_after_edit(args, model, tokenizer, task, teacher)
-    if recovering:
-        result["metric_recovered"] = metric()
+              "sites": sorted(ops), **run_record(task, before, edited, metric() if recovering else None, costs, model),
+              "recovery": recovery}
     report = Report("headwise attention replacement", f"{result['model']}: {args.mechanism} attention")
     report.add_section("Replacement", f"Softmax attention replaced by {args.mechanism} at {len(ops)} sites.").table(
         [[k, v] for k, v in [("arguments", json.dumps(mechanism_args)), (f"{metric_label(task)} before", before),
-                             ("after", result["metric_after"]),
+                             ("after", result["metric_edited"]),
                              (f"after {result['recovery']['mode']} recovery", result.get("metric_recovered"))]],
         ["", ""])
     save_run(args.out, model, tokenizer, "replace.json", result, report, overwrite=args.force)
@@ -88,6 +88,6 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result))
     else:
         print(f"{args.mechanism} at {len(ops)} sites" +
-              ("" if not evaluate else f", {metric_label(task)} {before} → {result['metric_after']}"))
+              ("" if not evaluate else f", {metric_label(task)} {before} → {edited}"))
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
     return 0

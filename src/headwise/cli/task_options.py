@@ -146,6 +146,24 @@ def metric_line(task, metrics: dict[str, float]) -> str:
     return f"{task.metric} {fmt(metrics[task.metric])}" + (f" ({rest})" if rest else "")
 
 
+def model_costs(model) -> dict[str, int]:
+    """What an edit changes that a user pays for: parameters, attention heads and key/value heads."""
+    from ..sites import find_sites
+
+    sites = find_sites(model)
+    return {"parameters": sum(p.numel() for p in model.parameters()), "heads": sum(s.num_heads for s in sites),
+            "kv_heads": sum(s.num_kv_heads for s in sites)}
+
+
+def run_record(task, before: float | None, edited: float | None, recovered: float | None,
+               costs_before: dict[str, int], model) -> dict:
+    """The summary fields every editing verb writes, with one meaning each: ``metric_before`` (the unedited
+    model), ``metric_edited`` (right after the edit), ``metric_recovered`` (after recovery; None without),
+    ``costs`` (``model_costs`` before and after). None where not measured (``--no-eval``)."""
+    return {"metric_name": metric_label(task), "metric_before": before, "metric_edited": edited,
+            "metric_recovered": recovered, "costs": {"before": costs_before, "after": model_costs(model)}}
+
+
 def metric_label(task) -> str | None:
     """How reports name the task's main metric (``STS-B dev Spearman ×100`` for STS-B, as before)."""
     if task is None:

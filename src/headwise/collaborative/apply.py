@@ -227,7 +227,8 @@ def tradeoff(
     """What ``compress`` would give at each of ``dks`` (errors, parameters), without changing the model."""
     if not dks:
         return []
-    config, sites, moments = _prepare(model, dks[0], config, calibration, tokenizer, False, moments)
+    first = CollaborativeConfig(dk=dks[0]) if config is None else replace(config, dk=dks[0])
+    config, sites, moments = _prepare(model, None, first, calibration, tokenizer, False, moments)
     for dk in dks:
         check_compressible(model, sites, dk)
     return [_decompose_sites(sites, replace(config, dk=dk), moments, False)[0] for dk in dks]

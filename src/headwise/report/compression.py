@@ -14,10 +14,11 @@ def add_compression_section(report: Report, summary: dict) -> None:
         f"Every head's `W_q^hᵀ W_k^h` was decomposed into one shared query/key space of width dk={summary['dk']} "
         f"(objective: {objective}). Relative errors are ‖T − T̂‖ / ‖T‖ over the stacked per-head products.",
     )
-    metrics = [("STS-B dev before", summary["metric_before"]), ("after compression", summary["metric_after"]),
+    metrics = [("STS-B dev before", summary["metric_before"]), ("after compression", summary["metric_edited"]),
                (f"after {(summary.get('recovery') or {}).get('mode', 'no')} recovery", summary["metric_recovered"])]
     rows = [("query/key parameters", f"{summary['params_before']:,}", f"{summary['params_after']:,}"),
-            ("model parameters", f"{summary['parameters_before']:,}", f"{summary['parameters_after']:,}")]
+            ("model parameters", f"{summary['costs']['before']['parameters']:,}",
+             f"{summary['costs']['after']['parameters']:,}")]
     section.table(rows, ["", "before", "after"])
     if summary["metric_before"] is not None:
         section.table([(name, value) for name, value in metrics if value is not None], ["", summary["metric_name"]])
