@@ -30,12 +30,19 @@ def model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
 
 
+def global_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    """``--debug`` and ``--json``, taken before the verb or after it: the verbs' copies default to SUPPRESS so
+    that a flag given before the verb is not reset by the verb's own default."""
+    parser.add_argument("--debug", action="store_true", default=default, help="show tracebacks")
+    parser.add_argument("--json", action="store_true", default=default, help="print machine-readable JSON")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show tracebacks")
-    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser = argparse.ArgumentParser(prog="headwise", parents=[common],
+    global_flags(common, argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(prog="headwise",
                                      description="Find, measure and edit the attention heads of transformers models.")
+    global_flags(parser, False)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     for plugin in PLUGINS:
