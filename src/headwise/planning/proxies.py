@@ -13,9 +13,9 @@ import torch
 from torch import nn
 
 from ..analysis.importance import gradient_importance
+from ..analysis.rows import rows_of
 from ..errors import HeadwiseError
 from ..pruning import L0Config, L0Penalty, add_l0_gates, l0_gates
-from ..pruning.schedule import site_importance
 from ..sites import find_sites
 from ..tasks import Task
 from .edits import Edit, apply_edit
@@ -34,8 +34,13 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
     if ranking == "gradient":
         device = next(model.parameters()).device
         inputs = task.batches(tokenizer, "train", 8, examples, device)
-        table = gradient_importance(model, tokenizer, inputs=inputs, loss_fn=task.loss, progress=progress)
-        return {names[p]: [float(x) for x in v] for p, v in site_importance(model, table).items()}
+        cross = any(s.kind == "dec-enc" for s in find_sites(model))  # encoder-decoders: rank cross-attention too
+        table = gradient_importance(model, tokenizer, inputs=inputs, loss_fn=task.loss, progress=progress,
+                                    cross_attention=cross)
+        scores: dict[str, torch.Tensor] = {}  # per site, the layers of a shared site summed
+        for row in rows_of(model, cross):
+            scores[row.site.name] = scores.get(row.site.name, 0) + table[row.index, : row.site.num_heads].nan_to_num(0.0)
+        return {name: [float(x) for x in v] for name, v in scores.items()}
     trained = copy.deepcopy(model)
     total = sum(s.num_heads for s in find_sites(model))
     batch = task.train_defaults["batch_size"]
