@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
     before = sum(p.numel() for p in model.parameters())
 
     def metric() -> float | None:
-        return round(float(task.evaluate(model, tokenizer, progress=False)[task.metric]), 2) if evaluate else None
+        return round(float(task.evaluate(model, tokenizer)[task.metric]), 2) if evaluate else None
 
     metric_before = metric()
     teacher = teacher_for(args, model, task)

@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError(f"--keep {args.keep} is more than the model's {before['heads']} heads")
 
     def metric(m) -> float:
-        return round(float(task.evaluate(m, tokenizer, progress=False)[task.metric]), 2)
+        return round(float(task.evaluate(m, tokenizer)[task.metric]), 2)  # progress: a bar, or lines in a log
 
     metric_before = None if args.no_eval else metric(model)
     teacher = teacher_for(args, model, task)

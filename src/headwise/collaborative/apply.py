@@ -9,7 +9,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
@@ -151,7 +151,7 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
         raise HeadwiseError(f"init={config.init!r}, solver={config.solver!r}: rotary sites are decomposed per "
                             "frequency from the block start with complex ALS; use init='auto' or 'block', solver='als'")
     plan = []
-    for site in tqdm(sites, desc=f"decomposing (dk={result.dk})", unit="site",
+    for site in progress_bar(sites, desc=f"decomposing (dk={result.dk})", unit="site",
                      disable=None if progress is None else not progress):
         start = time.perf_counter()
         rank = site_rank(site, config.dk)

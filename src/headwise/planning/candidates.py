@@ -10,7 +10,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from ..sites import find_sites
@@ -87,7 +87,7 @@ def mechanism_candidates(model: nn.Module, length: float, batches: Sequence[dict
     if not sites:
         return [], {}, "no self-attention site with absolute or rotary positions"
     errors = {}
-    for site in tqdm(sites, desc="local-window error per layer", unit="layer", disable=None if progress is None
+    for site in progress_bar(sites, desc="local-window error per layer", unit="layer", disable=None if progress is None
                      else not progress):
         one = Edit(mechanism={"name": "local", "args": {"window": window}, "sites": [site.name]})
         try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
@@ -158,11 +158,11 @@ class Plan:
         bar = dict(unit="edit", disable=None if progress is None else not progress)
         if side_by_side:
             copies = {p.name: self.apply(copy.deepcopy(model), tokenizer, p.name, task)
-                      for p in tqdm(edits, desc="apply every edit", **bar)}
+                      for p in progress_bar(edits, desc="apply every edit", **bar)}
             measured, base_ms = measure_latencies(copies, model, timing, repeats)
         else:
             measured = {p.name: measure_latency(self.apply(copy.deepcopy(model), tokenizer, p.name, task), model,
-                                                timing, repeats) for p in tqdm(edits, desc="re-time", **bar)}
+                                                timing, repeats) for p in progress_bar(edits, desc="re-time", **bar)}
             base_ms = measure_latency(model, model, timing, repeats)[1]
         for p in self.points:
             p.measured["latency"], p.measured["latency_ms"] = measured.get(p.name, (1.0, base_ms))
@@ -288,7 +288,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
         singles += quantization_candidates()
 
     points = [base]
-    for cand in tqdm(singles, desc="measure single methods", unit="edit",
+    for cand in progress_bar(singles, desc="measure single methods", unit="edit",
                      disable=None if progress is None else not progress):
         try:
             candidate = edit_copy(cand.edit)
@@ -305,7 +305,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     others = [(by_name[p.name], p.measured) for p in points
               if p.kind == "single" and p.methods and p.methods[0] in ("kv_heads", "dk", "mechanism")]
     chosen = finalists(prunes, others, base.measured, budget, sign, top_k, valid=lambda e: _sensible(model, e))
-    for name, parts, edit, pred in tqdm(chosen, desc="measure combined plans", unit="edit",
+    for name, parts, edit, pred in progress_bar(chosen, desc="measure combined plans", unit="edit",
                                         disable=None if progress is None else not progress):
         try:
             measured = measure(edit_copy(edit))

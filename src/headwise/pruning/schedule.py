@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..analysis.importance import Pairs, gradient_importance
 from ..analysis.rows import rows_of
@@ -149,7 +149,7 @@ def importance_pruning(
 
     curve = PruningCurve("iterative importance" if iterative else "one-shot importance")
     scores = rank()
-    for kept in tqdm(counts, desc=curve.method, unit="step", disable=None if progress is None else not progress):
+    for kept in progress_bar(counts, desc=curve.method, unit="step", disable=None if progress is None else not progress):
         open_now = sum(int(sum(m)) for m in masks.values())
         if iterative and open_now < total:
             scores = rank()

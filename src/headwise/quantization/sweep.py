@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from torch import nn
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from ..runtime import eval_mode, using_headwise
@@ -140,7 +140,7 @@ def sweep(model: nn.Module, config: SweepConfig | None = None, *, metric: Metric
         baseline_seconds = time.perf_counter() - start
         floor = baseline - cfg.tolerance * abs(baseline)
         try:
-            for setting in tqdm(settings, desc="quantization sweep", unit="setting",
+            for setting in progress_bar(settings, desc="quantization sweep", unit="setting",
                                 disable=None if progress is None else not progress):
                 quantize_attention(model, setting, name=SWEEP_OP)
                 start = time.perf_counter()

@@ -26,7 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from tqdm.auto import tqdm
+from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
@@ -276,7 +276,7 @@ def build_synthetic_corpus(directory: str | Path, sizes: dict[str, int] | None =
     sizes = sizes or {"train": 50_000, "dev": 500, "test": 1000}
     grammar = SyntheticGrammar(seed=seed)
     splits = {split: grammar.corpus(split, n)
-              for split, n in tqdm(sizes.items(), desc="synthetic corpus", disable=not progress)}
+              for split, n in progress_bar(sizes.items(), desc="synthetic corpus", disable=not progress)}
     return write_corpus(directory, splits)
 
 

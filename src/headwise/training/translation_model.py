@@ -26,6 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..progress import progress_bar
+
 from ..batching import collate
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
@@ -282,7 +284,7 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
         batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, seed=recipe.seed, epoch=state["epoch"])
         batches_in_epoch = len(batches)
         model.train()
-        bar = tqdm(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}", unit="step",
+        bar = progress_bar(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}", unit="step",
                    disable=not progress)
         while state["batch"] < len(batches) and not spent():
             batch = {k: v.to(device) for k, v in
