@@ -55,6 +55,41 @@ def _check(args: argparse.Namespace) -> None:
         raise HeadwiseError(f"--unit {args.unit} applies to --method importance; l0 and mask choose query heads")
 
 
+def _check_plain(args: argparse.Namespace, model, spec) -> None:
+    """Refuse ``--plain`` up front when the pruned model cannot be exported: a family without ``head_dim`` in its
+    config, query-head pruning of a grouped-query model (partial key/value groups), a ``--keep`` that cannot leave
+    the same whole groups in every layer, or a mask that does not. (A ranking can still remove groups unevenly;
+    that is only known after pruning and is refused then, before anything is written.)"""
+    import copy
+
+    from ..pruning import apply_masks, plain_problem, prune_masked
+    from ..sites import find_sites
+
+    if model.config.model_type not in PLAIN_FAMILIES:
+        raise HeadwiseError(f"--plain: {model.config.model_type} models cannot be saved in plain transformers format "
+                            f"after pruning (only {', '.join(PLAIN_FAMILIES)} configs carry head_dim); drop --plain")
+    if spec is not None:
+        trial = copy.deepcopy(model)
+        apply_masks(trial, spec)
+        prune_masked(trial, args.allow_empty_layers)
+        problem = plain_problem(trial)
+        if problem:
+            raise HeadwiseError(f"--plain: with this mask, {problem}; nothing was written")
+        return
+    sites = find_sites(model)
+    group, total = max(s.group_size for s in sites), sum(s.num_heads for s in sites)
+    if group > 1 and (args.method == "l0" or args.unit == "query"):
+        raise HeadwiseError(f"--plain: {args.method} pruning of single query heads leaves key/value groups with only "
+                            "some of their query heads, which plain transformers cannot hold; use --method importance "
+                            "--unit kv-group (nothing was written)")
+    per_layer = len(sites) * group  # heads removed in steps of one whole group in every layer
+    if args.keep is not None and (total - args.keep) % per_layer:
+        fits = sorted({total - per_layer * k for k in range(1, total // per_layer)}, reverse=True)[:3]
+        raise HeadwiseError(f"--plain: plain transformers needs the same heads in every layer, so --keep must remove a "
+                            f"multiple of {per_layer} of the {total} heads (one group of {group} in each of "
+                            f"{len(sites)} layers); e.g. --keep {' or '.join(map(str, fits))} (nothing was written)")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
     from ..pruning import apply_masks, export_plain, load_masks, plain_problem, prune_masked
@@ -75,9 +110,8 @@ def run(args: argparse.Namespace) -> int:
         from ..models import load_model
 
         model, tokenizer = load_model(args.model, args.device, args.dtype)
-    if args.plain and model.config.model_type not in PLAIN_FAMILIES:
-        raise HeadwiseError(f"--plain: {model.config.model_type} models cannot be saved in plain transformers format "
-                            f"after pruning (only {', '.join(PLAIN_FAMILIES)} configs carry head_dim); drop --plain")
+    if args.plain:
+        _check_plain(args, model, spec)  # before any slow work: what the export will need
     sites = find_sites(model)
     names = [s.name for s in sites]
     before = {"heads": sum(s.num_heads for s in sites), "parameters": sum(p.numel() for p in model.parameters())}
