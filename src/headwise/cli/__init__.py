@@ -7,7 +7,10 @@ the chosen verb.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
+import json
 import sys
 from typing import Callable
 
@@ -50,13 +53,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _json_start(text: str) -> int:
+    """Offset of the first line from which the rest of ``text`` is one JSON document (``len(text)`` if none)."""
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        try:
+            json.loads(text[offset:])
+            return offset
+        except json.JSONDecodeError:
+            offset += len(line)
+    return len(text)
+
+
+def _run_json(args: argparse.Namespace) -> int:
+    """Run a verb under ``--json``: stdout carries only the JSON document the verb prints last; whatever the
+    libraries print before it (the Trainer's loss lines, tqdm.write) goes to stderr."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(held):
+            return args.run(args)
+    finally:
+        text = held.getvalue()
+        start = _json_start(text)
+        sys.stderr.write(text[:start])
+        sys.stdout.write(text[start:])
+        sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # headwise shows its own progress for long work
     try:
-        return args.run(args)
+        return _run_json(args) if args.json else args.run(args)
     except HeadwiseError as err:
         if args.debug:
             raise
