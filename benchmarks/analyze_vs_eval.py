@@ -50,7 +50,8 @@ def main() -> None:
                             importance=("gradient",))
 
     def run_analyze() -> dict:
-        inputs = task.batches(tokenizer, "train", args.batch_size, args.importance_examples)
+        inputs = task.batches(tokenizer, "train", min(args.batch_size, task.train_defaults["batch_size"]),
+                              args.importance_examples)  # as the CLI
         stats = analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs, progress=False)
         return {"tokens": stats.to_dict()["tokens"], "seconds": dict(stats.seconds)}
 

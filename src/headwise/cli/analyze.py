@@ -91,8 +91,10 @@ def run(args: argparse.Namespace) -> int:
         texts = [t for t in task.texts("calibration") if t.strip()][: args.limit]
         config.data_name = f"{task.name} task, {len(texts)} texts"
         model, tokenizer = load_for_task(args, task)
-        inputs = task.batches(tokenizer, "train", args.batch_size, args.importance_examples) \
-            if "gradient" in importance else None
+        # the task's training batch size bounds the backward pass's memory (lm: 4 windows, not --batch-size 32 of
+        # them with their [B, T, vocab] logits)
+        inputs = task.batches(tokenizer, "train", min(args.batch_size, task.train_defaults["batch_size"]),
+                              args.importance_examples) if "gradient" in importance else None
         stats = with_seconds(analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs))
     stats["task"] = args.task
     with atomic_dir(args.out, overwrite=args.force) as tmp:
