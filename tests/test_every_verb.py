@@ -98,7 +98,9 @@ def verb_argv(verb: str, task: str) -> list[str]:
     if verb == "replace":
         return ["replace", "local", "--arg", "window=4"] + (["--kinds", "enc-self"] if task == "translation" else [])
     if verb == "mix":  # grouped-query heads cannot be swapped one by one: the GQA model gets mixers, fine-tuned
-        return ["mix", "--finetune", "0.2"] if task == "lm" else ["mix", "--swap", f"{SITE[task]}.0:0 <-> {SITE[task]}.1:1"]
+        if task == "lm":
+            return ["mix", "--finetune", "0.2"]
+        return ["mix", "--swap", f"{SITE[task]}.0:0 <-> {SITE[task]}.1:1"]
     if verb == "quantize":
         return ["quantize", "--methods", "log", "--bits", "4", "--thresholds", "none"]
     raise KeyError(verb)

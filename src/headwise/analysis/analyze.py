@@ -9,9 +9,9 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from ..progress import progress_bar
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from .attach import per_site
 from .config import AnalysisConfig
@@ -36,7 +36,8 @@ def observe(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[R
     """Run ``texts`` through ``model`` with statistics observers attached, adding into ``stats``."""
     context = BatchContext()
     device = next(model.parameters()).device
-    bar = progress_bar(total=len(texts), desc="analysing heads", unit="sent", disable=None if progress is None else not progress)
+    bar = progress_bar(total=len(texts), desc="analysing heads", unit="sent",
+                       disable=None if progress is None else not progress)
     with per_site(model, rows, lambda site, first, n: StatsObserver(stats, context, first, n)):
         for batch in text_batches(tokenizer, texts, batch_size, max_length, device):
             context.set(batch.real, batch.special)

@@ -35,12 +35,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
-from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from .config import ABS_SCOPES
 from .gates import row_gates
 from ..batching import Batch, pooled, resolve_max_length, text_batches
+from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from .rows import Row, rows_of
 
@@ -136,7 +136,8 @@ def gradient_sums(
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
     total = (sum(len(next(iter(b.values()))) for b in inputs) if inputs is not None
              else len(pairs[0]) if pairs is not None else len(texts or ()))
-    bar = progress_bar(total=total, desc="gradient importance", unit="sent", disable=None if progress is None else not progress)
+    bar = progress_bar(total=total, desc="gradient importance", unit="sent",
+                       disable=None if progress is None else not progress)
     sums, count = None, 0
     with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates, torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
@@ -189,7 +190,8 @@ def ablation_sums(
     """This process's ``(Σ_b (1 − cos(ê_b, ê_b without head)) [rows, H] float64 CPU, number of sentences)``."""
     rows = rows_of(model)
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
-    bar = progress_bar(total=len(texts), desc="ablation sweep", unit="sent", disable=None if progress is None else not progress)
+    bar = progress_bar(total=len(texts), desc="ablation sweep", unit="sent",
+                       disable=None if progress is None else not progress)
     count = 0
     with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates:
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
@@ -238,7 +240,8 @@ def ablation_importance(
         base = float(metric(model))
         table = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         heads = _heads(rows)
-        for row, head in progress_bar(heads, desc="ablation", unit="head", disable=None if progress is None else not progress):
+        for row, head in progress_bar(heads, desc="ablation", unit="head",
+                                      disable=None if progress is None else not progress):
             weight = gates.ones(1, device)
             weight[row, 0, head] = 0.0
             gates.set(weight)

@@ -9,10 +9,10 @@ from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
-from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
+from ..progress import progress_bar
 from ..runtime.ops import ops_of
 from ..sites import AttentionSite, find_sites, select_sites
 from .calibration import input_moments
@@ -152,7 +152,7 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
                             "frequency from the block start with complex ALS; use init='auto' or 'block', solver='als'")
     plan = []
     for site in progress_bar(sites, desc=f"decomposing (dk={result.dk})", unit="site",
-                     disable=None if progress is None else not progress):
+                             disable=None if progress is None else not progress):
         start = time.perf_counter()
         rank = site_rank(site, config.dk)
         P, K = site.q.weight.detach().float(), site.k.weight.detach().float()

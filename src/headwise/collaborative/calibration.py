@@ -15,9 +15,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
-from ..progress import progress_bar
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..sites import AttentionSite
 
 

@@ -17,13 +17,13 @@ from typing import Any, Iterator
 import torch
 from einops import repeat
 from torch import nn
-from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from .config import model_shape
 from .gates import KVGate, add_kv_gates, remove_kv_gates
 from .passkey import NEEDLE, frame, passkey_prompt
 from .scores import HeadScores
+from ..progress import progress_bar
 
 REGIONS = ("answer", "all")
 HAYSTACKS = ("filler", "text")

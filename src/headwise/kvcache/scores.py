@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from ..progress import progress_bar
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..runtime import add_observer, detach
 from ..sites import find_sites
 from .config import model_shape

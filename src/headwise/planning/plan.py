@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 from torch import nn
-from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
+from ..progress import progress_bar
 from ..sites import find_sites
 from ..tasks import Task, get_task, recover
 from .budget import Budget
@@ -289,7 +289,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
 
     points = [base]
     for cand in progress_bar(singles, desc="measure single methods", unit="edit",
-                     disable=None if progress is None else not progress):
+                             disable=None if progress is None else not progress):
         try:
             candidate = edit_copy(cand.edit)
             cand.proxy = relative_error(reference, outputs(candidate, probe))
@@ -306,7 +306,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
               if p.kind == "single" and p.methods and p.methods[0] in ("kv_heads", "dk", "mechanism")]
     chosen = finalists(prunes, others, base.measured, budget, sign, top_k, valid=lambda e: _sensible(model, e))
     for name, parts, edit, pred in progress_bar(chosen, desc="measure combined plans", unit="edit",
-                                        disable=None if progress is None else not progress):
+                                                disable=None if progress is None else not progress):
         try:
             measured = measure(edit_copy(edit))
         except HeadwiseError as err:

@@ -39,7 +39,8 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
                                     cross_attention=cross)
         scores: dict[str, torch.Tensor] = {}  # per site, the layers of a shared site summed
         for row in rows_of(model, cross):
-            scores[row.site.name] = scores.get(row.site.name, 0) + table[row.index, : row.site.num_heads].nan_to_num(0.0)
+            row_scores = table[row.index, : row.site.num_heads].nan_to_num(0.0)
+            scores[row.site.name] = scores.get(row.site.name, 0) + row_scores
         return {name: [float(x) for x in v] for name, v in scores.items()}
     trained = copy.deepcopy(model)
     total = sum(s.num_heads for s in find_sites(model))

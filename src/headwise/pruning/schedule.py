@@ -14,11 +14,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from ..progress import progress_bar
 
 from ..analysis.importance import Pairs, gradient_importance
 from ..analysis.rows import rows_of
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..sites import find_sites
 from .masks import apply_masks
 
@@ -149,7 +149,8 @@ def importance_pruning(
 
     curve = PruningCurve("iterative importance" if iterative else "one-shot importance")
     scores = rank()
-    for kept in progress_bar(counts, desc=curve.method, unit="step", disable=None if progress is None else not progress):
+    for kept in progress_bar(counts, desc=curve.method, unit="step",
+                             disable=None if progress is None else not progress):
         open_now = sum(int(sum(m)) for m in masks.values())
         if iterative and open_now < total:
             scores = rank()

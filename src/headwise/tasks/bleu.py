@@ -10,10 +10,10 @@ import numpy as np
 import sacrebleu
 import torch
 from torch import nn
-from ..progress import progress_bar
 
 from ..errors import HeadwiseError
 from .corpus import ParallelCorpus
+from ..progress import progress_bar
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:

@@ -21,11 +21,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from ..progress import progress_bar
 
 from ..batching import Examples, batches, tokenize
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
+from ..progress import progress_bar
 
 TRAIN_SHARE = 0.9
 SUFFIXES = (".csv", ".tsv", ".jsonl")
@@ -234,7 +234,7 @@ class Classification(Task):
         data = self.examples(tokenizer, "eval")
         preds, gold = [], []
         for batch in progress_bar(list(batches(data, tokenizer, self.batch_size, device)), desc="classify",
-                          disable=None if progress is None else not progress):
+                                  disable=None if progress is None else not progress):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
             preds.append(logits[:, 0] if self.is_regression() else logits.argmax(-1))
             gold.append(batch["label"])

@@ -26,10 +26,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from ..progress import progress_bar
-
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
+from ..progress import progress_bar
 
 SPLITS = ("train", "dev", "test")
 SIDES = ("src", "tgt")

@@ -7,10 +7,10 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from ..progress import progress_bar
 
 from ..batching import mean_pool
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..sites import find_sites
 
 

@@ -20,12 +20,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from ..progress import progress_bar
 
 from ..batching import LABEL_PAD, Examples, check_context
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
 from .paths import existing_file, read_lines, shared_data
+from ..progress import progress_bar
 
 TRAIN_SHARE = 0.9
 SPLITS = ("eval", "train", "calibration", "all")
