@@ -24,12 +24,15 @@ class _Lines(io.TextIOBase):
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
+        self.last = ""
 
     def write(self, text: str) -> int:
         line = text.replace("\r", "").strip()
-        if line:
+        count = line.split(",")[0]  # "step: n/N unit (p%)"; closing the bar redraws the last count: once is enough
+        if line and count != self.last:
             self.stream.write(f"headwise: {line}\n")
             self.stream.flush()
+            self.last = count
         return len(text)
 
     def flush(self) -> None:
