@@ -25,8 +25,8 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/headwise sites
-	$(BIN)/headwise eval stsb --split dev
-	$(BIN)/headwise analyze --limit 1000 --ablation-texts 128 --out $(DEMO_OUT) --force
+	$(BIN)/headwise eval stsb --split dev   # STS-B dev ships in the package: no shared/ needed
+	$(BIN)/headwise analyze --limit 1000 --importance gradient,ablation --ablation-texts 128 --out $(DEMO_OUT) --force
 	@echo "open $(DEMO_OUT)/report.html in a browser"
 
 # The report tests (marked browser) open pages in headless Chromium. When it is missing and this user may install

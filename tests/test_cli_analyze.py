@@ -5,7 +5,7 @@ import pytest
 
 from headwise.cli import main
 
-ARGV = ["analyze", "--limit", "24", "--ablation-texts", "6", "--examples", "1"]
+ARGV = ["analyze", "--limit", "24", "--importance", "gradient,ablation", "--ablation-texts", "6", "--examples", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,8 @@ def test_analyze_writes_report_and_stats_and_refuses_to_overwrite(analyzed, caps
     assert stats["sentences"] == 24 and len(stats["sites"]) == 6
     assert {"importance_gradient", "importance_ablation", "confidence"} <= set(stats["heads"])
     assert all(len(row) == 12 for row in stats["heads"]["importance_ablation"])
+    assert stats["importance"] == ["gradient", "ablation"]
+    assert set(stats["seconds"]) == {"observe", "gradient", "ablation"} and min(stats["seconds"].values()) > 0
     assert (out / "report.html").stat().st_size > 20_000
     capsys.readouterr()
     assert main(argv) == 2
@@ -40,3 +42,14 @@ def test_analyze_report_renders_in_chromium(analyzed):
     assert page.count_class("hw-heatmap") >= len(stats["heads"])
     png = browser.screenshot(out / "report.html", out.parent / "screenshot.png")
     assert png.stat().st_size > 20_000
+
+
+def test_analyze_defaults_to_gradient_importance_and_says_what_it_cost(tmp_path, capsys):
+    """The default importance is the one that scales (one backward pass per batch); ablation only by name."""
+    out = tmp_path / "report"
+    assert main(["analyze", "--limit", "8", "--examples", "0", "--out", str(out)]) == 0
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["importance"] == ["gradient"] and "importance_ablation" not in stats["heads"]
+    assert set(stats["seconds"]) == {"observe", "gradient"}
+    printed = capsys.readouterr().out
+    assert "importance: gradient (observe " in printed and "gradient " in printed.split("importance: gradient")[1]

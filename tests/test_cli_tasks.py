@@ -101,6 +101,18 @@ def test_prune_plain_refuses_partial_groups_and_writes_nothing(llama_dir, tmp_pa
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--plain" in err and "nothing was written" in err and not out.exists()
+    assert "use --method importance --unit kv-group" in err  # refused before ranking, not after the work
+
+
+def test_prune_plain_refuses_a_keep_that_cannot_be_uniform_before_any_work(llama_dir, tmp_path, capsys):
+    """18 heads in 3 layers of 2 groups of 3: a plain export removes whole groups evenly, 9 heads at a time."""
+    out = tmp_path / "never"
+    argv = ["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
+            "--method", "importance", "--unit", "kv-group", "--keep", "15", "--max-length", "32", "--plain",
+            "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "multiple of 9 of the 18 heads" in err and "--keep 9" in err and not out.exists()
 
 
 @pytest.mark.parametrize("argv,message", [

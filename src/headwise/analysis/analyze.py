@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import inspect
+import time
 from dataclasses import replace
 from typing import Any, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from .attach import per_site
 from .config import AnalysisConfig
@@ -35,7 +36,8 @@ def observe(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[R
     """Run ``texts`` through ``model`` with statistics observers attached, adding into ``stats``."""
     context = BatchContext()
     device = next(model.parameters()).device
-    bar = tqdm(total=len(texts), desc="analysing heads", unit="sent", disable=None if progress is None else not progress)
+    bar = progress_bar(total=len(texts), desc="analysing heads", unit="sent",
+                       disable=None if progress is None else not progress)
     with per_site(model, rows, lambda site, first, n: StatsObserver(stats, context, first, n)):
         for batch in text_batches(tokenizer, texts, batch_size, max_length, device):
             context.set(batch.real, batch.special)
@@ -106,17 +108,23 @@ def analyze(
                             model=name, data=cfg.data_name, normalize_importance=cfg.normalize_importance)
     mine = [texts[i] for i in shard]
     with using_headwise(model), eval_mode(model):
+        start = time.perf_counter()
         observe(model, tokenizer, mine, rows, stats, cfg.batch_size, max_length, progress)
         if cfg.examples:
             stats.examples = record_examples(model, tokenizer, texts[: cfg.examples], rows, max_length)
+        stats.seconds["observe"] = time.perf_counter() - start
         if "gradient" in cfg.importance:
+            start = time.perf_counter()
             my_pairs = None if pairs is None else tuple([p[i] for i in range(rank, len(p), world)] for p in pairs)
             stats.add_importance_("gradient", *gradient_sums(
                 model, tokenizer, mine, index=shard, pairs=my_pairs, batch_size=cfg.batch_size, max_length=max_length,
                 abs_scope=cfg.abs_scope, seed=cfg.seed, progress=progress, loss_fn=loss_fn, inputs=loss_inputs))
+            stats.seconds["gradient"] = time.perf_counter() - start
         if "ablation" in cfg.importance:
+            start = time.perf_counter()
             limit = len(texts) if cfg.ablation_texts is None else cfg.ablation_texts
             stats.add_importance_("ablation", *ablation_sums(
                 model, tokenizer, [texts[i] for i in shard if i < limit], batch_size=cfg.batch_size, sweep_batch=cfg.sweep_batch,
                 max_length=max_length, progress=progress))
+            stats.seconds["ablation"] = time.perf_counter() - start
     return stats.all_reduce_()

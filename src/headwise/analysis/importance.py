@@ -43,12 +43,12 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from .config import ABS_SCOPES
 from .gates import row_gates
 from ..batching import Batch, pooled, resolve_max_length, text_batches
+from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from .rows import Row, rows_of
 
@@ -159,7 +159,8 @@ def gradient_sums(
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
     total = (sum(len(next(iter(b.values()))) for b in inputs) if inputs is not None
              else len(pairs[0]) if pairs is not None else len(texts or ()))
-    bar = tqdm(total=total, desc="gradient importance", unit="sent", disable=None if progress is None else not progress)
+    bar = progress_bar(total=total, desc="gradient importance", unit="sent",
+                       disable=None if progress is None else not progress)
     sums, count = None, 0
     with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
             torch.enable_grad():
@@ -297,7 +298,8 @@ def ablation_sums(
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
     found = _block_stack(model, rows) if method == "layers" else None
     stack, blocks = found if found is not None else (None, None)
-    bar = tqdm(total=len(texts), desc="ablation sweep", unit="sent", disable=None if progress is None else not progress)
+    bar = progress_bar(total=len(texts), desc="ablation sweep", unit="sent",
+                       disable=None if progress is None else not progress)
     count = 0
     with using_headwise(model), eval_mode(model), row_gates(model, rows) as gates:
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
@@ -354,7 +356,8 @@ def ablation_importance(
         base = float(metric(model))
         table = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         heads = _heads(rows)
-        for row, head in tqdm(heads, desc="ablation", unit="head", disable=None if progress is None else not progress):
+        for row, head in progress_bar(heads, desc="ablation", unit="head",
+                                      disable=None if progress is None else not progress):
             weight = gates.ones(1, device)
             weight[row, 0, head] = 0.0
             gates.set(weight)

@@ -61,6 +61,7 @@ class HeadStats:
     examples: list[dict] = field(default_factory=list)
     normalize_importance: bool = True
     metric_info: dict[str, dict] = field(default_factory=dict)  # overrides of METRIC_INFO (kept from a loaded file)
+    seconds: dict[str, float] = field(default_factory=dict)  # this process's wall time per pass (not in to_dict)
 
     @classmethod
     def empty(cls, sites: list[dict], thresholds: tuple[float, ...], device: torch.device | str = "cpu",

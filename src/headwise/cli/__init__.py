@@ -9,7 +9,10 @@ above 0 for the counts and sizes in ``POSITIVE``, not negative where the default
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
+import json
 import math
 import sys
 from typing import Any, Callable
@@ -123,17 +126,50 @@ def model_args(parser: argparse.ArgumentParser) -> None:
                         help="with --device-map: folder for the weights that fit nowhere (disk offload)")
 
 
+def global_flags(parser: argparse.ArgumentParser, default: object) -> None:
+    """``--debug`` and ``--json``, taken before the verb or after it: the verbs' copies default to SUPPRESS so
+    that a flag given before the verb is not reset by the verb's own default."""
+    parser.add_argument("--debug", action="store_true", default=default, help="show tracebacks")
+    parser.add_argument("--json", action="store_true", default=default, help="print machine-readable JSON")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
-    common.add_argument("--debug", action="store_true", help="show tracebacks")
-    common.add_argument("--json", action="store_true", help="print machine-readable JSON")
-    parser = Parser(prog="headwise", parents=[common],
-                    description="Find, measure and edit the attention heads of transformers models.")
+    global_flags(common, argparse.SUPPRESS)
+    parser = Parser(prog="headwise", description="Find, measure and edit the attention heads of transformers models.")
+    global_flags(parser, False)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     for plugin in PLUGINS:
         importlib.import_module(plugin).register(verbs, [common])
     return parser
+
+
+def _json_start(text: str) -> int:
+    """Offset of the first line from which the rest of ``text`` is one JSON document (``len(text)`` if none)."""
+    offset = 0
+    for line in text.splitlines(keepends=True):
+        try:
+            json.loads(text[offset:])
+            return offset
+        except json.JSONDecodeError:
+            offset += len(line)
+    return len(text)
+
+
+def _run_json(args: argparse.Namespace) -> int:
+    """Run a verb under ``--json``: stdout carries only the JSON document the verb prints last; whatever the
+    libraries print before it (the Trainer's loss lines, tqdm.write) goes to stderr."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(held):
+            return args.run(args)
+    finally:
+        text = held.getvalue()
+        start = _json_start(text)
+        sys.stderr.write(text[:start])
+        sys.stdout.write(text[start:])
+        sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..io.files import release_all_outputs
 
     try:
-        return args.run(args)
+        return _run_json(args) if args.json else args.run(args)
     except HeadwiseError as err:
         if args.debug:
             raise

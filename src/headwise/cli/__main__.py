@@ -1,4 +1,4 @@
-"""``python -m headwise.cli``: the same as the ``headwise`` command."""
+"""``python -m headwise.cli``: the same as the ``headwise`` command (and ``python -m headwise``)."""
 
 import sys
 

@@ -21,8 +21,9 @@ def register(verbs, parents) -> None:
     p.add_argument("--out", default="headwise-report", help="output folder (default: headwise-report)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     p.add_argument("--importance", default=None,
-                   help="comma-separated: gradient, ablation; or none (default: gradient,ablation; translation: "
-                        "gradient, of the label loss)")
+                   help="comma-separated: gradient, ablation; or none (default: gradient, one backward pass per "
+                        "batch; ablation costs one pass per head over --ablation-texts; translation: gradient of the "
+                        "label loss)")
     p.add_argument("--ablation-texts", type=int, default=256,
                    help="texts used by ablation importance, one pass per head (default: 256)")
     p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept")
@@ -60,6 +61,14 @@ def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
     return texts, pairs, f"{name}, {len(texts)} texts"
 
 
+def with_seconds(stats) -> dict:
+    """``stats.to_dict()`` plus ``importance`` (the kinds computed) and ``seconds`` (what each pass — observe,
+    gradient, ablation — cost here)."""
+    doc = stats.to_dict()
+    kinds = [m.removeprefix("importance_") for m in doc["heads"] if m.startswith("importance_")]
+    return doc | {"importance": kinds, "seconds": {k: round(v, 3) for k, v in stats.seconds.items()}}
+
+
 def run(args: argparse.Namespace) -> int:
     from ..analysis import AnalysisConfig, analyze
     from ..io import atomic_dir, check_writable_dir
@@ -67,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.task == "translation":
         return run_seq2seq(args)
-    chosen = args.importance or "gradient,ablation"
+    chosen = args.importance or "gradient"
     importance = () if chosen == "none" else tuple(k for k in chosen.split(",") if k)
     config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=args.examples,
                             importance=importance, ablation_texts=args.ablation_texts, model_name=args.model or "all-MiniLM-L6-v2 (packaged)")
@@ -76,15 +85,17 @@ def run(args: argparse.Namespace) -> int:
         texts, pairs, data_name = _texts(args)
         config.data_name = data_name
         model, tokenizer = load_task_model(args, None, need_tokenizer=True)
-        stats = analyze(model, tokenizer, texts, config, pairs=pairs).to_dict()
+        stats = with_seconds(analyze(model, tokenizer, texts, config, pairs=pairs))
     else:
         task = task_from_args(args, skip=("limit", "batch_size"))
         texts = [t for t in task.texts("calibration") if t.strip()][: args.limit]
         config.data_name = f"{task.name} task, {len(texts)} texts"
         model, tokenizer = load_for_task(args, task)
-        inputs = task.batches(tokenizer, "train", args.batch_size, args.importance_examples) \
-            if "gradient" in importance else None
-        stats = analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs).to_dict()
+        # the task's training batch size bounds the backward pass's memory (lm: 4 windows, not --batch-size 32 of
+        # them with their [B, T, vocab] logits)
+        inputs = task.batches(tokenizer, "train", min(args.batch_size, task.train_defaults["batch_size"]),
+                              args.importance_examples) if "gradient" in importance else None
+        stats = with_seconds(analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs))
     stats["task"] = args.task
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "stats.json").write_text(json.dumps(stats))
@@ -92,7 +103,9 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(stats))
     else:
-        print(f"analysed {stats['sentences']} texts ({stats['tokens']} tokens) with {model.config.model_type}: "
+        cost = ", ".join(f"{k} {v:.1f} s" for k, v in stats["seconds"].items())
+        print(f"analysed {stats['sentences']} texts ({stats['tokens']} tokens) with {model.config.model_type}, "
+              f"importance: {', '.join(stats['importance']) or 'none'} ({cost}): "
               f"{args.out}/report.html, {args.out}/stats.json")
     return 0
 

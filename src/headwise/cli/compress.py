@@ -11,7 +11,7 @@ from pathlib import Path
 from ..errors import HeadwiseError
 from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
-from .task_options import load_task_model, metric_label, model_costs, run_record, task_args, task_from_args
+from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     costs = model_costs(model)
 
     def metric() -> float | None:
-        return round(float(task.evaluate(model, tokenizer, progress=False)[task.metric]), 2) if evaluate else None
+        return round(float(task.evaluate(model, tokenizer)[task.metric]), 2) if evaluate else None
 
     metric_before = metric()
     teacher = teacher_for(args, model, task)

@@ -22,6 +22,7 @@ def register(verbs, parents) -> None:
     stsb.add_argument("--split", default="dev", choices=["train", "dev", "test"])
     stsb.add_argument("--data", default=None, help="the STS-B .tsv file or its folder (default: shared/data/stsb)")
     stsb.add_argument("--batch-size", type=int, default=64)
+    stsb.add_argument("--limit", type=int, default=None, help="score only the first N pairs (a quick look)")
     stsb.set_defaults(run=run_stsb)
     for name, text in HELP.items():
         sub = tasks.add_parser(name, parents=parents, help=text)
@@ -34,11 +35,14 @@ def run_task(args: argparse.Namespace) -> int:
     task = task_from_args(args, args.task)  # bad data fails before the model loads
     model, tokenizer = load_for_task(args, task)
     metrics = task.evaluate(model, tokenizer)
+    subset = next((f"--{flag.replace('_', '-')} {getattr(task, flag)}" for flag in ("limit", "max_tokens")
+                   if getattr(task, flag, None) is not None), None)
     if args.json:
-        print(json.dumps(metrics, indent=2))
+        print(json.dumps(metrics | ({"subset": subset} if subset else {}), indent=2))
     else:
         print(f"{task.name}: {args.model or 'all-MiniLM-L6-v2 (packaged)'} ({type(model).__name__})")
-        print(f"  {metric_line(task, metrics)}")
+        print(f"  {metric_line(task, metrics)}"
+              + (f"  [on a subset ({subset}): not comparable with full-split scores]" if subset else ""))
     return 0
 
 
@@ -50,11 +54,13 @@ def run_stsb(args: argparse.Namespace) -> int:
     model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
     ensure_encoder(model, "eval stsb")  # a decoder is refused first: the clearer reason
     tokenizer = load_tokenizer(args.model, model)
-    result = evaluate_stsb(model, tokenizer, args.split, args.data, args.batch_size)
+    result = evaluate_stsb(model, tokenizer, args.split, args.data, args.batch_size, args.limit)
     if args.json:
         print(json.dumps(result.as_dict(), indent=2))
     else:
-        print(f"STS-B {result.split} ({result.pairs} pairs, {result.file})")
+        subset = (f"first {result.pairs} of {result.total_pairs} pairs (--limit {args.limit}): a subset, not "
+                  "comparable with full-split scores") if result.total_pairs else f"{result.pairs} pairs"
+        print(f"STS-B {result.split} ({subset}, {result.file})")
         print(f"  model: {args.model or 'all-MiniLM-L6-v2 (packaged)'}, attention: {model.config._attn_implementation}")
         print(f"  Spearman x100: {result.spearman:.2f}   Pearson x100: {result.pearson:.2f}")
     return 0

@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
                   recover_epochs=args.recover_epochs, allow_empty_layers=args.allow_empty_layers, methods=methods,
                   model_name=args.model or "all-MiniLM-L6-v2", progress=None, importance_batch=args.importance_batch)
     data = result.to_dict()
-    data["command"] = result.command(f"{args.out}/plan.json")
+    data["command"] = result.command(f"{args.out}/plan.json")  # already names the saved file: verdict keeps it
     report = Report("headwise plan", f"{data['model']} on {task.name}, budget {budget}")
     add_plan_sections(report, data)
     with atomic_dir(args.out, args.force) as tmp:
@@ -71,6 +71,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({k: data[k] for k in ("recommended", "command", "front", "budget")}))
     else:
-        print(verdict(data, f"{args.out}/plan.json").replace("**", "").replace("`", ""))
+        print(verdict(data, "plan.json").replace("**", "").replace("`", ""))
         print(f"saved {args.out}/plan.json and {args.out}/report.html")
     return 0

@@ -54,6 +54,33 @@ def _check(args: argparse.Namespace) -> None:
         raise HeadwiseError(f"--unit {args.unit} applies to --method importance; l0 and mask choose query heads")
 
 
+def _check_plain(args: argparse.Namespace, model) -> None:
+    """Refuse ``--plain`` up front when the pruned model cannot be exported: a family without ``head_dim`` in its
+    config, query-head pruning of a grouped-query model (partial key/value groups), or a ``--keep`` that cannot
+    leave the same whole groups in every layer. (A mask or a ranking can still remove groups unevenly; that is
+    known after pruning, which for a mask is quick, and is refused then, before anything is written.)"""
+    from ..sites import families_with, family_layout, find_sites
+
+    if not family_layout(model.config.model_type).head_dim_in_config:
+        raise HeadwiseError(f"--plain: {model.config.model_type} models cannot be saved in plain transformers format "
+                            f"after pruning (only {', '.join(families_with('head_dim_in_config'))} configs carry "
+                            "head_dim); drop --plain")
+    if args.method == "mask":
+        return
+    sites = find_sites(model)
+    group, total = max(s.group_size for s in sites), sum(s.num_heads for s in sites)
+    if group > 1 and (args.method == "l0" or args.unit == "query"):
+        raise HeadwiseError(f"--plain: {args.method} pruning of single query heads leaves key/value groups with only "
+                            "some of their query heads, which plain transformers cannot hold; use --method importance "
+                            "--unit kv-group (nothing was written)")
+    per_layer = len(sites) * group  # heads removed in steps of one whole group in every layer
+    if args.keep is not None and (total - args.keep) % per_layer:
+        fits = sorted({total - per_layer * k for k in range(1, total // per_layer)}, reverse=True)[:3]
+        raise HeadwiseError(f"--plain: plain transformers needs the same heads in every layer, so --keep must remove a "
+                            f"multiple of {per_layer} of the {total} heads (one group of {group} in each of "
+                            f"{len(sites)} layers); e.g. --keep {' or '.join(map(str, fits))} (nothing was written)")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
     from ..io import export_plain, plain_problem
@@ -71,12 +98,7 @@ def run(args: argparse.Namespace) -> int:
     task = task_from_args(args) if needs_data else None  # bad data fails before the model loads
     model, tokenizer = load_task_model(args, task)  # the head of --task also without evaluation
     if args.plain:
-        from ..sites import families_with, family_layout
-
-        if not family_layout(model.config.model_type).head_dim_in_config:
-            raise HeadwiseError(f"--plain: {model.config.model_type} models cannot be saved in plain transformers "
-                                f"format after pruning (only {', '.join(families_with('head_dim_in_config'))} "
-                                "configs carry head_dim); drop --plain")
+        _check_plain(args, model)  # before any slow work: what the export will need
     sites = find_sites(model)
     names = [s.name for s in sites]
     before = {"heads": sum(s.num_heads for s in sites), "parameters": sum(p.numel() for p in model.parameters())}
@@ -84,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError(f"--keep {args.keep} is more than the model's {before['heads']} heads")
 
     def metric(m) -> float:
-        return round(float(task.evaluate(m, tokenizer, progress=False)[task.metric]), 2)
+        return round(float(task.evaluate(m, tokenizer)[task.metric]), 2)  # progress: a bar, or lines in a log
 
     metric_before = None if args.no_eval else metric(model)
     teacher = teacher_for(args, model, task)

@@ -9,12 +9,12 @@ from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
+from ..progress import progress_bar
 from ..runtime.ops import ops_of
-from ..sites import AttentionSite, find_sites, select_sites
+from ..sites import AttentionSite, find_sites
 from .calibration import input_moments
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
@@ -151,8 +151,8 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
         raise HeadwiseError(f"init={config.init!r}, solver={config.solver!r}: rotary sites are decomposed per "
                             "frequency from the block start with complex ALS; use init='auto' or 'block', solver='als'")
     plan = []
-    for site in tqdm(sites, desc=f"decomposing (dk={result.dk})", unit="site",
-                     disable=None if progress is None else not progress):
+    for site in progress_bar(sites, desc=f"decomposing (dk={result.dk})", unit="site",
+                             disable=None if progress is None else not progress):
         start = time.perf_counter()
         rank = site_rank(site, config.dk)
         P, K = site.q.weight.detach().float(), site.k.weight.detach().float()

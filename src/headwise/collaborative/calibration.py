@@ -15,9 +15,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..sites import AttentionSite
 
 
@@ -108,7 +108,7 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Seq
 
     handles = [s.module.register_forward_pre_hook(hook(s), with_kwargs=True) for s in sites]
     device = next(model.parameters()).device
-    bar = tqdm(desc="calibration", unit="batch", disable=None if progress is None else not progress)
+    bar = progress_bar(desc="calibration", unit="batch", disable=None if progress is None else not progress)
     try:
         for batch in _batches(calibration, tokenizer, batch_size, max_length):
             given = next(v for v in batch.values() if torch.is_tensor(v))

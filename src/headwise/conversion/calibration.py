@@ -12,9 +12,9 @@ from typing import Iterable
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..sites import AttentionSite
 
 
@@ -55,7 +55,8 @@ def input_moments(model: nn.Module, sites: list[AttentionSite], calibration: Ite
     handles = [s.module.register_forward_pre_hook(hook(s), with_kwargs=True) for s in sites]
     device = next(model.parameters()).device
     try:
-        for batch in tqdm(calibration, desc="calibration", unit="batch", disable=None if progress is None else not progress):
+        for batch in progress_bar(calibration, desc="calibration", unit="batch",
+                                  disable=None if progress is None else not progress):
             batch = {"input_ids": batch} if torch.is_tensor(batch) else dict(batch)
             current["batch"] = batch
             model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})

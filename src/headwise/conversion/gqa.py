@@ -13,10 +13,10 @@ from typing import Iterable
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
+from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
 from .checks import check_calibration, convertible_sites, kv_heads_in_config
@@ -100,7 +100,8 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | N
     elif any(s.path not in moments for s in sites):
         raise HeadwiseError("moments lack some sites; compute them with headwise.conversion.input_moments(model, sites, batches)")
     plans = {}
-    for site in tqdm(sites, desc="fit kv heads", unit="layer", disable=None if progress is None else not progress):
+    for site in progress_bar(sites, desc="fit kv heads", unit="layer",
+                             disable=None if progress is None else not progress):
         weights = SiteWeights.of(site)
         sigma = moments.get(site.path, torch.eye(weights.q.shape[-1], dtype=torch.float64))
         plans[site.path] = (_plan(weights, site, config, sigma), weights.bias)

@@ -20,10 +20,10 @@ from typing import Iterable
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
+from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
 from .checks import check_calibration, convertible_sites
@@ -137,7 +137,8 @@ def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int |
     elif any(s.path not in moments for s in sites):
         raise HeadwiseError("moments lack some sites; compute them with headwise.conversion.input_moments(model, sites, batches)")
     fits = {}
-    for site in tqdm(sites, desc="fit latent kv", unit="layer", disable=None if progress is None else not progress):
+    for site in progress_bar(sites, desc="fit latent kv", unit="layer",
+                             disable=None if progress is None else not progress):
         n = SiteWeights.of(site).q.shape[-1]
         fits[site.path] = _fit(site, config, moments.get(site.path, torch.eye(n, dtype=torch.float64)))
     for site in sites:

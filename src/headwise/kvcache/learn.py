@@ -17,13 +17,13 @@ from typing import Any, Iterator
 import torch
 from einops import repeat
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from .config import model_shape
 from .gates import KVGate, add_kv_gates, remove_kv_gates
 from .passkey import NEEDLE, frame, passkey_prompt
 from .scores import HeadScores
+from ..progress import progress_bar
 
 REGIONS = ("answer", "all")
 HAYSTACKS = ("filler", "text")
@@ -187,7 +187,7 @@ def learn_kv_gates(model: nn.Module, tokenizer: Any, config: KVGateConfig | None
         gates = add_kv_gates(model, config.sink, config.window, config.init)
         try:
             optimizer = torch.optim.Adam([g.alpha for g in gates], lr=config.lr)
-            bar = tqdm(range(config.steps), desc="KV gates", disable=not progress)
+            bar = progress_bar(range(config.steps), desc="KV gates", disable=not progress)
             for step in bar:
                 ids, region = next(prompts)
                 loss, distill = distillation_loss(model, gates, ids[None].to(device), region, config.l1)

@@ -85,10 +85,10 @@ def passkey_accuracy(model: Any, tokenizer: Any, prompts: list[Passkey], progres
     """Greedy ``model.generate()`` on each prompt (through whatever cache it uses); exact match of the key.
 
     Returns ``{"accuracy", "correct", "prompts", "answers"}``."""
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     answers, correct = [], 0
-    for p in tqdm(prompts, desc="passkey", disable=not progress):
+    for p in progress_bar(prompts, desc="passkey", disable=not progress):
         ids = p.ids[None].to(model.device)
         with torch.no_grad():
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(p.answer_ids),

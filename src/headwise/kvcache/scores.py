@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..runtime import add_observer, detach
 from ..sites import find_sites
 from .config import model_shape
@@ -155,7 +155,7 @@ def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = N
     jobs = ([(lambda p=p: _passkey(model, p, total)) for p in prompts]
             + [(lambda r=r: _repeated(model, r, config.random_length, total)) for r in randoms]
             + [(lambda c=c: _outside(model, c, config.sink, config.window, total)) for c in calibration])
-    for job in tqdm(jobs, desc="head scores", disable=not progress):
+    for job in progress_bar(jobs, desc="head scores", disable=not progress):
         job()
     counts = {"passkey": len(prompts), "repeated": len(randoms), "calibration": len(calibration)}
     divisor = {"retrieval": len(prompts), "copy": len(prompts), "induction": len(randoms), "echo": len(randoms),

@@ -10,9 +10,9 @@ from typing import Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..sites import find_sites
 from .edits import Edit
 from .proxies import output_error, prune_edit
@@ -87,8 +87,8 @@ def mechanism_candidates(model: nn.Module, length: float, batches: Sequence[dict
     if not sites:
         return [], {}, "no self-attention site with absolute or rotary positions"
     errors = {}
-    for site in tqdm(sites, desc="local-window error per layer", unit="layer", disable=None if progress is None
-                     else not progress):
+    for site in progress_bar(sites, desc="local-window error per layer", unit="layer", disable=None if progress is None
+                             else not progress):
         one = Edit(mechanism={"name": "local", "args": {"window": window}, "sites": [site.name]})
         try:
             errors[site.name] = output_error(model, one, batches, reference)

@@ -83,7 +83,7 @@ def key_span(site: AttentionSite, length: float) -> float:
     ops = getattr(site.module, ATTR, None)
     for mech in ([] if ops is None else list(ops.mechanism.values())):
         window = getattr(getattr(mech.core, "config", None), "window", None)
-        if mech.name == "local" and window:
+        if mech.core.name == "local" and window:
             span = min(span, window if site.causal else 2 * window - 1)
     return span
 

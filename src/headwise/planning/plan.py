@@ -22,16 +22,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
+from ..progress import progress_bar
 from ..sites import find_sites
 from ..tasks import Task, get_task, recover
 from .budget import Budget
 from .candidates import (Candidate, dk_candidates, kv_candidates, mechanism_candidates, prune_candidates,
                          quantization_candidates)
-from .costs import measure_latencies, measure_latency, sequence_length, static_costs
+from .costs import measure_latency, sequence_length, static_costs
 from .edits import Edit, apply_edit, edited
 from .pareto import COST_AXES, front
 from .proxies import head_scores, outputs, relative_error, removal_order
@@ -160,7 +160,7 @@ class Plan:
         bar = dict(unit="edit", disable=None if progress is None else not progress)
         calibration = None
         measured = {}
-        for p in tqdm(edits, desc="re-time", **bar):
+        for p in progress_bar(edits, desc="re-time", **bar):
             if p.edit.needs_calibration() and calibration is None:
                 calibration = self.calibration(tokenizer, task, device)
             with edited(model, p.edit, calibration if p.edit.needs_calibration() else None,
@@ -302,8 +302,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
         singles += quantization_candidates()
 
     points = [base]
-    for cand in tqdm(singles, desc="measure single methods", unit="edit",
-                     disable=None if progress is None else not progress):
+    for cand in progress_bar(singles, desc="measure single methods", unit="edit",
+                             disable=None if progress is None else not progress):
         try:
             cand.proxy, measured = measure(cand.edit)
         except HeadwiseError as err:
@@ -317,8 +317,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     others = [(by_name[p.name], p.measured) for p in points
               if p.kind == "single" and p.methods and p.methods[0] in ("kv_heads", "dk", "mechanism")]
     chosen = finalists(prunes, others, base.measured, budget, sign, top_k, valid=lambda e: _sensible(model, e))
-    for name, parts, edit, pred in tqdm(chosen, desc="measure combined plans", unit="edit",
-                                        disable=None if progress is None else not progress):
+    for name, parts, edit, pred in progress_bar(chosen, desc="measure combined plans", unit="edit",
+                                                disable=None if progress is None else not progress):
         try:
             measured = measure(edit)[1]
         except HeadwiseError as err:

@@ -40,8 +40,10 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
     if ranking == "gradient":
         device = next(model.parameters()).device
         inputs = task.batches(tokenizer, "train", batch_size, examples, device)
-        table = gradient_importance(model, tokenizer, inputs=inputs, loss_fn=task.loss, progress=progress)
-        return {names[p]: [float(x) for x in v] for p, v in site_importance(model, table).items()}
+        cross = any(s.kind == "dec-enc" for s in find_sites(model))  # encoder-decoders: rank cross-attention too
+        table = gradient_importance(model, tokenizer, inputs=inputs, loss_fn=task.loss, progress=progress,
+                                    cross_attention=cross)
+        return {names[p]: [float(x) for x in v] for p, v in site_importance(model, table, cross).items()}
     total = sum(s.num_heads for s in find_sites(model))
     batch = task.train_defaults["batch_size"]
     steps = math.ceil(len(task.examples(tokenizer, "train").head(examples)) / batch * epochs)
@@ -59,7 +61,7 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
                       head_learning_rate=0.1, progress=bool(progress))
         return {names[p]: [float(x) for x in g.log_alpha.detach().cpu()] for p, g in l0_gates(model).items()}
     finally:
-        remove_l0_gates(model)
+        remove_l0_gates(model, missing_ok=True)
         for n, p in model.named_parameters():
             p.requires_grad_(trainable[n])
         model.train(was_training)

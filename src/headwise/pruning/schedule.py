@@ -14,11 +14,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..analysis.importance import Pairs, gradient_importance
 from ..analysis.rows import rows_of
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..sites import find_sites
 from .masks import apply_masks
 
@@ -46,10 +46,11 @@ class PruningCurve:
         return {"method": self.method, "steps": [s.__dict__ for s in self.steps]}
 
 
-def site_importance(model: nn.Module, table: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Fold a ``[rows, H]`` importance table into ``{site path: [H]}`` (summing the layers of shared sites)."""
+def site_importance(model: nn.Module, table: torch.Tensor, cross_attention: bool = False) -> dict[str, torch.Tensor]:
+    """Fold a ``[rows, H]`` importance table into ``{site path: [H]}`` (summing the layers of shared sites);
+    ``cross_attention``: the table has the ``dec-enc`` rows too (``gradient_importance(cross_attention=True)``)."""
     out: dict[str, torch.Tensor] = {}
-    for row in rows_of(model):
+    for row in rows_of(model, cross_attention):
         score = table[row.index, : row.site.num_heads].nan_to_num(0.0)
         out[row.site.path] = out.get(row.site.path, 0) + score
     return out
@@ -149,7 +150,8 @@ def importance_pruning(
 
     curve = PruningCurve("iterative importance" if iterative else "one-shot importance")
     scores = rank()
-    for kept in tqdm(counts, desc=curve.method, unit="step", disable=None if progress is None else not progress):
+    for kept in progress_bar(counts, desc=curve.method, unit="step",
+                             disable=None if progress is None else not progress):
         open_now = sum(int(sum(m)) for m in masks.values())
         if iterative and open_now < total:
             scores = rank()

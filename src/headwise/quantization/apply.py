@@ -12,7 +12,7 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..runtime import attach, detach_all, enable
 from ..runtime.ops import attached
-from ..sites import AttentionSite, find_sites, select_sites
+from ..sites import AttentionSite, select_sites
 from .config import QuantizationConfig
 from .layer import DISTINCT_CAP, AttentionQuantizer, QuantMeter
 

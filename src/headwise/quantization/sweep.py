@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
 
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from ..sites import find_sites
 from .apply import measuring, quantize_attention, remove_quantization
@@ -140,8 +140,8 @@ def sweep(model: nn.Module, config: SweepConfig | None = None, *, metric: Metric
         baseline_seconds = time.perf_counter() - start
         floor = baseline - cfg.tolerance * abs(baseline)
         try:
-            for setting in tqdm(settings, desc="quantization sweep", unit="setting",
-                                disable=None if progress is None else not progress):
+            for setting in progress_bar(settings, desc="quantization sweep", unit="setting",
+                                        disable=None if progress is None else not progress):
                 quantize_attention(model, setting, name=SWEEP_OP)
                 start = time.perf_counter()
                 with measuring(model, SWEEP_OP, cfg.distinct_calls) as measured:

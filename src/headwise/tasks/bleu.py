@@ -10,10 +10,10 @@ import numpy as np
 import sacrebleu
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..errors import HeadwiseError
 from .corpus import ParallelCorpus
+from ..progress import progress_bar
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
@@ -60,7 +60,7 @@ def translate(model: nn.Module, tokenizer: Any, sources: Sequence[str], *, batch
     model.eval()
     device = next(model.parameters()).device
     out: list[str] = []
-    for start in tqdm(range(0, len(sources), batch_size), desc="translate", disable=not progress):
+    for start in progress_bar(range(0, len(sources), batch_size), desc="translate", disable=not progress):
         enc = tokenizer(list(sources[start:start + batch_size]), padding=True, truncation=True,
                         max_length=max_length, return_tensors="pt").to(device)
         ids = model.generate(**enc, max_new_tokens=max_new_tokens, max_length=None, num_beams=num_beams,

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..batching import Examples, batches, tokenize
 from ..errors import HeadwiseError
 from ..io.files import read_text
 from ..batching import check_context
 from .base import Task, TaskOutputs
+from ..progress import progress_bar
 from .paths import check_sizes
 
 TRAIN_SHARE = 0.9
@@ -238,8 +238,8 @@ class Classification(Task):
         device = next(model.parameters()).device
         data = self.examples(tokenizer, "eval")
         preds, gold = [], []
-        for batch in tqdm(list(batches(data, tokenizer, self.batch_size, device)), desc="classify",
-                          disable=None if progress is None else not progress):
+        for batch in progress_bar(list(batches(data, tokenizer, self.batch_size, device)), desc="classify",
+                                  disable=None if progress is None else not progress):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
             preds.append(logits[:, 0] if self.is_regression() else logits.argmax(-1))
             gold.append(batch["label"])

@@ -26,10 +26,9 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from tqdm.auto import tqdm
-
 from ..errors import HeadwiseError
 from ..io import atomic_write_text, read_text
+from ..progress import progress_bar
 
 SPLITS = ("train", "dev", "test")
 SIDES = ("src", "tgt")
@@ -276,7 +275,7 @@ def build_synthetic_corpus(directory: str | Path, sizes: dict[str, int] | None =
     sizes = sizes or {"train": 50_000, "dev": 500, "test": 1000}
     grammar = SyntheticGrammar(seed=seed)
     splits = {split: grammar.corpus(split, n)
-              for split, n in tqdm(sizes.items(), desc="synthetic corpus", disable=not progress)}
+              for split, n in progress_bar(sizes.items(), desc="synthetic corpus", disable=not progress)}
     return write_corpus(directory, splits)
 
 

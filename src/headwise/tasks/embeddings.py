@@ -7,10 +7,10 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..batching import mean_pool
 from ..errors import HeadwiseError
+from ..progress import progress_bar
 from ..sites import find_sites
 
 
@@ -44,7 +44,7 @@ def encode(
     max_length = max_length or tokenizer.model_max_length
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]), reverse=True)
     out = torch.empty(len(texts), model.config.hidden_size)
-    bar = tqdm(total=len(texts), desc=desc, unit="sent", disable=None if progress is None else not progress)
+    bar = progress_bar(total=len(texts), desc=desc, unit="sent", disable=None if progress is None else not progress)
     for start in range(0, len(texts), batch_size):
         idx = order[start : start + batch_size]
         batch = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,

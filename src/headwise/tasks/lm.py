@@ -20,12 +20,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..batching import LABEL_PAD, Examples, check_context
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
 from .paths import existing_file, read_lines, shared_data
+from ..progress import progress_bar
 
 TRAIN_SHARE = 0.9
 SPLITS = ("eval", "train", "calibration", "all")
@@ -154,7 +154,7 @@ class LanguageModeling(Task):
         was_training = model.training
         model.eval()
         total, count = 0.0, 0
-        for begin, end, first in tqdm(self.windows(len(ids)), desc="perplexity", unit="window",
+        for begin, end, first in progress_bar(self.windows(len(ids)), desc="perplexity", unit="window",
                                       disable=None if progress is None else not progress):
             window = ids[begin:end].to(device)[None]
             labels = window.clone()

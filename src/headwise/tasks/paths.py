@@ -1,5 +1,5 @@
 """Where task data is found: an explicit path, ``$HEADWISE_DATA_DIR``, or ``shared/data`` above the working
-directory (or above the installed package)."""
+directory (or above the installed package); STS-B train and dev also ship inside the package (``PACKAGED_DATA``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,14 @@ from ..errors import HeadwiseError
 from ..io.files import read_text
 
 ENV = "HEADWISE_DATA_DIR"
+PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"  # headwise/data: the demo's STS-B, with its licence
+
+# where a user without shared/ gets each data set (the missing-data errors say it)
+SOURCES = {
+    "wikitext-2": "--data wikitext:wikitext-2-raw-v1 (pip install datasets; needs internet) or any UTF-8 text file",
+    "multi30k": "the task1/raw/*.gz files of github.com/multi30k/dataset, e.g. git clone --depth 1 "
+                "https://github.com/multi30k/dataset multi30k && --data-dir multi30k/data/task1/raw",
+}
 
 
 def data_roots() -> list[Path]:
@@ -24,8 +32,10 @@ def shared_data(relative: str, flag: str) -> Path:
     for root in data_roots():
         if (root / relative).exists():
             return root / relative
+    source = SOURCES.get(relative.split("/")[0])
     raise HeadwiseError(f"no data given and shared/data/{relative} was not found (looked in ${ENV} and in "
-                        f"shared/data above the working directory); pass {flag}")
+                        f"shared/data above the working directory); pass {flag}"
+                        + (f"; get the data with {source}" if source else ""))
 
 
 def check_sizes(task: str, **sizes: int | None) -> None:

@@ -26,6 +26,7 @@ class StsbResult:
     pairs: int
     split: str
     file: str
+    total_pairs: int | None = None  # pairs in the split when only the first ``pairs`` were scored (``limit``)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -44,12 +45,18 @@ def stsb_scores(model: nn.Module, tokenizer: Any, pairs: StsbPairs, batch_size: 
 
 
 def evaluate_stsb(
-    model: nn.Module, tokenizer: Any, split: str = "dev", data: str | os.PathLike | None = None, batch_size: int = 64
+    model: nn.Module, tokenizer: Any, split: str = "dev", data: str | os.PathLike | None = None, batch_size: int = 64,
+    limit: int | None = None,
 ) -> StsbResult:
-    """Evaluate a sentence encoder on an STS-B split (see ``stsb_file`` for where the data is looked up)."""
+    """Evaluate a sentence encoder on an STS-B split (see ``stsb_file`` for where the data is looked up); ``limit``:
+    only its first N pairs (the result then records the split's size in ``total_pairs``)."""
     pairs = read_stsb(split, data)
+    total = len(pairs)
+    if limit is not None and limit < total:
+        pairs = StsbPairs(pairs.first[:limit], pairs.second[:limit], pairs.scores[:limit])
     spearman, pearson = stsb_scores(model, tokenizer, pairs, batch_size)
-    return StsbResult(spearman, pearson, len(pairs), split, str(stsb_file(split, data)))
+    return StsbResult(spearman, pearson, len(pairs), split, str(stsb_file(split, data)),
+                      total if len(pairs) < total else None)
 
 
 @dataclass

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from ..io.files import read_text
-from .paths import data_roots
+from .paths import PACKAGED_DATA, data_roots
 
 SPLITS = {"train": "sts-train.tsv", "dev": "sts-dev.tsv", "test": "sts-test.tsv"}
 ENV = "HEADWISE_STSB_DIR"
@@ -29,14 +29,16 @@ class StsbPairs:
 
 
 def _candidates() -> list[Path]:
-    """``$HEADWISE_STSB_DIR``, then ``stsb`` under every data root (``$HEADWISE_DATA_DIR``, ``shared/data`` above)."""
+    """``$HEADWISE_STSB_DIR``, then ``stsb`` under every data root (``$HEADWISE_DATA_DIR``, ``shared/data`` above),
+    then the copy shipped in the package (train and dev)."""
     found = [Path(os.environ[ENV])] if os.environ.get(ENV) else []
-    return found + [root / "stsb" for root in data_roots()]
+    return found + [root / "stsb" for root in data_roots()] + [PACKAGED_DATA / "stsb"]
 
 
 def stsb_file(split: str = "dev", data: str | os.PathLike | None = None) -> Path:
     """The file of ``split``. ``data`` is the file itself or its folder; by default ``$HEADWISE_STSB_DIR``, then
-    ``$HEADWISE_DATA_DIR/stsb``, then ``shared/data/stsb`` in the working directory or any parent."""
+    ``$HEADWISE_DATA_DIR/stsb``, then ``shared/data/stsb`` in the working directory or any parent, then the train and
+    dev splits shipped in the package."""
     if split not in SPLITS:
         raise HeadwiseError(f"unknown STS-B split {split!r}; use one of {', '.join(SPLITS)}")
     if data is not None:
@@ -49,8 +51,9 @@ def stsb_file(split: str = "dev", data: str | os.PathLike | None = None) -> Path
         if (folder / SPLITS[split]).is_file():
             return folder / SPLITS[split]
     raise HeadwiseError(
-        f"STS-B {split} split not found: no {SPLITS[split]} in ${ENV}, in $HEADWISE_DATA_DIR/stsb or in shared/data/stsb "
-        "above the working directory. Pass --data PATH to the file or its folder (STS Benchmark, ixa2.si.ehu.eus/stswiki)"
+        f"STS-B {split} split not found: no {SPLITS[split]} in ${ENV}, in $HEADWISE_DATA_DIR/stsb, in shared/data/stsb "
+        "above the working directory or in the package (it ships train and dev). Pass --data PATH to the file or its "
+        "folder (STS Benchmark, Stsbenchmark.tar.gz from ixa2.si.ehu.eus/stswiki)"
     )
 
 

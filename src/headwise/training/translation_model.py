@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..batching import collate
 from ..errors import HeadwiseError
 from ..io import atomic_write_text
+from ..progress import progress_bar
 from ..tasks.bleu import corpus_bleu, translate
 from ..tasks.corpus import train_tokenizer
 from ..tasks.paths import shared_data
@@ -282,8 +283,8 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
         batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, seed=recipe.seed, epoch=state["epoch"])
         batches_in_epoch = len(batches)
         model.train()
-        bar = tqdm(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}", unit="step",
-                   disable=not progress)
+        bar = progress_bar(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}", unit="step",
+                           disable=not progress)
         while state["batch"] < len(batches) and not spent():
             batch = {k: v.to(device) for k, v in
                      collate([examples[i] for i in batches[state["batch"]]], tokenizer.pad_token_id).items()}

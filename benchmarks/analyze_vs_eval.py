@@ -1,0 +1,89 @@
+"""`headwise analyze --task lm` against `headwise eval lm` on the same tokens (issue 35: the first analysis of a
+language model must take at most 3x its evaluation).
+
+Both run in one process on one loaded model, interleaved (eval, analyze, eval, analyze, ...), exactly as the CLI
+runs them: analyze observes the first N texts of the task's calibration part (each cut to --max-length tokens) and
+computes the default importance (gradient of the next-token loss over --importance-examples windows); eval scores
+perplexity over disjoint windows of --max-length tokens holding as many tokens as analyze observed. Reports the
+median seconds of each and their ratio, and writes benchmarks/results/analyze_vs_eval[_quick].json.
+
+Run: ``python benchmarks/analyze_vs_eval.py`` (SmolLM2, 50 texts × 256 tokens, 3 repeats) or ``--quick``
+(10 texts × 128 tokens, 1 repeat). Needs shared/data/wikitext-2 (or --data FILE).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from common import machine, median
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--data", default=None, help="text file (default: shared/data/wikitext-2/valid.txt)")
+    parser.add_argument("--texts", type=int, default=50)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--importance-examples", type=int, default=32, help="as analyze's default")
+    parser.add_argument("--batch-size", type=int, default=32, help="as analyze's default")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="10 texts of 128 tokens, 1 repeat")
+    args = parser.parse_args()
+    if args.quick:
+        args.texts, args.max_length, args.repeats = 10, 128, 1
+
+    import headwise
+    from headwise.analysis import AnalysisConfig, analyze
+    from headwise.tasks import LanguageModeling
+
+    task = LanguageModeling(data=args.data, max_length=args.max_length)
+    model, tokenizer = headwise.load_model(args.model, task=task)
+    texts = [t for t in task.texts("calibration") if t.strip()][: args.texts]
+    config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=3,
+                            importance=("gradient",))
+
+    def run_analyze() -> dict:
+        inputs = task.batches(tokenizer, "train", min(args.batch_size, task.train_defaults["batch_size"]),
+                              args.importance_examples)  # as the CLI
+        stats = analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs, progress=False)
+        return {"tokens": stats.to_dict()["tokens"], "seconds": dict(stats.seconds)}
+
+    first = run_analyze()  # also a warm-up; its token count sizes the evaluation
+    evaluation = LanguageModeling(data=args.data, max_length=args.max_length, max_tokens=first["tokens"], split="train")
+    evaluation.evaluate(model, tokenizer, progress=False)  # warm-up
+
+    times: dict[str, list[float]] = {"eval": [], "analyze": []}
+    parts: list[dict] = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        scored = evaluation.evaluate(model, tokenizer, progress=False)["tokens"]
+        times["eval"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        parts.append(run_analyze()["seconds"])
+        times["analyze"].append(time.perf_counter() - start)
+    result = {
+        "model": args.model, "texts": len(texts), "max_length": args.max_length, "tokens_analysed": first["tokens"],
+        "tokens_evaluated": scored, "importance": "gradient", "importance_examples": args.importance_examples,
+        "repeats": args.repeats, "threads": torch.get_num_threads(), "machine": machine(),
+        "eval_seconds": median(times["eval"]), "analyze_seconds": median(times["analyze"]),
+        "analyze_parts_seconds": {k: median([p[k] for p in parts]) for k in parts[0]},
+        "all_seconds": times,
+    }
+    result["ratio"] = result["analyze_seconds"] / result["eval_seconds"]
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"analyze_vs_eval{'_quick' if args.quick else ''}.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(f"{args.model}: analyze {result['analyze_seconds']:.1f} s ({result['analyze_parts_seconds']}) vs eval "
+          f"{result['eval_seconds']:.1f} s on {result['tokens_analysed']} tokens: ratio {result['ratio']:.2f} "
+          f"(≤ 3 wanted); {out}")
+
+
+if __name__ == "__main__":
+    main()

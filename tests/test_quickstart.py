@@ -1,0 +1,73 @@
+"""docs/quickstart.md cannot rot: every command in its ``bash`` blocks runs, exactly as written, in a fresh folder,
+block after block (later commands read what earlier ones wrote). The SmolLM2 and Marian blocks need their data from
+``shared/`` (WikiText-2, Multi30k and the Marian model) and say so when it is missing; the MiniLM block needs nothing.
+``HEADWISE_TOUR_TIMES=FILE`` writes each command's wall time there (how the times in the doc were measured)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "quickstart.md"
+SHARED = next((p / "shared" for p in ROOT.parents if (p / "shared").is_dir()), None)
+NEEDS = {"smollm2-135m": ("data/wikitext-2/valid.txt",),
+         "multi30k-marian-de-en": ("data/multi30k", "models/multi30k-marian-de-en")}
+
+
+def blocks() -> list[tuple[str, list[str]]]:
+    """(heading, commands) of every ``bash`` block, in order."""
+    text = DOC.read_text()
+    out = []
+    for match in re.finditer(r"^## (?P<title>.+?)$(?P<body>.*?)(?=^## |\Z)", text, re.M | re.S):
+        for code in re.findall(r"```bash\n(.*?)```", match["body"], re.S):
+            commands = [line.strip() for line in code.splitlines() if line.strip().startswith("headwise ")]
+            out.append((match["title"], commands))
+    return out
+
+
+def missing(commands: list[str]) -> list[str]:
+    wanted = {need for name, needs in NEEDS.items() if any(name in c for c in commands) for need in needs}
+    return sorted(n for n in wanted if SHARED is None or not (SHARED / n).exists())
+
+
+def test_the_doc_has_a_block_per_named_model_ending_with_plan_apply_reload():
+    found = blocks()
+    assert len(found) == 3
+    for _, commands in found:
+        verbs = [shlex.split(c)[1] for c in commands]
+        assert verbs[-3:] == ["plan", "apply", "eval"] and "--model tour/" in commands[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(3), ids=["minilm", "smollm2", "marian"])
+def test_every_tour_command_runs(index, tmp_path_factory):
+    title, commands = blocks()[index]
+    lacking = missing(commands)
+    if lacking:
+        pytest.skip(f"{title}: needs shared/{', shared/'.join(lacking)} (see the Data paragraph of the tour)")
+    work = tmp_path_factory.getbasetemp() / "tour"  # one folder for all blocks, as a reader's shell
+    work.mkdir(exist_ok=True)
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), HF_HUB_OFFLINE="1")
+    if SHARED is not None:
+        env.setdefault("HEADWISE_DATA_DIR", str(SHARED / "data"))
+        env.setdefault("HEADWISE_MODELS_DIR", str(SHARED / "models"))
+    times = {}
+    for command in commands:
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "headwise", *shlex.split(command)[1:]], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=1800)
+        times[command] = round(time.perf_counter() - start, 1)
+        assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+    if os.environ.get("HEADWISE_TOUR_TIMES"):
+        path = Path(os.environ["HEADWISE_TOUR_TIMES"])
+        previous = json.loads(path.read_text()) if path.is_file() else {}
+        path.write_text(json.dumps(previous | times, indent=1))
