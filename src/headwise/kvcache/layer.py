@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
 from ..errors import HeadwiseError
-from ..runtime.attention import GROUPED_KV, keep_mask
+from ..runtime.attention import GROUPED_KV, keep_mask, left_padding
 from .config import HeadCache
 
 GROW = 64  # most slots a full group's buffer grows by at once: it holds < min(tokens, GROW) spare slots per head
@@ -190,9 +190,7 @@ class PolicyLayer(DynamicLayer):
             if self.pads is None:
                 self.pads = torch.zeros(batch, dtype=torch.long, device=device)
             return
-        visible = keep[:, 0, -1, :total].expand(batch, total)
-        first = visible.to(torch.uint8).argmax(-1)
-        self.pads = torch.where(visible.any(-1), first, total)
+        self.pads = left_padding(keep[..., :total]).expand(batch)
         self.max_pad = 0 if device.type == "meta" else int(self.pads.max())
 
     def attend(self, grouped: GroupedKV, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
