@@ -202,8 +202,9 @@ def ratios(full: dict, policy: dict) -> dict:
 
 def table(result: dict) -> str:
     lines = [f"{result['setup']}", "",
-             "| row | policy | decode tok/s full → policy (×) | prefill s full → policy (×) | peak MiB above weights "
-             "full → policy (×) | KV MiB held full → policy (×) | targets (decode ≥, prefill ≤, peak ≤, KV ≤) |",
+             "| row | policy | decode tok/s full → policy (×) | prefill s full → policy (×) | peak MiB above "
+             "weights full → policy (×) | KV MiB held full → policy (×) | targets (decode ≥, prefill ≤, peak ≤, "
+             "KV ≤) |",
              "|---|---|---|---|---|---|---|"]
     for name, row in result["rows"].items():
         f, p, r = row["full"], row["policy"], row["ratios"]

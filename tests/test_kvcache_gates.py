@@ -59,7 +59,8 @@ def eager_mix(q, k, v, keep, alpha, sink, window, scaling):
     t = q.shape[2]
     i, j = torch.arange(t)[:, None], torch.arange(t)[None, :]
     causal = (j <= i) & keep
-    stream = causal & ((j < sink) | (i - j <= window))
+    pad = (~keep[:, 0, -1]).sum(-1)[:, None, None, None]  # left padding: sinks are a row's first real tokens
+    stream = causal & ((j - pad < sink) | (i - j <= window))
     outs = []
     for allowed in (causal, stream):
         allowed = allowed | ~allowed.any(-1, keepdim=True)

@@ -25,7 +25,7 @@ from .config import KVPolicy
 
 KIND = "kv_policy"
 HOOK = "_prepare_cache_for_generation"
-PREFILL_CHUNK = 512  # tokens per prefill forward under a policy; chosen by measurement (docs/kv-policy.md)
+PREFILL_CHUNK = 512  # tokens per prefill forward under a policy: lowest peak of 256/512/1024/whole (docs/kv-policy.md)
 
 
 def _as_policy(policy: KVPolicy | dict | str | os.PathLike) -> KVPolicy:

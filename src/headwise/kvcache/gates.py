@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..runtime import enable
+from ..runtime.attention import left_padding
 from ..runtime.ops import attach, attached, detach_all, ops_of
 from ..sites import find_sites
 from .config import model_shape, streaming
@@ -57,7 +58,8 @@ class KVGate(nn.Module):
         full = _attend(query, key, value, allowed, scaling, dropout)
         if self.bypass:
             return full.transpose(1, 2)
-        window = (k_pos[None, :] < self.sink) | (distance <= self.window)
+        pads = 0 if keep is None else left_padding(keep)[:, None, None, None]  # sinks: a row's first real tokens
+        window = (k_pos - pads < self.sink) | (distance <= self.window)
         stream = _attend(query, key, value, allowed & window, scaling, dropout)
         alpha = repeat(self.alpha, "h -> (h g) 1 1", g=group).to(full.dtype)
         return (alpha * full + (1 - alpha) * stream).transpose(1, 2)

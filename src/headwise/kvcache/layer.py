@@ -2,7 +2,8 @@
 preallocated buffer ``[B, heads, slots, d]``.
 
 - A **full** group writes token ``p`` to slot ``p`` of a buffer that, when full, grows to what the forward needs or
-  by ``min(held, GROW)`` slots, whichever is more (a copy every ``GROW`` decoding steps, not every step); attention reads slots ``0 .. seen - 1`` with the model's own mask, as the default cache does.
+  by ``min(held, GROW)`` slots, whichever is more (a copy every ``GROW`` decoding steps, not every step);
+  attention reads slots ``0 .. seen - 1`` with the model's own mask, as the default cache does.
 - A **streaming** group (sink ``S``, window ``W``) holds a fixed ``S + W + 1`` slots: ``S`` sink slots (row ``b``'s
   first ``S`` real tokens, i.e. after its left padding) and a ring of ``W + 1`` slots where token ``p`` goes to slot
   ``S + p mod (W + 1)``. Keys carry their rotary phase already, so slot order does not matter to attention; the
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from transformers.cache_utils import DynamicLayer
 
 from ..errors import HeadwiseError
-from ..runtime.attention import GROUPED_KV, keep_mask
+from ..runtime.attention import GROUPED_KV, keep_mask, left_padding
 from .config import HeadCache
 
 GROW = 64  # most slots a full group's buffer grows by at once: it holds < min(tokens, GROW) spare slots per head
@@ -112,8 +113,8 @@ class Group:
 
 def _sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scaling: float,
           dropout: float, causal: bool) -> torch.Tensor:
-    """``query [B, h·g, Tq, d]``, ``keys``/``values [B, h, Tk, d]`` → ``[B, h·g, Tq, d]``. One query token: the ``g``
-    query heads of a KV head are its rows (``[B, h, g, d]``), so keys are read once, never repeated."""
+    """``query [B, h·g, Tq, d]``, ``keys``/``values [B, h, Tk, d]`` → ``[B, h·g, Tq, d]``. One query token: the
+    ``g`` query heads of a KV head are its rows (``[B, h, g, d]``), so keys are read once, never repeated."""
     batch, q_heads, q_len, dim = query.shape
     kv_heads = keys.shape[1]
     group = q_heads // kv_heads
@@ -190,9 +191,7 @@ class PolicyLayer(DynamicLayer):
             if self.pads is None:
                 self.pads = torch.zeros(batch, dtype=torch.long, device=device)
             return
-        visible = keep[:, 0, -1, :total].expand(batch, total)
-        first = visible.to(torch.uint8).argmax(-1)
-        self.pads = torch.where(visible.any(-1), first, total)
+        self.pads = left_padding(keep[..., :total]).expand(batch)
         self.max_pad = 0 if device.type == "meta" else int(self.pads.max())
 
     def attend(self, grouped: GroupedKV, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,

@@ -56,6 +56,13 @@ def keep_mask(
     return None
 
 
+def left_padding(keep: torch.Tensor) -> torch.Tensor:
+    """Each row's left padding ``[B|1]`` from a "may attend" mask ``[B|1, 1|H, Tq, Tk]``: the index of the first key
+    its last query sees (under a causal mask that query sees every real key), ``Tk`` when it sees none."""
+    visible = keep[:, 0, -1, :]
+    return torch.where(visible.any(-1), visible.to(torch.uint8).argmax(-1), visible.shape[-1])
+
+
 def softmax_attention(
     module: nn.Module,
     query: torch.Tensor,
