@@ -25,7 +25,7 @@ def test_prune_with_a_mask_file_saves_a_smaller_model_that_reloads_in_a_fresh_pr
     assert main(["prune", "--method", "mask", "--mask", _mask(tmp_path, rows), "--no-eval", "--out", str(out)]) == 0
     result = json.loads((out / "pruning.json").read_text())
     assert result["heads_after"] == 69 and result["removed"]["enc-self.2"] == [0, 1]
-    assert result["parameters_before"] - result["parameters_after"] == 3 * (3 * (32 * 384 + 32) + 384 * 32)
+    assert result["costs"]["before"]["parameters"] - result["costs"]["after"]["parameters"] == 3 * (3 * (32 * 384 + 32) + 384 * 32)
     assert "heads kept (1) and removed (0)" in (out / "report.html").read_text()
 
     model = headwise.from_pretrained(out / "model")

@@ -71,7 +71,7 @@ def test_prune_lm_by_query_heads_or_kv_groups(llama_dir, tmp_path, capsys, unit,
     out = tmp_path / unit
     argv = ["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
             "--method", "importance", "--unit", unit, "--keep", str(keep), "--step", "3", "--max-length", "32",
-            "--importance-pairs", "4", "--out", str(out), "--json"] + (["--plain"] if plain else [])
+            "--importance-examples", "4", "--out", str(out), "--json"] + (["--plain"] if plain else [])
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["heads_after"] == keep and result["task"] == "lm"
@@ -90,13 +90,13 @@ def test_prune_lm_by_query_heads_or_kv_groups(llama_dir, tmp_path, capsys, unit,
         with torch.no_grad():
             assert torch.allclose(reference(input_ids=ids).logits, ours, atol=1e-5)
     else:  # partial groups stay masked, saved with their masks
-        assert result["masked_only"] and result["parameters_after"] == result["parameters_before"]
+        assert result["masked_only"] and result["costs"]["after"]["parameters"] == result["costs"]["before"]["parameters"]
 
 
 def test_prune_plain_refuses_partial_groups_and_writes_nothing(llama_dir, tmp_path, capsys):
     out = tmp_path / "never"
     argv = ["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-            "--method", "importance", "--keep", "13", "--max-length", "32", "--importance-pairs", "2", "--no-eval",
+            "--method", "importance", "--keep", "13", "--max-length", "32", "--importance-examples", "2", "--no-eval",
             "--plain", "--out", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -148,10 +148,10 @@ def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, 
                  "--method", "l0", "--keep", "12", "--max-steps", "2", "--recover", "distill", "--recover-steps", "2",
                  "--max-length", "32", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the Trainer logs before it
-    assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_after"] is not None
+    assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_recovered"] is not None
     assert result["recovery"] == {"mode": "distill", "epochs": 1.0, "steps": 2, "teacher": "a copy of the model before the edit",
                                   "alpha": 0.5, "temperature": 2.0, "distance": "mse"}
-    assert result["metric_before_recovery"] is not None and result["metric_before_recovery"] != result["metric_after"]
+    assert result["metric_edited"] is not None and result["metric_edited"] != result["metric_recovered"]
 
 
 @pytest.mark.parametrize("verb", ["mix", "replace"])

@@ -92,14 +92,14 @@ SITE = {"stsb": "enc-self", "lm": "dec-self", "translation": "enc-self", "classi
 def verb_argv(verb: str, task: str) -> list[str]:
     if verb == "prune":
         keep = {"lm": "6", "translation": "12"}.get(task, "5")  # translation: 6 sites keep one head each at least
-        return ["prune", "--method", "importance", "--keep", keep, "--importance-pairs", "8"]
+        return ["prune", "--method", "importance", "--keep", keep, "--importance-examples", "8"]
     if verb == "compress":
-        return ["compress", "--dk", "16", "--limit", "16", "--iterations", "2"]
+        return ["compress", "--dk", "16", "--calibration-limit", "16", "--iterations", "2"]
     if verb == "replace":
         return ["replace", "local", "--arg", "window=4"] + (["--kinds", "enc-self"] if task == "translation" else [])
     if verb == "mix":  # grouped-query heads cannot be swapped one by one: the GQA model gets mixers, fine-tuned
         if task == "lm":
-            return ["mix", "--finetune", "0.2"]
+            return ["mix", "--mix-epochs", "0.2"]
         return ["mix", "--swap", f"{SITE[task]}.0:0 <-> {SITE[task]}.1:1"]
     if verb == "quantize":
         return ["quantize", "--methods", "log", "--bits", "4", "--thresholds", "none"]
@@ -167,14 +167,14 @@ def test_verb_saves_a_model_that_reloads_and_evaluates_with_the_same_task(tasks,
     out = tmp_path / "edited"
     if verb == "plan-apply":
         planned = cli_json(["plan", "--budget", "heads=0.75", "--model", str(model_dir), *data, "--limit", "12",
-                            "--importance-examples", "8", "--calibration", "8", "--repeats", "1", "--top-k", "1",
+                            "--importance-examples", "8", "--calibration-limit", "8", "--repeats", "1", "--top-k", "1",
                             "--out", str(tmp_path / "plan")], capsys)
         assert planned["recommended"], planned
         summary = cli_json(["apply", str(tmp_path / "plan" / "plan.json"), "--out", str(out)], capsys)
-        reported = summary.get("metric_after")
     else:
         summary = cli_json([*verb_argv(verb, task), "--model", str(model_dir), *data, "--out", str(out)], capsys)
-        reported = summary.get("metric_after")
+    recovered = summary.get("metric_recovered")
+    reported = recovered if recovered is not None else summary.get("metric_edited")
     edited = out / "model"
     assert (edited / "config.json").is_file()
     cli = score_of(task, cli_json([*eval_argv(task, data), "--model", str(edited)], capsys))

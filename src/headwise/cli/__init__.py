@@ -32,7 +32,7 @@ PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headw
 # number options (by destination) that count, size or scale something: they must be > 0 (0 is as wrong as -1)
 POSITIVE = frozenset({
     "limit", "batch_size", "max_length", "stride", "max_tokens", "beam", "max_new_tokens", "keep", "step",
-    "importance_pairs", "importance_examples", "ablation_texts", "iterations", "calibration", "top_k", "repeats",
+    "importance_examples", "ablation_texts", "iterations", "calibration", "top_k", "repeats",
     "kv_heads", "rank", "calib_tokens", "window", "context", "gate_steps", "gate_length", "eval_length",
     "calibration_length", "epochs", "recover_epochs", "lr", "kv_budget", "temperature", "gate_lr", "d_model",
     "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every",

@@ -129,13 +129,13 @@ def run(args: argparse.Namespace) -> int:
     metric_before = metric()
     teacher = teacher_for(args, model, task)
     result = compress(model, config=config, moments=moments)
-    metric_after = metric()
+    metric_edited = metric()
     recovery = recover_after_edit(args, model, tokenizer, task, teacher)
     metric_recovered = metric() if recovering else None
     summary = {
         "model": args.model or "all-MiniLM-L6-v2", "calibration": args.calibration, "config": config_to_dict(config)["config"],
         **result.as_dict(), "task": None if task is None else task.name,
-        **run_record(task, metric_before, metric_after, metric_recovered, costs, model), "recovery": recovery,
+        **run_record(task, metric_before, metric_edited, metric_recovered, costs, model), "recovery": recovery,
         "curve": [c.as_dict() for c in curve],
     }
     report = Report("headwise compression report", f"{summary['model']}: collaborative heads, dk={result.dk}")
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(summary))
     else:
         name = "" if task is None else {"stsb": "STS-B dev"}.get(task.name, task.metric)
-        metric_text = "" if not evaluate else f", {name} {metric_before} → {metric_after}" + (
+        metric_text = "" if not evaluate else f", {name} {metric_before} → {metric_edited}" + (
             f" → {metric_recovered} after {recovery['mode']} recovery" if recovering else "")
         print(f"collaborative heads, dk={result.dk} ({result.objective} objective): query/key parameters "
               f"{result.params_before:,} → {result.params_after:,}{metric_text}")

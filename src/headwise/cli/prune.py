@@ -8,7 +8,7 @@ import json
 from ..errors import HeadwiseError
 from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
-from .task_options import load_task_model, metric_label, task_args, task_from_args
+from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 
 METHODS = ("l0", "importance", "mask")
 UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
@@ -27,7 +27,7 @@ def register(verbs, parents) -> None:
     p.add_argument("--step", type=int, default=None, help="importance: heads masked per step (default: 10%%)")
     p.add_argument("--epochs", type=float, default=1.0, help="l0: epochs of joint training on the task's train split")
     p.add_argument("--max-steps", type=int, default=-1, help="l0: stop joint training after N steps (quick trials)")
-    p.add_argument("--importance-pairs", type=int, default=256,
+    p.add_argument("--importance-examples", type=int, default=256,
                    help="importance: training examples for gradient importance (default: 256)")
     p.add_argument("--allow-empty-layers", action="store_true",
                    help="allow removing every head of a layer (its attention sublayer then only adds its bias)")
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         _check_plain(args, model)  # before any slow work: what the export will need
     sites = find_sites(model)
     names = [s.name for s in sites]
-    before = {"heads": sum(s.num_heads for s in sites), "parameters": sum(p.numel() for p in model.parameters())}
+    before = model_costs(model)
     if args.keep is not None and args.keep > before["heads"]:
         raise HeadwiseError(f"--keep {args.keep} is more than the model's {before['heads']} heads")
 
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         removed = prune_masked(model, args.allow_empty_layers)
     elif args.method == "importance":
         steps = importance_prune(model, tokenizer, args.keep, task, iterative=args.iterative, step=args.step,
-                                 examples=args.importance_pairs, unit=args.unit,
+                                 examples=args.importance_examples, unit=args.unit,
                                  metric=None if args.no_eval else metric)
         masked_only = not removable(model, steps.steps[-1].masks)
         curve = [[s.kept, s.metric] for s in steps.steps]
@@ -125,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         removed = l0_prune(model, tokenizer, args.keep, task, epochs=args.epochs, max_steps=args.max_steps)
         masked_only = sum(s.num_heads for s in find_sites(model)) == before["heads"] and any(removed.values())
-    metric_edited = None if args.no_eval or recovery_mode(args) == "none" else metric(model)
+    metric_edited = None if args.no_eval else metric(model)
     recovery = recover_after_edit(args, model, tokenizer, task, teacher)
+    metric_recovered = None if args.no_eval or recovery["mode"] == "none" else metric(model)
     after_sites = find_sites(model)
     kept = before["heads"] - sum(map(len, removed.values()))
     result = {
@@ -134,12 +135,10 @@ def run(args: argparse.Namespace) -> int:
         "task": None if task is None else task.name, "unit": args.unit,
         "heads_before": before["heads"], "heads_after": kept,
         "kv_heads_after": sum(s.num_kv_heads for s in after_sites), "masked_only": masked_only,
-        "parameters_before": before["parameters"], "parameters_after": sum(p.numel() for p in model.parameters()),
         "removed": {n: removed.get(n, []) for n in names},
         "survivors": {s.name: [0 if h in removed.get(s.name, []) else 1 for h in range(s.num_heads)] for s in sites},
-        "metric_name": metric_label(task), "metric_before": metric_before, "recovery": recovery,
-        "metric_before_recovery": metric_edited,
-        "metric_after": None if args.no_eval else metric(model), "curve": curve,
+        **run_record(task, metric_before, metric_edited, metric_recovered, before, model), "recovery": recovery,
+        "curve": curve,
     }
     if args.plain:
         problem = ("query-head pruning left key/value groups with only some of their query heads (transformers' "
@@ -156,10 +155,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         what = "masked (partial key/value groups stay in the weights)" if masked_only else "heads"
         print(f"{result['method']}: {result['heads_before']} → {result['heads_after']} {what}, "
-              f"{result['parameters_before']:,} → {result['parameters_after']:,} parameters"
-              + ("" if args.no_eval else f", {task.metric} {metric_before} → "
-                 + (f"{metric_edited} → {result['metric_after']} after {recovery['mode']} recovery"
-                    if recovery["mode"] != "none" else f"{result['metric_after']}")))
+              f"{before['parameters']:,} → {result['costs']['after']['parameters']:,} parameters"
+              + ("" if args.no_eval else f", {task.metric} {metric_before} → {metric_edited}"
+                 + (f" → {metric_recovered} after {recovery['mode']} recovery" if metric_recovered is not None
+                    else "")))
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html"
               + (f", {args.out}/plain (plain transformers)" if args.plain else ""))
     return 0

@@ -25,8 +25,9 @@ def add_pruning_section(report: Report, result: dict) -> None:
         series = {"masked": ([p[0] for p in points], [p[1] for p in points])}
         if result.get("metric_before") is not None:
             series["all heads"] = ([points[-1][0], result["heads_before"]], [result["metric_before"]] * 2)
-        if result.get("metric_after") is not None:
-            series["final model"] = ([result["heads_after"]], [result["metric_after"]])
+        final = result["metric_recovered"] if result.get("metric_recovered") is not None else result.get("metric_edited")
+        if final is not None:
+            series["final model"] = ([result["heads_after"]], [final])
         section.figure(svg.lines(series, "heads kept", metric, f"{metric} vs. heads kept"),
                        "Each step masks more heads; the final point is the pruned (and, for L0, trained) model.")
     survivors = result["survivors"]
@@ -38,9 +39,9 @@ def add_pruning_section(report: Report, result: dict) -> None:
         "Rows are attention sites (kind.layer); heads are numbered as in the original model.",
     )
     rows = [["heads", result["heads_before"], result["heads_after"]],
-            ["parameters", result["parameters_before"], result["parameters_after"]]]
+            ["parameters", result["costs"]["before"]["parameters"], result["costs"]["after"]["parameters"]]]
     if result.get("metric_before") is not None:
-        if result.get("metric_before_recovery") is not None:
-            rows.append([f"{metric} before recovery", result["metric_before"], result["metric_before_recovery"]])
-        rows.append([metric, result["metric_before"], result.get("metric_after")])
+        rows.append([f"{metric} after pruning", result["metric_before"], result.get("metric_edited")])
+        if result.get("metric_recovered") is not None:
+            rows.append([f"{metric} after recovery", result["metric_before"], result["metric_recovered"]])
     section.table(rows, ["", "before", "after"])
