@@ -14,7 +14,8 @@ Arms at each length ``L`` (budget ``b`` of the full cache's bytes at ``L`` token
 
 Every prompt is prefilled in chunks through the arm's cache and decoded greedily
 (``headwise.kvcache.passkey.greedy_continuation``: the answers ``generate()`` gives, without a ``[T, T]`` mask).
-Cells are resumable: a cell (length, family, arm) already in the results file is skipped.
+Cells are resumable: every prompt's answer is saved as it comes; a cell (length, family, arm) already
+complete in the results file is skipped, one cut short goes on after its last answer.
 
   python experiments/kv_policy_families.py scores                 # calibration scores, per-family rankings
   python experiments/kv_policy_families.py eval --length 2048 --keys 2 --arms full,policy@0.5,streaming@0.5
@@ -142,38 +143,55 @@ def run_eval(args, model, tokenizer) -> None:
     for family in families:
         prompts = family_prompts(tokenizer, PromptFamily.parse(family), args.length, DEPTHS, args.keys,
                                  EVAL_SEED + FAMILIES.index(family), evaluation_text)
+        if args.first_keys:  # the first keys at each depth of the same prompts (depth-major order)
+            prompts = [p for i, p in enumerate(prompts) if i % args.keys < args.first_keys]
         tokens = [len(p.ids) for p in prompts]
         for arm in arms:
-            done = load_results(args.out).get("eval", {}).get(str(args.length), {}).get(family, {})
-            if arm in done and done[arm]["prompts"] == len(prompts):
+            done = load_results(args.out).get("eval", {}).get(str(args.length), {}).get(family, {}).get(arm)
+            if done and done["prompts"] == len(prompts):
                 continue
+            answers = list(done["answers"]) if done and done["keys"] == [p.key for p in prompts][:done["prompts"]] \
+                else []  # a cell cut short resumes after its last saved prompt
             policy = arm_policy(arm, model, tokenizer, scores, args.length)
             apply_kv_policy(model, policy)
             start, cpu = time.time(), time.process_time()
-            result = passkey_accuracy(model, tokenizer, prompts, progress=False, prefill_chunk=args.prefill_chunk)
+            for prompt in prompts[len(answers):]:
+                answers += passkey_accuracy(model, tokenizer, [prompt], progress=False,
+                                            prefill_chunk=args.prefill_chunk)["answers"]
+                ran = prompts[:len(answers)]
+                found = [a.strip() == p.key for a, p in zip(answers, ran)]
+                row = {"correct": sum(found), "prompts": len(ran), "complete": len(ran) == len(prompts),
+                       "by_depth": {str(d): sum(f for f, p in zip(found, ran) if p.depth == d) for d in DEPTHS},
+                       "answers": answers, "keys": [p.key for p in ran],
+                       "policy": policy.describe(), "full_heads": len(policy.full_heads()),
+                       "kv_fraction": round(policy.kv_fraction(args.length), 4),
+                       "kv_fraction_at_prompt": round(sum(policy.kv_fraction(t) for t in tokens) / len(tokens), 4),
+                       "tokens": [min(tokens), max(tokens)], "seconds": round(time.time() - start, 1),
+                       "cpu_seconds": round(time.process_time() - cpu, 1), "threads": torch.get_num_threads(),
+                       "prefill_chunk": args.prefill_chunk}
+
+                def update(results: dict, family=family, arm=arm, row=row) -> None:
+                    results.setdefault("eval", {}).setdefault(str(args.length), {}).setdefault(family, {})[arm] = row
+
+                with locked(args.out):
+                    merge_results(args.out, update)
             remove_kv_policy(model)
-            found = [a.strip() == p.key for a, p in zip(result["answers"], prompts)]
-            row = {"correct": result["correct"], "prompts": result["prompts"],
-                   "by_depth": {str(d): sum(f for f, p in zip(found, prompts) if p.depth == d) for d in DEPTHS},
-                   "answers": result["answers"], "keys": [p.key for p in prompts],
-                   "policy": policy.describe(), "full_heads": len(policy.full_heads()),
-                   "kv_fraction": round(policy.kv_fraction(args.length), 4),
-                   "kv_fraction_at_prompt": round(sum(policy.kv_fraction(t) for t in tokens) / len(tokens), 4),
-                   "tokens": [min(tokens), max(tokens)], "seconds": round(time.time() - start, 1),
-                   "cpu_seconds": round(time.process_time() - cpu, 1), "threads": torch.get_num_threads(),
-                   "prefill_chunk": args.prefill_chunk}
             log(f"{args.length} {family} {arm}: {row['correct']}/{row['prompts']} {row['by_depth']} "
                 f"({row['seconds']} s)")
 
-            def update(results: dict, family=family, arm=arm, row=row) -> None:
-                results.setdefault("eval", {}).setdefault(str(args.length), {}).setdefault(family, {})[arm] = row
 
-            with locked(args.out):
-                merge_results(args.out, update)
+def on_keys(row: dict | None, keys: set[str] | None) -> dict | None:
+    """``row`` counted on the prompts of ``keys`` only (all of them when ``keys`` is None)."""
+    if row is None or keys is None:
+        return row
+    found = [a.strip() == k for a, k in zip(row["answers"], row["keys"]) if k in keys]
+    return {"correct": sum(found), "prompts": len(found)} if found else None
 
 
 def cell(row: dict | None) -> str:
-    return "—" if row is None else f"{row['correct']}/{row['prompts']}"
+    if row is None:
+        return "—"
+    return f"{row['correct']}/{row['prompts']}" + ("" if row.get("complete", True) else " (cut short)")
 
 
 def table(results: dict) -> str:
@@ -196,21 +214,23 @@ def table(results: dict) -> str:
                    f"{100 * (policy['correct'] / policy['prompts'] - full['correct'] / full['prompts']):+.0f} pts")
             held = "new keys (calibration family)" if family == CALIBRATION else "new family"
             lines.append(f"| {family} | {held} | " + " | ".join(cells) + f" | {gap} |")
-        budgets = sorted({float(arm.split("@")[1]) for rows in by_family.values() for arm in rows if "@" in arm})
+        budgets = sorted({float(arm.split("@")[1]) for rows in by_family.values() for arm in rows
+                          if arm.startswith("policy@")})
         if len(budgets) > 1:
-            lines += [f"\n**Budget–retrieval curve at {int(length):,} tokens** (default policy at each budget; "
-                      "full heads / window in the header)\n"]
-            header = []
-            for b in budgets:
-                r = next((rows[f"policy@{b:g}"] for rows in by_family.values() if f"policy@{b:g}" in rows), None)
-                header.append(f"{b:g}" + ("" if r is None else f" ({r['full_heads']} full, w "
-                                          f"{default_window(b, int(length), SINK)})"))
-            lines += ["| family | full cache | " + " | ".join(header) + " |",
-                      "|---|---|" + "---|" * len(budgets)]
+            lines += [f"\n**Budget–retrieval curve at {int(length):,} tokens** (the default policy at each budget, "
+                      "full heads and window in the header; every cell on the prompts the curve ran, the first key "
+                      "at each depth: the full cache and the 0.5 policy re-counted on those)\n"]
+            total = sum(results["calibration"][CALIBRATION]["kv_heads"])
+            header = [f"{b:g} ({full_heads_for_budget(total, b, int(length), SINK, default_window(b, int(length), SINK))}"
+                      f" full, w {default_window(b, int(length), SINK)})" for b in budgets]
+            lines += ["| family | full cache | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(budgets)]
             for family in FAMILIES:
                 rows = by_family.get(family, {})
-                lines.append(f"| {family} | {cell(rows.get('full'))} | "
-                             + " | ".join(cell(rows.get(f"policy@{b:g}")) for b in budgets) + " |")
+                curve = [rows[a] for a in rows if a.startswith("policy@") and rows[a]["prompts"] < rows.get(
+                    "full", {"prompts": 0})["prompts"]]
+                keys = set(curve[0]["keys"]) if curve else None
+                lines.append(f"| {family} | {cell(on_keys(rows.get('full'), keys))} | "
+                             + " | ".join(cell(on_keys(rows.get(f"policy@{b:g}"), keys)) for b in budgets) + " |")
     return "\n".join(lines)
 
 
@@ -221,6 +241,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=2, help="keys per depth (5 depths)")
     parser.add_argument("--arms", default="full,policy@0.5,streaming@0.5")
     parser.add_argument("--families", default=None, help=f"comma-separated (default all: {','.join(FAMILIES)})")
+    parser.add_argument("--first-keys", type=int, default=None,
+                        help="evaluate only the first N of the --keys keys at each depth (the same prompts, fewer)")
     parser.add_argument("--prefill-chunk", type=int, default=1024)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--data", type=Path, default=None, help=f"default: shared/data/{WIKITEXT}")

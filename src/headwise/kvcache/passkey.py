@@ -109,8 +109,9 @@ def haystack_units(haystack: str, rng: random.Random, sentences: list[str] | Non
             yield FILLER
     elif haystack == "text":
         if not sentences:
-            raise HeadwiseError("the 'text' haystack needs running text (text=...; CLI: --haystack-text FILE, e.g. "
-                                "shared/data/wikitext-2/valid.txt); or use the 'filler' or 'numbers' haystack")
+            raise HeadwiseError("the 'text' haystack needs running text: pass text=... (headwise kv-policy takes it "
+                                "from --data, e.g. shared/data/wikitext-2/valid.txt), or use the 'filler' or "
+                                "'numbers' haystack")
         at = rng.randrange(len(sentences))
         while True:
             yield sentences[at % len(sentences)]
