@@ -32,6 +32,7 @@ import argparse
 import fcntl
 import random
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -66,7 +67,7 @@ def wikitext_split(path: Path) -> tuple[str, str]:
 def locked(path: Path) -> Iterator[None]:
     """One writer at a time (two eval jobs may run side by side)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as handle:
+    with open(Path(tempfile.gettempdir()) / (path.name + ".lock"), "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -209,9 +210,10 @@ def table(results: dict) -> str:
                 r = rows.get(arm)
                 cells.append(cell(r) + ("" if r is None else " (" + " / ".join(str(v) for v in r["by_depth"].values())
                                         + ")"))
-            full, policy = rows.get("full"), rows.get("policy@0.5")
-            gap = ("—" if not (full and policy) else
-                   f"{100 * (policy['correct'] / policy['prompts'] - full['correct'] / full['prompts']):+.0f} pts")
+            policy = rows.get("policy@0.5")
+            full = on_keys(rows.get("full"), None if policy is None else set(policy["keys"]))
+            gap = ("—" if not (full and policy) else  # on the same prompts (a cell cut short ran fewer)
+                   f"{100 * (policy['correct'] - full['correct']) / policy['prompts']:+.0f} pts")
             held = "new keys (calibration family)" if family == CALIBRATION else "new family"
             lines.append(f"| {family} | {held} | " + " | ".join(cells) + f" | {gap} |")
         budgets = sorted({float(arm.split("@")[1]) for rows in by_family.values() for arm in rows
@@ -226,9 +228,8 @@ def table(results: dict) -> str:
             lines += ["| family | full cache | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(budgets)]
             for family in FAMILIES:
                 rows = by_family.get(family, {})
-                curve = [rows[a] for a in rows if a.startswith("policy@") and rows[a]["prompts"] < rows.get(
-                    "full", {"prompts": 0})["prompts"]]
-                keys = set(curve[0]["keys"]) if curve else None
+                full = rows.get("full")
+                keys = None if full is None else set(full["keys"][::max(full["prompts"] // len(DEPTHS), 1)])
                 lines.append(f"| {family} | {cell(on_keys(rows.get('full'), keys))} | "
                              + " | ".join(cell(on_keys(rows.get(f"policy@{b:g}"), keys)) for b in budgets) + " |")
     return "\n".join(lines)
@@ -248,11 +249,12 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=None, help=f"default: shared/data/{WIKITEXT}")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 512 tokens, 1 key, filler-chat and numbers-raw, into a scratch file")
+                        help="smoke run: 512 tokens, 1 key, filler-chat and numbers-raw, into a scratch file in the "
+                             "temporary folder")
     args = parser.parse_args()
     if args.quick:
         args.length, args.keys, args.families = 512, 1, "filler-chat,numbers-raw"
-        args.out = args.out.with_name(args.out.stem + "_quick.json")
+        args.out = Path(tempfile.gettempdir()) / "kv_policy_families_quick.json"
     if args.step == "table":
         print(table(load_results(args.out)))
         return
