@@ -156,7 +156,23 @@ def test_kv_policy_command(tmp_path, capsys):
     assert main(args) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert list(summary)[0] == "verdict" and "policy.json" in summary["verdict"]["use"]
-    assert summary["passkey_check"]["policy"]["prompts"] == 5
+    check = summary["passkey_check"]
+    assert check["family"] == "text" and check["length"] > 0
+    for arm in ("full", "policy"):
+        assert check[arm]["prompts"] == 5 and isinstance(check[arm]["correct"], int)
+        assert 0 <= check[arm]["correct"] <= 5
+    # what generate() measured at --context tokens: the bytes each cache holds are the policy's count
+    measured, written = summary["measured"], KVPolicy.load(tmp_path / "out")
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    for arm, rules in (("full", KVPolicy.uniform(model)), ("policy", written)):
+        row = measured[arm]
+        assert row["kv_bytes"] == rules.kv_bytes(row["tokens_held"], head_dim, 4)
+        assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 and "peak_memory_above_start" in row
+    assert measured["prompt_tokens"] > 0 and measured["new_tokens"] == 32
+    assert measured["full"]["tokens_held"] == measured["prompt_tokens"] + 31
+    assert measured["ratio"]["kv_bytes"] == pytest.approx(written.kv_fraction(measured["full"]["tokens_held"]))
+    assert "decode" in summary["verdict"]["measured"] and "KV held" in summary["verdict"]["measured"]
+    assert summary["calibration_families"] == ["filler"]
     # perplexity on the lm task's last 10% of lines, through the full cache and through the policy
     task = headwise.tasks.get_task("lm", data=str(tmp_path / "calib.txt"), max_length=160)
     saved = tf.AutoTokenizer.from_pretrained(tmp_path / "lm")  # the command reads the saved tokenizer
@@ -169,6 +185,7 @@ def test_kv_policy_command(tmp_path, capsys):
     assert "perplexity" in summary["verdict"]["quality"]
     html = (tmp_path / "out" / "report.html").read_text()
     assert "KV cache policy" in html and "induction" in html and summary["verdict"]["memory"] in html
+    assert "decode tokens/s" in html and "passkeys found" in html
     policy = KVPolicy.load(tmp_path / "out")
     assert len(policy.full_heads()) == 2 and summary["kv_fraction"] <= 0.6
     fresh = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "lm", attn_implementation="headwise")
@@ -227,3 +244,18 @@ def test_default_window_and_ranking():
     with pytest.raises(HeadwiseError, match="calibration-length"):
         kv_policy(model, tok, 0.5, 160, 2, 38, ranking="combined", texts=["abc " * 100],
                   config=ScoreConfig(length=40, sink=2, window=38), progress=False)
+
+
+def test_kv_policy_command_without_measuring(tmp_path):
+    """``--no-measure`` skips generate(): no measurements, no passkey check; a bad family is refused up front."""
+    saved_lm_and_text(tmp_path)
+    args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
+            "--window", "16", "--data", str(tmp_path / "calib.txt"), "--no-perplexity",
+            "--calibration-families", "numbers,text-raw", "--out", str(tmp_path / "out")]
+    assert main(args + ["--no-measure"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["measured"] is None and summary["passkey_check"] == {}
+    assert "--no-measure" in summary["verdict"]["measured"] and "not measured" in summary["verdict"]["quality"]
+    assert summary["calibration_families"] == ["numbers", "text-raw"] and summary["calibration"]["passkey"] == 10
+    assert main(args[:-1] + [str(tmp_path / "bad"), "--eval-family", "poems"]) == 2
+    assert not (tmp_path / "bad").exists()

@@ -1,6 +1,8 @@
 """``headwise kv-policy``: score the heads of a decoder-only LM, keep the ones that need it full, stream the rest,
-so that the KV cache fits ``--kv-budget``; measures the policy on the ``lm`` task (perplexity through the cache)
-and on passkey prompts; writes policy.json, scores.json, summary.json (verdict first) and report.html."""
+so that the KV cache fits ``--kv-budget``; then tells the user what they got at ``--context`` tokens: the KV bytes the
+cache holds, peak memory and decode tokens/s beside the full cache's (``generate()`` in this process), passkey
+retrieval of both on a prompt family other than the calibration's, and the ``lm`` task's perplexity through both;
+writes policy.json, scores.json, summary.json (verdict first) and report.html."""
 
 from __future__ import annotations
 
@@ -49,8 +51,23 @@ def register(verbs, parents) -> None:
                    help="tokens per calibration prompt (default 512; with --ranking combined or outside, at least "
                         "twice sink + window)")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic calibration prompts")
-    p.add_argument("--eval-length", type=int, default=1024, help="passkey prompt length for the check (default 1024)")
+    p.add_argument("--calibration-families", default="filler",
+                   help="comma-separated passkey prompt families the retrieval scores are measured on: a haystack "
+                        "(filler, text: the --data text, numbers) with -chat, -raw or nothing (the tokenizer's chat "
+                        "template when it has one); default filler")
+    p.add_argument("--eval-family", default="text",
+                   help="prompt family of the passkey check (default text: running text from the evaluated part of "
+                        "--data, a family the default calibration never saw)")
+    p.add_argument("--eval-length", type=int, default=None,
+                   help="passkey prompt length for the check (default: --context)")
     p.add_argument("--eval-keys", type=int, default=1, help="passkeys per depth (5 depths) for the check; 0: skip")
+    p.add_argument("--no-measure", action="store_true",
+                   help="skip the measurements through generate(): KV bytes held, peak memory, decode speed and the "
+                        "passkey check of the full cache and the policy")
+    p.add_argument("--measure-new", type=int, default=32,
+                   help="tokens generated after a --context-token prompt to time decoding (default 32)")
+    p.add_argument("--measure-repeats", type=int, default=1,
+                   help="interleaved repeats of the full cache and the policy (medians; default 1)")
     p.add_argument("--no-perplexity", action="store_true", help="skip the perplexity through the cache")
     task_args(p, task="lm")  # --split, --max-length (default: --context), --stride, --max-tokens
     p.add_argument("--out", default="headwise-kv-policy",
@@ -86,6 +103,23 @@ def perplexities(model, tokenizer, task, policy) -> dict:
     return out
 
 
+def measured_line(measured: dict | None) -> str:
+    """The verdict's line on what ``generate()`` measured (``kvcache.measure.measure_policy``)."""
+    if measured is None:
+        return "KV bytes held, peak memory and decode speed not measured (--no-measure)"
+    mib = 2 ** 20
+    full, policy, ratio = measured["full"], measured["policy"], measured["ratio"]
+    peak = ("peak memory not measured on this platform" if ratio["peak_memory_above_start"] is None else
+            f"peak {measured['memory']} above the start of generate() {policy['peak_memory_above_start'] / mib:.0f} "
+            f"vs {full['peak_memory_above_start'] / mib:.0f} MiB ({ratio['peak_memory_above_start']:.2f}x)")
+    return (f"measured with generate() at {measured['prompt_tokens']} prompt tokens + {measured['new_tokens']} new "
+            f"on {measured['device']} ({measured['threads']} threads, {measured['repeats']} run(s) each, whatever "
+            f"else the machine was doing): KV held {policy['kv_bytes'] / mib:.1f} vs {full['kv_bytes'] / mib:.1f} "
+            f"MiB ({ratio['kv_bytes']:.2f}x); {peak}; decode {policy['decode_tokens_per_s']:.1f} vs "
+            f"{full['decode_tokens_per_s']:.1f} tokens/s ({ratio['decode_tokens_per_s']:.2f}x); prefill "
+            f"{policy['prefill_s']:.2f} vs {full['prefill_s']:.2f} s — policy vs full cache")
+
+
 def gate_config(args: argparse.Namespace):
     """The ``KVGateConfig`` of ``--scores learned`` (None otherwise); checked before the model loads."""
     from ..kvcache import KVGateConfig
@@ -105,10 +139,11 @@ def gate_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir
-    from ..kvcache import KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, passkey_prompts, remove_kv_policy
+    from ..kvcache import KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, remove_kv_policy
     from ..kvcache.config import model_shape
     from ..kvcache.choose import calibration_length, default_window, full_heads_for_budget
-    from ..kvcache.passkey import passkey_accuracy
+    from ..kvcache.measure import measure_policy
+    from ..kvcache.passkey import PromptFamily, family_prompts, passkey_accuracy
     from ..report import Report
     from ..report.kv_policy import add_kv_policy_section
 
@@ -117,6 +152,12 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError("kv-policy needs --model (a decoder-only LM such as smollm2-135m)")
     if args.window is None:
         args.window = default_window(args.kv_budget, args.context, args.sink)
+    families = tuple(PromptFamily.parse(name.strip()).name for name in args.calibration_families.split(","))
+    eval_family = PromptFamily.parse(args.eval_family)
+    args.eval_length = args.eval_length or args.context
+    if args.measure_new < 2 or args.measure_repeats < 1:
+        raise HeadwiseError(f"--measure-new {args.measure_new} / --measure-repeats {args.measure_repeats}: decode "
+                            "speed needs at least 2 new tokens and 1 repeat (or --no-measure)")
     gates = gate_config(args)
     task = lm_task(args)  # bad data fails before the model loads
     model, tokenizer = load_for_task(args, task)
@@ -127,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     if gates is not None and gates.haystack == "text":  # the gates' haystack: the whole calibration part
         texts = [line for line in task.texts("calibration") if line.strip()]
     length = args.calibration_length or calibration_length(args.ranking, args.sink, args.window)
-    config = ScoreConfig(length=length, sink=args.sink, window=args.window, seed=args.seed)
+    config = ScoreConfig(length=length, sink=args.sink, window=args.window, seed=args.seed, families=families)
     learned = None
     if gates is not None:  # through the shared Trainer (data-parallel under torchrun), then ranked like any score
         from ..sites import find_sites
@@ -137,23 +178,31 @@ def run(args: argparse.Namespace) -> int:
         learned = train_kv_gates(model, tokenizer, gates, texts=texts).scores(heads)
     policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
                                texts=texts, config=config, scores=learned)
-    check = {}
-    if args.eval_keys > 0:
-        prompts = passkey_prompts(tokenizer, args.eval_length, [0.0, 0.25, 0.5, 0.75, 1.0], args.eval_keys,
-                                  seed=args.seed + 1000)
-        apply_kv_policy(model, KVPolicy.uniform(model))
-        check["full"] = passkey_accuracy(model, tokenizer, prompts)
-        apply_kv_policy(model, policy)
-        check["policy"] = passkey_accuracy(model, tokenizer, prompts)
+    check, measured = {}, None
+    eval_text = "\n".join(line for line in task.texts("eval") if line.strip())
+    if not args.no_measure:
+        measure_ids = family_prompts(tokenizer, eval_family, args.context, [0.5], 1, args.seed + 1000,
+                                     eval_text)[0].ids
+        measured = measure_policy(model, measure_ids, policy, args.measure_new, args.measure_repeats,
+                                  pad_token_id=tokenizer.eos_token_id)
+    if args.eval_keys > 0 and not args.no_measure:
+        prompts = family_prompts(tokenizer, eval_family, args.eval_length, [0.0, 0.25, 0.5, 0.75, 1.0],
+                                 args.eval_keys, args.seed + 1000, eval_text)
+        for name, rules in (("full", KVPolicy.uniform(model)), ("policy", policy)):
+            apply_kv_policy(model, rules)
+            check[name] = passkey_accuracy(model, tokenizer, prompts)
         remove_kv_policy(model)
+        check["family"], check["length"] = eval_family.name, int(max(len(p.ids) for p in prompts))
     ppl = None if args.no_perplexity else perplexities(model, tokenizer, task, policy)
     fraction = policy.kv_fraction(args.context)
     verdict = {
         "memory": f"KV cache at {args.context} tokens: {fraction:.0%} of the full cache "
                   f"({1 - fraction:.0%} saved); {policy.describe()}",
-        "quality": (f"passkey at ~{args.eval_length} tokens: {check['policy']['correct']}/{check['policy']['prompts']} "
-                    f"with the policy vs {check['full']['correct']}/{check['full']['prompts']} with the full cache"
-                    if check else "passkey not measured (--eval-keys 0)")
+        "measured": measured_line(measured),
+        "quality": (f"passkey ({check['family']} prompts, up to {check['length']} tokens): "
+                    f"{check['policy']['correct']}/{check['policy']['prompts']} with the policy vs "
+                    f"{check['full']['correct']}/{check['full']['prompts']} with the full cache"
+                    if check else "passkey not measured (--no-measure or --eval-keys 0)")
                    + (f"; perplexity {ppl['policy']['perplexity']:.2f} through the policy vs "
                       f"{ppl['full']['perplexity']:.2f} with the full cache ({ppl['policy']['tokens']:,} tokens of "
                       f"{task.source()}, {task.max_length}-token windows)" if ppl else ""),
@@ -163,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
                "kv_fraction": fraction, "sink": args.sink, "window": args.window, "ranking": args.ranking,
                "scores": args.scores, "gates": None if gates is None else vars(gates),
                "full_heads": [list(p) for p in policy.full_heads()], "calibration": scores.counts,
-               "passkey_check": check, "perplexity": ppl}
+               "calibration_families": list(config.families), "measured": measured, "passkey_check": check,
+               "perplexity": ppl}
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         policy.save(tmp / "policy.json")
         (tmp / "scores.json").write_text(json.dumps(scores.to_dict()))

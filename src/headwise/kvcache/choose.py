@@ -116,7 +116,7 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     elif scores is None and ranking != "random":
         config = config or ScoreConfig(length=calibration_length(ranking, sink, window), sink=sink, window=window)
         scores = head_scores(model, tokenizer, config, texts=texts if ranking in ("combined", "outside") else None,
-                             progress=progress)
+                             progress=progress, haystack_text="\n".join(texts) if texts else None)
     if scores is None:
         scores = HeadScores({}, shape)
     order = rank_kv_heads(scores, ranking)

@@ -1,4 +1,10 @@
-"""Synthetic passkey prompts: a 5-digit key hidden at a given depth of a haystack of repeated filler sentences.
+"""Synthetic passkey prompts: a 5-digit key hidden at a given depth of a haystack.
+
+Three haystacks (``HAYSTACKS``), each a stream of whole units the needle sentence goes between:
+- ``filler``: the same five short sentences repeated (the classic passkey test);
+- ``text``: running natural text given by the caller (e.g. WikiText-2), cut into sentences, from a seeded offset;
+- ``numbers``: a code-like list of assignments of random decimals (``item_0412 = 3.82, 0.51, 19.6``), seeded.
+A prompt family is a haystack with or without the chat template (``PromptFamily``).
 
 A tokenizer with a chat template gets the prompt as one user turn (intro, haystack, question) and an assistant turn
 that starts with ``ANSWER``, so the key is the model's next tokens; an instruct model asked in raw text tends to
@@ -12,10 +18,13 @@ cache (``passkey_accuracy``, ``experiments/``).
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
+
+from ..errors import HeadwiseError
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key. "
@@ -24,6 +33,8 @@ QUESTION = "\n\nWhat is the pass key?"
 INSTRUCTION = " Answer with the number only."  # in the user turn of a chat prompt
 ANSWER = "The pass key is"
 MARK = "\x00"  # stands for the user turn while the chat template is rendered
+HAYSTACKS = ("filler", "text", "numbers")
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 @dataclass
@@ -57,43 +68,163 @@ def encode(tokenizer: Any, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str, chat: bool | None = None) -> Passkey:
-    """A prompt of about ``length`` tokens with ``key`` at relative ``depth`` (0 = start, 1 = end of the haystack)."""
+@dataclass(frozen=True)
+class PromptFamily:
+    """Passkey prompts of one kind: a ``haystack`` (one of ``HAYSTACKS``) with or without the chat template
+    (``chat=None``: the tokenizer's template when it has one)."""
+
+    haystack: str = "filler"
+    chat: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.haystack not in HAYSTACKS:
+            raise HeadwiseError(f"unknown haystack {self.haystack!r}; use one of {', '.join(HAYSTACKS)}")
+
+    @property
+    def name(self) -> str:
+        return self.haystack + {None: "", True: "-chat", False: "-raw"}[self.chat]
+
+    @classmethod
+    def parse(cls, name: str) -> "PromptFamily":
+        """``filler``, ``text-chat``, ``numbers-raw``, …: a haystack, then ``-chat`` / ``-raw`` or nothing."""
+        haystack, _, template = name.partition("-")
+        if template not in ("", "chat", "raw"):
+            raise HeadwiseError(f"prompt family {name!r}: write HAYSTACK, HAYSTACK-chat or HAYSTACK-raw "
+                                f"(haystacks: {', '.join(HAYSTACKS)})")
+        return cls(haystack, {"": None, "chat": True, "raw": False}[template])
+
+
+def text_sentences(text: str) -> list[str]:
+    """The sentences of ``text`` (split after ``.``, ``!``, ``?``), each ending in a space: the ``text`` haystack's
+    units."""
+    units = [u.strip() for line in text.splitlines() for u in SENTENCE_END.split(line)]
+    return [u + " " for u in units if u]
+
+
+def haystack_units(haystack: str, rng: random.Random, sentences: list[str] | None = None) -> Iterator[str]:
+    """An endless stream of haystack units (see the module docstring); ``sentences``: the ``text`` haystack's
+    (``text_sentences``), read from a seeded offset and wrapped around."""
+    if haystack == "filler":
+        while True:
+            yield FILLER
+    elif haystack == "text":
+        if not sentences:
+            raise HeadwiseError("the 'text' haystack needs running text: pass text=... (headwise kv-policy takes it "
+                                "from --data, e.g. shared/data/wikitext-2/valid.txt), or use the 'filler' or "
+                                "'numbers' haystack")
+        at = rng.randrange(len(sentences))
+        while True:
+            yield sentences[at % len(sentences)]
+            at += 1
+    elif haystack == "numbers":
+        while True:
+            values = ", ".join(f"{rng.uniform(0, 100):.{rng.randint(1, 2)}f}" for _ in range(rng.randint(2, 4)))
+            yield f"item_{rng.randrange(10000):04d} = {values}\n"
+    else:
+        raise HeadwiseError(f"unknown haystack {haystack!r}; use one of {', '.join(HAYSTACKS)}")
+
+
+def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str, chat: bool | None = None,
+                   units: Iterator[str] | None = None) -> Passkey:
+    """A prompt of at most about ``length`` tokens with ``key`` at relative ``depth`` (0 = start, 1 = end of the
+    haystack), the haystack made of whole ``units`` (default: the filler sentences) as many as fit."""
     before_text, after_text = frame(tokenizer, chat)
-    filler_tokens = len(encode(tokenizer, FILLER))
-    fixed = len(encode(tokenizer, before_text + NEEDLE.format(key=key) + after_text))
-    repeats = max(1, (length - fixed) // filler_tokens)
-    before = round(repeats * depth)
-    head = before_text + FILLER * before
-    text = head + NEEDLE.format(key=key) + FILLER * (repeats - before) + after_text
+    units = units if units is not None else haystack_units("filler", random.Random(0))
+    room = length - len(encode(tokenizer, before_text + NEEDLE.format(key=key) + after_text))
+    hay, used = [], 0
+    while True:
+        unit = next(units)
+        size = len(encode(tokenizer, unit))
+        if hay and used + size > room:
+            break
+        hay.append(unit)
+        used += size
+    while True:  # a unit boundary can tokenize differently from the unit alone: drop units until it fits
+        before = round(len(hay) * depth)
+        head = before_text + "".join(hay[:before])
+        text = head + NEEDLE.format(key=key) + "".join(hay[before:]) + after_text
+        ids = encode(tokenizer, text)
+        if len(ids) <= length or len(hay) == 1:
+            break
+        hay.pop()
     needle_prefix = "The pass key is"
     start = len(encode(tokenizer, head + needle_prefix))
     end = len(encode(tokenizer, head + needle_prefix + " " + key))
     answer = encode(tokenizer, " " + key)
-    return Passkey(torch.tensor(encode(tokenizer, text)), key, torch.tensor(answer), (start, end), depth)
+    return Passkey(torch.tensor(ids), key, torch.tensor(answer), (start, end), depth)
 
 
 def passkey_prompts(tokenizer: Any, length: int, depths: list[float], keys: int, seed: int = 0,
-                    chat: bool | None = None) -> list[Passkey]:
-    """``keys`` random 5-digit keys at each depth (``len(depths) × keys`` prompts)."""
+                    chat: bool | None = None, haystack: str = "filler", text: str | None = None) -> list[Passkey]:
+    """``keys`` random 5-digit keys at each depth (``len(depths) × keys`` prompts) in ``haystack`` (``text``: the
+    running text of the ``text`` haystack), all drawn from ``seed``."""
     rng = random.Random(seed)
-    return [passkey_prompt(tokenizer, length, d, str(rng.randint(10000, 99999)), chat)
-            for d in depths for _ in range(keys)]
+    sentences = text_sentences(text) if haystack == "text" and text else None
+    prompts = []
+    for d in depths:
+        for _ in range(keys):
+            key = str(rng.randint(10000, 99999))
+            prompts.append(passkey_prompt(tokenizer, length, d, key, chat, haystack_units(haystack, rng, sentences)))
+    return prompts
 
 
-def passkey_accuracy(model: Any, tokenizer: Any, prompts: list[Passkey], progress: bool = True) -> dict[str, Any]:
+def family_prompts(tokenizer: Any, family: PromptFamily, length: int, depths: list[float], keys: int,
+                   seed: int = 0, text: str | None = None) -> list[Passkey]:
+    """``passkey_prompts`` of one ``family``."""
+    return passkey_prompts(tokenizer, length, depths, keys, seed, family.chat, family.haystack, text)
+
+
+def greedy_continuation(model: Any, ids: torch.Tensor, new: int, prefill_chunk: int) -> torch.Tensor:
+    """Greedy ``new`` tokens after ``ids [T]``: the prompt prefilled ``prefill_chunk`` tokens at a time through a fresh
+    cache (the model's ``PolicyCache`` when it has a KV policy, else a ``DynamicCache``), then one token per step.
+    Computes what greedy ``generate()`` does (a head's rule holds for every query, whatever the chunking), without
+    holding the whole prompt's keys of streaming heads or one ``[T, T]`` mask at once. Returns ``[≤ new]`` (it stops
+    after an end-of-sequence token, as ``generate()`` does)."""
+    from transformers.cache_utils import DynamicCache
+
+    from ..compat import CACHE
+    from .apply import policy_cache, policy_of
+
+    if prefill_chunk < 1:
+        raise HeadwiseError(f"prefill_chunk={prefill_chunk} must be a positive number of tokens")
+    cache = policy_cache(model) if policy_of(model) is not None else DynamicCache()
+    eos = model.generation_config.eos_token_id
+    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    ids = ids[None].to(model.device)
+    out: list[int] = []
+    with torch.no_grad():
+        for start in range(0, ids.shape[1], prefill_chunk):
+            logits = model(input_ids=ids[:, start: start + prefill_chunk], use_cache=True, logits_to_keep=1,
+                           **{CACHE: cache}).logits
+        while len(out) < new:
+            token = int(logits[0, -1].argmax())
+            out.append(token)
+            if token in eos:  # generate() stops there too
+                break
+            if len(out) < new:
+                logits = model(input_ids=torch.tensor([[token]], device=model.device), use_cache=True,
+                               **{CACHE: cache}).logits
+    return torch.tensor(out, dtype=torch.long)
+
+
+def passkey_accuracy(model: Any, tokenizer: Any, prompts: list[Passkey], progress: bool = True,
+                     prefill_chunk: int | None = None) -> dict[str, Any]:
     """Greedy ``model.generate()`` on each prompt (through whatever cache it uses); exact match of the key.
+    ``prefill_chunk``: prefill that many tokens at a time instead (``greedy_continuation``; the same answers).
 
     Returns ``{"accuracy", "correct", "prompts", "answers"}``."""
     from ..progress import progress_bar
 
     answers, correct = [], 0
     for p in progress_bar(prompts, desc="passkey", disable=not progress):
-        ids = p.ids[None].to(model.device)
-        with torch.no_grad():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(p.answer_ids),
-                                 do_sample=False, pad_token_id=tokenizer.eos_token_id)
-        text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        if prefill_chunk is None:
+            ids = p.ids[None].to(model.device)
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(p.answer_ids),
+                                     do_sample=False, pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:]
+        else:
+            out = greedy_continuation(model, p.ids, len(p.answer_ids), prefill_chunk)
+        text = tokenizer.decode(out, skip_special_tokens=True)
         answers.append(text)
         correct += text.strip() == p.key
     return {"accuracy": correct / max(len(prompts), 1), "correct": correct, "prompts": len(prompts),

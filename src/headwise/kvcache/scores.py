@@ -1,6 +1,8 @@
 """Training-free head scores for the KV cache, per query head and per KV head (a GQA group counts once: max).
 
-- ``retrieval``: attention mass on the passkey's digits while the model predicts them (teacher forced);
+- ``retrieval``: attention mass on the passkey's digits while the model predicts them (teacher forced), on passkey
+  prompts of every calibration family (``ScoreConfig.families``: the filler haystack through the chat template by
+  default; see ``passkey.PromptFamily``);
 - ``copy``: share of those steps whose arg-max key is the very digit being predicted (Wu et al.'s retrieval heads);
 - ``induction`` / ``echo``: on a random sequence repeated twice, mass on the token after / at the previous
   occurrence of the current token (RazorAttention keeps such heads whole);
@@ -22,7 +24,7 @@ from ..progress import progress_bar
 from ..runtime import add_observer, detach
 from ..sites import find_sites
 from .config import model_shape
-from .passkey import Passkey, passkey_prompts
+from .passkey import Passkey, PromptFamily, family_prompts
 
 OBSERVER = "kv_scores"
 NAMES = ("retrieval", "copy", "induction", "echo", "outside")
@@ -30,8 +32,9 @@ NAMES = ("retrieval", "copy", "induction", "echo", "outside")
 
 @dataclass
 class ScoreConfig:
-    """What to run: passkey prompts (``length`` tokens, ``depths`` × ``keys``), ``random_length`` random tokens
-    repeated twice (``random_sequences`` of them), and the sink/window whose dropped mass ``outside`` measures."""
+    """What to run: passkey prompts (``length`` tokens, ``depths`` × ``keys`` per prompt family of ``families``,
+    e.g. ``("filler", "numbers-raw")``; see ``PromptFamily.parse``), ``random_length`` random tokens repeated twice
+    (``random_sequences`` of them), and the sink/window whose dropped mass ``outside`` measures."""
 
     length: int = 512
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -41,6 +44,7 @@ class ScoreConfig:
     sink: int = 4
     window: int = 124
     seed: int = 0
+    families: tuple[str, ...] = ("filler",)
 
 
 @dataclass
@@ -128,16 +132,23 @@ def repeated_tokens(config: ScoreConfig, vocab: int) -> list[torch.Tensor]:
 
 
 def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = None,
-                texts: list[str] | None = None, progress: bool = True) -> HeadScores:
+                texts: list[str] | None = None, progress: bool = True,
+                haystack_text: str | None = None) -> HeadScores:
     """Score every head of a decoder-only ``model`` (see the module docstring). ``texts``: calibration text for
-    ``outside`` (each cut to ``config.length`` tokens); without it ``outside`` is left out."""
+    ``outside`` (each cut to ``config.length`` tokens); without it ``outside`` is left out. ``haystack_text``: the
+    running text of a ``text`` calibration family."""
     config = config or ScoreConfig()
+    families = [PromptFamily.parse(name) for name in config.families]
+    if not families:
+        raise HeadwiseError("ScoreConfig.families is empty; give at least one prompt family (e.g. ('filler',))")
     kv_heads = model_shape(model)
     sites = [s for s in find_sites(model) if s.kind == "dec-self"]
     heads = sites[0].num_heads
     names = [n for n in NAMES if n != "outside" or texts]
     total = {n: torch.zeros(len(sites), heads) for n in names}
-    prompts = passkey_prompts(tokenizer, config.length, list(config.depths), config.keys, config.seed)
+    prompts = [p for family in families for p in family_prompts(tokenizer, family, config.length,
+                                                                 list(config.depths), config.keys, config.seed,
+                                                                 haystack_text)]
     randoms = repeated_tokens(config, min(len(tokenizer), model.config.vocab_size))
     if texts and config.length <= config.sink + config.window + 1:
         raise HeadwiseError(f"'outside' measures the attention a sink {config.sink} + window {config.window} cache "

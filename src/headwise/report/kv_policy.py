@@ -16,6 +16,12 @@ def add_kv_policy_section(report: Report, summary: dict, scores: dict) -> None:
     verdict = summary["verdict"]
     section = report.add_section("KV cache policy", f"{verdict['memory']}. {verdict['quality']}. "
                                                     f"Use it: `{verdict['use']}`")
+    measured, check = summary.get("measured"), summary.get("passkey_check") or {}
+    if measured or check:
+        section.heading("What you get (measured in this run)")
+        section.table(_measured_rows(measured, check), ["", "full cache", "policy", "policy / full"])
+        if measured:
+            section.text(verdict["measured"])
     kv = scores["per_kv_head"]
     layers = len(next(iter(kv.values()))) if kv else len(summary["full_heads"])
     heads = len(next(iter(kv.values()))[0]) if kv else 1
@@ -31,3 +37,30 @@ def add_kv_policy_section(report: Report, summary: dict, scores: dict) -> None:
                             legend=name, annotate=False), SCORES.get(name, name))
                for name, values in kv.items()]
     section.grid(figures)
+
+
+def _measured_rows(measured: dict | None, check: dict) -> list[list[object]]:
+    """Rows of the measured table: KV MiB held, peak memory, prefill, decode speed, passkeys found."""
+    rows = []
+    if measured:
+        full, policy, ratio = measured["full"], measured["policy"], measured["ratio"]
+
+        def mib(value: float | None) -> str:
+            return "—" if value is None else f"{value / 2 ** 20:.1f}"
+
+        def times(value: float | None) -> str:
+            return "—" if value is None else f"{value:.2f}x"
+
+        tokens = f"{measured['prompt_tokens']} + {measured['new_tokens']} tokens"
+        rows += [[f"KV MiB held after {tokens}", mib(full["kv_bytes"]), mib(policy["kv_bytes"]),
+                  times(ratio["kv_bytes"])],
+                 [f"peak {measured['memory']} above start, MiB", mib(full["peak_memory_above_start"]),
+                  mib(policy["peak_memory_above_start"]), times(ratio["peak_memory_above_start"])],
+                 ["prefill s", f"{full['prefill_s']:.2f}", f"{policy['prefill_s']:.2f}", times(ratio["prefill_s"])],
+                 ["decode tokens/s", f"{full['decode_tokens_per_s']:.1f}", f"{policy['decode_tokens_per_s']:.1f}",
+                  times(ratio["decode_tokens_per_s"])]]
+    if check:
+        rows.append([f"passkeys found ({check['family']}, up to {check['length']} tokens)",
+                     f"{check['full']['correct']}/{check['full']['prompts']}",
+                     f"{check['policy']['correct']}/{check['policy']['prompts']}", ""])
+    return rows
