@@ -21,6 +21,21 @@ from headwise.kvcache.scores import repeated_tokens
 CHARS = string.printable
 
 
+
+def spare_bytes(rules: KVPolicy, head_dim: int, itemsize: int) -> int:
+    """Most bytes a PolicyCache holds beyond the policy's count (``PolicyCache.stored_bytes``): one ring slot per
+    streaming head, fewer than ``GROW`` spare slots per full head of a mixed layer; all-full layers hold exactly."""
+    from headwise.kvcache.layer import GROW
+
+    slots = sum(1 if not h.full else GROW - 1 for layer in rules.heads if not all(h.full for h in layer) for h in layer)
+    return 2 * slots * head_dim * itemsize
+
+
+def assert_held(row: dict, rules: KVPolicy, head_dim: int) -> None:
+    count = rules.kv_bytes(row["tokens_held"], head_dim, 4)
+    assert count <= row["kv_bytes"] <= count + spare_bytes(rules, head_dim, 4)
+
+
 def char_tokenizer() -> tf.PreTrainedTokenizerFast:
     """One token per character (the 100 printable ASCII characters, then [UNK] and [EOS])."""
     vocab = {c: i for i, c in enumerate(CHARS)} | {"[UNK]": len(CHARS), "[EOS]": len(CHARS) + 1}
@@ -166,11 +181,13 @@ def test_kv_policy_command(tmp_path, capsys):
     head_dim = model.config.hidden_size // model.config.num_attention_heads
     for arm, rules in (("full", KVPolicy.uniform(model)), ("policy", written)):
         row = measured[arm]
-        assert row["kv_bytes"] == rules.kv_bytes(row["tokens_held"], head_dim, 4)
+        assert_held(row, rules, head_dim)
         assert row["prefill_s"] > 0 and row["decode_tokens_per_s"] > 0 and "peak_memory_above_start" in row
     assert measured["prompt_tokens"] > 0 and measured["new_tokens"] == 32
     assert measured["full"]["tokens_held"] == measured["prompt_tokens"] + 31
-    assert measured["ratio"]["kv_bytes"] == pytest.approx(written.kv_fraction(measured["full"]["tokens_held"]))
+    fraction = written.kv_fraction(measured["full"]["tokens_held"])
+    assert fraction <= measured["ratio"]["kv_bytes"] <= fraction + spare_bytes(written, head_dim, 4) / measured["full"][
+        "kv_bytes"]
     assert "decode" in summary["verdict"]["measured"] and "KV held" in summary["verdict"]["measured"]
     assert summary["calibration_families"] == ["filler"]
     # perplexity on the lm task's last 10% of lines, through the full cache and through the policy
