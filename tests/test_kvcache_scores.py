@@ -212,7 +212,8 @@ def test_kv_policy_command(tmp_path, capsys):
     assert "--force" in capsys.readouterr().err
     bad = args[:4] + ["1.7"] + args[5:-1] + [str(tmp_path / "other")]
     assert main(bad) == 2 and not (tmp_path / "other").exists()
-    assert main(["kv-policy", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x")]) == 2
+    assert main(["kv-policy", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "calib.txt"), "--out",
+                 str(tmp_path / "x")]) == 2  # the data is there: the model path is what is wrong
     assert "does not exist" in capsys.readouterr().err
     assert main(args[:-1] + [str(tmp_path / "t"), "--task", "translation"]) == 2
     assert "--task lm" in capsys.readouterr().err and not (tmp_path / "t").exists()

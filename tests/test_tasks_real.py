@@ -11,11 +11,13 @@ from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokeni
 import headwise
 from headwise.models import resolve_model
 from headwise.tasks import LanguageModeling, Translation
+from shared_data import require_shared
 
 pytestmark = pytest.mark.slow
 
 
 def test_smollm2_perplexity_on_a_few_hundred_wikitext_tokens():
+    require_shared("data/wikitext-2/valid.txt")
     task = LanguageModeling(max_length=300, max_tokens=300)  # the eval split: the last 10% of valid.txt
     model, tokenizer = headwise.load_model("smollm2-135m", task=task)
     got = task.evaluate(model, tokenizer, progress=False)
@@ -32,6 +34,7 @@ def test_smollm2_perplexity_on_a_few_hundred_wikitext_tokens():
 
 
 def test_multi30k_bleu_of_a_handful_of_sentences():
+    require_shared("data/multi30k", "models/multi30k-marian-de-en")
     task = Translation(limit=8, beam=2)
     model, tokenizer = headwise.load_model("multi30k-marian-de-en", task=task)
     got = task.evaluate(model, tokenizer, progress=False)
