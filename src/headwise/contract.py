@@ -67,8 +67,6 @@ class MethodConfig:
 
     def merge_kinds(self, kinds: Sequence[str] | None) -> tuple[str, ...] | None:
         """For configs that also take ``kinds=`` (a shorthand for ``selection.kinds``): one value, or a conflict."""
-        if isinstance(self.selection, dict):  # from a JSON record
-            self.selection = Selection(**self.selection)
         if kinds is None:
             return self.selection.kinds
         kinds = _as_tuple(kinds, "kinds", str)
