@@ -41,6 +41,7 @@ METHOD_ALLOWED: dict[tuple[str, str], str] = {
 # (importing, imported) packages of the persistence layer that work together, each with its reason.
 PERSISTENCE_ALLOWED: dict[tuple[str, str], str] = {
     ("headwise.models", "headwise.io"): "load_model reloads headwise checkpoints with io.from_pretrained",
+    ("headwise.io", "headwise.contract"): "from_pretrained replays the journal through the method registry",
 }
 
 

@@ -104,14 +104,12 @@ def test_checkpoint_op_on_a_site_the_model_lacks_is_refused(tmp_path):
     {"kind": "prune_heads", "heads": {"nope": [0]}},
 ])
 def test_edit_naming_a_site_the_model_lacks_is_refused_untouched(record):
-    import headwise.conversion  # noqa: F401  (registers its edits)
-    import headwise.mixing  # noqa: F401
-    from headwise.io.checkpoint import EDITS
+    from headwise.contract import replay, upgrade_edits
 
     model = tiny_model("bert")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(headwise.HeadwiseError, match=f"edit {record['kind']} names site 'nope', absent from the model"):
-        EDITS[record["kind"]](model, record)
+        replay(model, upgrade_edits([record], "test"), "test")
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 

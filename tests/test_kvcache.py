@@ -242,7 +242,7 @@ def test_save_and_reload_keep_the_policy(tmp_path, family):
     headwise.apply_kv_policy(model, policy)
     before = generate(model, inputs).sequences
     headwise.save_pretrained(model, tmp_path / "m")
-    assert json.loads((tmp_path / "m" / "config.json").read_text())["headwise"]["edits"][-1]["kind"] == "kv_policy"
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["headwise"]["journal"][-1]["method"] == "kv_policy"
     loaded = headwise.from_pretrained(tmp_path / "m")
     assert policy_of(loaded) == policy
     after = generate(loaded, inputs)

@@ -43,7 +43,7 @@ def test_identity_mixing_changes_nothing_and_fold_matches(family):
         fold_mixing(model)
         assert not mixers_of(model)
         torch.testing.assert_close(_out(model, inputs, real), mixed, atol=1e-5, rtol=1e-5)
-    assert model.config.headwise["edits"][-1]["kind"] == "fold_mixing"
+    assert model.config.headwise["journal"][-1]["method"] == "mixing"
 
 
 def test_mixer_is_the_dense_product():
@@ -70,7 +70,7 @@ def test_save_reload_mixers_and_folded(tmp_path):
     fold_mixing(again)
     headwise.save_pretrained(again, tmp_path / "folded")
     folded = headwise.from_pretrained(tmp_path / "folded")
-    assert not mixers_of(folded) and folded.config.headwise["edits"][-1]["kind"] == "fold_mixing"
+    assert not mixers_of(folded) and folded.config.headwise["journal"][-1]["method"] == "mixing"
     with torch.no_grad():
         torch.testing.assert_close(_out(folded, inputs, real), mixed, atol=1e-5, rtol=1e-5)
 

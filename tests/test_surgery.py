@@ -99,4 +99,4 @@ def test_bad_requests_leave_the_model_untouched(family, plan, message):
         headwise.prune_heads(model, {"enc-self.1": [0], **plan} if family == "bert" else plan)
     after = model.state_dict()
     assert set(after) == set(state) and all(torch.equal(after[k], state[k]) for k in state)
-    assert "headwise" not in model.config.to_dict() or not model.config.headwise.get("edits")
+    assert "headwise" not in model.config.to_dict() or not model.config.headwise.get("journal")

@@ -7,6 +7,11 @@
 A method package calls ``register_method`` next to its config (see docs/adding.md); ``headwise.apply`` dispatches on
 the config's type, the contract test (tests/test_method_contract.py) runs over every registered method, and
 ``headwise edit METHOD`` builds its options from the config's fields.
+
+The journal (``model.config.headwise["journal"]``) lists, oldest first, every edit a freshly built model must
+replay before its saved weights fit: ``{"method", "version", "config", "state"}`` (``state``: what the method's
+``replay`` needs, e.g. the heads kept per site). ``headwise.from_pretrained`` replays it through this registry; ops
+attached at sites (gates, quantizers, ...) are saved beside it by the runtime.
 """
 
 from __future__ import annotations
@@ -101,6 +106,8 @@ class Method:
     summary: str = ""
     identity: bool = False
     meta: bool = True
+    replay: Callable[[nn.Module, dict[str, Any]], None] | None = None
+    legacy_kind: str | None = None
 
     @property
     def reversible(self) -> bool:
@@ -112,8 +119,11 @@ METHODS: dict[str, Method] = {}
 
 def register_method(name: str, config: type, apply: Callable[..., Any], *, example: Callable[[nn.Module], Any],
                     remove: Callable[[nn.Module], Any] | None = None, present: Callable[[nn.Module], bool] | None = None,
-                    version: int = 1, summary: str = "", identity: bool = False, meta: bool = True) -> Method:
-    """Register a method once (at import of its package); returns the ``Method``."""
+                    version: int = 1, summary: str = "", identity: bool = False, meta: bool = True,
+                    replay: Callable[[nn.Module, dict[str, Any]], None] | None = None,
+                    legacy_kind: str | None = None) -> Method:
+    """Register a method once (at import of its package); returns the ``Method``. A method that records journal
+    entries gives ``replay``."""
     if not dataclasses.is_dataclass(config):
         raise HeadwiseError(f"method {name!r}: its config {config.__name__} must be a dataclass")
     if (remove is None) != (present is None):
@@ -123,7 +133,7 @@ def register_method(name: str, config: type, apply: Callable[..., Any], *, examp
             raise HeadwiseError(f"method {name!r} with {config.__name__} clashes with the registered method "
                                 f"{other.name!r} ({other.config.__name__})")
     METHODS[name] = Method(name, config, apply, remove, present, example, version, summary or
-                           (config.__doc__ or "").strip().splitlines()[0], identity, meta)
+                           (config.__doc__ or "").strip().splitlines()[0], identity, meta, replay, legacy_kind)
     return METHODS[name]
 
 
@@ -198,3 +208,75 @@ def config_fields(config: type) -> list[tuple[dataclasses.Field, Any]]:
     """``(field, resolved type)`` of a config's init fields (what ``headwise edit`` turns into options)."""
     hints = typing.get_type_hints(config)
     return [(f, hints.get(f.name, Any)) for f in dataclasses.fields(config) if f.init]
+
+
+# --- the journal --------------------------------------------------------------------------------------------------
+
+
+def journal(model: nn.Module) -> list[dict[str, Any]]:
+    """The journal entries of ``model``, oldest first (a copy)."""
+    return list((getattr(model.config, "headwise", None) or {}).get("journal", []))
+
+
+def entries(model: nn.Module, method: str) -> list[dict[str, Any]]:
+    """The journal entries of one method, oldest first."""
+    name = method_of(method).name
+    return [e for e in journal(model) if e["method"] == name]
+
+
+def record(model: nn.Module, method: str, config: Any = None, state: dict[str, Any] | None = None, *,
+           replace: bool = False) -> dict[str, Any]:
+    """Append ``{"method", "version", "config", "state"}`` to the journal of ``model`` (call it right after the
+    edit); ``replace``: the entry replaces the method's earlier ones (a policy that supersedes the last).
+    ``config``: the method's config (or its dict; None for an edit with no config of its own). Returns the entry."""
+    m = method_of(method)
+    if m.replay is None:
+        raise HeadwiseError(f"method {m.name!r} registered no replay function; it cannot record journal entries")
+    entry = {"method": m.name, "version": m.version, "config": _plain(config), "state": _plain(state or {})}
+    _write(model, [e for e in journal(model) if not (replace and e["method"] == m.name)] + [entry])
+    return entry
+
+
+def unrecord(model: nn.Module, method: str) -> None:
+    """Drop every journal entry of ``method`` (the method was removed)."""
+    name = method_of(method).name
+    _write(model, [e for e in journal(model) if e["method"] != name])
+
+
+def _write(model: nn.Module, entries: list[dict[str, Any]]) -> None:
+    state = dict(getattr(model.config, "headwise", None) or {})
+    state["journal"] = entries
+    model.config.headwise = state
+
+
+def replay(model: nn.Module, entries: Sequence[dict[str, Any]], where: str) -> None:
+    """Replay journal ``entries`` on a freshly built model, through each method's ``replay``."""
+    for entry in entries:
+        if not isinstance(entry, dict) or {"method", "version", "state"} - set(entry):
+            raise HeadwiseError(f"{where}: a journal entry needs 'method', 'version', 'config' and 'state', "
+                                f"got {entry!r}")
+        m = next((m for m in METHODS.values() if m.name == entry["method"]), None)
+        if m is None or m.replay is None:
+            raise HeadwiseError(f"{where} needs method {entry['method']!r}, unknown to this headwise version (known: "
+                                f"{', '.join(sorted(n for n, m in METHODS.items() if m.replay))}); upgrade headwise "
+                                "or import the package that registers it")
+        if entry["version"] > m.version:
+            raise HeadwiseError(f"{where}: its {m.name} entry is version {entry['version']}, newer than this "
+                                f"headwise (version {m.version}); upgrade headwise")
+        m.replay(model, entry)
+
+
+def upgrade_edits(records: Sequence[dict[str, Any]], where: str) -> list[dict[str, Any]]:
+    """Journal entries for the edit records of format 1 (``{"kind": ..., **fields}``): each becomes an entry of
+    the method registered with that ``legacy_kind``, its fields the entry's ``state`` (no config was saved)."""
+    by_kind = {m.legacy_kind: m for m in METHODS.values() if m.legacy_kind}
+    out = []
+    for old in records:
+        m = by_kind.get(old.get("kind"))
+        if m is None:
+            raise HeadwiseError(f"{where} needs edit {old.get('kind')!r}, unknown to this headwise version (known: "
+                                f"{', '.join(sorted(by_kind))}); upgrade headwise or import the package that "
+                                "defines it")
+        out.append({"method": m.name, "version": 1, "config": None,
+                    "state": {k: v for k, v in old.items() if k != "kind"}})
+    return out

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..io import record_edit, register_edit
+from ..contract import record
 from ..progress import progress_bar
 from ..runtime.ops import ops_of
 from ..sites import AttentionSite, find_sites
@@ -212,7 +212,7 @@ def compress(
     result, plan = _decompose_sites(sites, config, moments, progress)
     for site, rank, factors, content in plan:
         install(site, rank, factors, content)
-    record_edit(model, {"kind": EDIT_KIND, "dk": {s.path: s.dk for s in result.sites}})
+    record(model, "collaborative", config, {"dk": {s.path: s.dk for s in result.sites}})
     return result
 
 
@@ -234,12 +234,10 @@ def tradeoff(
     return [_decompose_sites(sites, replace(config, dk=dk), moments, False)[0] for dk in dks]
 
 
-def _replay(model: nn.Module, record: dict) -> None:
+def replay_collaborative(model: nn.Module, entry: dict) -> None:
+    """Make the sites a journal entry lists collaborative (``state["dk"]``: ``{site path: shared width}``)."""
     by_path = {s.path: s for s in find_sites(model)}
-    for path, rank in record["dk"].items():
+    for path, rank in entry["state"]["dk"].items():
         if path not in by_path:
             raise HeadwiseError(f"checkpoint makes {path!r} collaborative, but the model has no such site")
         install(by_path[path], int(rank))
-
-
-register_edit(EDIT_KIND, _replay)

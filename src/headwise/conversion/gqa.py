@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..io import record_edit, register_edit
+from ..contract import record
 from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
@@ -109,15 +109,15 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | N
         _apply(site, *plans[site.path])
     if kv_heads_in_config(model):
         model.config.num_key_value_heads = config.kv_heads
-    else:
-        record_edit(model, {"kind": EDIT_KIND, "kv_heads": {s.path: config.kv_heads for s in sites}})
+    state = {} if kv_heads_in_config(model) else {"kv_heads": {s.path: config.kv_heads for s in sites}}
+    record(model, "gqa", config, state)
     return model
 
 
-def _replay(model: nn.Module, record: dict) -> None:
-    sites = recorded_sites(model, record["kv_heads"], f"edit {EDIT_KIND}")
-    for path, kv in record["kv_heads"].items():
+def replay_gqa(model: nn.Module, entry: dict) -> None:
+    """Resize the key/value projections a journal entry lists (``state["kv_heads"]``: ``{site path: KV heads}``;
+    empty for families whose config holds the KV head count, which the fresh model already has)."""
+    kv_heads = entry["state"].get("kv_heads", {})
+    sites = recorded_sites(model, kv_heads, f"edit {EDIT_KIND}")
+    for path, kv in kv_heads.items():
         resize_kv(sites[path], int(kv))
-
-
-register_edit(EDIT_KIND, _replay)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..io import record_edit, register_edit
+from ..contract import record
 from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
@@ -143,15 +143,18 @@ def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int |
         fits[site.path] = _fit(site, config, moments.get(site.path, torch.eye(n, dtype=torch.float64)))
     for site in sites:
         install(site, fits[site.path])
-    record_edit(model, {"kind": EDIT_KIND, "sites": {
+    record(model, "latent", config, {"sites": {
         s.path: {"rank": fits[s.path]["down"].shape[0], "rope_rows": int(fits[s.path]["rope_index"].numel())}
         for s in sites}})
     return model
 
 
-def _replay(model: nn.Module, record: dict) -> None:
-    sites = recorded_sites(model, record["sites"], f"edit {EDIT_KIND}")
-    for path, spec in record["sites"].items():
+def replay_latent(model: nn.Module, entry: dict) -> None:
+    """Install latent K/V layers of the ranks a journal entry lists (``state["sites"]``: ``{site path: {"rank",
+    "rope_rows"}}``; the weights load afterwards)."""
+    specs = entry["state"]["sites"]
+    sites = recorded_sites(model, specs, f"edit {EDIT_KIND}")
+    for path, spec in specs.items():
         site = sites[path]
         n = site.hidden_size + int(site.k.module.bias is not None)
         rows = site.num_kv_heads * site.head_dim
@@ -160,6 +163,3 @@ def _replay(model: nn.Module, record: dict) -> None:
                        "up_v": torch.zeros(rows, rank), "rope": torch.zeros(rope_rows, n),
                        "rope_index": torch.arange(rope_rows), "nope_index": torch.arange(rope_rows, rows),
                        "bias": site.k.module.bias is not None})
-
-
-register_edit(EDIT_KIND, _replay)

@@ -1,10 +1,10 @@
 """Persistence: one-call save and reload of modified models, and safe file writes and reads."""
 
-from .checkpoint import from_pretrained, record_edit, register_edit, save_native, save_pretrained
+from .checkpoint import from_pretrained, save_native, save_pretrained
 from .plain import export_plain, plain_problem
 from .files import atomic_dir, atomic_write_text, check_writable_dir, claim_output, read_text, release_output
 
 __all__ = [
-    "export_plain", "plain_problem", "from_pretrained", "record_edit", "register_edit", "save_native", "save_pretrained",
+    "export_plain", "plain_problem", "from_pretrained", "save_native", "save_pretrained",
     "atomic_dir", "atomic_write_text", "check_writable_dir", "claim_output", "read_text", "release_output",
 ]

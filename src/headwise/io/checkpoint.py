@@ -1,9 +1,10 @@
 """Save and reload modified models with one call.
 
 A checkpoint is a transformers folder (``config.json`` + ``model.safetensors``) whose config carries
-``headwise = {"version": 1, "edits": [...], "ops": [...], "source": ...}``: structural edits in the order they
-happened (replayed on the fresh model, shapes only), then the attached ops, and the model it was loaded from
-(``source``: where its tokenizer is, when none is saved beside it). ``architectures`` names the saved class, head
+``headwise = {"version": 2, "journal": [...], "ops": [...], "source": ...}``: the journal of edits in the order they
+happened (``{"method", "version", "config", "state"}``, replayed on the fresh model through the method registry:
+``headwise.contract``), then the attached ops, and the model it was loaded from (``source``: where its tokenizer
+is, when none is saved beside it). Format 1 (``"edits"``: ``{"kind": ...}`` records) still loads. ``architectures`` names the saved class, head
 included. The state dict is the model's own (``model.state_dict()`` names, shared tensors stored once) and is
 loaded strictly.
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import transformers
@@ -25,30 +26,16 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 from transformers.initialization import no_init_weights
 
+from ..contract import replay, upgrade_edits
 from ..errors import HeadwiseError
 from ..runtime import enable
 from ..runtime.ops import rebuild, saved_specs
 from ..sites import find_sites, recorded_sites
 from .files import atomic_dir
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 WEIGHTS = "model.safetensors"
 MARKER = "headwise_checkpoint__edits_load_only_with_headwise_from_pretrained"
-EDITS: dict[str, Callable[[nn.Module, dict[str, Any]], None]] = {}
-
-
-def register_edit(kind: str, replay: Callable[[nn.Module, dict[str, Any]], None]) -> None:
-    """Register how to replay a structural edit record ``{"kind": kind, ...}`` on a freshly built model."""
-    EDITS[kind] = replay
-
-
-def record_edit(model: nn.Module, record: dict[str, Any]) -> None:
-    """Append a structural edit to ``model.config.headwise`` (call it right after changing shapes)."""
-    if record.get("kind") not in EDITS:
-        raise HeadwiseError(f"edit kind {record.get('kind')!r} has no registered replay function")
-    state = dict(getattr(model.config, "headwise", None) or {})
-    state["edits"] = [*state.get("edits", []), record]
-    model.config.headwise = state
 
 
 def save_pretrained(
@@ -61,7 +48,7 @@ def save_pretrained(
     sites = find_sites(model)
     state = dict(getattr(model.config, "headwise", None) or {})
     state.update(version=FORMAT_VERSION, ops=[r for s in sites for r in saved_specs(s)])
-    state.setdefault("edits", [])
+    state.setdefault("journal", [])
     # where the tokenizer can be found if none is saved here (checked by models.load_model when reloading)
     source = state.get("source") or str(getattr(model.config, "name_or_path", "") or "")
     if source:
@@ -72,7 +59,9 @@ def save_pretrained(
         model.config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None and model.can_generate():
             model.generation_config.save_pretrained(tmp)
-        marked = bool(state["ops"] or state["edits"])
+        # an entry with state rebuilds something plain transformers would not (an entry without, e.g. GQA in a
+        # family whose config holds the KV head count, loads as a plain model)
+        marked = bool(state["ops"] or any(entry["state"] for entry in state["journal"]))
         if marked:
             model.register_buffer(MARKER, torch.ones(()))
         try:
@@ -133,12 +122,11 @@ def from_pretrained(
         raise HeadwiseError(f"{path} was written by a newer headwise (format {state['version']}); upgrade headwise")
     with no_init_weights():
         model = _model_class(config)._from_config(config, attn_implementation="sdpa")
-    for record in state.get("edits", []):
-        replay = EDITS.get(record.get("kind"))
-        if replay is None:
-            raise HeadwiseError(f"{path} needs edit {record.get('kind')!r}, unknown to this headwise version (known: "
-                                f"{', '.join(sorted(EDITS))}); upgrade headwise or import the package that defines it")
-        replay(model, record)
+    if state.get("version", FORMAT_VERSION) < 2:  # format 1: edit records by kind
+        state = {k: v for k, v in state.items() if k != "edits"} | {
+            "version": FORMAT_VERSION, "journal": upgrade_edits(state.get("edits", []), str(path))}
+    model.config.headwise = dict(state)
+    replay(model, state.get("journal", []), str(path))
     ops = state.get("ops", [])
     by_path = recorded_sites(model, [record["site"] for record in ops], f"{path}: an op")
     for record in ops:
@@ -157,6 +145,5 @@ def from_pretrained(
             f"{path}: weights do not match the rebuilt model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}); "
             "the checkpoint is damaged or was written by another tool"
         )
-    model.config.headwise = state
     model.to(device=device, dtype=dtype)
     return enable(model).eval()

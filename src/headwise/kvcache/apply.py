@@ -1,6 +1,7 @@
 """Put a ``KVPolicy`` on a model so that ``model.generate()`` uses it, save it with the model, take it off.
 
-The policy is recorded in ``config.headwise`` (an edit of kind ``kv_policy``, replayed by ``headwise.from_pretrained``)
+The policy is the state of the model's ``kv_policy`` journal entry (``headwise.contract``; replayed by
+``headwise.from_pretrained``)
 and read from there whenever ``generate`` builds its cache: the model's ``_prepare_cache_for_generation`` is
 wrapped on the instance so that the default ``DynamicCache`` becomes a ``PolicyCache``. A cache passed explicitly
 (``cache=``, or ``past_key_values=`` before transformers 5.24) or a ``cache_implementation`` is left alone.
@@ -18,12 +19,12 @@ from transformers.cache_utils import DynamicCache
 
 from ..compat import CACHE, cache_given
 from ..errors import HeadwiseError
-from ..io import register_edit
+from ..contract import entries, record, unrecord
 from ..runtime import NAME, enable
 from .cache import PolicyCache
 from .config import KVPolicy
 
-KIND = "kv_policy"
+KIND = "kv_policy"  # the method's name, and the kind of its format-1 edit records
 HOOK = "_prepare_cache_for_generation"
 PREFILL_CHUNK = 512  # tokens per prefill forward under a policy: lowest peak of 256/512/1024/whole (docs/kv-policy.md)
 
@@ -41,16 +42,14 @@ def _as_policy(policy: KVPolicy | dict | str | os.PathLike) -> KVPolicy:
 
 def policy_of(model: nn.Module) -> KVPolicy | None:
     """The KV policy recorded on ``model`` (None without one)."""
-    edits = (getattr(model.config, "headwise", None) or {}).get("edits", [])
-    records = [e for e in edits if e.get("kind") == KIND]
-    return KVPolicy.from_dict(records[-1]["policy"]) if records else None
+    found = entries(model, KIND)
+    return KVPolicy.from_dict(found[-1]["state"]["policy"]) if found else None
 
 
 def prefill_chunk_of(model: nn.Module) -> int | None:
     """Tokens per prefill forward that ``generate`` uses under the model's KV policy (None: the whole prompt)."""
-    edits = (getattr(model.config, "headwise", None) or {}).get("edits", [])
-    records = [e for e in edits if e.get("kind") == KIND]
-    return records[-1].get("prefill_chunk", PREFILL_CHUNK) if records else None
+    found = entries(model, KIND)
+    return found[-1]["state"].get("prefill_chunk", PREFILL_CHUNK) if found else None
 
 
 def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCache:
@@ -101,13 +100,6 @@ def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *arg
     return result
 
 
-def _replace_record(model: nn.Module, record: dict | None) -> None:
-    state = dict(getattr(model.config, "headwise", None) or {})
-    edits = [e for e in state.get("edits", []) if e.get("kind") != KIND]
-    state["edits"] = edits + ([record] if record is not None else [])
-    model.config.headwise = state
-
-
 def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLike,
                     prefill_chunk: int | None = PREFILL_CHUNK) -> nn.Module:
     """Give ``model`` a per-KV-head cache: afterwards ``model.generate()`` keeps only what ``policy`` says.
@@ -125,7 +117,8 @@ def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLik
                             "whole prompt at once)")
     policy.validate(model)
     _install(model)
-    _replace_record(model, {"kind": KIND, "policy": policy.to_dict(), "prefill_chunk": prefill_chunk})
+    # the policy is the entry's state (no config beside it: a KVPolicyConfig holds nothing else)
+    record(model, KIND, None, {"policy": policy.to_dict(), "prefill_chunk": prefill_chunk}, replace=True)
     return model
 
 
@@ -133,7 +126,7 @@ def remove_kv_policy(model: nn.Module) -> nn.Module:
     """Back to the default cache (every token of every head); returns the model."""
     if policy_of(model) is None:
         raise HeadwiseError("this model has no KV policy to remove")
-    _replace_record(model, None)
+    unrecord(model, KIND)
     if isinstance(model.__dict__.get(HOOK), types.MethodType):
         del model.__dict__[HOOK]
     return model
@@ -145,10 +138,7 @@ def _install(model: nn.Module) -> None:
         setattr(model, HOOK, types.MethodType(_prepare_cache_with_policy, model))
 
 
-def _replay(model: nn.Module, record: dict) -> None:
-    policy = KVPolicy.from_dict(record["policy"])
-    policy.validate(model)
+def replay_kv_policy(model: nn.Module, entry: dict) -> None:
+    """Put the policy of a journal entry back on a freshly built model."""
+    KVPolicy.from_dict(entry["state"]["policy"]).validate(model)
     _install(model)
-
-
-register_edit(KIND, _replay)

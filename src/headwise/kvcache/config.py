@@ -21,7 +21,7 @@ from ..errors import HeadwiseError
 
 FORMAT = "headwise-kv-policy"
 VERSION = 1
-LATENT_EDIT = "latent_kv"  # the edit kind of headwise.conversion.convert_latent
+LATENT = "latent"  # the method of headwise.conversion.convert_latent
 
 
 @dataclass(frozen=True)
@@ -98,12 +98,12 @@ def model_shape(model: nn.Module) -> list[int]:
 
 def latent_layers(model: nn.Module) -> list[int]:
     """Decoder layers whose keys/values are decoded from one shared latent per token (the sites listed by the
-    ``latent_kv`` edits ``convert_latent`` records): their KV heads cannot keep different tokens, so a policy gives
-    all of them one rule there."""
+    ``latent`` journal entries of ``convert_latent``): their KV heads cannot keep different tokens, so a policy
+    gives all of them one rule there."""
+    from ..contract import journal
     from ..sites import find_sites
 
-    edits = (getattr(model.config, "headwise", None) or {}).get("edits", [])
-    paths = {path for e in edits if e.get("kind") == LATENT_EDIT for path in e.get("sites", {})}
+    paths = {path for e in journal(model) if e["method"] == LATENT for path in e["state"].get("sites", {})}
     return [s.layer for s in find_sites(model) if s.kind == "dec-self" and s.path in paths]
 
 

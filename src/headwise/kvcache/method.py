@@ -9,7 +9,7 @@ from typing import Any
 
 from ..contract import MethodConfig, register_method
 from ..errors import HeadwiseError
-from .apply import apply_kv_policy, policy_of, remove_kv_policy
+from .apply import KIND, apply_kv_policy, policy_of, remove_kv_policy, replay_kv_policy
 from .config import KVPolicy, streaming
 
 
@@ -28,6 +28,7 @@ class KVPolicyConfig(MethodConfig):
         self.whole_model("kv_policy (the policy names every layer and KV head)")
 
 
-register_method("kv_policy", KVPolicyConfig, lambda model, c: apply_kv_policy(model, c.policy),
+register_method(KIND, KVPolicyConfig, lambda model, c: apply_kv_policy(model, c.policy),
                 remove=remove_kv_policy, present=lambda model: policy_of(model) is not None,
-                example=lambda model: KVPolicyConfig(KVPolicy.uniform(model, streaming(1, 4))), identity=True)
+                example=lambda model: KVPolicyConfig(KVPolicy.uniform(model, streaming(1, 4))), identity=True,
+                replay=replay_kv_policy, legacy_kind=KIND)

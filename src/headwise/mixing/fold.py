@@ -12,7 +12,7 @@ from einops import einsum
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..io import record_edit, register_edit
+from ..contract import record
 from ..runtime.ops import detach, ops_of
 from ..sites import recorded_sites
 from .alpha import MIXER_NAME, mixers_of
@@ -40,12 +40,10 @@ def fold_mixing(model: nn.Module) -> nn.Module:
         o.copy_(einsum(alpha, o.double(), "i j, i o d -> j o d").to(o.dtype))
         norms[site.path] = round(float(torch.linalg.matrix_norm(alpha, ord="nuc")), 6)
         detach(site, MIXER_NAME)
-    record_edit(model, {"kind": EDIT_KIND, "sites": list(norms), "nuclear_norms": norms})
+    record(model, "mixing", None, {"sites": list(norms), "nuclear_norms": norms})
     return model
 
 
-def _replay(model: nn.Module, record: dict) -> None:
-    recorded_sites(model, record["sites"], f"edit {EDIT_KIND}")
-
-
-register_edit(EDIT_KIND, _replay)
+def replay_fold(model: nn.Module, entry: dict) -> None:
+    """A journal entry of folded mixers only checks that its sites exist (the folded weights are in the file)."""
+    recorded_sites(model, entry["state"]["sites"], f"edit {EDIT_KIND}")

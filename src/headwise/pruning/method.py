@@ -16,7 +16,7 @@ from ..runtime.ops import attached
 from ..sites import find_sites
 from .l0 import GATE_NAME, L0Config, add_l0_gates, remove_l0_gates
 from .masks import apply_masks, remove_masks
-from .surgery import prune_heads
+from .surgery import EDIT_KIND, prune_heads, replay_prune_heads
 
 
 @dataclass
@@ -73,4 +73,4 @@ register_method(
     example=lambda model: L0Config(init=10.0), identity=True)
 register_method(
     "prune_heads", PruneHeadsConfig, lambda model, c: prune_heads(model, c.heads, c.allow_empty_layers),
-    example=lambda model: PruneHeadsConfig(_first_group(model)))
+    example=lambda model: PruneHeadsConfig(_first_group(model)), replay=replay_prune_heads, legacy_kind=EDIT_KIND)

@@ -19,12 +19,12 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from ..errors import HeadwiseError
-from ..io import record_edit, register_edit
+from ..contract import record
 from ..runtime.attention import BIAS_HEADS
 from ..runtime.ops import SLOTS, ops_of
 from ..sites import AttentionSite, HeadProjection, find_sites, recorded_sites
 
-EDIT_KIND = "prune_heads"
+EDIT_KIND = "prune_heads"  # its format-1 edit kind
 
 
 def _feature_index(proj: HeadProjection, heads: Sequence[int]) -> torch.Tensor:
@@ -163,18 +163,18 @@ def prune_heads(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[i
             with torch.no_grad():
                 site.o.weight.zero_()
     if kept:
-        record = {"kind": EDIT_KIND, "heads": {p: plan[p] for p in kept}}
+        state = {"heads": {p: plan[p] for p in kept}}
         if emptied:
-            record["allow_empty_layers"] = True
-        record_edit(model, record)
+            state["allow_empty_layers"] = True
+        record(model, "prune_heads", {"heads": {sites[p].name: plan[p] for p in kept},
+                                       "allow_empty_layers": allow_empty_layers}, state)
     return model
 
 
-def _replay(model: nn.Module, record: dict) -> None:
-    sites = recorded_sites(model, record["heads"], f"edit {EDIT_KIND}")
-    for path, hs in record["heads"].items():
-        keep, keep_kv = validate_removal(sites[path], hs, record.get("allow_empty_layers", False))
+def replay_prune_heads(model: nn.Module, entry: dict) -> None:
+    """Remove the heads a journal entry lists (``state["heads"]``: ``{site path: [head indices]}``)."""
+    state = entry["state"]
+    sites = recorded_sites(model, state["heads"], f"edit {EDIT_KIND}")
+    for path, hs in state["heads"].items():
+        keep, keep_kv = validate_removal(sites[path], hs, state.get("allow_empty_layers", False))
         _prune_site(model, sites[path], keep, keep_kv)
-
-
-register_edit(EDIT_KIND, _replay)
