@@ -43,8 +43,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from headwise.compat import CACHE
 from headwise.io import atomic_write_text
+from headwise.training import train_kv_gates
 from headwise.kvcache import (KVGateConfig, KVPolicy, ScoreConfig, apply_kv_policy, full_heads_for_budget,
-                              head_scores, learn_kv_gates, passkey_prompts, policy_forward, rank_kv_heads, streaming)
+                              head_scores, passkey_prompts, policy_forward, rank_kv_heads, streaming)
 from headwise.kvcache.scores import HeadScores
 from headwise.models import resolve_model
 from headwise.tasks.paths import shared_data
@@ -108,7 +109,7 @@ def run_learn(args, model, tokenizer, results: dict) -> None:
                           seed=args.seed)
     texts = wikitext_lines(args.data)[0] if args.gate_haystack == "text" else None
     start = time.time()
-    learned = learn_kv_gates(model, tokenizer, config, texts=texts)
+    learned = train_kv_gates(model, tokenizer, config, texts=texts)
     seconds = time.time() - start
     scores = learned.scores(model.config.num_attention_heads)
     n_full = (results["scores"]["full_heads"] if "scores" in results

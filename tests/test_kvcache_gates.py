@@ -12,9 +12,11 @@ import headwise
 from headwise import HeadwiseError
 from headwise.cli import main
 from headwise.kvcache import (KVGate, KVGateConfig, KVPolicy, add_kv_gates, full_heads_for_budget, kv_gate_values,
-                              kv_policy, learn_kv_gates, rank_kv_heads, remove_kv_gates, streaming)
+                              kv_policy, rank_kv_heads, remove_kv_gates, streaming)
 from headwise.kvcache.gates import kv_gates
-from headwise.kvcache.learn import distillation_loss, gate_prompts
+from headwise.kvcache.learn import gate_prompts
+from headwise.training import train_kv_gates
+from headwise.training.kv_gates import GateDistillation
 from test_kvcache import causal_lm, prompt, reference_logits
 from test_kvcache_scores import char_tokenizer, saved_lm_and_text, tiny_lm
 from tiny import tiny_model
@@ -126,14 +128,14 @@ def test_gradients_reach_alpha_only_and_learning_leaves_the_model_unchanged():
         p.requires_grad_(False)
     gates = add_kv_gates(model, 2, 16, init=0.5)
     ids, region = next(gate_prompts(tok, GATES))
-    loss, distill = distillation_loss(model, gates, ids[None], region, 0.05)
-    loss.backward()
+    distill = GateDistillation(model, gates)(ids[None], torch.tensor([region.start, region.stop]))["loss"]
+    distill.backward()
     assert distill > 0 and all(g.alpha.grad is not None and g.alpha.grad.abs().min() > 0 for g in gates)
     assert all(p.grad is None for p in weights)
     remove_kv_gates(model)
     for p in weights:
         p.requires_grad_(True)
-    learn_kv_gates(model, tok, GATES, progress=False)
+    train_kv_gates(model, tok, GATES, progress=False, use_cpu=True)
     assert all(p.requires_grad and p.grad is None for p in model.parameters())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert not kv_gates(model)  # the gates came off
@@ -142,17 +144,17 @@ def test_gradients_reach_alpha_only_and_learning_leaves_the_model_unchanged():
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_learning_lowers_the_loss_and_moves_alpha(family):
     model, tok = tiny_lm(family), char_tokenizer()
-    result = learn_kv_gates(model, tok, GATES, progress=False)
+    result = train_kv_gates(model, tok, GATES, progress=False, use_cpu=True)
     first, last = result.history[0], result.history[-1]
-    assert first["distill"] == 0.0 and first["loss"] == pytest.approx(GATES.l1)  # α = 1: the model itself
+    assert first["loss"] == pytest.approx(GATES.l1)  # α = 1: the model itself, no distillation error
     assert last["loss"] < first["loss"] and result.alpha.max() < 1 and result.alpha.min() >= 0
     assert result.alpha.shape == (2, model.config.num_key_value_heads if family != "gpt2" else 4)
-    again = learn_kv_gates(model, tok, GATES, progress=False)
+    again = train_kv_gates(model, tok, GATES, progress=False, use_cpu=True)
     assert torch.equal(again.alpha, result.alpha)  # deterministic with the seed
     # without the L1 term the distillation alone pulls half-open gates back towards full attention
-    pulled = learn_kv_gates(model, tok, KVGateConfig(steps=6, lr=0.05, l1=0.0, init=0.5, length=160, sink=2,
-                                                     window=16, region="all"), progress=False)
-    assert pulled.alpha.min() > 0.5 and pulled.history[-1]["distill"] < pulled.history[0]["distill"]
+    pulled = train_kv_gates(model, tok, KVGateConfig(steps=6, lr=0.05, l1=0.0, init=0.5, length=160, sink=2,
+                                                     window=16, region="all"), progress=False, use_cpu=True)
+    assert pulled.alpha.min() > 0.5 and pulled.history[-1]["loss"] < pulled.history[0]["loss"]
 
 
 def test_text_haystack_prompts():
@@ -171,9 +173,10 @@ def test_text_haystack_prompts():
 
 def test_kv_policy_ranks_by_learned_gates():
     model, tok = tiny_lm("llama"), char_tokenizer()
+    alpha = train_kv_gates(model, tok, GATES, progress=False, use_cpu=True).alpha
+    learned = train_kv_gates(model, tok, GATES, progress=False, use_cpu=True).scores(model.config.num_attention_heads)
     policy, scores = kv_policy(model, tok, kv_budget=0.6, context=160, sink=2, window=16, ranking="learned",
-                               gates=GATES, progress=False)
-    alpha = learn_kv_gates(model, tok, GATES, progress=False).alpha
+                               scores=learned, progress=False)
     assert torch.equal(scores.kv("learned"), alpha)
     n_full = full_heads_for_budget(4, 0.6, 160, 2, 16)
     top = torch.argsort(alpha.flatten(), descending=True, stable=True)[:n_full].tolist()
@@ -181,8 +184,8 @@ def test_kv_policy_ranks_by_learned_gates():
     assert rank_kv_heads(scores, "learned")[:n_full] == [divmod(i, 2) for i in top]
     with pytest.raises(HeadwiseError, match="rank by 'learned'"):
         rank_kv_heads(scores, "combined")
-    with pytest.raises(HeadwiseError, match="same sink and window"):
-        kv_policy(model, tok, 0.6, 160, 2, 8, ranking="learned", gates=GATES, progress=False)
+    with pytest.raises(HeadwiseError, match="needs the gates' scores"):
+        kv_policy(model, tok, 0.6, 160, 2, 16, ranking="learned", progress=False)
 
 
 @pytest.mark.parametrize("bad, match", [
@@ -194,7 +197,7 @@ def test_bad_gate_options_are_refused_and_change_nothing(bad, match):
     model, tok = tiny_lm("llama"), char_tokenizer()
     config = KVGateConfig(**{**dict(steps=2, length=160, sink=2, window=16), **bad})
     with pytest.raises(HeadwiseError, match=match):
-        learn_kv_gates(model, tok, config, progress=False)
+        train_kv_gates(model, tok, config, progress=False, use_cpu=True)
     assert not kv_gates(model) and all(p.requires_grad for p in model.parameters())
 
 

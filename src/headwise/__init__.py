@@ -12,7 +12,7 @@ from .conversion import convert_gqa, convert_latent
 from .errors import HeadwiseError
 from .tasks import evaluate_stsb, fidelity, get_task, recover
 from .io import from_pretrained, save_pretrained
-from .kvcache import KVGateConfig, KVPolicy, apply_kv_policy, kv_policy, learn_kv_gates, remove_kv_policy
+from .kvcache import KVGateConfig, KVPolicy, apply_kv_policy, kv_policy, remove_kv_policy
 from .mechanisms import apply as replace_attention
 from .mechanisms import remove as restore_attention
 from .mixing import MixingConfig, add_mixers, fold_mixing, remove_mixers, swap_heads
@@ -23,6 +23,7 @@ from .pruning import (L0Config, add_l0_gates, apply_masks, prune_heads, prune_ma
 from .quantization import QuantizationConfig, quantize_attention, remove_quantization
 from .runtime import add_gates, enable, remove_gates
 from .sites import AttentionSite, find_sites, select_sites
+from .training import train_kv_gates
 from .version import __version__
 
 __all__ = [
@@ -47,7 +48,7 @@ __all__ = [
     # KV-cache conversion
     "convert_gqa", "convert_latent",
     # per-head KV cache
-    "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy", "KVGateConfig", "learn_kv_gates",
+    "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy", "KVGateConfig", "train_kv_gates",
     # planning
     "Budget", "Plan", "plan",
     # tasks

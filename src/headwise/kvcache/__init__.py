@@ -6,7 +6,7 @@ from .cache import PolicyCache
 from .choose import full_heads_for_budget, kv_policy, rank_kv_heads
 from .config import FULL, HeadCache, KVPolicy, streaming
 from .gates import KVGate, add_kv_gates, kv_gate_values, remove_kv_gates
-from .learn import KVGateConfig, LearnedGates, learn_kv_gates
+from .learn import KVGateConfig, LearnedGates
 from .passkey import passkey_prompts
 from .scores import HeadScores, ScoreConfig, head_scores
 
@@ -16,5 +16,5 @@ __all__ = [
     "apply_kv_policy", "policy_cache", "policy_forward", "policy_of", "remove_kv_policy", "PolicyCache", "FULL", "HeadCache",
     "KVPolicy", "streaming", "full_heads_for_budget", "kv_policy", "rank_kv_heads", "passkey_prompts", "HeadScores",
     "ScoreConfig", "head_scores", "KVGate", "add_kv_gates", "kv_gate_values", "remove_kv_gates", "KVGateConfig",
-    "LearnedGates", "learn_kv_gates",
+    "LearnedGates",
 ]

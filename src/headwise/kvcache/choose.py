@@ -11,7 +11,6 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..sites import find_sites
 from .config import FULL, KVPolicy, latent_layers, model_shape, streaming
-from .learn import KVGateConfig, learn_kv_gates
 from .scores import HeadScores, ScoreConfig, head_scores
 
 RANKINGS = ("combined", "retrieval", "copy", "induction", "echo", "outside", "learned", "random")
@@ -50,7 +49,8 @@ def default_window(kv_budget: float, context: int, sink: int) -> int:
 
 def rank_kv_heads(scores: HeadScores, by: str = "combined", seed: int = 0) -> list[tuple[int, int]]:
     """``(layer, kv_head)`` from most to least needing the full cache. ``combined``: the sum of every score
-    divided by its largest value (training-free scores only); ``learned``: the gates of ``learn_kv_gates``;
+    divided by its largest value (training-free scores only); ``learned``: the gates of
+    ``headwise.training.train_kv_gates``;
     ``random``: a seeded shuffle (a baseline)."""
     if by not in RANKINGS:
         raise HeadwiseError(f"unknown ranking {by!r}; use one of {', '.join(RANKINGS)}")
@@ -67,7 +67,7 @@ def rank_kv_heads(scores: HeadScores, by: str = "combined", seed: int = 0) -> li
         value = sum(s / s.max().clamp(min=1e-12) for s in (scores.kv(n) for n in free))
     elif by not in scores.scores:
         raise HeadwiseError(f"ranking by {by!r} needs that score; it was not computed (outside needs texts; "
-                            "learned needs learn_kv_gates)")
+                            "learned needs the scores of headwise.training.train_kv_gates)")
     else:
         value = scores.kv(by)
     order = torch.argsort(value.flatten(), descending=True, stable=True).tolist()
@@ -83,7 +83,7 @@ def calibration_length(ranking: str, sink: int, window: int) -> int:
 def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context: int = 2048, sink: int = 4,
               window: int | None = None, ranking: str = "retrieval", texts: list[str] | None = None,
               config: ScoreConfig | None = None, scores: HeadScores | None = None,
-              progress: bool = True, gates: KVGateConfig | None = None) -> tuple[KVPolicy, HeadScores]:
+              progress: bool = True) -> tuple[KVPolicy, HeadScores]:
     """Score the heads (or reuse ``scores``), keep the top-ranked KV heads full and give the others
     ``streaming(sink, window)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
 
@@ -91,9 +91,9 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     ``retrieval`` (the measured best on SmolLM2; ``combined`` and ``outside`` also need ``texts`` longer than the
     window).
 
-    ``ranking="learned"`` trains a DuoAttention-style gate per KV head instead of the training-free scores
-    (``learn_kv_gates`` with ``gates``, default ``KVGateConfig(sink=sink, window=window)``; its sink and window must
-    be the policy's; ``texts`` serve as its haystack when ``gates.haystack == "text"``).
+    ``ranking="learned"`` ranks by DuoAttention-style gates instead of the training-free scores: pass
+    ``scores=headwise.training.train_kv_gates(model, tokenizer, KVGateConfig(sink=sink, window=window)).scores(H)``
+    (the gates' sink and window must be the policy's).
 
     On a latent-converted model (``convert_latent``: a layer's KV heads share one cached latent) whole layers are
     kept full or streamed, ranked by their best-ranked KV head, as many as fit the budget.
@@ -106,13 +106,10 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
         raise HeadwiseError(f"layers have different KV head counts {shape}; rank heads per layer by hand")
     per_layer = bool(latent_layers(model))
     n_full = full_heads_for_budget(len(shape) if per_layer else sum(shape), kv_budget, context, sink, window)
-    if scores is None and ranking == "learned":
-        gates = gates or KVGateConfig(sink=sink, window=window)
-        if (gates.sink, gates.window) != (sink, window):
-            raise HeadwiseError(f"the gates learn streaming(sink={gates.sink}, window={gates.window}) but the policy "
-                                f"streams with sink={sink}, window={window}; give both the same sink and window")
-        heads = next(s for s in find_sites(model) if s.kind == "dec-self").num_heads
-        scores = learn_kv_gates(model, tokenizer, gates, texts=texts, progress=progress).scores(heads)
+    if ranking == "learned":
+        if scores is None:
+            raise HeadwiseError("ranking='learned' needs the gates' scores: scores=headwise.training.train_kv_gates("
+                                "model, tokenizer, KVGateConfig(sink=sink, window=window)).scores(num_heads)")
     elif scores is None and ranking != "random":
         config = config or ScoreConfig(length=calibration_length(ranking, sink, window), sink=sink, window=window)
         scores = head_scores(model, tokenizer, config, texts=texts if ranking in ("combined", "outside") else None,

@@ -3,7 +3,7 @@
 Each attention site of a decoder gets a ``KVGate`` in its mechanism slot; the output of query head ``h`` (KV head
 ``h // group``) is ``α·full + (1 − α)·streaming(sink, window)``, both computed in the same forward from the
 model's own queries, keys and values. Only ``α`` is a parameter. Gates are transient (learn them with
-``learn_kv_gates``, read them with ``kv_gate_values``, take them off with ``remove_kv_gates``); they are not saved.
+``headwise.training.train_kv_gates``, read them with ``kv_gate_values``, take them off with ``remove_kv_gates``); they are not saved.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Learn a score per KV head, DuoAttention style: train the ``KVGate`` of every KV head, the model frozen.
+"""What learning a score per KV head, DuoAttention style, needs from the cache package: the gates' options
+(``KVGateConfig``), their training prompts (``gate_prompts``), the frozen model and its gate-free outputs
+(``frozen``, ``bypassed``, ``last_hidden``) and the result (``LearnedGates``).
 
-Loss per step (one synthetic passkey prompt): the MSE between the last hidden states of the gated model and of the
-unedited model (on the positions that predict the key, or on every position), plus ``l1 · mean(α)``. After each
-Adam step ``α`` is clipped to ``[0, 1]``. Heads whose ``α`` stays high need the full cache; rank by it.
-``learn_kv_gates`` is the single-process loop; ``headwise.training.train_kv_gates`` runs the same objective through
-the shared Trainer (data-parallel under torchrun).
+The training itself (the MSE between the last hidden states of the gated and the unedited model on the positions
+that predict the key, plus ``l1 · mean(α)``; ``α`` clipped to ``[0, 1]`` after each Adam step) is
+``headwise.training.train_kv_gates``, through the shared Trainer (data-parallel under torchrun). Heads whose ``α``
+stays high need the full cache; rank by it.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from .config import model_shape
-from .gates import KVGate, add_kv_gates, remove_kv_gates
+from .gates import KVGate
 from .passkey import NEEDLE, frame, passkey_prompt
 from .scores import HeadScores
-from ..progress import progress_bar
 
 REGIONS = ("answer", "all")
 HAYSTACKS = ("filler", "text")
@@ -68,8 +68,8 @@ class KVGateConfig:
 
 @dataclass
 class LearnedGates:
-    """``alpha [layers, KV heads]`` after training; ``history``: ``{step, loss, distill, mean_alpha}`` per step
-    (``{step, loss, mean_alpha}`` from the Trainer's logs with ``headwise.training.train_kv_gates``)."""
+    """``alpha [layers, KV heads]`` after training; ``history``: ``{step, loss, mean_alpha}`` per step (the
+    Trainer's logs)."""
 
     alpha: torch.Tensor
     config: KVGateConfig
@@ -128,7 +128,8 @@ def gate_prompts(tokenizer: Any, config: KVGateConfig,
 
 
 @contextmanager
-def _bypassed(gates: list[KVGate]) -> Iterator[None]:
+def bypassed(gates: list[KVGate]) -> Iterator[None]:
+    """Inside the block the gates pass full attention through: the model computes its unedited outputs."""
     for g in gates:
         g.bypass = True
     try:
@@ -158,50 +159,3 @@ def last_hidden(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """The last hidden states ``[B, T, hidden]`` (the base model's output: no LM head, no logits)."""
     base = getattr(model, "base_model", model)
     return base(input_ids=ids, use_cache=False).last_hidden_state
-
-
-def distillation_loss(model: nn.Module, gates: list[KVGate], ids: torch.Tensor, region: slice,
-                      l1: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss, distill)``: MSE of the gated last hidden states against the ungated ones on ``region`` of
-    ``ids [B, T]``, plus ``l1 · mean(α)`` over every KV head."""
-    with torch.no_grad(), _bypassed(gates):
-        target = last_hidden(model, ids)[:, region].float()
-    distill = (last_hidden(model, ids)[:, region].float() - target).pow(2).mean()
-    alpha = torch.cat([g.alpha for g in gates])
-    return distill + l1 * alpha.float().mean(), distill
-
-
-def learn_kv_gates(model: nn.Module, tokenizer: Any, config: KVGateConfig | None = None,
-                   texts: list[str] | None = None, progress: bool = True) -> LearnedGates:
-    """Train one gate per KV head of a decoder-only ``model`` (frozen; see the module docstring) on synthetic passkey
-    prompts and return ``α``. The gates come off afterwards; the model is left as it was.
-
-    Rank heads with ``result.scores(num_heads)`` or ``headwise.kv_policy(..., ranking="learned")``."""
-    config = config or KVGateConfig()
-    config.check()
-    model_shape(model)
-    prompts = gate_prompts(tokenizer, config, texts)
-    device = next(model.parameters()).device
-    history = []
-    with frozen(model):
-        gates = add_kv_gates(model, config.sink, config.window, config.init)
-        try:
-            optimizer = torch.optim.Adam([g.alpha for g in gates], lr=config.lr)
-            bar = progress_bar(range(config.steps), desc="KV gates", disable=not progress)
-            for step in bar:
-                ids, region = next(prompts)
-                loss, distill = distillation_loss(model, gates, ids[None].to(device), region, config.l1)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                with torch.no_grad():
-                    for g in gates:
-                        g.alpha.clamp_(0.0, 1.0)
-                mean_alpha = torch.cat([g.alpha.detach() for g in gates]).float().mean().item()
-                history.append({"step": step, "loss": loss.item(), "distill": distill.item(),
-                                "mean_alpha": mean_alpha})
-                bar.set_postfix(loss=f"{loss.item():.4f}", alpha=f"{mean_alpha:.3f}")
-            alpha = torch.stack([g.alpha.detach().float().cpu() for g in gates])
-        finally:
-            remove_kv_gates(model)
-    return LearnedGates(alpha, config, history)

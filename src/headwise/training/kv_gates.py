@@ -1,10 +1,9 @@
 """Learned KV gates (DuoAttention-style) trained through the shared Trainer, so the run is data-parallel under
 ``torchrun`` / Accelerate like every other training here.
 
-Same objective as ``headwise.kvcache.learn_kv_gates`` (its loop is the single-process reference): the model is
-frozen and in eval mode, every KV head's gate ``α`` mixes full and ``streaming(sink, window)`` attention, the loss
-is the MSE of the gated last hidden states against the ungated ones on the prompt's region plus ``l1 · mean(α)``,
-and ``α`` is clipped to ``[0, 1]`` after every update. One prompt per device per step; with ``N`` processes each
+The model is frozen and in eval mode, every KV head's gate ``α`` mixes full and ``streaming(sink, window)``
+attention, the loss is the MSE of the gated last hidden states against the ungated ones on the prompt's region
+(``tasks.embedding_distillation``) plus ``l1 · mean(α)``, and ``α`` is clipped to ``[0, 1]`` after every update. One prompt per device per step; with ``N`` processes each
 update sees ``N`` prompts (DDP averages their gradients) and every rank ends with the same ``α``.
 
     torchrun --nproc_per_node 2 my_script.py    # my_script calls train_kv_gates(model, tokenizer, config)
@@ -23,7 +22,8 @@ from transformers import TrainingArguments
 
 from ..kvcache import KVGateConfig, LearnedGates, add_kv_gates, remove_kv_gates
 from ..kvcache.config import model_shape
-from ..kvcache.learn import distillation_loss, frozen, gate_prompts
+from ..kvcache.learn import bypassed, frozen, gate_prompts, last_hidden
+from ..tasks.distillation import embedding_distillation
 from .trainer import HeadwiseTrainer
 
 
@@ -64,8 +64,10 @@ class GateDistillation(nn.Module):
         return self
 
     def forward(self, input_ids: torch.Tensor, region: torch.Tensor) -> dict[str, torch.Tensor]:
-        _, distill = distillation_loss(self.model, self.gates, input_ids, slice(*region.tolist()), l1=0.0)
-        return {"loss": distill}
+        region = slice(*region.tolist())
+        with torch.no_grad(), bypassed(self.gates):
+            target = last_hidden(self.model, input_ids)[:, region]
+        return {"loss": embedding_distillation(last_hidden(self.model, input_ids)[:, region], target).mean()}
 
 
 class GateL1:
@@ -106,6 +108,7 @@ def train_kv_gates(model: nn.Module, tokenizer: Any, config: KVGateConfig | None
                 "learning_rate": config.lr, "weight_decay": 0.0, "lr_scheduler_type": "constant",
                 "max_grad_norm": 0.0, "logging_steps": 1, "save_strategy": "no", "report_to": [],
                 "remove_unused_columns": False, "disable_tqdm": not progress, "seed": config.seed,
+                "dataloader_pin_memory": torch.cuda.is_available(),
                 **training_args})
             penalty = GateL1(gates, config.l1)
             data = GatePrompts(tokenizer, config, config.steps * args.world_size, texts)
