@@ -14,11 +14,11 @@ from ..errors import HeadwiseError
 from ..contract import record
 from ..progress import progress_bar
 from ..runtime.ops import ops_of
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, family_layout, find_sites, supported_families
 from .calibration import input_moments
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
-from .families import CROSS_ATTENTION, FORWARDS, ROTARY, install, is_collaborative
+from .families import CROSS_ATTENTION_FORMS, FORWARDS, install, is_collaborative
 from .rotary import decompose_rotary
 
 EDIT_KIND = "collaborative"
@@ -92,19 +92,21 @@ def check_compressible(model: nn.Module, sites: list[AttentionSite], dk: object)
                             f"0 < dk < 1 of each site's heads × head_dim, got {dk!r}; the exact form of this model "
                             f"is dk={max(exact_rank(s) for s in sites)}")
     for site in sites:
-        if site.family not in FORWARDS:
+        if site.layout.attention_form not in FORWARDS:
             why = (" Its query and key have biases, which rotary positions turn into position-dependent score "
                    "terms that shared rotation planes cannot keep" if site.positions == "rotary" else "")
+            supported = [f for f in supported_families() if family_layout(f).attention_form in FORWARDS]
             raise HeadwiseError(f"collaborative heads do not support {site.family} ({type(model).__name__}).{why} "
-                                f"Supported: {', '.join(sorted(FORWARDS))}")
-        if site.family in ROTARY:
+                                f"Supported: {', '.join(supported)}")
+        if site.positions == "rotary":
             _check_rotary(site, site_rank(site, dk))
         elif site.positions != "absolute" and not site.layout.position_bias:
             raise HeadwiseError(f"{site.name}: {site.positions} position scores depend on per-head queries and keys, "
                                 "which collaborative heads replace; only absolute positions are supported")
-        if site.kind == "dec-enc" and site.family not in CROSS_ATTENTION:
+        if site.kind == "dec-enc" and site.layout.attention_form not in CROSS_ATTENTION_FORMS:
+            cross = [f for f in supported_families() if family_layout(f).attention_form in CROSS_ATTENTION_FORMS]
             raise HeadwiseError(f"{site.name} is cross-attention, which collaborative heads convert only for "
-                                f"{', '.join(CROSS_ATTENTION)} ({site.family}'s collaborative forward scores "
+                                f"{', '.join(cross)} ({site.family}'s collaborative forward scores "
                                 "self-attention only); pass kinds=['enc-self', 'dec-self'] (--kinds enc-self,dec-self)")
         if is_collaborative(site.module):
             raise HeadwiseError(f"{site.name} is already collaborative; compress the original model to change dk")
@@ -128,9 +130,10 @@ def _count(site: AttentionSite, rank: int) -> tuple[int, int]:
     """Query/key parameters before (weights and biases, grouped keys counted once) and after."""
     H, D = site.num_heads, site.hidden_size
     before = sum(t.numel() for t in (site.q.weight, site.k.weight, site.q.bias, site.k.bias) if t is not None)
-    if site.family in ROTARY:  # no content bias
+    if site.positions == "rotary":  # no content bias
         return before, 2 * D * rank + H * rank
-    return before, 2 * D * rank + H * rank + H * D + (rank if site.family == "gpt2" else 0)
+    # a fused q/k/v projection (GPT-2) keeps a query bias of width rank
+    return before, 2 * D * rank + H * rank + H * D + (rank if site.layout.fused_qkv else 0)
 
 
 def content_bias(site: AttentionSite) -> torch.Tensor:
@@ -147,7 +150,7 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
     exact = max(exact_rank(s) for s in sites)
     result = Compression(config.dk if isinstance(config.dk, float) else min(config.dk, exact),
                          "scores" if moments else "weights")
-    if any(s.family in ROTARY for s in sites) and (config.init == "hosvd" or config.solver != "als"):
+    if any(s.positions == "rotary" for s in sites) and (config.init == "hosvd" or config.solver != "als"):
         raise HeadwiseError(f"init={config.init!r}, solver={config.solver!r}: rotary sites are decomposed per "
                             "frequency from the block start with complex ALS; use init='auto' or 'block', solver='als'")
     plan = []
@@ -157,7 +160,7 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
         rank = site_rank(site, config.dk)
         P, K = site.q.weight.detach().float(), site.k.weight.detach().float()
         cov = moments[site.path] if moments else None
-        if site.family in ROTARY:
+        if site.positions == "rotary":
             dec = decompose_rotary(P, K, rank, iterations=config.iterations, tol=config.tol, covariance=cov,
                                    ridge=config.ridge)
             weight_error, content = dec.device_weight_error, None

@@ -149,23 +149,14 @@ def v_width(module: nn.Module) -> int:
     return module.c_attn.nf - 2 * module.mixing.shape[1]
 
 
-# Families whose collaborative forward also runs cross-attention (query from the decoder, key from the encoder).
-CROSS_ATTENTION = ("bart", "marian")
-
-# The collaborative forward of each family; which attributes hold its projections is the family's
-# ``site.layout`` (headwise.sites).
-FORWARDS: dict[str, Callable] = {
-    **dict.fromkeys(["bert", "roberta", "xlm-roberta", "electra"], _bert_forward),
-    "albert": _albert_forward,
-    "distilbert": _distilbert_forward,
-    "vit": _vit_forward,
-    "gpt2": _gpt2_forward,
-    **dict.fromkeys(["bart", "marian"], _bart_forward),
-    "t5": _t5_forward,
-    **dict.fromkeys(["llama", "mistral"], _llama_forward),
-}
-# Families whose positions are rotary: converted with shared rotation planes (``headwise.collaborative.rotary``).
-ROTARY = ("llama", "mistral")
+# The collaborative forward of each attention form (``site.layout.attention_form``); which attributes hold the
+# projections is the rest of the family's layout (headwise.sites). Rotary sites (``site.positions == "rotary"``)
+# are converted with shared rotation planes (``headwise.collaborative.rotary``).
+FORWARDS: dict[str, Callable] = {"bert": _bert_forward, "albert": _albert_forward, "distilbert": _distilbert_forward,
+                                 "vit": _vit_forward, "gpt2": _gpt2_forward, "bart": _bart_forward, "t5": _t5_forward,
+                                 "llama": _llama_forward}
+# Forms whose collaborative forward also runs cross-attention (query from the decoder, key from the encoder).
+CROSS_ATTENTION_FORMS = ("bart",)
 _CLASSES: dict[type, type] = {}
 
 
@@ -206,14 +197,15 @@ def install_rotary(site: AttentionSite, rank: int, factors: RotaryFactors | None
     setattr(module, layout.key, _linear(key.to(ref.device)).train(module.training))
     module.mixing = nn.Parameter(mixing.to(ref.device))
     module.register_buffer("frequencies", frequencies)
-    module.__class__ = collaborative_class(type(module), FORWARDS[site.family], RotaryCollaborativeAttention)
+    module.__class__ = collaborative_class(type(module), FORWARDS[site.layout.attention_form],
+                                           RotaryCollaborativeAttention)
 
 
 def install(site: AttentionSite, rank: int, factors: Factors | None = None,
             content: torch.Tensor | None = None) -> None:
     """Make ``site.module`` collaborative with width ``rank``. ``factors``/``content`` (``[H, D]``) give the
     weights; without them (replaying a checkpoint) the new parameters are left for the state dict."""
-    if site.family in ROTARY:
+    if site.positions == "rotary":
         install_rotary(site, rank, factors)
         return
     layout = site.layout
@@ -238,4 +230,4 @@ def install(site: AttentionSite, rank: int, factors: Factors | None = None,
         setattr(module, layout.key, _linear(key).train(module.training))
     module.mixing = nn.Parameter(factors.mixing.to(**like))
     module.content_bias = _linear(content.to(**like)).train(module.training)
-    module.__class__ = collaborative_class(type(module), FORWARDS[site.family])
+    module.__class__ = collaborative_class(type(module), FORWARDS[site.layout.attention_form])

@@ -85,8 +85,9 @@ def model_shape(model: nn.Module) -> list[int]:
         raise HeadwiseError(f"KV policies run on decoder-only {', '.join(families_with('cache_policy'))} models; "
                             f"{type(model).__name__} is {family!r}")
     layer_types = getattr(model.config, "layer_types", None) or []
+    # a config without per-layer types applies its sliding window (if any) to every layer (Mistral)
     if any(t != "full_attention" for t in layer_types) or (
-        family == "mistral" and getattr(model.config, "sliding_window", None)
+        not layer_types and getattr(model.config, "sliding_window", None)
     ):
         raise HeadwiseError(f"{type(model).__name__} uses sliding-window layers; KV policies need full-attention "
                             "layers (load it with sliding_window=None)")

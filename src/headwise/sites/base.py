@@ -60,7 +60,11 @@ class FamilyLayout:
     ``head_dim_in_config``: the config carries ``head_dim`` and ``num_key_value_heads``, so fewer heads of the same
     size is a standard architecture (plain export of pruned models, native GQA export); ``kv_conversion``: decoder
     self-attention with separate q/k/v projections (``convert_gqa`` / ``convert_latent``); ``cache_policy``: a
-    decoder-only model whose cache is one transformers cache layer per decoder layer (per-head KV policies).
+    decoder-only model whose cache is one transformers cache layer per decoder layer (per-head KV policies);
+    ``attention_form``: which computation the attention module runs, named after the first family that ran it
+    (``"bert"``, ``"albert"``, ``"distilbert"``, ``"vit"``, ``"gpt2"``, ``"bart"``, ``"t5"``, ``"llama"``; None:
+    its own). Methods that re-implement a module's forward (collaborative heads) keep one forward per form, so a
+    new family whose module computes like a known one names that form and needs no method change.
     """
 
     head_counts: tuple[str, ...] = ("num_attention_heads", "num_heads", "n_heads")
@@ -72,6 +76,7 @@ class FamilyLayout:
     head_dim_in_config: bool = False
     kv_conversion: bool = False
     cache_policy: bool = False
+    attention_form: str | None = None
 
 
 @dataclass

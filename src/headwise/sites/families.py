@@ -7,6 +7,7 @@ Families share module layouts, so adapters are built from two helpers: ``_linear
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from torch import nn
 
@@ -197,15 +198,18 @@ def vit(model: nn.Module) -> list[AttentionSite]:
     return sites
 
 
-BERT_LAYOUT = FamilyLayout(head_counts=("num_attention_heads",), head_sizes=("all_head_size",), query="query", key="key")
+BERT_LAYOUT = FamilyLayout(head_counts=("num_attention_heads",), head_sizes=("all_head_size",), query="query", key="key",
+                           attention_form="bert")
 register_adapter(["bert", "roberta", "xlm-roberta", "electra"], bert_like, BERT_LAYOUT)
 register_adapter("distilbert", distilbert, FamilyLayout(head_counts=("n_heads",), head_sizes=(), query="q_lin",
-                                                        key="k_lin"))
-register_adapter("albert", albert, BERT_LAYOUT)
+                                                        key="k_lin", attention_form="distilbert"))
+register_adapter("albert", albert, replace(BERT_LAYOUT, attention_form="albert"))
 register_adapter("gpt2", gpt2, FamilyLayout(head_counts=("num_heads",), head_sizes=("split_size",), fused_qkv="c_attn",
-                                            cache_policy=True))
-register_adapter(["llama", "mistral", "qwen2"], llama_like,
-                 FamilyLayout(head_counts=(), head_sizes=(), query="q_proj", key="k_proj", head_dim_in_config=True,
-                              kv_conversion=True, cache_policy=True))
+                                            cache_policy=True, attention_form="gpt2"))
+LLAMA_LAYOUT = FamilyLayout(head_counts=(), head_sizes=(), query="q_proj", key="k_proj", head_dim_in_config=True,
+                            kv_conversion=True, cache_policy=True, attention_form="llama")
+register_adapter(["llama", "mistral"], llama_like, LLAMA_LAYOUT)
+# Qwen2's query/key biases make its scores position-dependent beyond Llama's: a form of its own
+register_adapter("qwen2", llama_like, replace(LLAMA_LAYOUT, attention_form="qwen2"))
 register_adapter("vit", vit, FamilyLayout(head_counts=("num_attention_heads",), head_sizes=(), query="q_proj",
-                                          key="k_proj"))
+                                          key="k_proj", attention_form="vit"))

@@ -76,6 +76,6 @@ def t5(model: nn.Module) -> list[AttentionSite]:
 
 register_adapter(["bart", "marian"], bart_like,
                  FamilyLayout(head_counts=("num_heads",), head_sizes=(), query="q_proj", key="k_proj",
-                              kv_conversion=True))
+                              kv_conversion=True, attention_form="bart"))
 register_adapter("t5", t5, FamilyLayout(head_counts=("n_heads",), head_sizes=(), query="q", key="k",
-                                        position_bias=True))
+                                        position_bias=True, attention_form="t5"))
