@@ -102,7 +102,8 @@ def verb_argv(verb: str, task: str) -> list[str]:
             return ["mix", "--mix-epochs", "0.2"]
         return ["mix", "--swap", f"{SITE[task]}.0:0 <-> {SITE[task]}.1:1"]
     if verb == "quantize":
-        return ["quantize", "--methods", "log", "--bits", "4", "--thresholds", "none"]
+        return ["quantize", "--methods", "log", "--bits", "3,4", "--thresholds", "none", "--tolerance", "0.99",
+                "--save-model"]
     raise KeyError(verb)
 
 
@@ -158,12 +159,6 @@ def python_score(task: str, model_dir: Path, data: list[str]) -> float:
 def test_verb_saves_a_model_that_reloads_and_evaluates_with_the_same_task(tasks, task, verb, tmp_path, capsys):
     model_dir, data = tasks[task]
     base = score_of(task, cli_json([*eval_argv(task, data), "--model", str(model_dir)], capsys))
-    if verb == "quantize":
-        result = cli_json([*verb_argv(verb, task), "--model", str(model_dir), *data, "--out", str(tmp_path / "q")],
-                          capsys)
-        sign = 1 if get_task(task, **_dummy(task)).higher_is_better else -1  # the sweep maximises ±metric
-        assert sign * result["baseline"] == pytest.approx(base, abs=1e-6) and result["rows"]
-        return
     out = tmp_path / "edited"
     if verb == "plan-apply":
         planned = cli_json(["plan", "--budget", "heads=0.75", "--model", str(model_dir), *data, "--limit", "12",
@@ -176,6 +171,10 @@ def test_verb_saves_a_model_that_reloads_and_evaluates_with_the_same_task(tasks,
         summary = cli_json([*verb_argv(verb, task), "--model", str(model_dir), *data, "--out", str(out)], capsys)
         recovered = summary.get("metric_recovered")
         reported = recovered if recovered is not None else summary.get("metric_edited")
+    if verb == "quantize":  # the sweep's baseline is the unedited model; the saved setting is one within tolerance
+        sign = 1 if get_task(task, **_dummy(task)).higher_is_better else -1  # the sweep maximises ±metric
+        assert sign * summary["baseline"] == pytest.approx(base, abs=1e-6) == summary["metric_before"]
+        assert summary["saved_setting"] in [r["label"] for r in summary["rows"] if r["within"]]
     edited = out / "model"
     assert (edited / "config.json").is_file()
     cli = score_of(task, cli_json([*eval_argv(task, data), "--model", str(edited)], capsys))

@@ -208,8 +208,15 @@ def test_kv_policy_command(tmp_path, capsys):
     fresh = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "lm", attn_implementation="headwise")
     headwise.apply_kv_policy(fresh, tmp_path / "out" / "policy.json")
     assert policy_of(fresh) == policy
+    assert summary["metric_before"] == summary["perplexity"]["full"]["perplexity"]
+    assert summary["metric_edited"] == summary["perplexity"]["policy"]["perplexity"]
+    assert summary["metric_recovered"] is None and summary["costs"]["before"] == summary["costs"]["after"]
+    assert not (tmp_path / "out" / "model").exists()  # only with --save-model
     assert main(args) == 2  # a non-empty output folder needs --force
     assert "--force" in capsys.readouterr().err
+    assert main(args + ["--force", "--save-model", "--no-measure", "--no-perplexity"]) == 0
+    reloaded = headwise.from_pretrained(tmp_path / "out" / "model")
+    assert policy_of(reloaded) == KVPolicy.load(tmp_path / "out")
     bad = args[:4] + ["1.7"] + args[5:-1] + [str(tmp_path / "other")]
     assert main(bad) == 2 and not (tmp_path / "other").exists()
     assert main(["kv-policy", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "calib.txt"), "--out",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
-from .task_options import TASK_NAMES, load_for_task, task_args, task_from_args
+from .task_options import TASK_NAMES, load_for_task, model_costs, run_record, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
@@ -71,7 +71,9 @@ def register(verbs, parents) -> None:
     p.add_argument("--no-perplexity", action="store_true", help="skip the perplexity through the cache")
     task_args(p, task="lm")  # --split, --max-length (default: --context), --stride, --max-tokens
     p.add_argument("--out", default="headwise-kv-policy",
-                   help="output folder: policy.json, scores.json, summary.json, report.html")
+                   help="output folder: policy.json, scores.json, summary.json, report.html (and model/)")
+    p.add_argument("--save-model", action="store_true",
+                   help="also write OUT/model: the model with the policy on (headwise.from_pretrained reloads it)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     p.set_defaults(run=run)
 
@@ -138,7 +140,7 @@ def gate_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..io import atomic_dir, check_writable_dir
+    from ..io import atomic_dir, check_writable_dir, save_pretrained
     from ..kvcache import KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, remove_kv_policy
     from ..kvcache.config import model_shape
     from ..kvcache.choose import calibration_length, default_window, full_heads_for_budget
@@ -213,8 +215,13 @@ def run(args: argparse.Namespace) -> int:
                "scores": args.scores, "gates": None if gates is None else vars(gates),
                "full_heads": [list(p) for p in policy.full_heads()], "calibration": scores.counts,
                "calibration_families": list(config.families), "measured": measured, "passkey_check": check,
-               "perplexity": ppl}
+               "perplexity": ppl,
+               **run_record(task, None if ppl is None else ppl["full"][task.metric],
+                            None if ppl is None else ppl["policy"][task.metric], None, model_costs(model), model)}
     with atomic_dir(args.out, overwrite=args.force) as tmp:
+        if args.save_model:
+            apply_kv_policy(model, policy)
+            save_pretrained(model, tmp / "model", tokenizer=tokenizer)
         policy.save(tmp / "policy.json")
         (tmp / "scores.json").write_text(json.dumps(scores.to_dict()))
         (tmp / "summary.json").write_text(json.dumps(summary, indent=1))

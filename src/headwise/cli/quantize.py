@@ -6,7 +6,7 @@ import argparse
 import json
 
 from ..errors import HeadwiseError
-from .task_options import load_task_model, task_args, task_from_args
+from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from . import model_args
 
 
@@ -42,8 +42,16 @@ def parse_methods(text: str) -> tuple[str, ...]:
     return tuple(METHODS) if text.strip() in ("all", "") else tuple(m.strip() for m in text.split(",") if m.strip())
 
 
+def chosen_setting(result: dict, method: str | None) -> dict | None:
+    """The row ``--save-model`` applies: of ``method`` (default: every quantizer), the setting with the fewest bits
+    within tolerance (the higher metric on a tie); None when no such setting exists."""
+    rows = [r for r in result["rows"] if r["within"] and r["bits"] is not None and method in (None, r["method"])]
+    return min(rows, key=lambda r: (r["bits"], -r["metric"]), default=None)
+
+
 def cmd_quantize(args: argparse.Namespace) -> int:
-    from ..io import atomic_dir, check_writable_dir
+    from ..io import atomic_dir, check_writable_dir, save_pretrained
+    from ..quantization import quantize_attention
     from ..report.quantization import write_quantization_report
     from ..quantization.config import QuantizationConfig
     from ..quantization.sweep import SweepConfig, sweep
@@ -55,18 +63,34 @@ def cmd_quantize(args: argparse.Namespace) -> int:
                          base=base, tolerance=args.tolerance)
     if args.limit is not None and args.limit < 1:
         raise HeadwiseError(f"--limit must be at least 1, got {args.limit}")
+    if args.save_method is not None and args.save_method not in config.methods:
+        raise HeadwiseError(f"--save-method {args.save_method} is not among the swept --methods "
+                            f"({', '.join(config.methods) or 'none'})")
     check_writable_dir(args.out, args.force)  # before any slow work
     task = task_from_args(args)  # bad data fails before the model loads
     model, tokenizer = load_task_model(args, task)
     metric = task.metric_fn(tokenizer)
     if task.name == "stsb":
         metric.__name__ = f"STS-B {task.split} Spearman x100" + (f" (first {task.limit} pairs)" if task.limit else "")
+    costs = model_costs(model)
     result = sweep(model, config, metric=metric).to_dict()
     result["task"] = task.name
     result["model"] = args.model or "all-MiniLM-L6-v2 (packaged)"
+    row = chosen_setting(result, args.save_method) if args.save_model else None
+    if args.save_model and row is None:
+        raise HeadwiseError(f"no setting of {args.save_method or 'any quantizer'} stayed within "
+                            f"{100 * args.tolerance:g}% of the baseline: nothing to save (raise --tolerance or "
+                            "widen --bits)")
+    if row is not None:
+        quantize_attention(model, next(s for s in config.settings() if s.label == row["label"]))
+        result["saved_setting"] = row["label"]
+        sign = 1 if task.higher_is_better else -1  # the sweep maximises ±metric
+        result.update(run_record(task, sign * result["baseline"], sign * row["metric"], None, costs, model))
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "results.json").write_text(json.dumps(result, indent=1))
         write_quantization_report(result, tmp)
+        if row is not None:
+            save_pretrained(model, tmp / "model", tokenizer=tokenizer)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -78,6 +102,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         fewest = "-" if s["fewest_bits"] is None else str(s["fewest_bits"])
         pruned = "-" if s["max_sparsity"] is None else f"{100 * s['max_sparsity']:.1f}%"
         print(f"{s['method']:32} {fewest:>11} {pruned:>10}  {s['max_sparsity_setting'] or ''}")
+    if row is not None:
+        print(f"saved {args.out}/model: {row['label']} ({result['metric_name']} {row['metric']:.2f})")
     print(f"report: {args.out}/report.html, numbers: {args.out}/results.json")
     return 0
 
@@ -107,6 +133,10 @@ def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentP
                    help="uniform_slinear_clamped_mean: bin midpoints (reference) or bin means")
     p.add_argument("--tolerance", type=float, default=0.01, help="relative metric drop allowed (default 0.01)")
     p.add_argument("--out", default="headwise-quantization", help="output folder (default: headwise-quantization)")
+    p.add_argument("--save-model", action="store_true",
+                   help="also write OUT/model: the model with the setting of fewest bits within --tolerance")
+    p.add_argument("--save-method", default=None, metavar="METHOD",
+                   help="--save-model: take the fewest-bits setting of this quantizer (default: of any)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     task_args(p)
     p.set_defaults(run=cmd_quantize)
