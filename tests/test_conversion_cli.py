@@ -43,6 +43,10 @@ def test_gqa_with_uptraining_exports_natively(tiny_folder, tmp_path, capsys):
     summary = json.loads((out / "conversion.json").read_text())
     assert next(iter(summary)) == "verdict" and summary["verdict"].startswith("KV cache 128 → 64 bytes/token")
     assert summary["uptraining"]["steps"] == 4 and set(summary["perplexity"]) == {"original", "converted", "uptrained"}
+    ppl = summary["perplexity"]  # the run record every editing verb writes
+    assert (summary["metric_before"], summary["metric_edited"], summary["metric_recovered"]) == (
+        ppl["original"], ppl["converted"], ppl["uptrained"]) and summary["metric_name"] == "lm perplexity"
+    assert summary["costs"]["after"]["kv_heads"] < summary["costs"]["before"]["kv_heads"]
     plain = tf.AutoModelForCausalLM.from_pretrained(out / "model").eval()
     assert plain.config.num_key_value_heads == 1
     reloaded = headwise.from_pretrained(out / "model")

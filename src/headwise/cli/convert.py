@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from ..errors import HeadwiseError
+from .task_options import model_costs, run_record
 
 CONVERTIBLE_TASKS = ("lm", "translation")
 
@@ -242,6 +243,7 @@ def run(args: argparse.Namespace) -> int:
     summary: dict = {"verdict": None, "model": args.model, "task": task_name, "conversion": args.conversion,
                      "kv_bytes_per_token": {"before": kv_cache_bytes(model)}}
     ppl = {"original": perplexity(model, evaluation)} if evaluation else None
+    costs = model_costs(model)
     cal = calibration if args.init == "calibrated" else None
     if args.conversion == "gqa":
         convert_gqa(model, kv_heads=args.kv_heads, grouping=args.grouping, init=args.init, calibration=cal)
@@ -260,6 +262,9 @@ def run(args: argparse.Namespace) -> int:
         if ppl is not None:
             ppl["uptrained"] = perplexity(model, evaluation)
     summary["perplexity"] = ppl
+    measured = ppl or {}
+    summary.update(run_record(text if ppl else None, measured.get("original"), measured.get("converted"),
+                              measured.get("uptrained"), costs, model))
     reason = plain_problem(model)
     summary["saved"] = "plain transformers (AutoModelForCausalLM.from_pretrained)" if reason is None else \
         f"headwise.from_pretrained ({reason})"
