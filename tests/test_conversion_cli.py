@@ -47,6 +47,9 @@ def test_gqa_with_uptraining_exports_natively(tiny_folder, tmp_path, capsys):
     assert (summary["metric_before"], summary["metric_edited"], summary["metric_recovered"]) == (
         ppl["original"], ppl["converted"], ppl["uptrained"]) and summary["metric_name"] == "lm perplexity"
     assert summary["costs"]["after"]["kv_heads"] < summary["costs"]["before"]["kv_heads"]
+    original, tokenizer = headwise.load_model(str(tiny_folder / "model"), task="lm")
+    task = headwise.get_task("lm", data=str(tiny_folder / "text.txt"), max_length=64, max_tokens=128)
+    assert ppl["original"] == pytest.approx(task.evaluate(original, tokenizer)["perplexity"], rel=1e-5)
     plain = tf.AutoModelForCausalLM.from_pretrained(out / "model").eval()
     assert plain.config.num_key_value_heads == 1
     reloaded = headwise.from_pretrained(out / "model")

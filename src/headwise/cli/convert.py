@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import math
 import shutil
 import sys
 from pathlib import Path
@@ -90,21 +89,6 @@ def _text_task(path: str, window: int, tokens: int | None = None):
     if len(lines) < 10:
         raise HeadwiseError(f"--text {path} has {len(lines)} lines; it needs at least 10 (90%/10% split)")
     return LanguageModeling(data=path, max_length=window, max_tokens=tokens)
-
-
-def perplexity(model, windows: list) -> float:
-    """exp of the mean next-token loss over the windows (``[1, T]`` input ids)."""
-    import torch
-
-    from ..tasks.lm import next_token_nll
-
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for ids in windows:
-            ids = ids.to(model.device)
-            nll, scored = next_token_nll(model, ids, None, ids)
-            total, count = total + float(nll.sum()), count + int(scored.sum())
-    return math.exp(total / count)
 
 
 def _uptrain(model, teacher, tokenizer, windows: list, args: argparse.Namespace) -> dict:
@@ -234,15 +218,20 @@ def run(args: argparse.Namespace) -> int:
             text = _text_task(args.text, args.max_length)
     calibration = evaluation = None
     if text is not None:
-        calib_ids, eval_ids = text.token_stream(tokenizer, "train"), text.token_stream(tokenizer, "eval")
+        calib_ids = text.token_stream(tokenizer, "train")
         calibration = _windows(calib_ids, args.calib_tokens, args.max_length, "calibration (first 90% of --text)")
-        evaluation = _windows(eval_ids, args.eval_tokens, args.max_length, "evaluation (last 10% of --text)") \
-            if args.eval_tokens > 0 else None
+        if args.eval_tokens > 0:  # the lm task's perplexity on the last 10% of --text, its first --eval-tokens
+            evaluation = _text_task(args.text, args.max_length, tokens=args.eval_tokens)
+            _windows(evaluation.token_stream(tokenizer, "eval"), args.eval_tokens, args.max_length,
+                     "evaluation (last 10% of --text)")  # at least one window
     calibration = calib_batches if calib_batches is not None else calibration
     teacher = copy.deepcopy(model) if args.uptrain_tokens and args.distill > 0 else None
     summary: dict = {"verdict": None, "model": args.model, "task": task_name, "conversion": args.conversion,
                      "kv_bytes_per_token": {"before": kv_cache_bytes(model)}}
-    ppl = {"original": perplexity(model, evaluation)} if evaluation else None
+    def perplexity() -> float:
+        return evaluation.evaluate(model, tokenizer)["perplexity"]
+
+    ppl = {"original": perplexity()} if evaluation else None
     costs = model_costs(model)
     cal = calibration if args.init == "calibrated" else None
     if args.conversion == "gqa":
@@ -255,12 +244,12 @@ def run(args: argparse.Namespace) -> int:
                               "init": args.init}
     summary["kv_bytes_per_token"]["after"] = kv_cache_bytes(model)
     if ppl is not None:
-        ppl["converted"] = perplexity(model, evaluation)
+        ppl["converted"] = perplexity()
     if args.uptrain_tokens:
         windows = _windows(calib_ids, args.uptrain_tokens, args.max_length, "--uptrain-tokens")
         summary["uptraining"] = _uptrain(model, teacher, tokenizer, windows, args)
         if ppl is not None:
-            ppl["uptrained"] = perplexity(model, evaluation)
+            ppl["uptrained"] = perplexity()
     summary["perplexity"] = ppl
     measured = ppl or {}
     summary.update(run_record(text if ppl else None, measured.get("original"), measured.get("converted"),
