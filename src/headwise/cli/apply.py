@@ -6,9 +6,9 @@ import argparse
 import json
 
 from ..errors import HeadwiseError
+from ..tasks.recovery import MODES as RECOVERY
 from . import model_args
 
-RECOVERY = ("none", "distill", "finetune")
 PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
 
 

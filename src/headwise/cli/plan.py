@@ -6,11 +6,11 @@ import argparse
 import json
 
 from ..errors import HeadwiseError
+from ..planning.edits import METHODS
+from ..tasks.recovery import MODES as RECOVERY
 from . import model_args
 from .task_options import load_task_model, task_args, task_from_args
 
-METHODS = ("prune", "kv_heads", "dk", "mechanism", "quantization")  # headwise.planning.edits.METHODS
-RECOVERY = ("none", "distill", "finetune")
 
 
 def register(verbs, parents) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..errors import HeadwiseError
 
-MODES = ("distill", "finetune", "none")  # headwise.tasks.recovery.MODES
+from ..tasks.recovery import MODES
 OFF, COPY = "off", "copy"  # --teacher values that name no model (headwise.tasks.recovery.OFF)
 
 

@@ -7,8 +7,8 @@ from typing import Sequence
 
 from ..contract import MethodConfig
 from ..errors import HeadwiseError
+from ..sites import KINDS
 
-KINDS = ("enc-self", "dec-self", "dec-enc")
 DIRECTIONS = ("grow", "shrink")
 FORMS = ("radius", "seed")
 

@@ -28,6 +28,7 @@ from ..io import atomic_write_text
 from ..progress import progress_bar
 from ..sites import find_sites
 from ..tasks import Task, get_task, recover
+from ..tasks.recovery import MODES
 from .budget import Budget
 from .candidates import (Candidate, dk_candidates, kv_candidates, mechanism_candidates, prune_candidates,
                          quantization_candidates)
@@ -38,7 +39,6 @@ from .proxies import head_scores, outputs, relative_error, removal_order
 from .search import finalists
 
 SCHEMA = "headwise.plan/1"
-RECOVERY = ("none", "distill", "finetune")
 
 
 @dataclass
@@ -231,8 +231,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     of the gradient ranking (lower it to lower the plan's peak memory)."""
     task = get_task(task) if isinstance(task, str) else task
     budget = Budget.parse(budget)
-    if recover not in RECOVERY:
-        raise HeadwiseError(f"recover={recover!r}; use one of {', '.join(RECOVERY)}")
+    if recover not in MODES:
+        raise HeadwiseError(f"recover={recover!r}; use one of {', '.join(MODES)}")
     if top_k < 1 or repeats < 1 or calibration < 1 or examples < 1 or importance_batch < 1:
         raise HeadwiseError("top_k, repeats, calibration, examples and importance_batch must be ≥ 1")
     budget.validate(model, allow_empty_layers)

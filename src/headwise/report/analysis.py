@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import HeadwiseError
+from ..sites import KINDS
 from . import svg
 from .builder import Report
 
@@ -525,7 +526,7 @@ def add_roles_section(report: Report, roles: dict) -> None:
         + ("" if roles["alignment_source"] == "given alignment" else
            f", with a mean largest weight of at least {cfg['alignment_confidence']:.0%}") + "."))
     by_kind = roles.get("by_kind") or {}
-    for kind in ("enc-self", "dec-self", "dec-enc"):
+    for kind in KINDS:
         index = [i for i, s in enumerate(roles["sites"]) if s["kind"] == kind]
         if not index:
             continue

@@ -2,9 +2,9 @@
 
 from . import families as _families  # noqa: F401  (registers the built-in adapters)
 from . import seq2seq as _seq2seq  # noqa: F401  (encoder-decoder adapters)
-from .base import AttentionSite, FamilyLayout, HeadProjection
+from .base import KINDS, AttentionSite, FamilyLayout, HeadProjection
 from .registry import (families_with, family_layout, find_sites, recorded_sites, register_adapter, select_sites, site_by_path,
                        supported_families)
 
-__all__ = ["AttentionSite", "FamilyLayout", "HeadProjection", "families_with", "family_layout", "find_sites", "recorded_sites",
+__all__ = ["KINDS", "AttentionSite", "FamilyLayout", "HeadProjection", "families_with", "family_layout", "find_sites", "recorded_sites",
            "register_adapter", "select_sites", "site_by_path", "supported_families"]
