@@ -41,6 +41,8 @@ class CollaborativeAttention(nn.Module):
     share the scoring code below (``collaborative_qk``, ``attend``).
     """
 
+    shares_query_key = True  # read by sites (AttentionSite.shares_query_key): no per-head query/key edits
+
     def __init__(self, hidden_size: int, num_heads: int, dk: int, head_dim: int | None = None,
                  dropout: float = 0.0, causal: bool = False, bias: bool = True) -> None:
         super().__init__()

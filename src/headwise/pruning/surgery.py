@@ -68,7 +68,7 @@ def validate_removal(site: AttentionSite, heads: Sequence[int], allow_empty: boo
     """Check a removal request; return (query heads kept, kv heads kept). Removing every head keeps the first
     key/value group physically (its output columns are zeroed by the caller). ``folding``: names of ops that are
     folded and detached before the removal (they need not follow it)."""
-    if any(c.__name__ == "CollaborativeAttention" for c in type(site.module).__mro__):
+    if site.shares_query_key:
         raise HeadwiseError(f"{site.name} holds collaborative heads (shared query/key); prune before compressing")
     bad = [h for h in heads if not 0 <= int(h) < site.num_heads]
     if bad:

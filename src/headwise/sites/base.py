@@ -129,6 +129,12 @@ class AttentionSite:
         return family_layout(self.family)
 
     @property
+    def shares_query_key(self) -> bool:
+        """True when the heads share one query/key space (a module that sets ``shares_query_key = True``, such as
+        collaborative heads): per-head edits of queries and keys (head removal) do not apply."""
+        return bool(getattr(self.module, "shares_query_key", False))
+
+    @property
     def group_size(self) -> int:
         """Query heads per key/value head (1 without GQA)."""
         return self.num_heads // self.num_kv_heads
