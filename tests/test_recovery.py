@@ -297,3 +297,36 @@ def test_switched_off_teacher_is_refused_without_ops_and_recovers_with_them(tmp_
     _reversible_edits(model)
     headwise.recover(model, tokenizer, task, teacher="off", max_steps=2, batch_size=4, progress=False)
     assert not model.training and sum(1 for _ in headwise.find_sites(model)) == 2
+
+
+def test_cached_teacher_gives_the_loss_and_gradients_of_a_copied_teacher(tmp_path, tokenizer):
+    """After a weight-rewriting edit (GQA conversion), the teacher recorded before it (last hidden states + a copy
+    of the output head) distils exactly like a copy of the whole model taken before it."""
+    from headwise.tasks import CachedTeacher
+
+    task, model = lm_case(tmp_path, tokenizer)
+    copied = copy.deepcopy(model)  # the old way: a second model
+    cached = CachedTeacher.record(model, tokenizer, task, progress=False)
+    assert len(cached.hidden) == len(task.examples(tokenizer, "train"))
+    headwise.convert_gqa(model, kv_heads=1, init="mean")
+    batch = collate(task.examples(tokenizer, "train").items[:4], tokenizer.pad_token_id)
+    results = []
+    for teacher in (copied, cached):
+        model.zero_grad(set_to_none=True)
+        out = DistillationObjective(task, model, teacher, alpha=0.7, temperature=2.0)(**batch)
+        out["loss"].backward()
+        results.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (a, grads_a), (b, grads_b) = results
+    assert a["distill_loss"].item() > 1e-8
+    assert b["distill_loss"].item() == pytest.approx(a["distill_loss"].item(), rel=1e-5)
+    assert all(torch.allclose(grads_a[n], grads_b[n], rtol=1e-4, atol=1e-7) for n in grads_a)
+    # training moves the student's (tied or not) output head; the cached teacher's copy stays put
+    with torch.no_grad():
+        model.get_output_embeddings().weight.add_(1.0)
+    torch.testing.assert_close(cached.outputs(task, batch).values, task.outputs(copied, batch).values)
+    stranger = dict(batch, input_ids=batch["input_ids"].flip(1))
+    with pytest.raises(headwise.HeadwiseError, match="did not record"):
+        cached.outputs(task, stranger)
+    stsb, encoder = stsb_case(tmp_path, tokenizer)
+    with pytest.raises(headwise.HeadwiseError, match="serves causal LMs"):
+        CachedTeacher.record(encoder, tokenizer, stsb)

@@ -15,7 +15,6 @@ half-written is removed first), and the folder is removed at the end unless ``--
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import shutil
 import sys
@@ -91,7 +90,7 @@ def _text_task(path: str, window: int, tokens: int | None = None):
     return LanguageModeling(data=path, max_length=window, max_tokens=tokens)
 
 
-def _uptrain(model, teacher, tokenizer, windows: list, args: argparse.Namespace) -> dict:
+def _uptrain(model, teacher, tokenizer, task, windows: list, args: argparse.Namespace) -> dict:
     """Train every weight on ``windows`` through ``headwise.recover`` on the ``lm`` task: the next-token loss, or
     with a teacher ``(1 − α)·loss + α·KL(teacher ‖ student)`` at temperature 1, ``α = W / (1 + W)`` for
     ``--distill W`` (the loss ``loss + W·KL`` divided by ``1 + W``)."""
@@ -105,7 +104,6 @@ def _uptrain(model, teacher, tokenizer, windows: list, args: argparse.Namespace)
             self.loss = next((h["train_loss"] for h in reversed(state.log_history) if "train_loss" in h), None)
 
     result, n = Result(), len(windows)
-    task = _text_task(args.text, args.max_length, tokens=n * args.max_length)
     checkpoints = checkpoint_dir(args.out)
     if args.resume:
         drop_incomplete_checkpoints(checkpoints)
@@ -117,6 +115,13 @@ def _uptrain(model, teacher, tokenizer, windows: list, args: argparse.Namespace)
     return {"tokens": sum(w.numel() for w in windows), "steps": result.steps, "loss": result.loss,
             "distill": args.distill, "alpha": args.distill / (1 + args.distill), "learning_rate": args.lr,
             "checkpoints": str(checkpoints) if args.keep_checkpoints else None}
+
+
+def _uptrain_task(args: argparse.Namespace, calib_ids) -> tuple:
+    """``(task, windows)``: the ``lm`` task whose training windows uptraining runs on (the first
+    ``--uptrain-tokens`` of ``--text``), and those windows."""
+    windows = _windows(calib_ids, args.uptrain_tokens, args.max_length, "--uptrain-tokens")
+    return _text_task(args.text, args.max_length, tokens=len(windows) * args.max_length), windows
 
 
 def checkpoint_dir(out: str) -> Path:
@@ -225,7 +230,12 @@ def run(args: argparse.Namespace) -> int:
             _windows(evaluation.token_stream(tokenizer, "eval"), args.eval_tokens, args.max_length,
                      "evaluation (last 10% of --text)")  # at least one window
     calibration = calib_batches if calib_batches is not None else calibration
-    teacher = copy.deepcopy(model) if args.uptrain_tokens and args.distill > 0 else None
+    teacher = None
+    uptraining = _uptrain_task(args, calib_ids) if args.uptrain_tokens else None
+    if uptraining and args.distill > 0:  # the outputs of the model before the edit, not a second model
+        from ..tasks import CachedTeacher
+
+        teacher = CachedTeacher.record(model, tokenizer, uptraining[0])
     summary: dict = {"verdict": None, "model": args.model, "task": task_name, "conversion": args.conversion,
                      "kv_bytes_per_token": {"before": kv_cache_bytes(model)}}
     def perplexity() -> float:
@@ -246,8 +256,7 @@ def run(args: argparse.Namespace) -> int:
     if ppl is not None:
         ppl["converted"] = perplexity()
     if args.uptrain_tokens:
-        windows = _windows(calib_ids, args.uptrain_tokens, args.max_length, "--uptrain-tokens")
-        summary["uptraining"] = _uptrain(model, teacher, tokenizer, windows, args)
+        summary["uptraining"] = _uptrain(model, teacher, tokenizer, *uptraining, args)
         if ppl is not None:
             ppl["uptrained"] = perplexity()
     summary["perplexity"] = ppl

@@ -4,8 +4,8 @@ A checkpoint is a transformers folder (``config.json`` + ``model.safetensors``) 
 ``headwise = {"version": 2, "journal": [...], "ops": [...], "source": ...}``: the journal of edits in the order they
 happened (``{"method", "version", "config", "state"}``, replayed on the fresh model through the method registry:
 ``headwise.contract``), then the attached ops, and the model it was loaded from (``source``: where its tokenizer
-is, when none is saved beside it). Format 1 (``"edits"``: ``{"kind": ...}`` records) still loads. ``architectures`` names the saved class, head
-included. The state dict is the model's own (``model.state_dict()`` names, shared tensors stored once) and is
+is, when none is saved beside it). Format 1 (``"edits"``: ``{"kind": ...}`` records) still loads.
+``architectures`` names the saved class, head included. The state dict is the model's own (``model.state_dict()`` names, shared tensors stored once) and is
 loaded strictly.
 
 A checkpoint with ops or edits also stores one scalar tensor named ``MARKER``: plain transformers

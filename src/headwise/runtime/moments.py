@@ -1,5 +1,6 @@
 """Second moments of what every attention site reads, over a calibration set: one pass of the model, padding
-excluded (``site_moments(model, sites, batches, keys=True) -> {site.path: SiteMoments}``). Every weight fit that only needs input statistics (KV conversion, collaborative heads) starts here.
+excluded (``site_moments(model, sites, batches, keys=True) -> {site.path: SiteMoments}``). Every weight fit that
+only needs input statistics (KV conversion, collaborative heads) starts here.
 
 Per site and per real token: ``xx = E[x xᵀ]`` and ``x = E[x]`` of the query-side inputs ``x [D]`` (the decoder's
 tokens for decoder sites of an encoder-decoder, read with the ``decoder_attention_mask``), and, with ``keys=True``,

@@ -22,7 +22,7 @@ from .lm import LanguageModeling
 from .stsb import Stsb, StsbResult, evaluate_stsb, stsb_scores
 from .stsb_data import StsbPairs, read_stsb, stsb_file
 from .translation import Translation, read_parallel
-from .recovery import DistillationObjective, recover
+from .recovery import CachedTeacher, DistillationObjective, recover
 
 TASKS: dict[str, type[Task]] = {"stsb": Stsb, "lm": LanguageModeling, "translation": Translation,
                                 "classification": Classification}
@@ -43,7 +43,7 @@ def get_task(name: str | Task, **options: Any) -> Task:
 
 
 __all__ = [
-    "TASKS", "get_task", "Task", "HEADS", "TaskObjective", "TaskOutputs", "recover", "DistillationObjective",
+    "TASKS", "get_task", "Task", "HEADS", "TaskObjective", "TaskOutputs", "recover", "DistillationObjective", "CachedTeacher",
     "distillation_loss", "logit_distillation", "embedding_distillation", "check_head", "model_inputs", "Stsb",
     "LanguageModeling",
     "Translation", "Classification", "Examples", "batches", "collate", "check_context", "context_length",

@@ -16,6 +16,13 @@ An edit that rewrites weights (head removal, KV merge, collaborative heads) need
     headwise.prune_heads(model, ...)         # any edit
     headwise.recover(model, tokenizer, "stsb", teacher=teacher, epochs=1)
 
+or, for a causal LM, the teacher's outputs on the training windows recorded before the edit (its last hidden
+states and a copy of its output head only, not a second model):
+
+    teacher = CachedTeacher.record(model, tokenizer, task)   # before the edit
+    headwise.convert_gqa(model, kv_heads=1)
+    headwise.recover(model, tokenizer, task, teacher=teacher, epochs=1)
+
     headwise.apply_mechanism(model, "local", window=64)   # a reversible edit: no copy
     headwise.recover(model, tokenizer, "stsb", teacher="off", epochs=1)
 """
@@ -23,6 +30,7 @@ An edit that rewrites weights (head removal, KV merge, collaborative heads) need
 from __future__ import annotations
 
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
@@ -63,6 +71,57 @@ def switched_off(model: nn.Module) -> Iterator[nn.Module]:
             module._modules[ATTR] = ops
 
 
+class CachedTeacher:
+    """A causal LM's outputs on the training windows of a task, recorded before an edit that rewrites weights:
+    the last hidden states ``[T, D]`` of every window (keyed by its token ids) and a copy of the output head
+    ``[V, D]``; ``outputs(batch)`` rebuilds the logits ``head(hidden)`` the model gave. Costs ``windows × T × D``
+    values plus the head instead of a second copy of the model."""
+
+    def __init__(self, hidden: dict[bytes, torch.Tensor], head: nn.Linear) -> None:
+        self.hidden, self.head = hidden, head
+
+    @classmethod
+    @torch.no_grad()
+    def record(cls, model: nn.Module, tokenizer: Any, task: Task, limit: int | None = None,
+               progress: bool = True) -> "CachedTeacher":
+        """Run ``model`` once over the ``limit`` first training windows of ``task`` (what ``recover`` trains on)."""
+        from ..progress import progress_bar
+
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        if not isinstance(head, nn.Linear) or getattr(task, "name", None) != "lm":
+            raise HeadwiseError(f"a cached teacher serves causal LMs on the lm task (logits = output head of the "
+                                f"last hidden states); for {getattr(task, 'name', task)} pass the model from before "
+                                "the edit (copy.deepcopy(model))")
+        device = head.weight.device
+        copy_ = nn.Linear(head.in_features, head.out_features, bias=head.bias is not None, device=device,
+                          dtype=head.weight.dtype)
+        copy_.load_state_dict(head.state_dict())
+        hidden = {}
+        with eval_mode(model):
+            for example in progress_bar(task.examples(tokenizer, "train").head(limit).items, desc="teacher outputs",
+                                        unit="window", disable=not progress):
+                ids = torch.tensor(example["input_ids"], device=device)[None]
+                hidden[cls._key(ids[0])] = model.base_model(input_ids=ids).last_hidden_state[0]
+        return cls(hidden, copy_.requires_grad_(False))
+
+    @staticmethod
+    def _key(ids: torch.Tensor) -> bytes:
+        return ids.to("cpu", torch.long).numpy().tobytes()
+
+    def outputs(self, task: Task, batch: dict[str, torch.Tensor]) -> Any:
+        """The recorded model's ``TaskOutputs`` on ``batch`` (its rows must be recorded windows): the task's own
+        ``outputs`` over a stand-in model whose logits are ``head(recorded hidden states)``."""
+        return task.outputs(self._replay, batch)
+
+    def _replay(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
+        try:
+            hidden = torch.stack([self.hidden[self._key(row)] for row in input_ids])
+        except KeyError:
+            raise HeadwiseError("a batch holds a window the cached teacher did not record; record the teacher on "
+                                "the same task, data and limit as the recovery") from None
+        return SimpleNamespace(logits=self.head(hidden.to(self.head.weight.device)))
+
+
 class DistillationObjective(nn.Module):
     """``forward(**batch) -> {"loss", "task_loss", "distill_loss"}``: the student's task loss blended with its
     distillation loss toward ``teacher`` (kept out of the module tree: never trained, saved or wrapped by DDP;
@@ -75,7 +134,7 @@ class DistillationObjective(nn.Module):
         if isinstance(teacher, str) and teacher != OFF:
             raise HeadwiseError(f"teacher={teacher!r}; pass a model or {OFF!r} (the student with its ops off)")
         self.task, self.model = task, model
-        self._teacher = [teacher if teacher == OFF else teacher.eval()]
+        self._teacher = [teacher if teacher == OFF or isinstance(teacher, CachedTeacher) else teacher.eval()]
         self.alpha, self.temperature, self.distance = alpha, temperature, distance
 
     @property
@@ -88,6 +147,8 @@ class DistillationObjective(nn.Module):
             if self.teacher == OFF:
                 with switched_off(self.model):
                     return self.task.outputs(self.model, batch)
+            if isinstance(self.teacher, CachedTeacher):
+                return self.teacher.outputs(self.task, batch)
             if next(self.teacher.parameters()).device != device:
                 self._teacher[0] = self.teacher.to(device)
             return self.task.outputs(self.teacher, batch)
@@ -132,7 +193,7 @@ def recover(model: nn.Module, tokenizer: Any, task: Task | str, *, teacher: nn.M
         if not has_ops(model):
             raise HeadwiseError("teacher='off' switches off the model's headwise ops, but it has none (the edit "
                                 "rewrote weights): pass the model from before the edit, e.g. copy.deepcopy(model)")
-    else:
+    elif not isinstance(teacher, CachedTeacher):
         task.check_model(teacher, tokenizer)
     objective = DistillationObjective(task, model, teacher, alpha=alpha, temperature=temperature, distance=distance)
     task.train_objective(objective, tokenizer, epochs=epochs, max_steps=max_steps, limit=limit, seed=seed,
