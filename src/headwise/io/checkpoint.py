@@ -5,10 +5,10 @@ A checkpoint is a transformers folder (``config.json`` + ``model.safetensors``) 
 happened (``{"method", "version", "config", "state"}``, replayed on the fresh model through the method registry:
 ``headwise.contract``), then the attached ops, and the model it was loaded from (``source``: where its tokenizer
 is, when none is saved beside it). Format 1 (``"edits"``: ``{"kind": ...}`` records) still loads.
-``architectures`` names the saved class, head included. The state dict is the model's own (``model.state_dict()`` names, shared tensors stored once) and is
-loaded strictly.
+``architectures`` names the saved class, head included. The state dict is the model's own
+(``model.state_dict()`` names, shared tensors stored once) and is loaded strictly.
 
-A checkpoint with ops or edits also stores one scalar tensor named ``MARKER``: plain transformers
+A checkpoint with ops or journal entries that rebuild something also stores one scalar tensor named ``MARKER``: plain transformers
 (``AutoModel.from_pretrained``) lists it as an unexpected weight in its load report, so loading such a folder
 without headwise, which drops the edits, never passes in silence.
 """
