@@ -149,7 +149,7 @@ def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, 
                  "--max-length", "32", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the Trainer logs before it
     assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_recovered"] is not None
-    assert result["recovery"] == {"mode": "distill", "epochs": 1.0, "steps": 2, "teacher": "a copy of the model before the edit",
+    assert result["recovery"] == {"mode": "distill", "epochs": 1.0, "steps": 2, "teacher": "the outputs of the model before the edit (cached)",
                                   "alpha": 0.5, "temperature": 2.0, "distance": "mse"}
     assert result["metric_edited"] is not None and result["metric_edited"] != result["metric_recovered"]
 

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         return round(float(task.evaluate(model, tokenizer)[task.metric]), 2) if evaluate else None
 
     metric_before = metric()
-    teacher = teacher_for(args, model, task)
+    teacher = teacher_for(args, model, tokenizer, task)
     result = compress(model, config=config, moments=moments)
     metric_edited = metric()
     recovery = recover_after_edit(args, model, tokenizer, task, teacher)

@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
         return round(float(task.evaluate(m, tokenizer)[task.metric]), 2)  # progress: a bar, or lines in a log
 
     metric_before = None if args.no_eval else metric(model)
-    teacher = teacher_for(args, model, task)
+    teacher = teacher_for(args, model, tokenizer, task)
     curve, masked_only = [], False
     if args.method == "mask":
         apply_masks(model, spec)

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import HeadwiseError
 
 from ..tasks.recovery import MODES
-OFF, COPY = "off", "copy"  # --teacher values that name no model (headwise.tasks.recovery.OFF)
+OFF, COPY, CACHED = "off", "copy", "cached"  # --teacher values that name no model (headwise.tasks.recovery.OFF)
 
 
 def recovery_args(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +27,10 @@ def recovery_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--teacher", default=None,
                    help="distill: the model to distil from: a model name or folder; 'copy' (a copy of the model as "
                         "loaded, taken before the edit: twice the weights in memory); 'off' (the edited model with "
-                        "its headwise ops switched off: no copy, reversible edits only). Default: 'off' after a "
-                        "reversible edit (replace), 'copy' after one that rewrites weights (prune, compress)")
+                        "its headwise ops switched off: no copy, reversible edits only); 'cached' (the unedited "
+                        "model's last hidden states on the recovery windows and a copy of its output head: causal "
+                        "LMs on --task lm). Default: 'off' after a reversible edit (replace); after one that "
+                        "rewrites weights (prune, compress) 'cached' on --task lm, else 'copy'")
     g.add_argument("--alpha", type=float, default=0.5,
                    help="distill: weight of the distillation loss, 0-1 (default: 0.5; the task loss gets 1 - alpha)")
     g.add_argument("--temperature", type=float, default=2.0, help="distill: softening of logits (default: 2)")
@@ -52,13 +54,19 @@ def recovery_mode(args: argparse.Namespace) -> str:
     return mode
 
 
-def teacher_for(args: argparse.Namespace, model: Any, task: Any, reversible: bool = False) -> Any:
+def teacher_for(args: argparse.Namespace, model: Any, tokenizer: Any, task: Any, reversible: bool = False) -> Any:
     """The teacher of ``--recover distill``, chosen before the edit: ``"off"`` (the student with its ops
-    switched off; the default when the verb's edit is ``reversible``), a copy of ``model`` (``--teacher copy``;
-    the default otherwise) or the model ``--teacher`` names."""
+    switched off; the default when the verb's edit is ``reversible``), the unedited model's outputs on the
+    recovery windows (``--teacher cached``; the default otherwise on the ``lm`` task), a copy of ``model``
+    (``--teacher copy``; the default otherwise) or the model ``--teacher`` names."""
     if recovery_mode(args) != "distill":
         return None
-    choice = args.teacher or (OFF if reversible else COPY)
+    choice = args.teacher or (OFF if reversible else CACHED if task.name == "lm" else COPY)
+    if choice == CACHED:  # with --recover-steps only the windows those steps can reach are recorded (and trained on)
+        from ..tasks import CachedTeacher
+
+        steps = args.recover_steps if args.recover_steps and args.recover_steps > 0 else None
+        return CachedTeacher.record(model, tokenizer, task, limit=steps and steps * task.train_defaults["batch_size"])
     if choice == OFF:
         if not reversible:
             raise HeadwiseError(f"--teacher off needs a reversible edit (ops attached); {args.verb} rewrites weights: "
@@ -80,12 +88,18 @@ def recover_after_edit(args: argparse.Namespace, model: Any, tokenizer: Any, tas
     if mode == "none":
         return {"mode": mode}
     epochs = args.finetune or args.recover_epochs
+    from ..tasks import CachedTeacher
+
+    cached = isinstance(teacher, CachedTeacher)
     recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs, max_steps=args.recover_steps,
-            alpha=args.alpha, temperature=args.temperature, distance=args.distance)
+            alpha=args.alpha, temperature=args.temperature, distance=args.distance,
+            limit=teacher.limit if cached else None)
     done = {"mode": mode, "epochs": epochs, "steps": args.recover_steps}
     if mode == "distill":
-        named = args.teacher not in (None, OFF, COPY)
+        named = args.teacher not in (None, OFF, COPY, CACHED)
         done |= {"teacher": args.teacher if named else "the model with its headwise ops switched off"
-                 if isinstance(teacher, str) else "a copy of the model before the edit", "alpha": args.alpha,
+                 if isinstance(teacher, str) else "the outputs of the model before the edit (cached)"
+                 if cached else "a copy of the model before the edit",
+                 "alpha": args.alpha,
                  "temperature": args.temperature, "distance": args.distance}
     return done

@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     evaluate = not args.no_eval
     task = task_from_args(args) if evaluate or recovering else None  # bad data fails before the model loads
     model, tokenizer = load_task_model(args, task)
-    teacher = teacher_for(args, model, task, reversible=True)
+    teacher = teacher_for(args, model, tokenizer, task, reversible=True)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
 
     def metric() -> float | None:

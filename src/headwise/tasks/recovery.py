@@ -77,14 +77,15 @@ class CachedTeacher:
     ``[V, D]``; ``outputs(batch)`` rebuilds the logits ``head(hidden)`` the model gave. Costs ``windows × T × D``
     values plus the head instead of a second copy of the model."""
 
-    def __init__(self, hidden: dict[bytes, torch.Tensor], head: nn.Linear) -> None:
-        self.hidden, self.head = hidden, head
+    def __init__(self, hidden: dict[bytes, torch.Tensor], head: nn.Linear, limit: int | None = None) -> None:
+        self.hidden, self.head, self.limit = hidden, head, limit  # limit: the training windows recorded
 
     @classmethod
     @torch.no_grad()
     def record(cls, model: nn.Module, tokenizer: Any, task: Task, limit: int | None = None,
                progress: bool = True) -> "CachedTeacher":
-        """Run ``model`` once over the ``limit`` first training windows of ``task`` (what ``recover`` trains on)."""
+        """Run ``model`` once over the ``limit`` first training windows of ``task`` (what ``recover(...,
+        limit=limit)`` trains on)."""
         from ..progress import progress_bar
 
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -102,7 +103,7 @@ class CachedTeacher:
                                         unit="window", disable=not progress):
                 ids = torch.tensor(example["input_ids"], device=device)[None]
                 hidden[cls._key(ids[0])] = model.base_model(input_ids=ids).last_hidden_state[0]
-        return cls(hidden, copy_.requires_grad_(False))
+        return cls(hidden, copy_.requires_grad_(False), limit)
 
     @staticmethod
     def _key(ids: torch.Tensor) -> bytes:
