@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     from ..io import export_plain, plain_problem
     from ..report import Report
     from ..report.plan import savings
-    from ..tasks import recover
+    from ..tasks import CachedTeacher, recover
     from .output import save_run
     from .task_options import load_task_model, model_costs, run_record
 
@@ -48,12 +48,14 @@ def run(args: argparse.Namespace) -> int:
     args.model = args.model or (None if plan.model.startswith(PACKAGED) else plan.model)
     model, tokenizer = load_task_model(args, task)
     teacher = None
-    if mode == "distill":  # a reversible edit distils from the model with its ops off; others from a copy
-        import copy
+    if mode == "distill":  # a reversible edit distils from the model with its ops off; others from the unedited
+        import copy        # model's recorded outputs (lm) or a copy
 
         from ..planning.edits import REVERSIBLE
 
-        teacher = "off" if point.edit.methods and set(point.edit.methods) <= set(REVERSIBLE) else copy.deepcopy(model)
+        teacher = "off" if point.edit.methods and set(point.edit.methods) <= set(REVERSIBLE) else \
+            CachedTeacher.record(model, tokenizer, task, max_steps=args.recover_max_steps) if task.name == "lm" \
+            else copy.deepcopy(model)
     def metric() -> float | None:
         return None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
 
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     edited = metric()
     if mode != "none":
         recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.recover_epochs,
-                max_steps=args.recover_max_steps)
+                max_steps=args.recover_max_steps, limit=teacher.limit if isinstance(teacher, CachedTeacher) else None)
     after = metric() if mode != "none" else edited
     summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.to_dict(),
                "describe": point.edit.describe(), "recover": mode,

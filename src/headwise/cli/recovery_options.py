@@ -65,8 +65,7 @@ def teacher_for(args: argparse.Namespace, model: Any, tokenizer: Any, task: Any,
     if choice == CACHED:  # with --recover-steps only the windows those steps can reach are recorded (and trained on)
         from ..tasks import CachedTeacher
 
-        steps = args.recover_steps if args.recover_steps and args.recover_steps > 0 else None
-        return CachedTeacher.record(model, tokenizer, task, limit=steps and steps * task.train_defaults["batch_size"])
+        return CachedTeacher.record(model, tokenizer, task, max_steps=args.recover_steps)
     if choice == OFF:
         if not reversible:
             raise HeadwiseError(f"--teacher off needs a reversible edit (ops attached); {args.verb} rewrites weights: "

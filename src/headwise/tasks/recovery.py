@@ -83,10 +83,15 @@ class CachedTeacher:
     @classmethod
     @torch.no_grad()
     def record(cls, model: nn.Module, tokenizer: Any, task: Task, limit: int | None = None,
-               progress: bool = True) -> "CachedTeacher":
+               max_steps: int | None = None, progress: bool = True) -> "CachedTeacher":
         """Run ``model`` once over the ``limit`` first training windows of ``task`` (what ``recover(...,
-        limit=limit)`` trains on)."""
+        limit=teacher.limit)`` trains on); ``max_steps`` (> 0): only the windows that many updates of the
+        task's default batch size reach."""
         from ..progress import progress_bar
+
+        if max_steps is not None and max_steps > 0:
+            limit = min(limit or max_steps * task.train_defaults["batch_size"],
+                        max_steps * task.train_defaults["batch_size"])
 
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         if not isinstance(head, nn.Linear) or getattr(task, "name", None) != "lm":
