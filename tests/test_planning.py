@@ -188,6 +188,7 @@ def test_plan_measures_every_point_and_recommends_one_in_budget(request, which):
     kinds = {p.kind for p in plan.points}
     assert kinds == {"base", "single", "combined"}
     assert all(p.measured["score"] is not None and p.measured["latency"] is not None for p in plan.points)
+    assert all(p.measured["seconds"] > 0 for p in plan.points if p.kind != "base")  # what each measurement cost
     rec = plan.recommended_point
     assert rec is not None and rec.meets_budget
     budget = Budget.parse(plan.budget)

@@ -57,6 +57,14 @@ def test_progress_lines_reach_a_non_terminal_stream(monkeypatch):
         pass
     lines = stream.getvalue().splitlines()
     assert lines[-1].startswith("headwise: step: 4/4 batch (100%), ") and all(LINE.match(x) for x in lines)
+    stream.seek(0)
+    stream.truncate(0)
+    bar = progress_bar(range(2), desc="step", unit="edit")
+    for i in bar:
+        bar.set_postfix_str(f"last edit-{i} 3s", refresh=False)  # what the loop just did and what it cost
+    last = stream.getvalue().splitlines()[-1]
+    assert LINE.match(last) and last.endswith(("edit/s, last edit-1 3s", "s/edit, last edit-1 3s"))
+    stream.seek(0)
     stream.truncate(0)
     for _ in progress_bar(range(4), desc="step", disable=True):
         pass
