@@ -75,7 +75,8 @@ class LogProgress(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
-            print({k: v for k, v in logs.items() if k != "total_flos"}, flush=True)
+            print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in logs.items() if k != "total_flos"},
+                  flush=True)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.bar.close()
