@@ -312,6 +312,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
             cand.proxy, measured = measure(cand.edit)
         except HeadwiseError as err:
             skipped.setdefault(cand.method, f"{cand.name}: {err}")
+            bar.set_postfix_str(f"last {cand.name} skipped", refresh=False)
             continue
         bar.set_postfix_str(f"last {cand.name} {measured['seconds']:.0f}s", refresh=False)  # which edits cost
         points.append(Point(cand.name, "single", list(cand.edit.methods), cand.edit, measured, proxy=cand.proxy))
@@ -329,6 +330,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
             measured = measure(edit)[1]
         except HeadwiseError as err:
             skipped.setdefault("combined", f"{name}: {err}")
+            bar.set_postfix_str(f"last {name} skipped", refresh=False)
             continue
         bar.set_postfix_str(f"last {name} {measured['seconds']:.0f}s", refresh=False)
         points.append(Point(name, "combined", list(edit.methods), edit, measured, predicted=pred, parts=parts))
