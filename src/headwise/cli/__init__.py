@@ -38,7 +38,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "eval": ("headwise eval stsb --limit 500",
              "headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
              "headwise eval translation --model multi30k-marian-de-en --limit 100",
-             "headwise eval classification --model DIR/model --data pairs.csv"),
+             "headwise eval classification --model DIR/model --data genre.csv"),
     "prune": ("headwise prune --method importance --keep 54 --out minilm-prune",
               "headwise prune --task lm --model smollm2-135m --method importance --unit kv-group --keep 216 "
               "--out smol-prune"),
@@ -46,7 +46,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "mechanisms": ("headwise mechanisms list",),
     "compress": ("headwise compress --dk 192 --out minilm-compress",),
     "mix": ("headwise mix --swap 'enc-self.0:0 <-> enc-self.1:1' --out minilm-mix",
-            "headwise mix --task classification --data pairs.csv --new-head --no-mixers --mix-epochs 1 "
+            "headwise mix --task classification --data genre.csv --new-head --no-mixers --mix-epochs 1 "
             "--out cls-tuned   # fine-tune a classifier"),
     "replace": ("headwise replace local --arg window=16 --out minilm-replace",),
     "kv-policy": ("headwise kv-policy --model smollm2-135m --kv-budget 0.5 --out smol-kv",),
