@@ -188,6 +188,7 @@ def test_plan_measures_every_point_and_recommends_one_in_budget(request, which):
     kinds = {p.kind for p in plan.points}
     assert kinds == {"base", "single", "combined"}
     assert all(p.measured["score"] is not None and p.measured["latency"] is not None for p in plan.points)
+    assert all(p.measured["seconds"] > 0 for p in plan.points if p.kind != "base")  # what each measurement cost
     rec = plan.recommended_point
     assert rec is not None and rec.meets_budget
     budget = Budget.parse(plan.budget)
@@ -277,6 +278,18 @@ def test_impossible_budget_writes_nothing(tmp_path, bert_dir, stsb_dir, capsys):
                  "--out", str(out)]) == 2
     assert "kv-cache" in capsys.readouterr().err and not out.exists()
     assert main(["plan", "--budget", "speed=2", "--out", str(out)]) == 2 and not out.exists()
+
+
+def test_a_plan_of_a_fresh_classification_head_is_refused_before_any_work(tmp_path, bert_dir, capsys):
+    """apply reloads the model from its checkpoint: a random head the plan measured could not be rebuilt."""
+    data = tmp_path / "pairs.csv"
+    data.write_text("text,label\n" + "".join(f"{sentence(i)},{i % 2}\n" for i in range(40)))
+    out = tmp_path / "never"
+    assert main(["plan", "--model", str(bert_dir), "--task", "classification", "--data", str(data), "--new-head",
+                 "--budget", "heads=0.75", "--repeats", "1", "--importance-examples", "8", "--calibration-limit", "8",
+                 "--top-k", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--new-head" in err and "headwise mix --task classification" in err and not out.exists()
 
 
 def test_retime_measures_latency_again_and_keeps_the_plan_consistent(bert_plan, tokenizer):

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from headwise.errors import HeadwiseError
 from headwise.progress import progress_bar
@@ -57,6 +58,14 @@ def test_progress_lines_reach_a_non_terminal_stream(monkeypatch):
         pass
     lines = stream.getvalue().splitlines()
     assert lines[-1].startswith("headwise: step: 4/4 batch (100%), ") and all(LINE.match(x) for x in lines)
+    stream.seek(0)
+    stream.truncate(0)
+    bar = progress_bar(range(2), desc="step", unit="edit")
+    for i in bar:
+        bar.set_postfix_str(f"last edit-{i} 3s", refresh=False)  # what the loop just did and what it cost
+    last = stream.getvalue().splitlines()[-1]
+    assert LINE.match(last) and last.endswith(("edit/s, last edit-1 3s", "s/edit, last edit-1 3s"))
+    stream.seek(0)
     stream.truncate(0)
     for _ in progress_bar(range(4), desc="step", disable=True):
         pass
@@ -64,3 +73,28 @@ def test_progress_lines_reach_a_non_terminal_stream(monkeypatch):
     monkeypatch.setenv("HEADWISE_PROGRESS_INTERVAL", "soon")
     with pytest.raises(HeadwiseError, match="HEADWISE_PROGRESS_INTERVAL"):
         progress_bar(range(2), desc="step")
+
+
+def test_training_writes_progress_lines_into_a_log(monkeypatch, tmp_path, capsys):
+    """The Trainer's bar redraws itself with carriage returns; in a log it becomes periodic lines."""
+    from transformers import TrainingArguments
+
+    from headwise.training.trainer import HeadwiseTrainer
+
+    class Objective(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(2))
+
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"loss": ((x - self.weight) ** 2).mean()}
+
+    monkeypatch.setenv("HEADWISE_PROGRESS_INTERVAL", "0")
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=6, per_device_train_batch_size=2, logging_steps=3,
+                             report_to="none", save_strategy="no", use_cpu=True)
+    data = [{"x": torch.ones(2)} for _ in range(12)]
+    HeadwiseTrainer(model=Objective(), args=args, train_dataset=data).train()
+    out = capsys.readouterr()
+    lines = [m.groupdict() for m in LINE.finditer(out.err)]
+    assert "\r" not in out.err and lines and {line["desc"] for line in lines} == {"training"}
+    assert lines[-1]["n"] == lines[-1]["total"] == "6" and "'loss'" in out.out

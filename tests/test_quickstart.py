@@ -1,7 +1,8 @@
-"""docs/quickstart.md cannot rot: every command in its ``bash`` blocks runs, exactly as written, in a fresh folder,
-block after block (later commands read what earlier ones wrote). The SmolLM2 and Marian blocks need their data from
-``shared/`` (WikiText-2, Multi30k and the Marian model) and say so when it is missing; the MiniLM block needs nothing.
-``HEADWISE_TOUR_TIMES=FILE`` writes each command's wall time there (how the times in the doc were measured)."""
+"""docs/quickstart.md cannot rot: every command in its ``bash`` blocks (``headwise …`` and ``python …`` lines) runs,
+exactly as written, in a fresh folder, block after block (later commands read what earlier ones wrote). The SmolLM2
+and Marian blocks need their data from ``shared/`` (WikiText-2, Multi30k and the Marian model) and say so when it is
+missing; the MiniLM and classification blocks need nothing. ``HEADWISE_TOUR_TIMES=FILE`` writes each command's wall
+time there (how the times in the doc were measured)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def blocks() -> list[tuple[str, list[str]]]:
     out = []
     for match in re.finditer(r"^## (?P<title>.+?)$(?P<body>.*?)(?=^## |\Z)", text, re.M | re.S):
         for code in re.findall(r"```bash\n(.*?)```", match["body"], re.S):
-            commands = [line.strip() for line in code.splitlines() if line.strip().startswith("headwise ")]
+            commands = [line.strip() for line in code.splitlines() if line.strip().startswith(("headwise ", "python "))]
             out.append((match["title"], commands))
     return out
 
@@ -41,14 +42,14 @@ def missing(commands: list[str]) -> list[str]:
 
 def test_the_doc_has_a_block_per_named_model_ending_with_plan_apply_reload():
     found = blocks()
-    assert len(found) == 3
+    assert len(found) == 4
     for _, commands in found:
         verbs = [shlex.split(c)[1] for c in commands]
         assert verbs[-3:] == ["plan", "apply", "eval"] and "--model tour/" in commands[-1]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(3), ids=["minilm", "smollm2", "marian"])
+@pytest.mark.parametrize("index", range(4), ids=["minilm", "smollm2", "marian", "classification"])
 def test_every_tour_command_runs(index, tmp_path_factory):
     title, commands = blocks()[index]
     lacking = missing(commands)
@@ -63,7 +64,8 @@ def test_every_tour_command_runs(index, tmp_path_factory):
     times = {}
     for command in commands:
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, "-m", "headwise", *shlex.split(command)[1:]], cwd=work, env=env,
+        program = [sys.executable, "-m", "headwise"] if command.startswith("headwise ") else [sys.executable]
+        done = subprocess.run([*program, *shlex.split(command)[1:]], cwd=work, env=env,
                               capture_output=True, text=True, timeout=1800)
         times[command] = round(time.perf_counter() - start, 1)
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"

@@ -15,8 +15,9 @@ from .errors import HeadwiseError
 
 INTERVAL_ENV = "HEADWISE_PROGRESS_INTERVAL"
 DEFAULT_INTERVAL = 30.0
-LOG_FORMAT = "{desc}: {n_fmt}/{total_fmt} {unit} ({percentage:.0f}%), {elapsed} elapsed, {remaining} left, {rate_fmt}"
-LOG_FORMAT_OPEN = "{desc}: {n_fmt} {unit}, {elapsed} elapsed, {rate_fmt}"  # no total known: no time left either
+LOG_FORMAT = ("{desc}: {n_fmt}/{total_fmt} {unit} ({percentage:.0f}%), {elapsed} elapsed, {remaining} left, "
+              "{rate_fmt}{postfix}")
+LOG_FORMAT_OPEN = "{desc}: {n_fmt} {unit}, {elapsed} elapsed, {rate_fmt}{postfix}"  # postfix: ", what" if the loop sets it  # no total known: no time left either
 
 
 class _Lines(io.TextIOBase):

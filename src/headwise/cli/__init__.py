@@ -29,6 +29,43 @@ PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headw
                            "headwise.cli.apply", "headwise.cli.edit")
 
 
+# what `headwise VERB --help` shows under "examples:" (tests/test_cli_help.py parses every line); the tour of
+# docs/quickstart.md runs most of them
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "sites": ("headwise sites", "headwise sites --model smollm2-135m"),
+    "analyze": ("headwise analyze --limit 200 --out minilm-analyze",
+                "headwise analyze --task lm --model smollm2-135m --max-length 256 --limit 50 --out smol-analyze"),
+    "eval": ("headwise eval stsb --limit 500",
+             "headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
+             "headwise eval translation --model multi30k-marian-de-en --limit 100",
+             "headwise eval classification --model DIR/model --data genre.csv"),
+    "prune": ("headwise prune --method importance --keep 54 --out minilm-prune",
+              "headwise prune --task lm --model smollm2-135m --method importance --unit kv-group --keep 216 "
+              "--out smol-prune"),
+    "quantize": ("headwise quantize --methods log --bits 3,4 --thresholds none --limit 200 --out minilm-quantize",),
+    "mechanisms": ("headwise mechanisms list",),
+    "compress": ("headwise compress --dk 192 --out minilm-compress",),
+    "mix": ("headwise mix --swap 'enc-self.0:0 <-> enc-self.1:1' --out minilm-mix",
+            "headwise mix --task classification --data genre.csv --new-head --no-mixers --mix-epochs 1 "
+            "--out cls-tuned   # fine-tune a classifier"),
+    "replace": ("headwise replace local --arg window=16 --out minilm-replace",),
+    "kv-policy": ("headwise kv-policy --model smollm2-135m --kv-budget 0.5 --out smol-kv",),
+    "convert": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
+                "headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent"),
+    "train": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",),
+    "plan": ("headwise plan --budget heads=0.75 --out minilm-plan",
+             "headwise plan --task lm --model smollm2-135m --budget kv-cache=-20% --out smol-plan"),
+    "apply": ("headwise apply minilm-plan/plan.json --out minilm-applied",),
+    "edit": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
+}
+START = """start here (docs/quickstart.md is a five-minute tour):
+  headwise sites                                   # the attention sites of the default model (all-MiniLM-L6-v2)
+  headwise eval stsb --limit 500                   # its STS-B score
+  headwise plan --budget heads=0.75 --out plan     # edits that keep 75% of the heads, measured
+  headwise apply plan/plan.json --out applied      # the recommended one, saved to applied/model
+  headwise VERB --help                             # a verb's options and examples"""
+
+
 # number options (by destination) that count, size or scale something: they must be > 0 (0 is as wrong as -1)
 POSITIVE = frozenset({
     "limit", "batch_size", "max_length", "stride", "max_tokens", "beam", "max_new_tokens", "keep", "step",
@@ -136,12 +173,19 @@ def global_flags(parser: argparse.ArgumentParser, default: object) -> None:
 def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     global_flags(common, argparse.SUPPRESS)
-    parser = Parser(prog="headwise", description="Find, measure and edit the attention heads of transformers models.")
+    parser = Parser(prog="headwise", description="Find, measure and edit the attention heads of transformers models.",
+                    epilog=START, formatter_class=argparse.RawDescriptionHelpFormatter)
     global_flags(parser, False)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
     for plugin in PLUGINS:
         importlib.import_module(plugin).register(verbs, [common])
+    summaries = {action.dest: action.help for action in verbs._choices_actions}
+    for name, verb in verbs.choices.items():  # each verb's --help: its one line on top, examples below
+        verb.description = verb.description or summaries.get(name)
+        if name in EXAMPLES:
+            verb.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
+            verb.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 

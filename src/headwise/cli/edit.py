@@ -8,6 +8,7 @@ import argparse
 import collections.abc
 import dataclasses
 import json
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -61,12 +62,23 @@ def _option(parser: argparse.ArgumentParser, name: str, hint: Any, default: Any,
         parser.add_argument(flag, type=_json_value, metavar="JSON|@FILE", **common)
 
 
+def summary_of(method) -> str:
+    """The first sentence of a method's config docstring as --help shows it: without reStructuredText roles and
+    literal quotes."""
+    text = " ".join((method.config.__doc__ or method.summary).split())
+    text = re.sub(r":\w+:`([^`]+)`", r"\1", text).replace("``", "")
+    return text.split(". ")[0].rstrip(".") + "."
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("edit", parents=parents, help="apply any registered method and save the model",
-                         description=__doc__)
+                         description="Apply one registered method (its options are the fields of its config;\n"
+                                     "--kinds/--layers/--names select the sites) and save DIR/model with "
+                                     "DIR/edit.json.\n`headwise edit METHOD --help` lists a method's options.")
     methods = p.add_subparsers(dest="method", required=True, metavar="METHOD")
     for method in METHODS.values():
-        q = methods.add_parser(method.name, parents=parents, help=method.summary, description=method.summary)
+        summary = summary_of(method)
+        q = methods.add_parser(method.name, parents=parents, help=summary, description=summary)
         model_args(q)
         q.add_argument("--task", choices=TASK_NAMES, default=None,
                        help="load the model with this task's head (lm: a causal LM that generates; default: the base "

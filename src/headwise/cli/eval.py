@@ -15,7 +15,7 @@ HELP = {"lm": "perplexity of a causal LM on a text (strided windows)",
 
 
 def register(verbs, parents) -> None:
-    evaluate = verbs.add_parser("eval", parents=parents, help="evaluate a model")
+    evaluate = verbs.add_parser("eval", parents=parents, help="score a model on a task: stsb, lm, translation, classification")
     tasks = evaluate.add_subparsers(dest="task", required=True, metavar="TASK")
     stsb = tasks.add_parser("stsb", parents=parents, help="STS Benchmark Spearman (mean pooling, cosine)")
     model_args(stsb)

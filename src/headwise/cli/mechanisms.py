@@ -7,7 +7,7 @@ import json
 
 
 def register(verbs, parents) -> None:
-    p = verbs.add_parser("mechanisms", parents=parents, help="efficient attention mechanisms")
+    p = verbs.add_parser("mechanisms", parents=parents, help="list the efficient attention mechanisms replace can use")
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = sub.add_parser("list", parents=parents, help="list mechanisms with their arguments and complexity")
     listing.set_defaults(run=run_list)

@@ -13,7 +13,7 @@ from .task_options import (load_task_model, metric_label, model_costs, run_recor
 
 
 def register(verbs, parents) -> None:
-    p = verbs.add_parser("mix", parents=parents, help="swap heads and/or train head mixers (MHR), then fold them")
+    p = verbs.add_parser("mix", parents=parents, help="swap heads and/or fine-tune with head mixers (MHR), folded into plain weights")
     model_args(p)
     p.add_argument("--swap", action="append", default=[], metavar="'SITE:HEAD <-> SITE:HEAD'",
                    help="exchange two heads' q/k/v weights (repeatable), e.g. 'enc-self.1:3 <-> enc-self.4:0'")

@@ -29,7 +29,9 @@ def register(verbs, parents) -> None:
                    help="examples per backward of the gradient ranking (default: 8; lower it to lower peak memory)")
     p.add_argument("--calibration-limit", type=int, default=64,
                    help="calibration examples (collaborative and KV fits, output-error proxies; default: 64)")
-    p.add_argument("--top-k", type=int, default=3, help="combined plans measured (default: 3)")
+    p.add_argument("--top-k", type=int, default=3,
+                   help="combined plans measured: the K best predicted, plus the best and the cheapest pair of each "
+                        "level of heads removed (default: 3)")
     p.add_argument("--repeats", type=int, default=7, help="latency repeats per point (default: 7)")
     p.add_argument("--recover", choices=RECOVERY, default="none",
                    help="recover every measured edit before scoring it (costly; default: none)")
@@ -53,6 +55,11 @@ def run(args: argparse.Namespace) -> int:
     bad = [m for m in methods if m not in METHODS]
     if bad or not methods:
         raise HeadwiseError(f"--methods {args.methods!r}: use some of {','.join(METHODS)}")
+    if getattr(args, "new_head", False):  # apply could not rebuild the random head the plan measured
+        raise HeadwiseError(
+            "plan --new-head would measure edits of an untrained, random classification head; train one first "
+            "(headwise mix --task classification --new-head --no-mixers --mix-epochs 1 --data FILE --out DIR), "
+            "then plan with --model DIR/model")
     check_writable_dir(args.out, args.force)
     task = task_from_args(args)
     model, tokenizer = load_task_model(args, task)

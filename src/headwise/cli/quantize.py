@@ -110,7 +110,8 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     p = verbs.add_parser("quantize", parents=parents,
-                         help="attention pruning/quantization (SPIQA) against STS-B: report.html + results.json")
+                         help="sweep attention-probability quantization and thresholds (SPIQA) on the task: "
+                              "report.html + results.json")
     model_args(p)
     p.add_argument("--methods", default="all",
                    help="comma-separated quantizers, all (default), or none (only the --thresholds sweep); see "

@@ -54,7 +54,7 @@ def cmd_train_translation(args: argparse.Namespace) -> int:
 
 
 def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
-    train = verbs.add_parser("train", parents=parents, help="train a model from scratch")
+    train = verbs.add_parser("train", parents=parents, help="train a model from scratch (translation: a Marian model)")
     tasks = train.add_subparsers(dest="task", required=True, metavar="TASK")
     p = tasks.add_parser("translation", parents=parents,
                          help="tokenizer + Marian encoder-decoder from scratch on a parallel corpus")

@@ -16,6 +16,7 @@ import copy
 import json
 import os
 import shlex
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -255,7 +256,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
 
     def measure(edit: Edit) -> tuple[float, dict[str, Any]]:
         """``(output error on the probe, measured score and costs)`` of ``edit``, applied in place; the model
-        is restored exactly afterwards."""
+        is restored exactly afterwards; ``seconds``: what measuring it cost (edit, evaluation, timing)."""
+        start = time.perf_counter()
         with edited(model, edit, calib if edit.needs_calibration() else None, allow_empty_layers) as state:
             try:
                 proxy = relative_error(reference, outputs(model, probe))
@@ -267,7 +269,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
                 if pristine is not None:  # the weights outside the attention modules were trained in place
                     with state.original(), torch.no_grad():
                         model.load_state_dict(pristine.state_dict())
-        return proxy, {"score": float(metrics[task.metric]), "metrics": _plain(metrics), **costs.to_dict()}
+        return proxy, {"score": float(metrics[task.metric]), "metrics": _plain(metrics), **costs.to_dict(),
+                       "seconds": round(time.perf_counter() - start, 1)}
 
     # the unedited model
     base_metrics = task.evaluate(model, tokenizer, progress=False)
@@ -302,13 +305,16 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
         singles += quantization_candidates()
 
     points = [base]
-    for cand in progress_bar(singles, desc="measure single methods", unit="edit",
-                             disable=None if progress is None else not progress):
+    bar = progress_bar(singles, desc="measure single methods", unit="edit",
+                       disable=None if progress is None else not progress)
+    for cand in bar:
         try:
             cand.proxy, measured = measure(cand.edit)
         except HeadwiseError as err:
             skipped.setdefault(cand.method, f"{cand.name}: {err}")
+            bar.set_postfix_str(f"last {cand.name} skipped", refresh=False)
             continue
+        bar.set_postfix_str(f"last {cand.name} {measured['seconds']:.0f}s", refresh=False)  # which edits cost
         points.append(Point(cand.name, "single", list(cand.edit.methods), cand.edit, measured, proxy=cand.proxy))
 
     # combinations: heads removed × another method, predicted, then the best inside the budget measured
@@ -317,13 +323,16 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     others = [(by_name[p.name], p.measured) for p in points
               if p.kind == "single" and p.methods and p.methods[0] in ("kv_heads", "dk", "mechanism")]
     chosen = finalists(prunes, others, base.measured, budget, sign, top_k, valid=lambda e: _sensible(model, e))
-    for name, parts, edit, pred in progress_bar(chosen, desc="measure combined plans", unit="edit",
-                                                disable=None if progress is None else not progress):
+    bar = progress_bar(chosen, desc="measure combined plans", unit="edit",
+                       disable=None if progress is None else not progress)
+    for name, parts, edit, pred in bar:
         try:
             measured = measure(edit)[1]
         except HeadwiseError as err:
             skipped.setdefault("combined", f"{name}: {err}")
+            bar.set_postfix_str(f"last {name} skipped", refresh=False)
             continue
+        bar.set_postfix_str(f"last {name} {measured['seconds']:.0f}s", refresh=False)
         points.append(Point(name, "combined", list(edit.methods), edit, measured, predicted=pred, parts=parts))
 
     recommended = _finish(points, budget, base, sign)

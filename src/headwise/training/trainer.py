@@ -15,12 +15,15 @@ micro-batch's loss is divided by the number of micro-batches, and the penalty co
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Protocol, Sequence
 
 import torch
 from torch import nn
 from transformers import PreTrainedModel, Trainer, TrainerCallback
+from transformers.trainer_callback import ProgressCallback
 
+from ..progress import progress_bar
 from ..runtime.ops import ATTR
 
 
@@ -60,6 +63,25 @@ class _PenaltySteps(TrainerCallback):
             penalty.step()
 
 
+class LogProgress(TrainerCallback):
+    """Training progress in a log (stderr not a terminal), in place of the Trainer's redrawn bar: periodic
+    ``headwise: training: n/N step ... left`` lines (``headwise.progress``) and the Trainer's logs, one a line."""
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.bar = progress_bar(total=state.max_steps, initial=state.global_step, desc="training", unit="step")
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.bar.update(state.global_step - self.bar.n)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in logs.items() if k != "total_flos"},
+                  flush=True)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.bar.close()
+
+
 class PenaltyTraining:
     """Mixin for ``transformers.Trainer`` subclasses: ``penalties=[...]`` and ``head_learning_rate=`` keyword
     arguments, penalties added to the loss (once per update under gradient accumulation, see the module docstring),
@@ -74,6 +96,9 @@ class PenaltyTraining:
         self.head_learning_rate = head_learning_rate
         if self.penalties:
             self.add_callback(_PenaltySteps(self.penalties))
+        if not self.args.disable_tqdm and not sys.stderr.isatty():  # a log: lines, not carriage-return redraws
+            self.remove_callback(ProgressCallback)
+            self.add_callback(LogProgress())
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if self.label_smoother is not None and "labels" in inputs:
