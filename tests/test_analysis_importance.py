@@ -239,3 +239,44 @@ def test_gradient_importance_freezes_every_weight_and_leaves_no_gradient():
     assert seen and not any(any(flags) for flags in seen)  # frozen during the pass
     assert (table > 0).all()  # every gate still gets its gradient
     assert all(p.requires_grad and p.grad is None for p in model.parameters())  # restored, nothing accumulated
+
+
+def _tiny_causal_lm():
+    import transformers as tf
+
+    from test_analysis_support import VOCAB
+
+    torch.manual_seed(3)
+    config = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama", "causal-lm"])
+def test_statistics_and_gradient_in_one_pass_equal_two_passes(kind):
+    """analyze runs the gradient over the analysed texts in the statistics pass: the same statistics as a pass
+    without importance, the same importance as gradient_importance alone (which is checked against eager
+    autograd above); for a language model, of its next-token loss on the texts."""
+    from headwise.tasks import LanguageModeling
+
+    family = "llama" if kind == "causal-lm" else kind
+    tokenizer = word_tokenizer(family)
+    model = _tiny_causal_lm() if kind == "causal-lm" else loud_model(family)
+    loss = LanguageModeling().loss if kind == "causal-lm" else None
+    texts = random_texts(7, seed=3)
+    one = analyze(model, tokenizer, texts, importance=("gradient",), examples=0, batch_size=3, loss_fn=loss,
+                  progress=False)
+    assert set(one.seconds) == {"observe", "gradient"}
+    alone = analyze(model, tokenizer, texts, importance=(), examples=0, batch_size=3, progress=False).to_dict()
+    got = one.to_dict()
+    assert got["sentences"] == alone["sentences"] == 7 and got["tokens"] == alone["tokens"]
+    tables = [("heads", alone["heads"]), ("similarity", alone["similarity"]),
+              ("histogram", {"counts": alone["histogram"]["counts"]})]
+    for part, named in tables:
+        for name, table in named.items():
+            assert np.allclose(np.array(got[part][name], dtype=float), np.array(table, dtype=float), rtol=1e-5,
+                               atol=1e-6, equal_nan=True), (part, name)
+    reference = gradient_importance(model, tokenizer, texts, loss_fn=loss, batch_size=3, progress=False)
+    ours = np.array(got["heads"]["importance_gradient"], dtype=float)
+    assert np.allclose(ours, reference.numpy(), rtol=1e-4, atol=1e-6, equal_nan=True)
+    assert np.nanmin(ours) > 0

@@ -38,6 +38,7 @@ path is not reduced across processes.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
@@ -88,8 +89,10 @@ def _probes(index: Sequence[int], dim: int, seed: int, device: torch.device) -> 
 def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None, index: Sequence[int] | None,
                   pairs: Pairs | None, loss_fn: LossFn | None, batch_size: int, max_length: int, seed: int,
                   score_scale: float, inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+                  on_batch: Callable[[Batch], None] | None = None,
                   ) -> Iterator[tuple[int, Callable[[], torch.Tensor]]]:
-    """``(batch size, closure returning per-example losses [B])`` for each batch of the chosen objective."""
+    """``(batch size, closure returning per-example losses [B])`` for each batch of the chosen objective;
+    ``on_batch(batch)`` is called before each text batch's closure (texts only)."""
     device = _device(model)
     if inputs is not None:
         if loss_fn is None:
@@ -119,6 +122,8 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
     if texts is None:
         raise HeadwiseError("gradient importance needs texts or pairs")
     for batch in text_batches(tokenizer, texts, batch_size, max_length, device, index=index):
+        if on_batch is not None:
+            on_batch(batch)
         if loss_fn is not None:
             yield len(batch.index), lambda batch=batch: loss_fn(model, batch.inputs)
         else:
@@ -149,10 +154,13 @@ def gradient_sums(
     pairs: Pairs | None = None, loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None,
     abs_scope: str = "example", seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
     inputs: Sequence[dict[str, torch.Tensor]] | None = None, cross_attention: bool = False,
+    on_batch: Callable[[Batch], None] | None = None, seconds: dict[str, float] | None = None,
 ) -> tuple[torch.Tensor, int]:
     """This process's ``(Σ |∂L/∂g| [rows, H] float64 on CPU, number of examples)``; see the module docstring.
     ``inputs``: ready batches (any keys ``loss_fn`` reads, e.g. a task's collated batches) instead of texts;
-    ``cross_attention``: also score ``dec-enc`` rows (``rows_of(model, cross_attention=True)`` order)."""
+    ``cross_attention``: also score ``dec-enc`` rows (``rows_of(model, cross_attention=True)`` order);
+    ``on_batch(batch)``: called before each text batch's forward (``analyze`` feeds its statistics observers
+    from this pass); ``seconds``: ``"forward"`` and ``"backward"`` wall times are added into it."""
     if abs_scope not in ABS_SCOPES:
         raise HeadwiseError(f"unknown abs_scope {abs_scope!r}; use one of {', '.join(ABS_SCOPES)}")
     rows = rows_of(model, cross_attention)
@@ -166,10 +174,16 @@ def gradient_sums(
             torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
-                                          seed, score_scale, inputs):
+                                          seed, score_scale, inputs, on_batch):
             leaf = gates.ones(size if abs_scope == "example" else 1, device).requires_grad_()
             gates.set(leaf)
-            (grad,) = torch.autograd.grad(losses().sum(), leaf, allow_unused=True)
+            start = time.perf_counter()
+            total_loss = losses().sum()
+            middle = time.perf_counter()
+            (grad,) = torch.autograd.grad(total_loss, leaf, allow_unused=True)
+            if seconds is not None:
+                seconds["forward"] = seconds.get("forward", 0.0) + middle - start
+                seconds["backward"] = seconds.get("backward", 0.0) + time.perf_counter() - middle
             if grad is not None:
                 sums += grad.detach().abs().sum(1).double().cpu()
             count += size

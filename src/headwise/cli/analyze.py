@@ -30,7 +30,8 @@ def register(verbs, parents) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--importance-examples", type=int, default=32,
-                   help="tasks other than stsb: training examples for gradient importance (default: 32)")
+                   help="tasks other than stsb and lm: training examples for gradient importance (default: 32; lm "
+                        "takes the gradient of the analysed texts' own next-token loss in the statistics pass)")
     task_args(p)
     p.set_defaults(run=run)
 
@@ -91,11 +92,19 @@ def run(args: argparse.Namespace) -> int:
         texts = [t for t in task.texts("calibration") if t.strip()][: args.limit]
         config.data_name = f"{task.name} task, {len(texts)} texts"
         model, tokenizer = load_for_task(args, task)
-        # the task's training batch size bounds the backward pass's memory (lm: 4 windows, not --batch-size 32 of
-        # them with their [B, T, vocab] logits)
-        inputs = task.batches(tokenizer, "train", min(args.batch_size, task.train_defaults["batch_size"]),
-                              args.importance_examples) if "gradient" in importance else None
+        # the task's training batch size bounds the backward pass's memory (lm: 4 windows, not --batch-size 32);
+        # lm: the gradient of the analysed texts' own next-token loss, from the statistics pass itself (one forward
+        # and one backward per batch of 4 texts); other tasks: of the task loss on --importance-examples examples
+        backward_batch = min(args.batch_size, task.train_defaults["batch_size"])
+        if "gradient" in importance and args.task == "lm":
+            config.batch_size = backward_batch
+        inputs = task.batches(tokenizer, "train", backward_batch, args.importance_examples) \
+            if "gradient" in importance and args.task != "lm" else None
         stats = with_seconds(analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs))
+        if "gradient" in importance:
+            stats["importance_data"] = (
+                "the analysed texts' next-token loss, in the statistics pass" if inputs is None
+                else f"the task loss of {sum(len(b['input_ids']) for b in inputs)} {task.name} training examples")
     stats["task"] = args.task
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "stats.json").write_text(json.dumps(stats))
@@ -105,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         cost = ", ".join(f"{k} {v:.1f} s" for k, v in stats["seconds"].items())
         print(f"analysed {stats['sentences']} texts ({stats['tokens']} tokens) with {model.config.model_type}, "
-              f"importance: {', '.join(stats['importance']) or 'none'} ({cost}): "
+              f"importance: {', '.join(stats['importance']) or 'none'} ({cost}"
+              f"{'; gradient of ' + stats['importance_data'] if 'importance_data' in stats else ''}): "
               f"{args.out}/report.html, {args.out}/stats.json")
     return 0
 
