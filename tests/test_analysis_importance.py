@@ -280,3 +280,33 @@ def test_statistics_and_gradient_in_one_pass_equal_two_passes(kind):
     ours = np.array(got["heads"]["importance_gradient"], dtype=float)
     assert np.allclose(ours, reference.numpy(), rtol=1e-4, atol=1e-6, equal_nan=True)
     assert np.nanmin(ours) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_checkpointed_blocks_give_the_same_gradient_and_leave_the_model_as_it_was(family):
+    from headwise.analysis.importance import gradient_sums
+
+    tokenizer, model = word_tokenizer(family), loud_model(family)
+    model.config.use_cache = True
+    flags = [i % 3 != 0 for i, _ in enumerate(model.parameters())]  # a mix of trainable and frozen weights
+    for p, flag in zip(model.parameters(), flags):
+        p.requires_grad_(flag)
+    from headwise.analysis import importance
+
+    runs = []
+    plain = importance.checkpoint
+
+    def counted(fn, *args, **kwargs):  # count every run of a block's forward: the first one and the recompute
+        return plain(lambda *a, **k: runs.append(1) or fn(*a, **k), *args, **kwargs)
+
+    importance.checkpoint = counted
+    try:
+        recomputed, n = gradient_sums(model, tokenizer, TEXTS, batch_size=2, checkpoint_blocks=True)
+    finally:
+        importance.checkpoint = plain
+    kept, m = gradient_sums(model, tokenizer, TEXTS, batch_size=2, checkpoint_blocks=False)
+    assert len(runs) == 2 * 2 * 3  # two blocks, three batches: each block run again in the backward
+    assert n == m == len(TEXTS) and torch.allclose(recomputed, kept, rtol=1e-5, atol=1e-9) and kept.min() > 0
+    assert model.config.use_cache is True
+    assert not any("forward" in module.__dict__ for module in model.modules())
+    assert [p.requires_grad for p in model.parameters()] == flags and all(p.grad is None for p in model.parameters())

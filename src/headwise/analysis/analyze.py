@@ -136,7 +136,7 @@ def analyze(
                 stats.add_importance_("gradient", *gradient_sums(
                     model, tokenizer, mine, index=shard, loss_fn=loss_fn, batch_size=cfg.batch_size,
                     max_length=max_length, abs_scope=cfg.abs_scope, seed=cfg.seed, progress=False, on_batch=seen,
-                    seconds=parts))
+                    seconds=parts, checkpoint_blocks=False))
             stats.seconds["observe"], stats.seconds["gradient"] = parts["forward"], parts["backward"]
         else:
             observe(model, tokenizer, mine, rows, stats, cfg.batch_size, max_length, progress)

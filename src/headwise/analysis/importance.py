@@ -6,7 +6,8 @@ or Z is the same). Under ``torch.distributed`` each process passes its own share
 added over processes before dividing.
 
 **Gradient importance** ``I_h = E|∂L/∂g_h|`` at ``g = 1`` (D.2), with every weight of the model frozen for the
-pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored). ``abs_scope="batch"`` takes the absolute value
+pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored), and each
+block of the layer stack checkpointed (``checkpointed``: the backward keeps one block's activations at a time). ``abs_scope="batch"`` takes the absolute value
 of each batch's summed gradient (bertology, with the gradient zeroed per batch), ``"example"`` of each example's
 gradient (the paper); the score is the sum of those absolute values divided by the number of examples (both
 scopes agree at batch size 1), then each row is divided by its L2 norm (``normalize``). The loss ``L``:
@@ -44,6 +45,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import HeadwiseError
 from .config import ABS_SCOPES
@@ -135,6 +137,40 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
 
 
 @contextmanager
+def checkpointed(model: nn.Module, rows: list[Row]) -> Iterator[None]:
+    """Each block of the model's layer stack (``_block_stack``) under ``torch.utils.checkpoint`` for the block:
+    a backward keeps only the blocks' inputs and recomputes one block's activations at a time, instead of
+    holding every block's (the same gradients; one more forward). The model runs without a key/value cache
+    (``config.use_cache`` off for the block): a recomputed block would append its keys to it a second time.
+    Models without one stack run unchanged."""
+    found = _block_stack(model, rows)
+    if found is None:
+        yield
+        return
+    stack = found[0]
+    config = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+    if use_cache:
+        config.use_cache = False
+    saved = [block.__dict__.get("forward") for block in stack]  # keep hooks that wrap forward
+    for block in stack:
+        def run(*args: Any, inner: Callable = block.forward, **kwargs: Any) -> Any:
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs) if torch.is_grad_enabled() \
+                else inner(*args, **kwargs)
+        block.forward = run
+    try:
+        yield
+    finally:
+        if use_cache:
+            config.use_cache = use_cache
+        for block, forward in zip(stack, saved):
+            if forward is None:
+                del block.__dict__["forward"]
+            else:
+                block.forward = forward
+
+
+@contextmanager
 def frozen(model: nn.Module) -> Iterator[None]:
     """Every parameter of ``model`` with ``requires_grad=False`` for the block (restored after): a backward to
     the head gates then neither computes nor keeps anything for the weights' gradients (no activations saved for
@@ -155,12 +191,15 @@ def gradient_sums(
     abs_scope: str = "example", seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
     inputs: Sequence[dict[str, torch.Tensor]] | None = None, cross_attention: bool = False,
     on_batch: Callable[[Batch], None] | None = None, seconds: dict[str, float] | None = None,
+    checkpoint_blocks: bool = True,
 ) -> tuple[torch.Tensor, int]:
     """This process's ``(Σ |∂L/∂g| [rows, H] float64 on CPU, number of examples)``; see the module docstring.
     ``inputs``: ready batches (any keys ``loss_fn`` reads, e.g. a task's collated batches) instead of texts;
     ``cross_attention``: also score ``dec-enc`` rows (``rows_of(model, cross_attention=True)`` order);
     ``on_batch(batch)``: called before each text batch's forward (``analyze`` feeds its statistics observers
-    from this pass); ``seconds``: ``"forward"`` and ``"backward"`` wall times are added into it."""
+    from this pass); ``seconds``: ``"forward"`` and ``"backward"`` wall times are added into it;
+    ``checkpoint_blocks``: recompute each block in the backward (``checkpointed``; off where observers must see
+    each forward once)."""
     if abs_scope not in ABS_SCOPES:
         raise HeadwiseError(f"unknown abs_scope {abs_scope!r}; use one of {', '.join(ABS_SCOPES)}")
     rows = rows_of(model, cross_attention)
@@ -171,7 +210,7 @@ def gradient_sums(
                        disable=None if progress is None else not progress)
     sums, count = None, 0
     with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
-            torch.enable_grad():
+            checkpointed(model, rows) if checkpoint_blocks else _nothing(), torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
                                           seed, score_scale, inputs, on_batch):
