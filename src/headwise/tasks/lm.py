@@ -53,25 +53,29 @@ def _head_input(model: nn.Module) -> Iterator[list[torch.Tensor]]:
         handle.remove()
 
 
-def _final_hidden(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
-                  ) -> tuple[torch.Tensor, int] | None:
-    """The hidden states ``[B, T, D]`` the model's ``lm_head`` turns into its logits and the vocabulary size V,
-    found with one forward that projects only the last position; ``None`` when the logits are not exactly
-    ``lm_head(hidden)`` (no output embeddings, several or no calls, a logit post-processing such as soft-capping
-    or scaling)."""
+def final_hidden(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int] | None:
+    """The hidden states ``[B, T, D]`` the model's ``lm_head`` turns into its logits on ``inputs`` and the
+    vocabulary size V, found with one forward that projects only the last position; ``None`` when the logits
+    are not exactly ``lm_head(hidden)`` (no output embeddings, several or no calls, a logit post-processing such
+    as soft-capping, scaling or a bias added after the head)."""
     head = model.get_output_embeddings()
     if not isinstance(head, nn.Module):
         return None
     with _head_input(model) as seen:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits
-    if len(seen) != 1 or seen[0] is None or seen[0].shape[:2] != input_ids.shape or logits.shape[1] != 1:
+        logits = model(**inputs).logits
+    if len(seen) != 1 or seen[0] is None or seen[0].dim() != 3 or logits.shape[1] != 1:
         return None
-    hidden = seen[0]
+    hidden = seen[0]  # [B, T, D]
     if hidden.device.type != "meta":
         with torch.no_grad():  # same op on the same input: bit-equal unless the model post-processes its logits
             if not torch.equal(head(hidden[:, -1:]).to(logits.dtype), logits.detach()):
                 return None
     return hidden, logits.shape[-1]
+
+
+def logit_rows(vocab: int) -> int:
+    """Positions per chunk of logits: ``LOSS_CHUNK_BYTES`` of float32 logits over a vocabulary of ``vocab``."""
+    return max(16, LOSS_CHUNK_BYTES // (4 * vocab))
 
 
 def _chunk_nll(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -91,7 +95,7 @@ def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     (soft-capping, logit scaling) are run a second time with their full logits."""
     target = labels[:, 1:]
     scored = target != LABEL_PAD
-    found = _final_hidden(model, input_ids, attention_mask)
+    found = final_hidden(model, {"input_ids": input_ids, "attention_mask": attention_mask})
     if found is None:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
         nll = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
@@ -99,7 +103,7 @@ def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     (hidden, vocab), head = found, model.get_output_embeddings()
     flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # [B·(T-1), D]
     goal = target.reshape(-1).clamp(min=0)
-    step = max(16, LOSS_CHUNK_BYTES // (4 * vocab))
+    step = logit_rows(vocab)
     keep = torch.is_grad_enabled() and flat.requires_grad
     parts = [checkpoint(_chunk_nll, head, flat[i : i + step], goal[i : i + step], use_reentrant=False) if keep
              else _chunk_nll(head, flat[i : i + step], goal[i : i + step]) for i in range(0, len(flat), step)]
