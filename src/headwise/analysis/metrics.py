@@ -48,13 +48,14 @@ def histogram_edges() -> torch.Tensor:
 
 @lru_cache(maxsize=4)
 def _bin_tables(edges: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Lookup tables ``(first, cut)`` ``[65536]`` int64 that bin float32 weights exactly as
+    """Lookup tables ``(first [65536] uint8, cut [65536] int32)`` that bin float32 weights exactly as
     ``bucketize(float64(a) + HIST_OFFSET, edges[1:-1], right=True)``, without the float64 copy and the binary
-    search: a float32 ``a`` lies in bin ``first[c] + (bits(a) >= cut[c])`` where ``c`` is the top 16 bits of its
-    bit pattern. Bit patterns of non-negative floats are ordered as the floats, so bin ``k`` starts at the bit
-    pattern of the smallest float32 ``a`` with ``float64(a) + HIST_OFFSET >= edges[k]``; a 16-bit cell spans a
-    factor below ``2^(1/128)``, the edges a factor ``10^0.08``, so no cell holds two bin starts. Negative
-    weights (cells from ``0x8000``) fall in bin 0, as ``a + HIST_OFFSET`` is below the first edge."""
+    search: with ``c = (bits(a) >> 16) + 32768`` (the top 16 bits of its bit pattern, as a table index), ``a``
+    lies in bin ``first[c] + (bits(a) >= cut[c])``. Bit patterns of non-negative floats are ordered as the
+    floats, so bin ``k`` starts at the bit pattern of the smallest float32 ``a`` with
+    ``float64(a) + HIST_OFFSET >= edges[k]``; a 16-bit cell spans a factor below ``2^(1/128)``, the edges a
+    factor ``10^0.08``, so no cell holds two bin starts. Negative weights (negative bit patterns) fall in bin 0,
+    as ``a + HIST_OFFSET`` is below the first edge."""
     inner = torch.tensor(edges[1:-1], dtype=torch.float64)
     start = (inner - HIST_OFFSET).float()
     up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
@@ -68,26 +69,25 @@ def _bin_tables(edges: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     if not fits.all() or below.any():
         raise RuntimeError("histogram bin starts did not converge")
     starts = start.view(torch.int32).long()  # [bins - 1], increasing
-    cells = torch.arange(65536, dtype=torch.long)
-    low = torch.where(cells < 0x8000, cells << 16, torch.full_like(cells, -1))  # first bit pattern of each cell
+    high = torch.arange(-32768, 32768, dtype=torch.long)  # the top 16 bits of each cell, signed
+    low = torch.where(high >= 0, high << 16, torch.full_like(high, -1))  # first bit pattern of each cell
     first = (starts[None, :] <= low[:, None]).sum(1)
-    inside = (starts[None, :] > low[:, None]) & (starts[None, :] < low[:, None] + 65536) & (cells < 0x8000)[:, None]
+    inside = (starts[None, :] > low[:, None]) & (starts[None, :] < low[:, None] + 65536) & (high >= 0)[:, None]
     if inside.sum(1).max() > 1:
         raise RuntimeError("two histogram bins start in one 16-bit cell")
     never = torch.iinfo(torch.int32).max
     cut = torch.where(inside, starts[None, :], torch.full_like(inside, never, dtype=torch.long)).amin(1)
-    return first, cut
+    return first.to(torch.uint8), cut.int()
 
 
 def histogram_bins(probs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
-    """``bucketize(probs.double() + HIST_OFFSET, edges[1:-1], right=True)`` (int64, ``probs``' shape) for float32
-    ``probs``, by table lookup (``_bin_tables``)."""
+    """``bucketize(probs.double() + HIST_OFFSET, edges[1:-1], right=True)`` as uint8, ``probs``' shape, for
+    float32 ``probs``, by table lookup (``_bin_tables``)."""
     first, cut = _bin_tables(tuple(edges.tolist()))
     first, cut = first.to(probs.device), cut.to(probs.device)
     bits = probs.float().contiguous().view(torch.int32).flatten()
-    cell = ((bits >> 16) & 0xFFFF).long()
-    bins = first.index_select(0, cell) + (bits >= cut.index_select(0, cell))
-    return bins.view(probs.shape)
+    cell = ((bits >> 16) + 32768).int()
+    return (first.index_select(0, cell) + (bits >= cut.index_select(0, cell))).view(probs.shape)
 
 
 def sparsity_name(t: float) -> str:
@@ -206,7 +206,7 @@ def batch_sums(
     sums["mhr_advanced"] = (column_max * sentence[:, None]).sum(0)
 
     outside = A.masked_fill(~valid, 2.0)  # invalid entries above every threshold (thresholds lie in [0, 1])
-    sums["sparsity"] = torch.stack([torch.count_nonzero(outside <= t, dim=(0, 2, 3)) for t in thresholds]).double() \
+    sums["sparsity"] = torch.stack([(outside <= t).sum(-1, dtype=torch.int32).sum((0, 2)) for t in thresholds]).double() \
         if thresholds else torch.zeros(0, H, dtype=torch.float64, device=A.device)
     sums["entries"] = valid.sum((0, 2, 3)).double()
 
