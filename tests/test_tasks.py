@@ -130,7 +130,8 @@ def test_chunked_lm_loss_and_gradient_equal_the_full_logits_ones(causal, tokeniz
     task = LanguageModeling(data=str(text_file), max_length=16)
     batch = collate(task.examples(tokenizer, "train").items[:3], 0)
     batch["labels"][0, :5] = -100  # unscored positions, as in strided windows
-    monkeypatch.setattr(lm, "LOSS_CHUNK_BYTES", 1)  # chunks of 16 positions: several per batch
+    monkeypatch.setattr(lm, "LOSS_CHUNK_BYTES", 1)
+    monkeypatch.setattr(lm, "LOSS_CHUNK_MIN_ROWS", 7)  # chunks of 7 positions: several per batch
     results = []
     for loss_fn in (task.loss, plain_lm_loss):
         model.zero_grad(set_to_none=True)

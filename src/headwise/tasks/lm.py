@@ -33,7 +33,8 @@ TRAIN_SHARE = 0.9
 SPLITS = ("eval", "train", "calibration", "all")
 
 
-LOSS_CHUNK_BYTES = 32 * 2**20  # float32 logits of one chunk of positions (bounds the loss's memory)
+LOSS_CHUNK_BYTES = 8 * 2**20  # float32 logits of one chunk of positions (bounds the loss's memory)
+LOSS_CHUNK_MIN_ROWS = 64  # the least positions per chunk (a large vocabulary keeps its matmuls efficient)
 
 
 @contextmanager
@@ -74,8 +75,9 @@ def final_hidden(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[tor
 
 
 def logit_rows(vocab: int) -> int:
-    """Positions per chunk of logits: ``LOSS_CHUNK_BYTES`` of float32 logits over a vocabulary of ``vocab``."""
-    return max(16, LOSS_CHUNK_BYTES // (4 * vocab))
+    """Positions per chunk of logits: ``LOSS_CHUNK_BYTES`` of float32 logits over a vocabulary of ``vocab``, at
+    least ``LOSS_CHUNK_MIN_ROWS``."""
+    return max(LOSS_CHUNK_MIN_ROWS, LOSS_CHUNK_BYTES // (4 * vocab))
 
 
 def _chunk_nll(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
