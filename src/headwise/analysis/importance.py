@@ -6,11 +6,12 @@ or Z is the same). Under ``torch.distributed`` each process passes its own share
 added over processes before dividing.
 
 **Gradient importance** ``I_h = E|∂L/∂g_h|`` at ``g = 1`` (D.2), with every weight of the model frozen for the
-pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored), and each
-block of the layer stack checkpointed (``checkpointed``: the backward keeps one block's activations at a time). ``abs_scope="batch"`` takes the absolute value
-of each batch's summed gradient (bertology, with the gradient zeroed per batch), ``"example"`` of each example's
-gradient (the paper); the score is the sum of those absolute values divided by the number of examples (both
-scopes agree at batch size 1), then each row is divided by its L2 norm (``normalize``). The loss ``L``:
+pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored), and each block
+of the layer stack checkpointed (``checkpointed``: the backward keeps one block's activations at a time).
+``abs_scope="batch"`` takes the absolute value of each batch's summed gradient (bertology, with the gradient
+zeroed per batch), ``"example"`` of each example's gradient (the paper); the score is the sum of those absolute
+values divided by the number of examples (both scopes agree at batch size 1), then each row is divided by its L2
+norm (``normalize``). The loss ``L``:
 
 - ``loss_fn(model, inputs) -> [B]`` per-example losses, if given (e.g. a task loss, as in Michel et al.);
 - with ``pairs=(first, second, scores)``: the STS-B training objective

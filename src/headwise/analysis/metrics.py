@@ -206,8 +206,9 @@ def batch_sums(
     sums["mhr_advanced"] = (column_max * sentence[:, None]).sum(0)
 
     outside = A.masked_fill(~valid, 2.0)  # invalid entries above every threshold (thresholds lie in [0, 1])
-    sums["sparsity"] = torch.stack([(outside <= t).sum(-1, dtype=torch.int32).sum((0, 2)) for t in thresholds]).double() \
-        if thresholds else torch.zeros(0, H, dtype=torch.float64, device=A.device)
+    counts = [(outside <= t).sum(-1, dtype=torch.int32).sum((0, 2)) for t in thresholds]  # [H] each
+    sums["sparsity"] = torch.stack(counts).double() if thresholds else \
+        torch.zeros(0, H, dtype=torch.float64, device=A.device)
     sums["entries"] = valid.sum((0, 2, 3)).double()
 
     bins = histogram_bins(A, edges)  # [B, H, T, T]

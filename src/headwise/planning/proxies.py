@@ -133,8 +133,8 @@ def outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> Out
 
 
 def relative_error(reference: Outputs, got: Outputs) -> float:
-    """``‖y − ŷ‖ / ‖y‖`` of the logits (or outputs) over all batches (padding positions included, identically on
-    both sides); logits rebuilt from hidden states ``logit_rows`` positions at a time."""
+    """``‖y − ŷ‖ / ‖y‖`` of the logits (or outputs) over all batches (padding positions included, identically
+    on both sides); logits rebuilt from hidden states ``logit_rows`` positions at a time."""
     num = den = 0.0
     with torch.inference_mode():
         for a, b in zip(reference.values, got.values):
