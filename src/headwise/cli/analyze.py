@@ -10,6 +10,9 @@ from . import model_args
 from .task_options import load_for_task, load_task_model, task_args, task_from_args
 
 
+IMPORTANCE_EXAMPLES = 32
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("analyze", parents=parents,
                          help="per-head statistics and importance, as report.html + stats.json")
@@ -29,9 +32,10 @@ def register(verbs, parents) -> None:
     p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=None)
-    p.add_argument("--importance-examples", type=int, default=32,
-                   help="tasks other than stsb and lm: training examples for gradient importance (default: 32; lm "
-                        "takes the gradient of the analysed texts' own next-token loss in the statistics pass)")
+    p.add_argument("--importance-examples", type=int, default=None,
+                   help="classification and translation: training examples for gradient importance (default: "
+                        f"{IMPORTANCE_EXAMPLES}); lm takes the gradient of the analysed texts' own next-token loss in "
+                        "the statistics pass (--limit), stsb of the analysed pairs")
     task_args(p)
     p.set_defaults(run=run)
 
@@ -77,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.task == "translation":
         return run_seq2seq(args)
+    if args.importance_examples is not None and args.task in ("stsb", "lm"):
+        raise HeadwiseError(f"--importance-examples applies to classification and translation; analyze --task "
+                            f"{args.task} takes the gradient of the analysed texts (their number: --limit)")
+    examples = args.importance_examples or IMPORTANCE_EXAMPLES
     chosen = args.importance or "gradient"
     importance = () if chosen == "none" else tuple(k for k in chosen.split(",") if k)
     config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=args.examples,
@@ -98,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
         backward_batch = min(args.batch_size, task.train_defaults["batch_size"])
         if "gradient" in importance and args.task == "lm":
             config.batch_size = backward_batch
-        inputs = task.batches(tokenizer, "train", backward_batch, args.importance_examples) \
+        inputs = task.batches(tokenizer, "train", backward_batch, examples) \
             if "gradient" in importance and args.task != "lm" else None
         stats = with_seconds(analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs))
         if "gradient" in importance:
@@ -135,7 +143,8 @@ def run_seq2seq(args: argparse.Namespace) -> int:
     task = task_from_args(args, skip=("limit", "batch_size"))
     model, tokenizer = load_for_task(args, task)
     batches = task.calibration_inputs(tokenizer, limit=args.limit, batch_size=args.batch_size)
-    loss_inputs = task.batches(tokenizer, "train", args.batch_size, args.importance_examples) if importance else None
+    examples = args.importance_examples or IMPORTANCE_EXAMPLES
+    loss_inputs = task.batches(tokenizer, "train", args.batch_size, examples) if importance else None
     stats = analyze_seq2seq(model, batches, loss_fn=task.loss if importance else None, loss_inputs=loss_inputs)
     result = stats.to_dict() | {"model": args.model, "data": f"{task.name} task, {task.calibration_split} split, "
                                 f"{sum(len(b['input_ids']) for b in batches)} pairs (teacher forcing)"}
