@@ -3,7 +3,8 @@ language model must take at most 3x its evaluation).
 
 Both run in one process on one loaded model, interleaved (eval, analyze, eval, analyze, ...), exactly as the CLI
 runs them: analyze observes the first N texts of the task's calibration part (each cut to --max-length tokens) and
-computes the default importance (gradient of the next-token loss over --importance-examples windows); eval scores
+computes the default importance (gradient of the texts' own next-token loss, in the statistics pass: one forward
+and one backward per batch of 4 texts); eval scores
 perplexity over disjoint windows of --max-length tokens holding as many tokens as analyze observed. Reports the
 median seconds of each and their ratio, and writes benchmarks/results/analyze_vs_eval[_quick].json.
 
@@ -31,7 +32,6 @@ def main() -> None:
     parser.add_argument("--data", default=None, help="text file (default: shared/data/wikitext-2/valid.txt)")
     parser.add_argument("--texts", type=int, default=50)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--importance-examples", type=int, default=32, help="as analyze's default")
     parser.add_argument("--batch-size", type=int, default=32, help="as analyze's default")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="10 texts of 128 tokens, 1 repeat")
@@ -46,13 +46,11 @@ def main() -> None:
     task = LanguageModeling(data=args.data, max_length=args.max_length)
     model, tokenizer = headwise.load_model(args.model, task=task)
     texts = [t for t in task.texts("calibration") if t.strip()][: args.texts]
-    config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=3,
-                            importance=("gradient",))
+    config = AnalysisConfig(batch_size=min(args.batch_size, task.train_defaults["batch_size"]),  # as the CLI
+                            max_length=args.max_length, examples=3, importance=("gradient",))
 
     def run_analyze() -> dict:
-        inputs = task.batches(tokenizer, "train", min(args.batch_size, task.train_defaults["batch_size"]),
-                              args.importance_examples)  # as the CLI
-        stats = analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs, progress=False)
+        stats = analyze(model, tokenizer, texts, config, loss_fn=task.loss, progress=False)
         return {"tokens": stats.to_dict()["tokens"], "seconds": dict(stats.seconds)}
 
     first = run_analyze()  # also a warm-up; its token count sizes the evaluation
@@ -70,7 +68,7 @@ def main() -> None:
         times["analyze"].append(time.perf_counter() - start)
     result = {
         "model": args.model, "texts": len(texts), "max_length": args.max_length, "tokens_analysed": first["tokens"],
-        "tokens_evaluated": scored, "importance": "gradient", "importance_examples": args.importance_examples,
+        "tokens_evaluated": scored, "importance": "gradient of the analysed texts' next-token loss (one pass)",
         "repeats": args.repeats, "threads": torch.get_num_threads(), "machine": machine(),
         "eval_seconds": median(times["eval"]), "analyze_seconds": median(times["analyze"]),
         "analyze_parts_seconds": {k: median([p[k] for p in parts]) for k in parts[0]},

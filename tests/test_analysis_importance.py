@@ -239,3 +239,74 @@ def test_gradient_importance_freezes_every_weight_and_leaves_no_gradient():
     assert seen and not any(any(flags) for flags in seen)  # frozen during the pass
     assert (table > 0).all()  # every gate still gets its gradient
     assert all(p.requires_grad and p.grad is None for p in model.parameters())  # restored, nothing accumulated
+
+
+def _tiny_causal_lm():
+    import transformers as tf
+
+    from test_analysis_support import VOCAB
+
+    torch.manual_seed(3)
+    config = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+
+
+@pytest.mark.parametrize("kind", ["bert", "llama", "causal-lm"])
+def test_statistics_and_gradient_in_one_pass_equal_two_passes(kind):
+    """analyze runs the gradient over the analysed texts in the statistics pass: the same statistics as a pass
+    without importance, the same importance as gradient_importance alone (which is checked against eager
+    autograd above); for a language model, of its next-token loss on the texts."""
+    from headwise.tasks import LanguageModeling
+
+    family = "llama" if kind == "causal-lm" else kind
+    tokenizer = word_tokenizer(family)
+    model = _tiny_causal_lm() if kind == "causal-lm" else loud_model(family)
+    loss = LanguageModeling().loss if kind == "causal-lm" else None
+    texts = random_texts(7, seed=3)
+    one = analyze(model, tokenizer, texts, importance=("gradient",), examples=0, batch_size=3, loss_fn=loss,
+                  progress=False)
+    assert set(one.seconds) == {"observe", "gradient"}
+    alone = analyze(model, tokenizer, texts, importance=(), examples=0, batch_size=3, progress=False).to_dict()
+    got = one.to_dict()
+    assert got["sentences"] == alone["sentences"] == 7 and got["tokens"] == alone["tokens"]
+    tables = [("heads", alone["heads"]), ("similarity", alone["similarity"]),
+              ("histogram", {"counts": alone["histogram"]["counts"]})]
+    for part, named in tables:
+        for name, table in named.items():
+            assert np.allclose(np.array(got[part][name], dtype=float), np.array(table, dtype=float), rtol=1e-5,
+                               atol=1e-6, equal_nan=True), (part, name)
+    reference = gradient_importance(model, tokenizer, texts, loss_fn=loss, batch_size=3, progress=False)
+    ours = np.array(got["heads"]["importance_gradient"], dtype=float)
+    assert np.allclose(ours, reference.numpy(), rtol=1e-4, atol=1e-6, equal_nan=True)
+    assert np.nanmin(ours) > 0
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_checkpointed_blocks_give_the_same_gradient_and_leave_the_model_as_it_was(family):
+    from headwise.analysis.importance import gradient_sums
+
+    tokenizer, model = word_tokenizer(family), loud_model(family)
+    model.config.use_cache = True
+    flags = [i % 3 != 0 for i, _ in enumerate(model.parameters())]  # a mix of trainable and frozen weights
+    for p, flag in zip(model.parameters(), flags):
+        p.requires_grad_(flag)
+    from headwise.analysis import importance
+
+    runs = []
+    plain = importance.checkpoint
+
+    def counted(fn, *args, **kwargs):  # count every run of a block's forward: the first one and the recompute
+        return plain(lambda *a, **k: runs.append(1) or fn(*a, **k), *args, **kwargs)
+
+    importance.checkpoint = counted
+    try:
+        recomputed, n = gradient_sums(model, tokenizer, TEXTS, batch_size=2, checkpoint_blocks=True)
+    finally:
+        importance.checkpoint = plain
+    kept, m = gradient_sums(model, tokenizer, TEXTS, batch_size=2, checkpoint_blocks=False)
+    assert len(runs) == 2 * 2 * 3  # two blocks, three batches: each block run again in the backward
+    assert n == m == len(TEXTS) and torch.allclose(recomputed, kept, rtol=1e-5, atol=1e-9) and kept.min() > 0
+    assert model.config.use_cache is True
+    assert not any("forward" in module.__dict__ for module in model.modules())
+    assert [p.requires_grad for p in model.parameters()] == flags and all(p.grad is None for p in model.parameters())

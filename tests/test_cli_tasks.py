@@ -49,21 +49,25 @@ def test_eval_lm_json_matches_the_library(llama_dir, capsys):
 def test_analyze_with_the_lm_task_ranks_heads_by_the_next_token_loss(llama_dir, tmp_path):
     out = tmp_path / "a"
     assert main(["analyze", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-                 "--importance", "gradient,ablation", "--ablation-texts", "8", "--importance-examples", "4",
+                 "--importance", "gradient,ablation", "--ablation-texts", "8",
                  "--limit", "20", "--max-length", "32", "--out", str(out)]) == 0
     stats = json.loads((out / "stats.json").read_text())
-    assert stats["sentences"] == 20 and "lm task" in stats["data"]
+    assert stats["sentences"] == 20 and "lm task" in stats["data"] and "analysed texts" in stats["importance_data"]
     gradient = torch.tensor(stats["heads"]["importance_gradient"])
     assert gradient.shape == (3, 6) and (gradient > 0).all()
     assert torch.isfinite(torch.tensor(stats["heads"]["importance_ablation"])).all()
-    # the same ranking as Michel's importance of the next-token loss computed directly
+    # the same ranking as Michel's importance of the analysed texts' next-token loss computed directly
     from headwise.analysis.importance import gradient_importance
     from headwise.tasks import LanguageModeling
 
     model, tokenizer = headwise.load_model(str(llama_dir / "model"), task="lm")
     task = LanguageModeling(data=str(llama_dir / "text.txt"), max_length=32)
-    direct = gradient_importance(model, tokenizer, inputs=task.batches(tokenizer, "train", 32, 4), loss_fn=task.loss)
+    texts = [t for t in task.texts("calibration") if t.strip()][:20]
+    direct = gradient_importance(model, tokenizer, texts, loss_fn=task.loss, batch_size=4, max_length=32)
     assert torch.allclose(gradient.double(), direct, atol=1e-6)
+    refused = main(["analyze", "--task", "lm", "--model", str(llama_dir / "model"), "--data",
+                        str(llama_dir / "text.txt"), "--importance-examples", "4", "--out", str(tmp_path / "b")])
+    assert refused == 2 and not (tmp_path / "b").exists()  # a flag that would do nothing is refused
 
 
 @pytest.mark.parametrize("unit,keep,plain", [("kv-group", 9, True), ("query", 12, False)])

@@ -112,6 +112,57 @@ def test_next_token_nll_in_half_precision(causal, tokenizer, text_file, dtype, t
     assert got.dtype == torch.float32 and torch.allclose(got, reference, rtol=tol)
 
 
+def plain_lm_loss(model, batch):
+    """The reference: cross-entropy of the model's full logits, mean over each window's scored tokens."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].float()
+    target = batch["labels"][:, 1:]
+    nll = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
+    return (nll * (target != -100)).sum(1) / (target != -100).sum(1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_chunked_lm_loss_and_gradient_equal_the_full_logits_ones(causal, tokenizer, text_file, monkeypatch,
+                                                                  dtype, tol):
+    from headwise.tasks import lm
+
+    model, path = causal
+    model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="headwise").eval()
+    task = LanguageModeling(data=str(text_file), max_length=16)
+    batch = collate(task.examples(tokenizer, "train").items[:3], 0)
+    batch["labels"][0, :5] = -100  # unscored positions, as in strided windows
+    monkeypatch.setattr(lm, "LOSS_CHUNK_BYTES", 1)
+    monkeypatch.setattr(lm, "LOSS_CHUNK_MIN_ROWS", 7)  # chunks of 7 positions: several per batch
+    results = []
+    for loss_fn in (task.loss, plain_lm_loss):
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model, batch)
+        loss.sum().backward()
+        results.append((loss.detach(), {n: p.grad.float() for n, p in model.named_parameters()}))
+    (got, got_grads), (want, want_grads) = results
+    assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=tol, atol=tol)
+    for name, grad in want_grads.items():
+        assert torch.allclose(got_grads[name], grad, rtol=tol, atol=tol * grad.abs().max()), name
+
+
+def test_lm_loss_of_a_model_that_post_processes_its_logits(causal, tokenizer, text_file):
+    model, _ = causal
+    task = LanguageModeling(data=str(text_file), max_length=16)
+    batch = collate(task.examples(tokenizer, "train").items[:2], 0)
+    plain = task.loss(model, batch)
+
+    def scale(module, args, kwargs, output):  # a logit scale, as Cohere's or Granite's
+        output.logits = 30.0 * output.logits
+        return output
+
+    handle = model.register_forward_hook(scale, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            got, want = task.loss(model, batch), plain_lm_loss(model, batch)
+    finally:
+        handle.remove()
+    assert torch.allclose(got, want, rtol=1e-5) and not torch.allclose(got, plain, rtol=1e-3)
+
+
 def test_lm_loss_on_the_meta_device(causal, tokenizer, text_file):
     model, _ = causal
     task = LanguageModeling(data=str(text_file), max_length=16)

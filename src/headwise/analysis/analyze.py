@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import inspect
 import time
+from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from ..runtime import eval_mode, using_headwise
 from .attach import per_site
 from .config import AnalysisConfig
 from .importance import LossFn, Pairs, ablation_sums, gradient_sums
-from ..batching import resolve_max_length, text_batches
+from ..batching import Batch, resolve_max_length, text_batches
 from .observer import BatchContext, MapRecorder, StatsObserver
 from .rows import Row, rows_of
 from .stats import HeadStats
@@ -30,22 +31,35 @@ def _rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+@contextmanager
+def observing(model: nn.Module, rows: list[Row], stats: HeadStats, total: int, progress: bool | None = None
+              ) -> Iterator[Callable[[Batch], None]]:
+    """Statistics observers on every site of ``rows`` for the block; yields ``seen(batch)``, to call before each
+    text batch's forward (it tells the observers which tokens are real and counts sentences and tokens)."""
+    context = BatchContext()
+    bar = progress_bar(total=total, desc="analysing heads", unit="sent",
+                       disable=None if progress is None else not progress)
+
+    def seen(batch: Batch) -> None:
+        context.set(batch.real, batch.special)
+        stats.acc["sentences"] += len(batch.index)
+        stats.acc["tokens"] += batch.real.sum().item()
+        bar.update(len(batch.index))
+
+    with per_site(model, rows, lambda site, first, n: StatsObserver(stats, context, first, n)):
+        yield seen
+    bar.close()
+
+
 @torch.no_grad()
 def observe(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[Row], stats: HeadStats,
             batch_size: int, max_length: int, progress: bool | None = None) -> None:
     """Run ``texts`` through ``model`` with statistics observers attached, adding into ``stats``."""
-    context = BatchContext()
     device = next(model.parameters()).device
-    bar = progress_bar(total=len(texts), desc="analysing heads", unit="sent",
-                       disable=None if progress is None else not progress)
-    with per_site(model, rows, lambda site, first, n: StatsObserver(stats, context, first, n)):
+    with observing(model, rows, stats, len(texts), progress) as seen:
         for batch in text_batches(tokenizer, texts, batch_size, max_length, device):
-            context.set(batch.real, batch.special)
+            seen(batch)
             model(**batch.inputs)
-            stats.acc["sentences"] += len(batch.index)
-            stats.acc["tokens"] += batch.real.sum().item()
-            bar.update(len(batch.index))
-    bar.close()
 
 
 @torch.no_grad()
@@ -87,6 +101,10 @@ def analyze(
     label-free default); ``loss_inputs`` (ready batches) with ``loss_fn(model, batch) -> [B]``: any other
     objective, e.g. a task's loss on its batches (not sharded across processes). Under ``torch.distributed`` process ``r`` of ``n`` takes ``texts[r::n]`` (and pairs
     alike) and the accumulators are summed over processes, so every process returns the same statistics.
+    When the gradient's objective runs on ``texts`` themselves (no ``pairs``, no ``loss_inputs``: the random
+    projection, or ``loss_fn(model, {"input_ids", "attention_mask"})`` such as a language model's next-token loss
+    of the text), statistics and gradient come from one pass: each batch's forward feeds the observers and its
+    backward gives the gradient (``seconds``: ``observe`` is then the forwards, ``gradient`` the backwards).
     The model is put in eval mode and gets the ``headwise`` attention implementation for the call; all observers
     and gates are detached afterwards, also on error.
     """
@@ -107,13 +125,27 @@ def analyze(
     stats = HeadStats.empty([r.describe() for r in rows], cfg.thresholds, next(model.parameters()).device,
                             model=name, data=cfg.data_name, normalize_importance=cfg.normalize_importance)
     mine = [texts[i] for i in shard]
+    # one pass: when the gradient's objective runs on the analysed texts themselves, its forward feeds the
+    # statistics observers too (the same text batches, so the same statistics as a separate pass)
+    together = "gradient" in cfg.importance and pairs is None and loss_inputs is None
     with using_headwise(model), eval_mode(model):
         start = time.perf_counter()
-        observe(model, tokenizer, mine, rows, stats, cfg.batch_size, max_length, progress)
+        if together:
+            parts: dict[str, float] = {}
+            with observing(model, rows, stats, len(mine), progress) as seen:
+                stats.add_importance_("gradient", *gradient_sums(
+                    model, tokenizer, mine, index=shard, loss_fn=loss_fn, batch_size=cfg.batch_size,
+                    max_length=max_length, abs_scope=cfg.abs_scope, seed=cfg.seed, progress=False, on_batch=seen,
+                    seconds=parts, checkpoint_blocks=False))
+            stats.seconds["observe"], stats.seconds["gradient"] = parts["forward"], parts["backward"]
+        else:
+            observe(model, tokenizer, mine, rows, stats, cfg.batch_size, max_length, progress)
+            stats.seconds["observe"] = time.perf_counter() - start
         if cfg.examples:
+            start = time.perf_counter()
             stats.examples = record_examples(model, tokenizer, texts[: cfg.examples], rows, max_length)
-        stats.seconds["observe"] = time.perf_counter() - start
-        if "gradient" in cfg.importance:
+            stats.seconds["observe"] += time.perf_counter() - start
+        if "gradient" in cfg.importance and not together:
             start = time.perf_counter()
             my_pairs = None if pairs is None else tuple([p[i] for i in range(rank, len(p), world)] for p in pairs)
             stats.add_importance_("gradient", *gradient_sums(

@@ -6,10 +6,12 @@ or Z is the same). Under ``torch.distributed`` each process passes its own share
 added over processes before dividing.
 
 **Gradient importance** ``I_h = E|∂L/∂g_h|`` at ``g = 1`` (D.2), with every weight of the model frozen for the
-pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored). ``abs_scope="batch"`` takes the absolute value
-of each batch's summed gradient (bertology, with the gradient zeroed per batch), ``"example"`` of each example's
-gradient (the paper); the score is the sum of those absolute values divided by the number of examples (both
-scopes agree at batch size 1), then each row is divided by its L2 norm (``normalize``). The loss ``L``:
+pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored), and each block
+of the layer stack checkpointed (``checkpointed``: the backward keeps one block's activations at a time).
+``abs_scope="batch"`` takes the absolute value of each batch's summed gradient (bertology, with the gradient
+zeroed per batch), ``"example"`` of each example's gradient (the paper); the score is the sum of those absolute
+values divided by the number of examples (both scopes agree at batch size 1), then each row is divided by its L2
+norm (``normalize``). The loss ``L``:
 
 - ``loss_fn(model, inputs) -> [B]`` per-example losses, if given (e.g. a task loss, as in Michel et al.);
 - with ``pairs=(first, second, scores)``: the STS-B training objective
@@ -38,11 +40,13 @@ path is not reduced across processes.
 
 from __future__ import annotations
 
+import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import HeadwiseError
 from .config import ABS_SCOPES
@@ -88,8 +92,10 @@ def _probes(index: Sequence[int], dim: int, seed: int, device: torch.device) -> 
 def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None, index: Sequence[int] | None,
                   pairs: Pairs | None, loss_fn: LossFn | None, batch_size: int, max_length: int, seed: int,
                   score_scale: float, inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+                  on_batch: Callable[[Batch], None] | None = None,
                   ) -> Iterator[tuple[int, Callable[[], torch.Tensor]]]:
-    """``(batch size, closure returning per-example losses [B])`` for each batch of the chosen objective."""
+    """``(batch size, closure returning per-example losses [B])`` for each batch of the chosen objective;
+    ``on_batch(batch)`` is called before each text batch's closure (texts only)."""
     device = _device(model)
     if inputs is not None:
         if loss_fn is None:
@@ -119,6 +125,8 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
     if texts is None:
         raise HeadwiseError("gradient importance needs texts or pairs")
     for batch in text_batches(tokenizer, texts, batch_size, max_length, device, index=index):
+        if on_batch is not None:
+            on_batch(batch)
         if loss_fn is not None:
             yield len(batch.index), lambda batch=batch: loss_fn(model, batch.inputs)
         else:
@@ -127,6 +135,40 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
                 return (emb * _probes(batch.index, emb.shape[-1], seed, emb.device)).sum(-1)
 
             yield len(batch.index), projection
+
+
+@contextmanager
+def checkpointed(model: nn.Module, rows: list[Row]) -> Iterator[None]:
+    """Each block of the model's layer stack (``_block_stack``) under ``torch.utils.checkpoint`` for the block:
+    a backward keeps only the blocks' inputs and recomputes one block's activations at a time, instead of
+    holding every block's (the same gradients; one more forward). The model runs without a key/value cache
+    (``config.use_cache`` off for the block): a recomputed block would append its keys to it a second time.
+    Models without one stack run unchanged."""
+    found = _block_stack(model, rows)
+    if found is None:
+        yield
+        return
+    stack = found[0]
+    config = getattr(model, "config", None)
+    use_cache = getattr(config, "use_cache", None)
+    if use_cache:
+        config.use_cache = False
+    saved = [block.__dict__.get("forward") for block in stack]  # keep hooks that wrap forward
+    for block in stack:
+        def run(*args: Any, inner: Callable = block.forward, **kwargs: Any) -> Any:
+            return checkpoint(inner, *args, use_reentrant=False, **kwargs) if torch.is_grad_enabled() \
+                else inner(*args, **kwargs)
+        block.forward = run
+    try:
+        yield
+    finally:
+        if use_cache:
+            config.use_cache = use_cache
+        for block, forward in zip(stack, saved):
+            if forward is None:
+                del block.__dict__["forward"]
+            else:
+                block.forward = forward
 
 
 @contextmanager
@@ -149,10 +191,16 @@ def gradient_sums(
     pairs: Pairs | None = None, loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None,
     abs_scope: str = "example", seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
     inputs: Sequence[dict[str, torch.Tensor]] | None = None, cross_attention: bool = False,
+    on_batch: Callable[[Batch], None] | None = None, seconds: dict[str, float] | None = None,
+    checkpoint_blocks: bool = True,
 ) -> tuple[torch.Tensor, int]:
     """This process's ``(Σ |∂L/∂g| [rows, H] float64 on CPU, number of examples)``; see the module docstring.
     ``inputs``: ready batches (any keys ``loss_fn`` reads, e.g. a task's collated batches) instead of texts;
-    ``cross_attention``: also score ``dec-enc`` rows (``rows_of(model, cross_attention=True)`` order)."""
+    ``cross_attention``: also score ``dec-enc`` rows (``rows_of(model, cross_attention=True)`` order);
+    ``on_batch(batch)``: called before each text batch's forward (``analyze`` feeds its statistics observers
+    from this pass); ``seconds``: ``"forward"`` and ``"backward"`` wall times are added into it;
+    ``checkpoint_blocks``: recompute each block in the backward (``checkpointed``; off where observers must see
+    each forward once)."""
     if abs_scope not in ABS_SCOPES:
         raise HeadwiseError(f"unknown abs_scope {abs_scope!r}; use one of {', '.join(ABS_SCOPES)}")
     rows = rows_of(model, cross_attention)
@@ -163,13 +211,19 @@ def gradient_sums(
                        disable=None if progress is None else not progress)
     sums, count = None, 0
     with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
-            torch.enable_grad():
+            checkpointed(model, rows) if checkpoint_blocks else _nothing(), torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
-                                          seed, score_scale, inputs):
+                                          seed, score_scale, inputs, on_batch):
             leaf = gates.ones(size if abs_scope == "example" else 1, device).requires_grad_()
             gates.set(leaf)
-            (grad,) = torch.autograd.grad(losses().sum(), leaf, allow_unused=True)
+            start = time.perf_counter()
+            total_loss = losses().sum()
+            middle = time.perf_counter()
+            (grad,) = torch.autograd.grad(total_loss, leaf, allow_unused=True)
+            if seconds is not None:
+                seconds["forward"] = seconds.get("forward", 0.0) + middle - start
+                seconds["backward"] = seconds.get("backward", 0.0) + time.perf_counter() - middle
             if grad is not None:
                 sums += grad.detach().abs().sum(1).double().cpu()
             count += size

@@ -27,6 +27,8 @@ the reference code (docs/reference-methods.md):
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import torch
 import torch.nn.functional as F
 
@@ -42,6 +44,50 @@ def histogram_edges() -> torch.Tensor:
     edges = 10.0 ** torch.linspace(-8.0, 0.0, HIST_BINS + 1, dtype=torch.float64)
     edges[0] -= 1e-9
     return edges
+
+
+@lru_cache(maxsize=4)
+def _bin_tables(edges: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Lookup tables ``(first [65536] uint8, cut [65536] int32)`` that bin float32 weights exactly as
+    ``bucketize(float64(a) + HIST_OFFSET, edges[1:-1], right=True)``, without the float64 copy and the binary
+    search: with ``c = (bits(a) >> 16) + 32768`` (the top 16 bits of its bit pattern, as a table index), ``a``
+    lies in bin ``first[c] + (bits(a) >= cut[c])``. Bit patterns of non-negative floats are ordered as the
+    floats, so bin ``k`` starts at the bit pattern of the smallest float32 ``a`` with
+    ``float64(a) + HIST_OFFSET >= edges[k]``; a 16-bit cell spans a factor below ``2^(1/128)``, the edges a
+    factor ``10^0.08``, so no cell holds two bin starts. Negative weights (negative bit patterns) fall in bin 0,
+    as ``a + HIST_OFFSET`` is below the first edge."""
+    inner = torch.tensor(edges[1:-1], dtype=torch.float64)
+    start = (inner - HIST_OFFSET).float()
+    up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
+    for _ in range(16):  # a few float32 steps from the rounded guess to the exact smallest qualifying value
+        fits = start.double() + HIST_OFFSET >= inner
+        lower = torch.nextafter(start, down)
+        start = torch.where(~fits, torch.nextafter(start, up),
+                            torch.where(lower.double() + HIST_OFFSET >= inner, lower, start))
+    fits = start.double() + HIST_OFFSET >= inner
+    below = torch.nextafter(start, down).double() + HIST_OFFSET >= inner
+    if not fits.all() or below.any():
+        raise RuntimeError("histogram bin starts did not converge")
+    starts = start.view(torch.int32).long()  # [bins - 1], increasing
+    high = torch.arange(-32768, 32768, dtype=torch.long)  # the top 16 bits of each cell, signed
+    low = torch.where(high >= 0, high << 16, torch.full_like(high, -1))  # first bit pattern of each cell
+    first = (starts[None, :] <= low[:, None]).sum(1)
+    inside = (starts[None, :] > low[:, None]) & (starts[None, :] < low[:, None] + 65536) & (high >= 0)[:, None]
+    if inside.sum(1).max() > 1:
+        raise RuntimeError("two histogram bins start in one 16-bit cell")
+    never = torch.iinfo(torch.int32).max
+    cut = torch.where(inside, starts[None, :], torch.full_like(inside, never, dtype=torch.long)).amin(1)
+    return first.to(torch.uint8), cut.int()
+
+
+def histogram_bins(probs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """``bucketize(probs.double() + HIST_OFFSET, edges[1:-1], right=True)`` as uint8, ``probs``' shape, for
+    float32 ``probs``, by table lookup (``_bin_tables``)."""
+    first, cut = _bin_tables(tuple(edges.tolist()))
+    first, cut = first.to(probs.device), cut.to(probs.device)
+    bits = probs.float().contiguous().view(torch.int32).flatten()
+    cell = ((bits >> 16) + 32768).int()
+    return (first.index_select(0, cell) + (bits >= cut.index_select(0, cell))).view(probs.shape)
 
 
 def sparsity_name(t: float) -> str:
@@ -159,12 +205,14 @@ def batch_sums(
     column_max = (Av.amax(-2) * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
     sums["mhr_advanced"] = (column_max * sentence[:, None]).sum(0)
 
-    sums["sparsity"] = torch.stack([((A <= t) & valid).sum((0, 2, 3)) for t in thresholds]).double() \
-        if thresholds else torch.zeros(0, H, dtype=torch.float64, device=A.device)
+    outside = A.masked_fill(~valid, 2.0)  # invalid entries above every threshold (thresholds lie in [0, 1])
+    counts = [(outside <= t).sum(-1, dtype=torch.int32).sum((0, 2)) for t in thresholds]  # [H] each
+    sums["sparsity"] = torch.stack(counts).double() if thresholds else \
+        torch.zeros(0, H, dtype=torch.float64, device=A.device)
     sums["entries"] = valid.sum((0, 2, 3)).double()
 
-    bins = torch.bucketize(A.double() + HIST_OFFSET, edges.to(A.device)[1:-1], right=True)  # [B, H, T, T]
-    weight = valid.double() / valid.sum(-1, keepdim=True).clamp(min=1)
+    bins = histogram_bins(A, edges)  # [B, H, T, T]
+    weight = torch.where(valid, 1.0 / valid.sum(-1, keepdim=True).clamp(min=1).double(), 0.0)
     flat = (bins + HIST_BINS * torch.arange(H, device=A.device)[None, :, None, None]).flatten()
     hist = torch.zeros(H * HIST_BINS, dtype=torch.float64, device=A.device)
     sums["histogram"] = hist.scatter_add_(0, flat, weight.flatten()).view(H, HIST_BINS)

@@ -10,6 +10,9 @@ from . import model_args
 from .task_options import load_for_task, load_task_model, task_args, task_from_args
 
 
+IMPORTANCE_EXAMPLES = 32
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("analyze", parents=parents,
                          help="per-head statistics and importance, as report.html + stats.json")
@@ -29,8 +32,10 @@ def register(verbs, parents) -> None:
     p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=None)
-    p.add_argument("--importance-examples", type=int, default=32,
-                   help="tasks other than stsb: training examples for gradient importance (default: 32)")
+    p.add_argument("--importance-examples", type=int, default=None,
+                   help="classification and translation: training examples for gradient importance (default: "
+                        f"{IMPORTANCE_EXAMPLES}); lm takes the gradient of the analysed texts' own next-token loss in "
+                        "the statistics pass (--limit), stsb of the analysed pairs")
     task_args(p)
     p.set_defaults(run=run)
 
@@ -76,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.task == "translation":
         return run_seq2seq(args)
+    if args.importance_examples is not None and args.task in ("stsb", "lm"):
+        raise HeadwiseError(f"--importance-examples applies to classification and translation; analyze --task "
+                            f"{args.task} takes the gradient of the analysed texts (their number: --limit)")
+    examples = args.importance_examples or IMPORTANCE_EXAMPLES
     chosen = args.importance or "gradient"
     importance = () if chosen == "none" else tuple(k for k in chosen.split(",") if k)
     config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=args.examples,
@@ -91,11 +100,19 @@ def run(args: argparse.Namespace) -> int:
         texts = [t for t in task.texts("calibration") if t.strip()][: args.limit]
         config.data_name = f"{task.name} task, {len(texts)} texts"
         model, tokenizer = load_for_task(args, task)
-        # the task's training batch size bounds the backward pass's memory (lm: 4 windows, not --batch-size 32 of
-        # them with their [B, T, vocab] logits)
-        inputs = task.batches(tokenizer, "train", min(args.batch_size, task.train_defaults["batch_size"]),
-                              args.importance_examples) if "gradient" in importance else None
+        # the task's training batch size bounds the backward pass's memory (lm: 4 windows, not --batch-size 32);
+        # lm: the gradient of the analysed texts' own next-token loss, from the statistics pass itself (one forward
+        # and one backward per batch of 4 texts); other tasks: of the task loss on --importance-examples examples
+        backward_batch = min(args.batch_size, task.train_defaults["batch_size"])
+        if "gradient" in importance and args.task == "lm":
+            config.batch_size = backward_batch
+        inputs = task.batches(tokenizer, "train", backward_batch, examples) \
+            if "gradient" in importance and args.task != "lm" else None
         stats = with_seconds(analyze(model, tokenizer, texts, config, loss_fn=task.loss, loss_inputs=inputs))
+        if "gradient" in importance:
+            stats["importance_data"] = (
+                "the analysed texts' next-token loss, in the statistics pass" if inputs is None
+                else f"the task loss of {sum(len(b['input_ids']) for b in inputs)} {task.name} training examples")
     stats["task"] = args.task
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "stats.json").write_text(json.dumps(stats))
@@ -105,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         cost = ", ".join(f"{k} {v:.1f} s" for k, v in stats["seconds"].items())
         print(f"analysed {stats['sentences']} texts ({stats['tokens']} tokens) with {model.config.model_type}, "
-              f"importance: {', '.join(stats['importance']) or 'none'} ({cost}): "
+              f"importance: {', '.join(stats['importance']) or 'none'} ({cost}"
+              f"{'; gradient of ' + stats['importance_data'] if 'importance_data' in stats else ''}): "
               f"{args.out}/report.html, {args.out}/stats.json")
     return 0
 
@@ -125,7 +143,8 @@ def run_seq2seq(args: argparse.Namespace) -> int:
     task = task_from_args(args, skip=("limit", "batch_size"))
     model, tokenizer = load_for_task(args, task)
     batches = task.calibration_inputs(tokenizer, limit=args.limit, batch_size=args.batch_size)
-    loss_inputs = task.batches(tokenizer, "train", args.batch_size, args.importance_examples) if importance else None
+    examples = args.importance_examples or IMPORTANCE_EXAMPLES
+    loss_inputs = task.batches(tokenizer, "train", args.batch_size, examples) if importance else None
     stats = analyze_seq2seq(model, batches, loss_fn=task.loss if importance else None, loss_inputs=loss_inputs)
     result = stats.to_dict() | {"model": args.model, "data": f"{task.name} task, {task.calibration_split} split, "
                                 f"{sum(len(b['input_ids']) for b in batches)} pairs (teacher forcing)"}

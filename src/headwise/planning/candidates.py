@@ -15,7 +15,7 @@ from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..sites import find_sites
 from .edits import Edit
-from .proxies import output_error, prune_edit
+from .proxies import Outputs, output_error, prune_edit
 
 PRUNE_FRACTIONS = (0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75)
 DK_FRACTIONS = (0.75, 0.5, 0.375, 0.25, 0.125)
@@ -75,7 +75,7 @@ def quantization_candidates() -> list[Candidate]:
 
 
 def mechanism_candidates(model: nn.Module, length: float, batches: Sequence[dict[str, torch.Tensor]],
-                         reference: Sequence[torch.Tensor], progress: bool | None = None
+                         reference: Outputs, progress: bool | None = None
                          ) -> tuple[list[Candidate], dict[str, float], str | None]:
     """A sliding local window (a quarter of the sequence, a power of two) on the half of the self-attention
     layers whose outputs it changes least, then on all; returns the candidates, the per-layer errors and why

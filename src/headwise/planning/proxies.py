@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
@@ -20,6 +21,7 @@ from ..pruning.schedule import site_importance
 from ..runtime import using_headwise
 from ..sites import find_sites
 from ..tasks import Task
+from ..tasks.lm import final_hidden, logit_rows
 from .edits import Edit, edited
 
 RANKINGS = ("gradient", "l0")
@@ -101,25 +103,56 @@ def prune_edit(order: Sequence[tuple[str, list[int]]], remove: int) -> Edit:
     return Edit(prune={k: sorted(v) for k, v in prune.items()})
 
 
-def outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> list[torch.Tensor]:
-    """The model's outputs (logits, else last hidden states) on ``batches``, in float32."""
-    out = []
+@dataclass
+class Outputs:
+    """A model's outputs on calibration batches (float32), kept small: for a model whose logits are exactly
+    ``head(hidden)`` (``tasks.lm.final_hidden``), the hidden states ``[B, T, D]`` its output embeddings ``head``
+    read — the ``[B, T, V]`` logits are rebuilt chunk by chunk where they are compared; otherwise the logits
+    (or last hidden states) themselves, and ``head`` is None."""
+
+    values: list[torch.Tensor]
+    head: nn.Module | None = None
+    vocab: int = 0
+
+
+def outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> Outputs:
+    """The model's ``Outputs`` on ``batches``."""
+    head = model.get_output_embeddings()
+    found, values = [], []
     with torch.inference_mode():
         for b in batches:
-            y = model(**b)
-            out.append((y.logits if getattr(y, "logits", None) is not None else y[0]).float())
-    return out
+            found.append(final_hidden(model, b) if isinstance(head, nn.Module) else None)
+            if found[-1] is None:
+                y = model(**b)
+                values.append((y.logits if getattr(y, "logits", None) is not None else y[0]).float())
+            else:
+                values.append(found[-1][0].float())
+        if all(f is not None for f in found) and found:
+            return Outputs(values, head, found[0][1])
+        return Outputs([v if f is None else head(v).float() for v, f in zip(values, found)])
 
 
-def relative_error(reference: Sequence[torch.Tensor], got: Sequence[torch.Tensor]) -> float:
-    """``‖y − ŷ‖ / ‖y‖`` over all batches (padding positions included, identically on both sides)."""
-    num = sum(float((a - b).pow(2).sum()) for a, b in zip(reference, got))
-    den = sum(float(a.pow(2).sum()) for a in reference)
+def relative_error(reference: Outputs, got: Outputs) -> float:
+    """``‖y − ŷ‖ / ‖y‖`` of the logits (or outputs) over all batches (padding positions included, identically
+    on both sides); logits rebuilt from hidden states ``logit_rows`` positions at a time."""
+    num = den = 0.0
+    with torch.inference_mode():
+        for a, b in zip(reference.values, got.values):
+            a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+            step = logit_rows(reference.vocab or got.vocab) if reference.head or got.head else len(a)
+            for i in range(0, len(a), step):
+                ya, yb = _logits(a[i : i + step], reference.head), _logits(b[i : i + step], got.head)
+                num, den = num + float((ya - yb).pow(2).sum()), den + float(ya.pow(2).sum())
     return math.sqrt(num / max(den, 1e-30))
 
 
+def _logits(values: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
+    """``values`` themselves, or the logits ``head`` makes of them (float32)."""
+    return values if head is None else head(values).float()
+
+
 def output_error(model: nn.Module, edit: Edit, batches: Sequence[dict[str, torch.Tensor]],
-                 reference: Sequence[torch.Tensor] | None = None,
+                 reference: Outputs | None = None,
                  calibration: Sequence[dict[str, torch.Tensor]] | None = None) -> float:
     """``relative_error`` of ``model`` with ``edit`` applied in place (``edits.edited``; restored exactly after)
     against ``reference`` (the unedited outputs on ``batches``, computed when not given)."""

@@ -13,13 +13,15 @@ windows). ``max_tokens`` caps the evaluated stream. ``perplexity = exp(Σ NLL / 
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..batching import LABEL_PAD, Examples, check_context
 from ..errors import HeadwiseError
@@ -31,14 +33,83 @@ TRAIN_SHARE = 0.9
 SPLITS = ("eval", "train", "calibration", "all")
 
 
+LOSS_CHUNK_BYTES = 8 * 2**20  # float32 logits of one chunk of positions (bounds the loss's memory)
+LOSS_CHUNK_MIN_ROWS = 64  # the least positions per chunk (a large vocabulary keeps its matmuls efficient)
+
+
+@contextmanager
+def _head_input(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """While the block runs, the output embeddings (``lm_head``) record their input hidden states ``[B, T, D]``
+    and project only its last position: the full ``[B, T, V]`` logits are never built."""
+    seen: list[torch.Tensor] = []
+
+    def last_only(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        seen.append(args[0] if args else None)
+        return ((args[0][:, -1:],) + args[1:], kwargs) if args else None
+
+    handle = model.get_output_embeddings().register_forward_pre_hook(last_only, with_kwargs=True)
+    try:
+        yield seen
+    finally:
+        handle.remove()
+
+
+def final_hidden(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int] | None:
+    """The hidden states ``[B, T, D]`` the model's ``lm_head`` turns into its logits on ``inputs`` and the
+    vocabulary size V, found with one forward that projects only the last position; ``None`` when the logits
+    are not exactly ``lm_head(hidden)`` (no output embeddings, several or no calls, a logit post-processing such
+    as soft-capping, scaling or a bias added after the head)."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Module):
+        return None
+    with _head_input(model) as seen:
+        logits = model(**inputs).logits
+    if len(seen) != 1 or seen[0] is None or seen[0].dim() != 3 or logits.shape[1] != 1:
+        return None
+    hidden = seen[0]  # [B, T, D]
+    if hidden.device.type != "meta":
+        with torch.no_grad():  # same op on the same input: bit-equal unless the model post-processes its logits
+            if not torch.equal(head(hidden[:, -1:]).to(logits.dtype), logits.detach()):
+                return None
+    return hidden, logits.shape[-1]
+
+
+def logit_rows(vocab: int) -> int:
+    """Positions per chunk of logits: ``LOSS_CHUNK_BYTES`` of float32 logits over a vocabulary of ``vocab``, at
+    least ``LOSS_CHUNK_MIN_ROWS``."""
+    return max(LOSS_CHUNK_MIN_ROWS, LOSS_CHUNK_BYTES // (4 * vocab))
+
+
+def _chunk_nll(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Next-token NLL ``[n]`` (float32) of ``n`` positions: ``hidden`` ``[n, D]``, ``target`` ``[n]`` (≥ 0)."""
+    return F.cross_entropy(head(hidden).float(), target, reduction="none")
+
+
 def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                    labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token NLL ``[B]`` (float32) and the number of scored tokens ``[B]``; ``labels`` ``[B, T]`` is
-    ``input_ids`` with unscored positions set to -100 (position ``t`` predicts ``labels[t + 1]``)."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    ``input_ids`` with unscored positions set to -100 (position ``t`` predicts ``labels[t + 1]``).
+
+    The one place the language-modelling loss is computed. The vocabulary-sized logits are built in chunks of
+    positions (``LOSS_CHUNK_BYTES`` of float32 logits each) from the hidden states the ``lm_head`` reads; with
+    gradients on, each chunk is checkpointed (its logits recomputed in the backward, never kept), so neither the
+    forward nor the backward holds ``[B, T, V]``. Models whose logits are not exactly ``lm_head(hidden)``
+    (soft-capping, logit scaling) are run a second time with their full logits."""
     target = labels[:, 1:]
-    nll = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
     scored = target != LABEL_PAD
+    found = final_hidden(model, {"input_ids": input_ids, "attention_mask": attention_mask})
+    if found is None:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        nll = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
+        return (nll * scored).sum(1), scored.sum(1)
+    (hidden, vocab), head = found, model.get_output_embeddings()
+    flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # [B·(T-1), D]
+    goal = target.reshape(-1).clamp(min=0)
+    step = logit_rows(vocab)
+    keep = torch.is_grad_enabled() and flat.requires_grad
+    parts = [checkpoint(_chunk_nll, head, flat[i : i + step], goal[i : i + step], use_reentrant=False) if keep
+             else _chunk_nll(head, flat[i : i + step], goal[i : i + step]) for i in range(0, len(flat), step)]
+    nll = torch.cat(parts).view_as(target)
     return (nll * scored).sum(1), scored.sum(1)
 
 
@@ -170,8 +241,19 @@ class LanguageModeling(Task):
         logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[:, :-1]
         return TaskOutputs(logits, "logits", batch["labels"][:, 1:] != LABEL_PAD)
 
+    def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean next-token NLL per window ``[B]`` (``next_token_nll``: no full-vocabulary logits); equal to
+        ``loss_from(outputs(model, batch), batch)``. Without ``labels`` every real token is scored (the loss of the
+        text itself: a batch of model inputs, as ``analyze`` passes)."""
+        labels = batch.get("labels")
+        if labels is None:
+            mask = batch.get("attention_mask")
+            labels = batch["input_ids"] if mask is None else batch["input_ids"].masked_fill(mask == 0, LABEL_PAD)
+        nll, scored = next_token_nll(model, batch["input_ids"], batch.get("attention_mask"), labels)
+        return nll / scored.clamp(min=1)
+
     def loss_from(self, outputs: TaskOutputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean next-token NLL per window ``[B]``."""
+        """Mean next-token NLL per window ``[B]`` from full logits (distillation reads those)."""
         target = batch["labels"][:, 1:]
         nll = F.cross_entropy(outputs.values.float().transpose(1, 2), target.clamp(min=0), reduction="none")
         scored = outputs.mask
