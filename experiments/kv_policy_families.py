@@ -1,27 +1,39 @@
 """Passkey retrieval of per-head KV policies on prompt families they were not chosen on (SmolLM2-135M-Instruct).
 
 Calibration (what ``headwise.kv_policy`` and ``headwise kv-policy`` rank heads on by default): passkey prompts of
-512 tokens in the *filler* haystack through the chat template, seed 0. Evaluation: six families — three haystacks
-(``filler`` repeated sentences, ``text`` running WikiText-2 from the last 10% of valid.txt, ``numbers`` a code-like
-list of assignments) × with / without the chat template — keys at five depths (0, .25, .5, .75, 1), seeds 1000+
-(new keys; for ``filler-chat`` that is the only thing held out, the five others are new families).
+512 tokens in the *filler* haystack through the chat template, seed 0 (``scores`` measures every family's, seed 0;
+a variant calibrated on several families takes the mean of theirs). Three sets of prompts never overlap:
+
+  calibration   512 tokens, seed 0, the variant's calibration families;
+  tuning        ``--length`` tokens, seed 500 + family index, the first key at each depth, on the filler and numbers
+                families only (``TUNE_FAMILIES``): the variants (``VARIANTS``: calibration families, the share of the
+                streaming heads' budget that sink + window take, the sink) are compared here and the default chosen;
+  evaluation    six families — three haystacks (``filler`` repeated sentences, ``text`` running WikiText-2 from the
+                last 10% of valid.txt, ``numbers`` a code-like list of assignments) × with / without the chat
+                template — keys at five depths (0, .25, .5, .75, 1), seed 1000 + family index (2 keys per depth at
+                2k, 1 at 8k: the first run), more keys from seed 3000 + family index. The ``text`` haystack is never
+                seen before evaluation; the other families only with other keys and lengths.
 
 Arms at each length ``L`` (budget ``b`` of the full cache's bytes at ``L`` tokens):
   full            every head keeps every token;
-  policy@b        ``kv_policy(model, tokenizer, b, L)`` with the calibration's scores: the top ``retrieval`` heads
-                  full, the others sink 4 + the default window ``3/4·b·L − 4``;
+  VARIANT@b       the top ``retrieval`` heads of the variant's calibration full, the others sink + window
+                  (``window_share · b · L``), as many full heads as fit ``b``;
+  policy@b        ``kv_policy(model, tokenizer, b, L)`` with the library's own calibration, checked equal to
+                  ``DEFAULT``'s policy and stored under that variant's name;
   streaming@b     StreamingLLM: every head sink 4 + window ``b·L − 4`` (the same bytes).
 
-Every prompt is prefilled in chunks through the arm's cache and decoded greedily
-(``headwise.kvcache.passkey.greedy_continuation``: the answers ``generate()`` gives, without a ``[T, T]`` mask).
-Cells are resumable: every prompt's answer is saved as it comes; a cell (length, family, arm) already
-complete in the results file is skipped, one cut short goes on after its last answer.
+Every evaluation prompt is prefilled in chunks through the arm's cache and decoded greedily
+(``headwise.kvcache.passkey.greedy_continuation``: the answers ``generate()`` gives, without a ``[T, T]`` mask);
+tuning prompts are teacher forced (``key_loss``: the key's NLL and whether greedy decoding finds it, one pass).
+Resumable: every answer is saved as it comes, by key; an answered prompt is never run again.
 
   python experiments/kv_policy_families.py scores                 # calibration scores, per-family rankings
-  python experiments/kv_policy_families.py eval --length 2048 --keys 2 --arms full,policy@0.5,streaming@0.5
-  python experiments/kv_policy_families.py eval --length 8192 --keys 1 --arms full,policy@0.5,streaming@0.5
-  python experiments/kv_policy_families.py eval --length 2048 --keys 2 \
-      --arms policy@0.25,policy@0.375,policy@0.625,policy@0.75              # the budget–retrieval curve
+  python experiments/kv_policy_families.py tune --arms full,v0@0.5,fn4@0.5,v0-w50@0.5,v0@0.375,fn4@0.375
+  python experiments/kv_policy_families.py eval --length 2048 --keys 3 --arms full,policy@0.5
+  python experiments/kv_policy_families.py eval --length 2048 --keys 3 --first-keys 1 --arms streaming@0.5
+  python experiments/kv_policy_families.py eval --length 2048 --keys 3 --first-keys 1 \
+      --arms policy@0.25,policy@0.375,policy@0.625,policy@0.75          # the budget–retrieval curve
+  python experiments/kv_policy_families.py eval --length 8192 --keys 1 --arms full,policy@0.5
   python experiments/kv_policy_families.py table                  # markdown tables from the results
   python experiments/kv_policy_families.py eval --quick           # smoke run: 2 families, 512 tokens, 1 key
 """
@@ -353,6 +365,7 @@ def table(results: dict) -> str:
     """Markdown: the tuning table, one table per length (family × arm, by depth), then the budget curve at 2k."""
     lines = tune_table(results)
     default = f"{DEFAULT}@0.5"
+    tuned = {family for by_family in results.get("tune", {}).values() for family in by_family}
     for length, by_family in sorted(results.get("eval", {}).items(), key=lambda kv: int(kv[0])):
         main = ["full", default] + (["v0@0.5"] if DEFAULT != "v0" else []) + ["streaming@0.5"]
         titles = {"full": "full cache", "v0@0.5": "earlier default (v0), half the bytes",
@@ -365,8 +378,9 @@ def table(results: dict) -> str:
             rows = by_family.get(family, {})
             prompts = results.get("prompts", {}).get(length, {}).get(family, [])
             got = {a: counted(rows.get(a), prompts) for a in main}
-            held = ("new keys" if family in VARIANTS[DEFAULT].families
-                    else "new keys (tuning family)" if family in TUNE_FAMILIES else "new family and haystack")
+            held = ("new keys (calibration family)" if family in VARIANTS[DEFAULT].families
+                    else "new keys (tuning family)" if family in tuned
+                    else "new family" if not family.startswith("text") else "new family and haystack")
             lines.append(f"| {family} | {held} | " + " | ".join(cell(got[a], True) for a in main)
                          + f" | {gap(rows.get(default), rows.get('full'), prompts)} |")
         budgets = sorted({float(arm.split("@")[1]) for rows in by_family.values() for arm in rows
