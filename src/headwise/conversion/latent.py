@@ -25,6 +25,7 @@ from ..errors import HeadwiseError
 from ..io import record_edit, register_edit
 from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
+from .cache import use_latent_cache
 from .calibration import input_moments
 from .checks import check_calibration, convertible_sites
 from .config import LatentConfig, from_keywords
@@ -146,6 +147,7 @@ def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int |
     record_edit(model, {"kind": EDIT_KIND, "sites": {
         s.path: {"rank": fits[s.path]["down"].shape[0], "rope_rows": int(fits[s.path]["rope_index"].numel())}
         for s in sites}})
+    use_latent_cache(model)
     return model
 
 
@@ -160,6 +162,7 @@ def _replay(model: nn.Module, record: dict) -> None:
                        "up_v": torch.zeros(rows, rank), "rope": torch.zeros(rope_rows, n),
                        "rope_index": torch.arange(rope_rows), "nope_index": torch.arange(rope_rows, rows),
                        "bias": site.k.module.bias is not None})
+    use_latent_cache(model)
 
 
 register_edit(EDIT_KIND, _replay)

@@ -75,7 +75,19 @@ def _memory_peak(cuda: bool) -> int | None:
     return None if peak is None else peak * 1024
 
 
-def _generate_once(model: nn.Module, ids: torch.Tensor, new_tokens: int, pad: int | None) -> dict[str, Any]:
+def held_bytes(cache: Any) -> int:
+    """Bytes of the key/value storage ``cache`` holds: its ``stored_bytes()``, or a plain cache's keys and values."""
+    if hasattr(cache, "stored_bytes"):
+        return cache.stored_bytes()
+    return sum(t.untyped_storage().nbytes() for layer in cache.layers for t in (layer.keys, layer.values)
+               if t is not None)
+
+
+def generate_once(model: nn.Module, ids: torch.Tensor, new_tokens: int, pad: int | None,
+                  cache: Any = None) -> dict[str, Any]:
+    """One greedy ``generate()`` of exactly ``new_tokens`` after ``ids [B, T]`` (through ``cache`` when given, else
+    the cache ``generate`` builds): ``prefill_s``, ``decode_tokens_per_s``, ``kv_bytes`` held at the end,
+    ``tokens_held``, ``peak_memory_above_start`` (bytes, None where unknown)."""
     cuda = ids.device.type == "cuda"
     first = _FirstToken()
     start_bytes = _memory_start(cuda)
@@ -83,14 +95,15 @@ def _generate_once(model: nn.Module, ids: torch.Tensor, new_tokens: int, pad: in
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
-                             return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([first]))
+                             return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([first]),
+                             **({} if cache is None else {CACHE: cache}))
     if cuda:
         torch.cuda.synchronize()
     end = time.perf_counter()
     peak = _memory_peak(cuda)
     cache = out[CACHE]
     return {"prefill_s": first.at - start, "decode_tokens_per_s": (new_tokens - 1) / max(end - first.at, 1e-9),
-            "kv_bytes": cache.stored_bytes(), "tokens_held": cache.get_seq_length(),
+            "kv_bytes": held_bytes(cache), "tokens_held": cache.get_seq_length(),
             "peak_memory_above_start": None if peak is None or start_bytes is None else peak - start_bytes}
 
 
@@ -116,7 +129,7 @@ def measure_policy(model: nn.Module, ids: torch.Tensor, policy: KVPolicy, new_to
         for _ in range(repeats):
             for name, rules in (("full", KVPolicy.uniform(model)), ("policy", policy)):
                 apply_kv_policy(model, rules)
-                runs[name].append(_generate_once(model, ids, new_tokens, pad_token_id))
+                runs[name].append(generate_once(model, ids, new_tokens, pad_token_id))
     finally:
         if own is not None:
             apply_kv_policy(model, own)
