@@ -155,3 +155,10 @@ def test_refusals():
         model(ids, cache=older, use_cache=True)
         model(ids, cache=newer, use_cache=True)
     assert older.get_seq_length() == newer.get_seq_length() == ids.shape[1]
+
+
+def test_beam_search_equals_the_dynamic_cache():
+    """Beam search reorders the latents and rotary rows of every layer."""
+    model = latent_lm("llama", 1)
+    ids, mask = prompts(batch=2)
+    same_as_dynamic(model, ids, mask, atol=1e-4, num_beams=3)

@@ -282,6 +282,23 @@ class LatentCache(Cache):
                   for i in range(layers_count)]
         super().__init__(layers=layers)
 
+    def _positions(self, fn) -> None:
+        if self.positions.ids is not None:
+            self.positions.ids = fn(self.positions.ids)
+        self.positions.table = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        self._positions(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        super().batch_repeat_interleave(repeats)
+        self._positions(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self._positions(lambda t: t[indices])
+
     def stored_bytes(self) -> int:
         """Bytes of the key/value storage held now: latents and rotary rows (whole buffers, spare slots included)
         at latent layers, keys and values elsewhere."""

@@ -11,7 +11,7 @@ Why not transformers' DeepSeek-V3 (multi-head latent attention) classes: their l
 (``kv_a_layernorm``) before decoding, and their keys carry the rotary embedding only on one shared rope head while
 the decoded part has none, so a converted Llama key (rotary on every dimension) is not expressible there without
 changing the function. A latent model is saved with ``headwise.save_pretrained`` and reloaded with
-``headwise.from_pretrained``.
+``headwise.from_pretrained``; its ``generate()`` holds the latent per token (``LatentCache``, conversion/cache.py).
 """
 
 from __future__ import annotations
