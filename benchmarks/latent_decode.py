@@ -122,7 +122,7 @@ def markdown(result: dict) -> str:
         f"{mib(lat['peak_memory_above_start'])} | "
         f"{peak} |",
         "", f"Latent bytes held / counted: {result['bytes_held_over_counted']:.3f} (the growing buffer's spare slots, "
-        "fewer than 64 tokens' worth).", "",
+        "fewer than 16 tokens' worth).", "",
         "Why decode is slower than the full cache: the decoded key rows carry the rotary embedding of their own "
         "position (`convert_latent` keeps RoPE on every key dimension, which is what makes a full-rank latent "
         "exact), so the key up-projection cannot move into the query; every step decodes the held keys from the "

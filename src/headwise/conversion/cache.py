@@ -36,18 +36,19 @@ from ..runtime.attention import GROUPED_KV
 from ..sites import find_sites
 from .layer import LatentProjection, take_latent, watch_latent
 
-GROW = 64  # most slots a buffer grows by at once: it holds < min(tokens, GROW) spare slots
+GROW = 16  # most slots a buffer grows by at once (a copy every 16 steps): < min(tokens, GROW) spare slots
 HOOK = "_prepare_cache_for_generation"
 
 
-def _grow(buffer: torch.Tensor | None, total: int, dim: int, like: torch.Tensor) -> torch.Tensor:
-    """``buffer`` with at least ``total`` slots along ``dim`` (a copy when it grows), new slots uninitialised."""
-    held = 0 if buffer is None else buffer.shape[dim]
+def _grow(buffer: torch.Tensor | None, shape: tuple[int, ...], dim: int, like: torch.Tensor) -> torch.Tensor:
+    """``buffer`` with at least ``shape[dim]`` slots along ``dim`` (a copy when it grows; ``like``'s dtype and
+    device), new slots uninitialised."""
+    held, total = 0 if buffer is None else buffer.shape[dim], shape[dim]
     if held >= total:
         return buffer
-    shape = list(like.shape)
-    shape[dim] = max(total, held + min(held, GROW))
-    grown = torch.empty(shape, dtype=like.dtype, device=like.device)
+    size = list(shape)
+    size[dim] = max(total, held + min(held, GROW))
+    grown = torch.empty(size, dtype=like.dtype, device=like.device)
     if held:
         grown.narrow(dim, 0, held).copy_(buffer)
     return grown
@@ -79,7 +80,7 @@ class Positions:
         if position_ids is None:
             position_ids = torch.arange(past, past + new, device=device)[None]
         position_ids = position_ids.expand(batch, new)
-        self.ids = _grow(self.ids, past + new, 1, position_ids.new_empty(batch, past + new))
+        self.ids = _grow(self.ids, (batch, past + new), 1, position_ids)
         self.ids[:, past:past + new] = position_ids
         self.seen = past + new
 
@@ -147,12 +148,12 @@ class LatentLayer(DynamicLayer):
         past, total = self.seen, self.seen + new
         forward_kwargs = kwargs.get("kwargs") or kwargs.get("cache_kwargs") or {}
         self.positions.write(forward_kwargs.get("position_ids"), batch, past, new, key_states.device)
-        self.latent = _grow(self.latent, total, 1, latent.new_empty(batch, total, latent.shape[-1]))
+        self.latent = _grow(self.latent, (batch, total, latent.shape[-1]), 1, latent)
         self.latent[:, past:total] = latent
         if self.rope_dims.shape[1]:
             index = self.rope_dims.to(key_states.device)[None, :, None].expand(batch, -1, new, -1)
             rope = key_states.gather(-1, index)
-            self.rope = _grow(self.rope, total, 2, rope.new_empty(batch, self.kv_heads, total, rope.shape[-1]))
+            self.rope = _grow(self.rope, (batch, self.kv_heads, total, rope.shape[-1]), 2, rope)
             self.rope[:, :, past:total] = rope
         self.seen = total
         grouped = LatentKV(self, key_states, value_states, past)
