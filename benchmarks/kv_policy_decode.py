@@ -22,6 +22,7 @@ stamps it), decode tokens/s = the batch's other ``new − 1`` tokens per row ove
     python benchmarks/kv_policy_decode.py                # every row, 3 repeats (1 for the 1B row), 32 new tokens
     python benchmarks/kv_policy_decode.py --quick        # < 2 min: SmolLM2 at 512 tokens batch 1 and 2, 8 new tokens
     python benchmarks/kv_policy_decode.py --rows smollm2-2k --note "under load"
+    python benchmarks/kv_policy_decode.py --rows llama1b-8k --context 512 --new 3   # a short check of the 1B row
 
 Writes benchmarks/results/kv_policy_decode_cpu.json and .md (``--quick``: ..._quick.json/.md).
 """
@@ -149,6 +150,7 @@ def child(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     model_name, context, batch = (ROWS | QUICK_ROWS)[args.row]
+    context = args.child_context or context
     model = load(model_name, args.dtype)
     policy = KVPolicy.load(args.policy)
     ids, mask = prompts(model.config.vocab_size, context, batch)
@@ -208,7 +210,7 @@ def table(result: dict) -> str:
              "|---|---|---|---|---|---|---|"]
     for name, row in result["rows"].items():
         f, p, r = row["full"], row["policy"], row["ratios"]
-        target = TARGETS.get(name)
+        target = row.get("targets")
         met = "—" if target is None else " ".join(
             ("✓" if ok else "✗") + f"{bound}" for ok, bound in zip(
                 (r["decode"] >= target[0], r["prefill"] <= target[1], r["peak"] <= target[2], r["kv"] <= target[3]),
@@ -222,9 +224,10 @@ def table(result: dict) -> str:
 
 
 def run_child(args: argparse.Namespace, row: str, arm: str, path: Path, dtype: str, new: int, repeats: int) -> dict:
+    context = [] if args.context is None else ["--child-context", str(args.context)]
     done = subprocess.run([sys.executable, __file__, "--child", "--row", row, "--arm", arm, "--policy", str(path),
                            "--dtype", dtype, "--new", str(new), "--repeats", str(repeats), "--threads",
-                           str(args.threads)], capture_output=True, text=True)
+                           str(args.threads), *context], capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"{row} / {arm} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -265,10 +268,14 @@ def main() -> None:
     parser.add_argument("--big-dtype", default="bfloat16", help="dtype of the random 1B model (SmolLM2: float32)")
     parser.add_argument("--quick", action="store_true", help="SmolLM2 at 512 tokens, batch 1 and 2, 8 new tokens")
     parser.add_argument("--note", default="", help="written with the results, e.g. 'under load'")
+    parser.add_argument("--context", type=int, default=None,
+                        help="a shorter check of the chosen rows: this many prompt tokens instead of the row's own "
+                             "(results go to ..._context<N>.json/.md), e.g. --rows llama1b-8k --context 512 --new 3")
     parser.add_argument("--chunks", default=None,
                         help="instead of the table: prefill time and peak memory of the policy arm at these "
                              "prefill_chunk values (0: the whole prompt), e.g. 256,512,1024,2048,0 --rows smollm2-8k")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child-context", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--row", help=argparse.SUPPRESS)
     parser.add_argument("--arm", help=argparse.SUPPRESS)
     parser.add_argument("--policy", help=argparse.SUPPRESS)
@@ -283,6 +290,10 @@ def main() -> None:
         if unknown:
             parser.error(f"unknown rows {unknown}; choose from {', '.join(ROWS)}")
         rows = {name: ROWS[name] for name in args.rows.split(",")}
+    if args.context is not None:
+        if args.context < 64:
+            parser.error(f"--context {args.context}: give at least 64 tokens (the warm-up reads the last 64)")
+        rows = {name: (model, args.context, batch) for name, (model, _, batch) in rows.items()}
     new = 8 if args.quick else args.new
     from headwise.kvcache.apply import PREFILL_CHUNK
 
@@ -319,10 +330,11 @@ def main() -> None:
                 print(name, arm, {k: v for k, v in values.items() if not k.endswith("_all")}, flush=True)
             result["rows"][name] = {"model": model_name, "context": context, "batch": rows[name][2], "dtype": dtype,
                                     "policy_info": info, **arms, "ratios": ratios(arms["full"], arms["policy"]),
-                                    "targets": TARGETS.get(name)}
+                                    "targets": TARGETS.get(name) if args.context is None else None}
     from headwise.io import atomic_write_text
 
-    stem = "kv_policy_decode_cpu" + ("_quick" if args.quick else "")
+    stem = "kv_policy_decode_cpu" + ("_quick" if args.quick else "") + (
+        "" if args.context is None else f"_context{args.context}")
     text = table(result)
     atomic_write_text(RESULTS / f"{stem}.json", json.dumps(result, indent=1))
     atomic_write_text(RESULTS / f"{stem}.md", text + "\n")

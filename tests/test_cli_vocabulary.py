@@ -40,7 +40,8 @@ VOCABULARY: dict[str, str] = {
     # methods (the same config field as under headwise edit METHOD)
     "--kinds": "attention kinds selected", "--dk": "collaborative width", "--init": "the method's initialisation",
     "--iterations": "ALS sweeps", "--kv-heads": "key/value heads after GQA conversion",
-    "--kv-budget": "share of the full KV cache's bytes", "--rank": "latent width", "--rope-pairs": "rotary pairs "
+    "--kv-budget": "share of the full KV cache's bytes",
+    "--prefill-chunk": "tokens per prefill forward of generate()", "--rank": "latent width", "--rope-pairs": "rotary pairs "
     "outside the latent", "--grouping": "GQA grouping", "--allow-empty-layers": "allow removing every head of a layer",
     "--method": "prune: how heads are chosen (under headwise edit quantization: QuantizationConfig.method)",
     "--methods": "the methods to run or combine", "--bits": "quantizer bit widths", "--threshold": "pruning "

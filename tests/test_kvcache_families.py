@@ -75,8 +75,8 @@ def test_families_are_seeded_and_filler_is_the_default():
 
 
 def test_chunked_greedy_answers_equal_generate():
-    """``greedy_continuation`` (prefill in chunks through the policy's cache, then one token per step) gives what
-    ``generate()`` gives, with a full and with a streaming policy."""
+    """``greedy_continuation`` (generate with the prompt prefilled in chunks through the policy's cache) gives what
+    ``generate()`` with the policy's default chunking gives, with a full and with a streaming policy."""
     model, tok = tiny_lm(), char_tokenizer()
     prompts = family_prompts(tok, PromptFamily("text", False), 150, [0.3, 0.9], 1, seed=2, text=TEXT)
     for policy in (KVPolicy.uniform(model), KVPolicy.keep_full(model, {(1, 0)}, 2, 9)):

@@ -167,10 +167,12 @@ def test_kv_policy_command(tmp_path, capsys):
     model, _, _ = saved_lm_and_text(tmp_path)
     args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
             "--window", "16", "--calibration-length", "160", "--data", str(tmp_path / "calib.txt"),
-            "--eval-length", "100", "--out", str(tmp_path / "out")]
+            "--eval-length", "100", "--prefill-chunk", "48", "--out", str(tmp_path / "out")]
     assert main(args) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert list(summary)[0] == "verdict" and "policy.json" in summary["verdict"]["use"]
+    assert summary["prefill_chunk"] == summary["measured"]["prefill_chunk"] == 48  # --prefill-chunk reached generate
+    assert "prefill_chunk=48" in summary["verdict"]["use"]
     check = summary["passkey_check"]
     assert check["family"] == "text" and check["length"] > 0
     for arm in ("full", "policy"):
@@ -224,6 +226,8 @@ def test_kv_policy_command(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(args[:-1] + [str(tmp_path / "t"), "--task", "translation"]) == 2
     assert "--task lm" in capsys.readouterr().err and not (tmp_path / "t").exists()
+    assert main(args[:-1] + [str(tmp_path / "c"), "--prefill-chunk", "-1"]) == 2
+    assert "--prefill-chunk: -1 is out of range" in capsys.readouterr().err and not (tmp_path / "c").exists()
 
 
 def test_passkey_prompt_uses_the_chat_template():

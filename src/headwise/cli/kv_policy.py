@@ -68,6 +68,11 @@ def register(verbs, parents) -> None:
                    help="tokens generated after a --context-token prompt to time decoding (default 32)")
     p.add_argument("--measure-repeats", type=int, default=1,
                    help="interleaved repeats of the full cache and the policy (medians; default 1)")
+    from ..kvcache.apply import PREFILL_CHUNK
+
+    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
+                   help=f"tokens per prefill forward of generate() under the policy (default {PREFILL_CHUNK}: the "
+                        "lowest peak memory of those measured, docs/kv-policy.md); 0: the whole prompt at once")
     p.add_argument("--no-perplexity", action="store_true", help="skip the perplexity through the cache")
     task_args(p, task="lm")  # --split, --max-length (default: --context), --stride, --max-tokens
     p.add_argument("--out", default="headwise-kv-policy",
@@ -157,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
     families = tuple(PromptFamily.parse(name.strip()).name for name in args.calibration_families.split(","))
     eval_family = PromptFamily.parse(args.eval_family)
     args.eval_length = args.eval_length or args.context
+    prefill_chunk = args.prefill_chunk or None
     if args.measure_new < 2 or args.measure_repeats < 1:
         raise HeadwiseError(f"--measure-new {args.measure_new} / --measure-repeats {args.measure_repeats}: decode "
                             "speed needs at least 2 new tokens and 1 repeat (or --no-measure)")
@@ -186,12 +192,12 @@ def run(args: argparse.Namespace) -> int:
         measure_ids = family_prompts(tokenizer, eval_family, args.context, [0.5], 1, args.seed + 1000,
                                      eval_text)[0].ids
         measured = measure_policy(model, measure_ids, policy, args.measure_new, args.measure_repeats,
-                                  pad_token_id=tokenizer.eos_token_id)
+                                  pad_token_id=tokenizer.eos_token_id, prefill_chunk=prefill_chunk)
     if args.eval_keys > 0 and not args.no_measure:
         prompts = family_prompts(tokenizer, eval_family, args.eval_length, [0.0, 0.25, 0.5, 0.75, 1.0],
                                  args.eval_keys, args.seed + 1000, eval_text)
         for name, rules in (("full", KVPolicy.uniform(model)), ("policy", policy)):
-            apply_kv_policy(model, rules)
+            apply_kv_policy(model, rules, prefill_chunk=prefill_chunk)
             check[name] = passkey_accuracy(model, tokenizer, prompts)
         remove_kv_policy(model)
         check["family"], check["length"] = eval_family.name, int(max(len(p.ids) for p in prompts))
@@ -208,10 +214,11 @@ def run(args: argparse.Namespace) -> int:
                    + (f"; perplexity {ppl['policy']['perplexity']:.2f} through the policy vs "
                       f"{ppl['full']['perplexity']:.2f} with the full cache ({ppl['policy']['tokens']:,} tokens of "
                       f"{task.source()}, {task.max_length}-token windows)" if ppl else ""),
-        "use": f"headwise.apply_kv_policy(model, '{Path(args.out) / 'policy.json'}'); then model.generate(...)",
+        "use": f"headwise.apply_kv_policy(model, '{Path(args.out) / 'policy.json'}', prefill_chunk={prefill_chunk}); "
+               "then model.generate(...)",
     }
     summary = {"verdict": verdict, "model": args.model, "kv_budget": args.kv_budget, "context": args.context,
-               "kv_fraction": fraction, "sink": args.sink, "window": args.window, "ranking": args.ranking,
+               "kv_fraction": fraction, "prefill_chunk": prefill_chunk, "sink": args.sink, "window": args.window, "ranking": args.ranking,
                "scores": args.scores, "gates": None if gates is None else vars(gates),
                "full_heads": [list(p) for p in policy.full_heads()], "calibration": scores.counts,
                "calibration_families": list(config.families), "measured": measured, "passkey_check": check,

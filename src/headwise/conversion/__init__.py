@@ -3,6 +3,7 @@ keys/values (``convert_latent``), calibrated to respect the rotary embedding. Ma
 """
 
 from .budget import kv_cache_bytes, kv_values_per_token
+from .cache import LatentCache, latent_cache
 from .calibration import input_moments
 from .config import GQAConfig, LatentConfig
 from .gqa import convert_gqa
@@ -12,4 +13,5 @@ from .rotary import pair_scale
 
 from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
 __all__ = ["convert_gqa", "convert_latent", "GQAConfig", "LatentConfig", "LatentProjection", "is_latent",
+           "LatentCache", "latent_cache",
            "kv_cache_bytes", "kv_values_per_token", "input_moments", "pair_scale"]

@@ -10,7 +10,7 @@ from .layer import LatentProjection
 
 def kv_values_per_token(model: nn.Module) -> int:
     """Values cached per token over every decoder self-attention: ``2·G·d`` per layer, or for a latent site its
-    rank plus its rotary rows (a latent cache; transformers' own cache still stores the decoded keys/values)."""
+    rank plus its rotary rows (what ``LatentCache``, the cache ``generate`` uses on a latent model, holds)."""
     total = 0
     for site in find_sites(model):
         if site.kind != "dec-self":

@@ -11,7 +11,7 @@ Why not transformers' DeepSeek-V3 (multi-head latent attention) classes: their l
 (``kv_a_layernorm``) before decoding, and their keys carry the rotary embedding only on one shared rope head while
 the decoded part has none, so a converted Llama key (rotary on every dimension) is not expressible there without
 changing the function. A latent model is saved with ``headwise.save_pretrained`` and reloaded with
-``headwise.from_pretrained``.
+``headwise.from_pretrained``; its ``generate()`` holds the latent per token (``LatentCache``, conversion/cache.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ..errors import HeadwiseError
 from ..contract import record
 from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
+from .cache import use_latent_cache
 from .calibration import input_moments
 from .checks import check_calibration, convertible_sites
 from .config import LatentConfig, from_keywords
@@ -146,6 +147,7 @@ def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int |
     record(model, "latent", config, {"sites": {
         s.path: {"rank": fits[s.path]["down"].shape[0], "rope_rows": int(fits[s.path]["rope_index"].numel())}
         for s in sites}})
+    use_latent_cache(model)
     return model
 
 
@@ -163,3 +165,4 @@ def replay_latent(model: nn.Module, entry: dict) -> None:
                        "up_v": torch.zeros(rows, rank), "rope": torch.zeros(rope_rows, n),
                        "rope_index": torch.arange(rope_rows), "nope_index": torch.arange(rope_rows, rows),
                        "bias": site.k.module.bias is not None})
+    use_latent_cache(model)

@@ -3,13 +3,29 @@
 ``down: x[D] → c[r]`` is shared by ``k_proj`` and ``v_proj``; each decodes its heads with ``up: c → [rows]``.
 Keys may keep some rotary rows outside the latent (``rope``: read from ``x`` directly). The rotary embedding is
 applied by the attention module after decoding, as before, so a full-rank latent is exact. What a latent cache
-stores per token and layer: ``c`` and the ``rope`` rows.
+stores per token and layer: ``c`` and the ``rope`` rows (``conversion.cache.LatentCache``, which receives ``c``
+through :func:`take_latent`).
 """
 
 from __future__ import annotations
 
+import weakref
 import torch
 from torch import nn
+
+# projection → the latent caches' layers that read its latent (held weakly), and its latest latent while one lives
+_READERS: "weakref.WeakKeyDictionary[nn.Module, weakref.WeakSet]" = weakref.WeakKeyDictionary()
+_LATEST: "weakref.WeakKeyDictionary[nn.Module, torch.Tensor]" = weakref.WeakKeyDictionary()
+
+
+def watch_latent(projection: "LatentProjection", reader: object) -> None:
+    """While ``reader`` lives, ``projection`` keeps its latest latent ``[B, T, r]`` for :func:`take_latent`."""
+    _READERS.setdefault(projection, weakref.WeakSet()).add(reader)
+
+
+def take_latent(projection: "LatentProjection") -> torch.Tensor | None:
+    """The latent of ``projection``'s latest forward (once; None when nothing was kept)."""
+    return _LATEST.pop(projection, None)
 
 
 class LatentProjection(nn.Module):
@@ -24,7 +40,10 @@ class LatentProjection(nn.Module):
         self.in_features, self.out_features = down.in_features, order.numel()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        decoded = self.up(self.down(x))
+        latent = self.down(x)
+        if _READERS.get(self):
+            _LATEST[self] = latent
+        decoded = self.up(latent)
         parts = [self.rope(x), decoded] if self.rope is not None else [decoded]
         return torch.cat(parts, -1)[..., self.order]
 

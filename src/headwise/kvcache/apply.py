@@ -26,6 +26,7 @@ from .config import KVPolicy
 
 KIND = "kv_policy"  # the method's name, and the kind of its format-1 edit records
 HOOK = "_prepare_cache_for_generation"
+BEFORE = "_headwise_cache_hook_before_policy"  # the instance's own hook (e.g. a latent cache's), back on removal
 PREFILL_CHUNK = 512  # tokens per prefill forward under a policy: lowest peak of 256/512/1024/whole (docs/kv-policy.md)
 
 
@@ -129,12 +130,18 @@ def remove_kv_policy(model: nn.Module) -> nn.Module:
     unrecord(model, KIND)
     if isinstance(model.__dict__.get(HOOK), types.MethodType):
         del model.__dict__[HOOK]
+    before = model.__dict__.pop(BEFORE, None)
+    if before is not None:
+        setattr(model, HOOK, before)
     return model
 
 
 def _install(model: nn.Module) -> None:
     enable(model)
     if hasattr(type(model), HOOK):  # models that generate; base models take policy_cache(model) explicitly
+        current = model.__dict__.get(HOOK)
+        if current is not None and getattr(current, "__func__", None) is not _prepare_cache_with_policy:
+            setattr(model, BEFORE, current)  # a policy takes precedence; remove_kv_policy puts it back
         setattr(model, HOOK, types.MethodType(_prepare_cache_with_policy, model))
 
 

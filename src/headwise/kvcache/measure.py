@@ -21,7 +21,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..compat import CACHE
 from ..errors import HeadwiseError
-from .apply import apply_kv_policy, policy_of, remove_kv_policy
+from .apply import PREFILL_CHUNK, apply_kv_policy, policy_of, prefill_chunk_of, remove_kv_policy
 from .config import KVPolicy
 
 STATUS = Path("/proc/self/status")
@@ -75,7 +75,19 @@ def _memory_peak(cuda: bool) -> int | None:
     return None if peak is None else peak * 1024
 
 
-def _generate_once(model: nn.Module, ids: torch.Tensor, new_tokens: int, pad: int | None) -> dict[str, Any]:
+def held_bytes(cache: Any) -> int:
+    """Bytes of the key/value storage ``cache`` holds: its ``stored_bytes()``, or a plain cache's keys and values."""
+    if hasattr(cache, "stored_bytes"):
+        return cache.stored_bytes()
+    return sum(t.untyped_storage().nbytes() for layer in cache.layers for t in (layer.keys, layer.values)
+               if t is not None)
+
+
+def generate_once(model: nn.Module, ids: torch.Tensor, new_tokens: int, pad: int | None,
+                  cache: Any = None) -> dict[str, Any]:
+    """One greedy ``generate()`` of exactly ``new_tokens`` after ``ids [B, T]`` (through ``cache`` when given, else
+    the cache ``generate`` builds): ``prefill_s``, ``decode_tokens_per_s``, ``kv_bytes`` held at the end,
+    ``cache`` (its class name), ``tokens_held``, ``peak_memory_above_start`` (bytes, None where unknown)."""
     cuda = ids.device.type == "cuda"
     first = _FirstToken()
     start_bytes = _memory_start(cuda)
@@ -83,43 +95,45 @@ def _generate_once(model: nn.Module, ids: torch.Tensor, new_tokens: int, pad: in
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
-                             return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([first]))
+                             return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([first]),
+                             **({} if cache is None else {CACHE: cache}))
     if cuda:
         torch.cuda.synchronize()
     end = time.perf_counter()
     peak = _memory_peak(cuda)
     cache = out[CACHE]
     return {"prefill_s": first.at - start, "decode_tokens_per_s": (new_tokens - 1) / max(end - first.at, 1e-9),
-            "kv_bytes": cache.stored_bytes(), "tokens_held": cache.get_seq_length(),
+            "kv_bytes": held_bytes(cache), "cache": type(cache).__name__, "tokens_held": cache.get_seq_length(),
             "peak_memory_above_start": None if peak is None or start_bytes is None else peak - start_bytes}
 
 
 def measure_policy(model: nn.Module, ids: torch.Tensor, policy: KVPolicy, new_tokens: int = 32, repeats: int = 1,
-                   pad_token_id: int | None = None) -> dict[str, Any]:
+                   pad_token_id: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK) -> dict[str, Any]:
     """Greedy ``generate()`` of ``new_tokens`` after ``ids [T]``, through the full cache and through ``policy``,
     interleaved ``repeats`` times (medians). Returns ``{"full": row, "policy": row, "ratio": {...}, ...}``, a row
     holding ``kv_bytes`` (held by the cache at the end), ``tokens_held``, ``peak_memory_above_start`` (bytes, None
-    where unknown), ``prefill_s`` and ``decode_tokens_per_s``; ``ratio``: policy / full for each. The model's own
+    where unknown), ``prefill_s`` and ``decode_tokens_per_s``; ``ratio``: policy / full for each. Both arms prefill
+    ``prefill_chunk`` tokens per forward (``apply_kv_policy``'s). The model's own
     policy (if any) is restored afterwards."""
     if new_tokens < 2:
         raise HeadwiseError(f"new_tokens={new_tokens}: decode speed needs at least 2 new tokens")
     if repeats < 1:
         raise HeadwiseError(f"repeats={repeats} must be at least 1")
-    own = policy_of(model)
+    own, own_chunk = policy_of(model), prefill_chunk_of(model)
     ids = ids[None].to(model.device)
     runs: dict[str, list[dict[str, Any]]] = {"full": [], "policy": []}
     try:
         with torch.no_grad():  # warm-up: the first call pays for lazy initialisation
-            apply_kv_policy(model, policy)
+            apply_kv_policy(model, policy, prefill_chunk)
             model.generate(ids[:, :16], attention_mask=torch.ones_like(ids[:, :16]), max_new_tokens=2,
                            do_sample=False, pad_token_id=pad_token_id)
         for _ in range(repeats):
             for name, rules in (("full", KVPolicy.uniform(model)), ("policy", policy)):
-                apply_kv_policy(model, rules)
-                runs[name].append(_generate_once(model, ids, new_tokens, pad_token_id))
+                apply_kv_policy(model, rules, prefill_chunk)
+                runs[name].append(generate_once(model, ids, new_tokens, pad_token_id))
     finally:
         if own is not None:
-            apply_kv_policy(model, own)
+            apply_kv_policy(model, own, own_chunk)
         else:
             remove_kv_policy(model)
     rows = {}
@@ -136,6 +150,7 @@ def measure_policy(model: nn.Module, ids: torch.Tensor, policy: KVPolicy, new_to
 
     return {**rows, "ratio": {k: ratio(k) for k in ("kv_bytes", "peak_memory_above_start", "prefill_s",
                                                       "decode_tokens_per_s")},
-            "prompt_tokens": ids.shape[1], "new_tokens": new_tokens, "repeats": repeats,
+            "prompt_tokens": ids.shape[1], "new_tokens": new_tokens, "prefill_chunk": prefill_chunk,
+            "repeats": repeats,
             "device": str(model.device), "threads": torch.get_num_threads(),
             "memory": "CUDA allocated" if model.device.type == "cuda" else "resident set (RSS)"}

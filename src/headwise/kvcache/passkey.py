@@ -174,56 +174,33 @@ def family_prompts(tokenizer: Any, family: PromptFamily, length: int, depths: li
     return passkey_prompts(tokenizer, length, depths, keys, seed, family.chat, family.haystack, text)
 
 
-def greedy_continuation(model: Any, ids: torch.Tensor, new: int, prefill_chunk: int) -> torch.Tensor:
-    """Greedy ``new`` tokens after ``ids [T]``: the prompt prefilled ``prefill_chunk`` tokens at a time through a fresh
-    cache (the model's ``PolicyCache`` when it has a KV policy, else a ``DynamicCache``), then one token per step.
-    Computes what greedy ``generate()`` does (a head's rule holds for every query, whatever the chunking), without
-    holding the whole prompt's keys of streaming heads or one ``[T, T]`` mask at once. Returns ``[≤ new]`` (it stops
-    after an end-of-sequence token, as ``generate()`` does)."""
-    from transformers.cache_utils import DynamicCache
-
-    from ..compat import CACHE
-    from .apply import policy_cache, policy_of
-
-    if prefill_chunk < 1:
+def greedy_continuation(model: Any, ids: torch.Tensor, new: int, prefill_chunk: int | None = None,
+                        pad_token_id: int | None = None) -> torch.Tensor:
+    """Greedy ``model.generate()`` of ``new`` tokens after ``ids [T]`` through the cache it builds (the model's
+    ``PolicyCache`` under a KV policy), the prompt prefilled ``prefill_chunk`` tokens at a time (``generate``'s
+    ``prefill_chunk_size``; None: what the model's policy records, else the whole prompt). A head's rule holds for
+    every query, whatever the chunking. Returns ``[≤ new]`` (it stops after an end-of-sequence token)."""
+    if prefill_chunk is not None and prefill_chunk < 1:
         raise HeadwiseError(f"prefill_chunk={prefill_chunk} must be a positive number of tokens")
-    cache = policy_cache(model) if policy_of(model) is not None else DynamicCache()
-    eos = model.generation_config.eos_token_id
-    eos = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     ids = ids[None].to(model.device)
-    out: list[int] = []
+    chunking = {} if prefill_chunk is None else {"prefill_chunk_size": prefill_chunk}
     with torch.no_grad():
-        for start in range(0, ids.shape[1], prefill_chunk):
-            logits = model(input_ids=ids[:, start: start + prefill_chunk], use_cache=True, logits_to_keep=1,
-                           **{CACHE: cache}).logits
-        while len(out) < new:
-            token = int(logits[0, -1].argmax())
-            out.append(token)
-            if token in eos:  # generate() stops there too
-                break
-            if len(out) < new:
-                logits = model(input_ids=torch.tensor([[token]], device=model.device), use_cache=True,
-                               **{CACHE: cache}).logits
-    return torch.tensor(out, dtype=torch.long)
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                             pad_token_id=pad_token_id, **chunking)
+    return out[0, ids.shape[1]:]
 
 
 def passkey_accuracy(model: Any, tokenizer: Any, prompts: list[Passkey], progress: bool = True,
                      prefill_chunk: int | None = None) -> dict[str, Any]:
     """Greedy ``model.generate()`` on each prompt (through whatever cache it uses); exact match of the key.
-    ``prefill_chunk``: prefill that many tokens at a time instead (``greedy_continuation``; the same answers).
+    ``prefill_chunk``: prefill that many tokens at a time (``greedy_continuation``; the same answers).
 
     Returns ``{"accuracy", "correct", "prompts", "answers"}``."""
     from ..progress import progress_bar
 
     answers, correct = [], 0
     for p in progress_bar(prompts, desc="passkey", disable=not progress):
-        if prefill_chunk is None:
-            ids = p.ids[None].to(model.device)
-            with torch.no_grad():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(p.answer_ids),
-                                     do_sample=False, pad_token_id=tokenizer.eos_token_id)[0, ids.shape[1]:]
-        else:
-            out = greedy_continuation(model, p.ids, len(p.answer_ids), prefill_chunk)
+        out = greedy_continuation(model, p.ids, len(p.answer_ids), prefill_chunk, tokenizer.eos_token_id)
         text = tokenizer.decode(out, skip_special_tokens=True)
         answers.append(text)
         correct += text.strip() == p.key
