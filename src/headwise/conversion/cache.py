@@ -33,6 +33,7 @@ from ..compat import CACHE, cache_given
 from ..errors import HeadwiseError
 from ..runtime import NAME, enable
 from ..runtime.attention import GROUPED_KV
+from ..runtime.cache_rows import RowOps
 from ..sites import find_sites
 from .layer import LatentProjection, take_latent, watch_latent
 
@@ -107,7 +108,7 @@ class LatentKV:
         return self.layer.attend(self, query, attention_mask, scaling, dropout if module.training else 0.0, causal)
 
 
-class LatentLayer(DynamicLayer):
+class LatentLayer(RowOps, DynamicLayer):
     """The cache of one latent site (see the module docstring)."""
 
     is_croppable = False
@@ -241,15 +242,6 @@ class LatentLayer(DynamicLayer):
     def _each(self, fn) -> None:
         self.latent = None if self.latent is None else fn(self.latent)
         self.rope = None if self.rope is None else fn(self.rope)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._each(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._each(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._each(lambda t: t[indices])
 
 
 def _rotary_module(model: nn.Module) -> nn.Module | None:

@@ -27,6 +27,7 @@ from transformers.cache_utils import DynamicLayer
 
 from ..errors import HeadwiseError
 from ..runtime.attention import GROUPED_KV, keep_mask, left_padding
+from ..runtime.cache_rows import RowOps
 from .config import HeadCache
 
 GROW = 64  # most slots a full group's buffer grows by at once: it holds < min(tokens, GROW) spare slots per head
@@ -141,7 +142,7 @@ class GroupedKV:
         return self.layer.attend(self, query, attention_mask, scaling, dropout if module.training else 0.0, causal)
 
 
-class PolicyLayer(DynamicLayer):
+class PolicyLayer(RowOps, DynamicLayer):
     """A cache layer whose KV heads follow per-head rules (see the module docstring)."""
 
     is_croppable = False
@@ -296,14 +297,6 @@ class PolicyLayer(DynamicLayer):
         if self.pads is not None:
             self.pads = fn(self.pads)
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self._each(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        self._each(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._each(lambda t: t[indices])
 
     def offload(self) -> None:
         self._each(lambda t: t.to("cpu", non_blocking=True))
