@@ -252,11 +252,13 @@ def _tiny_causal_lm():
     return tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
 
 
+@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
 @pytest.mark.parametrize("kind", ["bert", "llama", "causal-lm"])
-def test_statistics_and_gradient_in_one_pass_equal_two_passes(kind):
+def test_statistics_and_gradient_in_one_pass_equal_two_passes(kind, recompute):
     """analyze runs the gradient over the analysed texts in the statistics pass: the same statistics as a pass
     without importance, the same importance as gradient_importance alone (which is checked against eager
-    autograd above); for a language model, of its next-token loss on the texts."""
+    autograd above); for a language model, of its next-token loss on the texts. With the blocks recomputed in
+    the backward, the observers see each forward once (the recomputation is not counted)."""
     from headwise.tasks import LanguageModeling
 
     family = "llama" if kind == "causal-lm" else kind
@@ -265,8 +267,8 @@ def test_statistics_and_gradient_in_one_pass_equal_two_passes(kind):
     loss = LanguageModeling().loss if kind == "causal-lm" else None
     texts = random_texts(7, seed=3)
     one = analyze(model, tokenizer, texts, importance=("gradient",), examples=0, batch_size=3, loss_fn=loss,
-                  progress=False)
-    assert set(one.seconds) == {"observe", "gradient"}
+                  progress=False, recompute=recompute)
+    assert set(one.seconds) == {"observe", "gradient (blocks recomputed)" if recompute else "gradient"}
     alone = analyze(model, tokenizer, texts, importance=(), examples=0, batch_size=3, progress=False).to_dict()
     got = one.to_dict()
     assert got["sentences"] == alone["sentences"] == 7 and got["tokens"] == alone["tokens"]
@@ -310,3 +312,40 @@ def test_checkpointed_blocks_give_the_same_gradient_and_leave_the_model_as_it_wa
     assert model.config.use_cache is True
     assert not any("forward" in module.__dict__ for module in model.modules())
     assert [p.requires_grad for p in model.parameters()] == flags and all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.parametrize("kind", ["llama", "bert"])
+def test_activation_estimate_matches_what_autograd_keeps(kind):
+    """``activation_bytes`` (what decides whether analyze keeps or recomputes the blocks' activations) against the
+    bytes autograd actually saves in one frozen-weight forward with the statistics observers' eager attention,
+    counted by ``saved_tensors_hooks``: an upper estimate (it counts every MLP as a gated one), within 2x."""
+    from headwise.analysis.activations import activation_bytes
+    from headwise.analysis.attach import per_site
+    from headwise.batching import text_batches
+    from headwise.analysis.importance import frozen, row_gates
+    from headwise.analysis.rows import rows_of
+    from headwise.runtime import eval_mode, using_headwise
+
+    tokenizer = word_tokenizer(kind)
+    model = _tiny_causal_lm() if kind == "llama" else loud_model(kind)
+    rows = rows_of(model)
+    batch = next(text_batches(tokenizer, random_texts(4, seed=1), 4, 24, "cpu"))
+    weights = {p.data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def count(t: torch.Tensor) -> torch.Tensor:
+        if t.data_ptr() not in weights:
+            seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
+        return t
+
+    def ignore(site, first, n):  # an observer: the attention runs eagerly and hands out its probabilities
+        return lambda probs, keep, out: None
+
+    with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
+            per_site(model, rows, ignore), torch.enable_grad(), \
+            torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
+        gates.set(gates.ones(4, "cpu").requires_grad_())
+        model(**batch.inputs)
+    tokens, keys = batch.input_ids.numel(), batch.input_ids.shape[1]
+    estimate = activation_bytes(model, rows, tokens, keys)
+    assert 0.9 * sum(seen.values()) <= estimate <= 2 * sum(seen.values())

@@ -83,6 +83,10 @@ def test_examples_hold_the_full_maps_of_the_first_sentences():
     want = torch.stack([m[0] for m in maps]).numpy()
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, atol=1e-4)
+    # cut to the first example_tokens tokens: a causal model's maps of a prefix are the prefix's block of the maps
+    short = analyze(model, tokenizer, texts, examples=1, example_tokens=3, importance=(), progress=False).examples[0]
+    assert short["tokens"] == first["tokens"][:3]
+    np.testing.assert_allclose(np.array(short["maps"]), want[..., :3, :3], atol=1e-4)
 
 
 def test_special_tokens_are_excluded_where_defined():

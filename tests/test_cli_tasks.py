@@ -46,12 +46,15 @@ def test_eval_lm_json_matches_the_library(llama_dir, capsys):
     assert got["perplexity"] == pytest.approx(expected["perplexity"], rel=1e-6) and got["tokens"] == expected["tokens"]
 
 
-def test_analyze_with_the_lm_task_ranks_heads_by_the_next_token_loss(llama_dir, tmp_path):
+@pytest.mark.parametrize("activations", ["auto", "recompute"])
+def test_analyze_with_the_lm_task_ranks_heads_by_the_next_token_loss(llama_dir, tmp_path, activations):
     out = tmp_path / "a"
     assert main(["analyze", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-                 "--importance", "gradient,ablation", "--ablation-texts", "8",
+                 "--importance", "gradient,ablation", "--ablation-texts", "8", "--activations", activations,
                  "--limit", "20", "--max-length", "32", "--out", str(out)]) == 0
     stats = json.loads((out / "stats.json").read_text())
+    # a tiny model's activations fit: auto keeps them; recomputed blocks are named in the cost
+    assert ("gradient (blocks recomputed)" in stats["seconds"]) == (activations == "recompute")
     assert stats["sentences"] == 20 and "lm task" in stats["data"] and "analysed texts" in stats["importance_data"]
     gradient = torch.tensor(stats["heads"]["importance_gradient"])
     assert gradient.shape == (3, 6) and (gradient > 0).all()

@@ -120,13 +120,19 @@ def plain_lm_loss(model, batch):
     return (nll * (target != -100)).sum(1) / (target != -100).sum(1)
 
 
+@pytest.mark.parametrize("frozen_head", [False, True], ids=["trained-head", "frozen-head"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_chunked_lm_loss_and_gradient_equal_the_full_logits_ones(causal, tokenizer, text_file, monkeypatch,
-                                                                  dtype, tol):
+                                                                  dtype, tol, frozen_head):
     from headwise.tasks import lm
 
     model, path = causal
     model = tf.AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="headwise").eval()
+    if frozen_head:  # the fused frozen-head loss (analysis, distillation to a frozen head): its input gradient
+        model.get_output_embeddings().requires_grad_(False)
+        model.get_input_embeddings().requires_grad_(False)
+        used = []
+        monkeypatch.setattr(lm._FrozenHeadNLL, "apply", lambda *a, _f=lm._FrozenHeadNLL.apply: used.append(1) or _f(*a))
     task = LanguageModeling(data=str(text_file), max_length=16)
     batch = collate(task.examples(tokenizer, "train").items[:3], 0)
     batch["labels"][0, :5] = -100  # unscored positions, as in strided windows
@@ -137,8 +143,9 @@ def test_chunked_lm_loss_and_gradient_equal_the_full_logits_ones(causal, tokeniz
         model.zero_grad(set_to_none=True)
         loss = loss_fn(model, batch)
         loss.sum().backward()
-        results.append((loss.detach(), {n: p.grad.float() for n, p in model.named_parameters()}))
+        results.append((loss.detach(), {n: p.grad.float() for n, p in model.named_parameters() if p.requires_grad}))
     (got, got_grads), (want, want_grads) = results
+    assert not frozen_head or used, "the frozen head's fused loss was not used"
     assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=tol, atol=tol)
     for name, grad in want_grads.items():
         assert torch.allclose(got_grads[name], grad, rtol=tol, atol=tol * grad.abs().max()), name

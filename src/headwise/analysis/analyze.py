@@ -14,6 +14,7 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
+from .activations import keep_activations
 from .attach import per_site
 from .config import AnalysisConfig
 from .importance import LossFn, Pairs, ablation_sums, gradient_sums
@@ -33,9 +34,10 @@ def _rank_world() -> tuple[int, int]:
 
 @contextmanager
 def observing(model: nn.Module, rows: list[Row], stats: HeadStats, total: int, progress: bool | None = None
-              ) -> Iterator[Callable[[Batch], None]]:
-    """Statistics observers on every site of ``rows`` for the block; yields ``seen(batch)``, to call before each
-    text batch's forward (it tells the observers which tokens are real and counts sentences and tokens)."""
+              ) -> Iterator[tuple[Callable[[Batch], None], Callable[[], None]]]:
+    """Statistics observers on every site of ``rows`` for the block; yields ``(seen, done)``: ``seen(batch)`` to
+    call before each text batch's forward (it tells the observers which tokens are real and counts sentences and
+    tokens), ``done()`` after it (later calls, e.g. a backward's recomputation, are not observed)."""
     context = BatchContext()
     bar = progress_bar(total=total, desc="analysing heads", unit="sent",
                        disable=None if progress is None else not progress)
@@ -47,7 +49,7 @@ def observing(model: nn.Module, rows: list[Row], stats: HeadStats, total: int, p
         bar.update(len(batch.index))
 
     with per_site(model, rows, lambda site, first, n: StatsObserver(stats, context, first, n)):
-        yield seen
+        yield seen, context.done
     bar.close()
 
 
@@ -56,7 +58,7 @@ def observe(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[R
             batch_size: int, max_length: int, progress: bool | None = None) -> None:
     """Run ``texts`` through ``model`` with statistics observers attached, adding into ``stats``."""
     device = next(model.parameters()).device
-    with observing(model, rows, stats, len(texts), progress) as seen:
+    with observing(model, rows, stats, len(texts), progress) as (seen, _):
         for batch in text_batches(tokenizer, texts, batch_size, max_length, device):
             seen(batch)
             model(**batch.inputs)
@@ -104,7 +106,8 @@ def analyze(
     When the gradient's objective runs on ``texts`` themselves (no ``pairs``, no ``loss_inputs``: the random
     projection, or ``loss_fn(model, {"input_ids", "attention_mask"})`` such as a language model's next-token loss
     of the text), statistics and gradient come from one pass: each batch's forward feeds the observers and its
-    backward gives the gradient (``seconds``: ``observe`` is then the forwards, ``gradient`` the backwards).
+    backward gives the gradient (``seconds``: ``observe`` is then the forwards, ``gradient`` the backwards, named
+    ``gradient (blocks recomputed)`` when the blocks' activations were recomputed rather than kept, ``recompute``).
     The model is put in eval mode and gets the ``headwise`` attention implementation for the call; all observers
     and gates are detached afterwards, also on error.
     """
@@ -132,18 +135,22 @@ def analyze(
         start = time.perf_counter()
         if together:
             parts: dict[str, float] = {}
-            with observing(model, rows, stats, len(mine), progress) as seen:
+            recompute = cfg.recompute if cfg.recompute is not None else not keep_activations(
+                model, rows, min(cfg.batch_size, len(mine)) * max_length, max_length)
+            with observing(model, rows, stats, len(mine), progress) as (seen, done):
                 stats.add_importance_("gradient", *gradient_sums(
                     model, tokenizer, mine, index=shard, loss_fn=loss_fn, batch_size=cfg.batch_size,
                     max_length=max_length, abs_scope=cfg.abs_scope, seed=cfg.seed, progress=False, on_batch=seen,
-                    seconds=parts, checkpoint_blocks=False))
-            stats.seconds["observe"], stats.seconds["gradient"] = parts["forward"], parts["backward"]
+                    after_forward=done, seconds=parts, checkpoint_blocks=recompute))
+            stats.seconds["observe"] = parts["forward"]
+            stats.seconds["gradient (blocks recomputed)" if recompute else "gradient"] = parts["backward"]
         else:
             observe(model, tokenizer, mine, rows, stats, cfg.batch_size, max_length, progress)
             stats.seconds["observe"] = time.perf_counter() - start
         if cfg.examples:
             start = time.perf_counter()
-            stats.examples = record_examples(model, tokenizer, texts[: cfg.examples], rows, max_length)
+            stats.examples = record_examples(model, tokenizer, texts[: cfg.examples], rows,
+                                             min(max_length, cfg.example_tokens))
             stats.seconds["observe"] += time.perf_counter() - start
         if "gradient" in cfg.importance and not together:
             start = time.perf_counter()

@@ -19,7 +19,9 @@ class AnalysisConfig:
     - ``max_length``: truncation length in tokens (None: the tokenizer's ``model_max_length``, at most the
       model's position table).
     - ``thresholds``: sparsity thresholds ``t`` (one ``sparsity@t`` table each).
-    - ``examples``: how many of the first texts get their full attention maps stored (0: none).
+    - ``examples``: how many of the first texts get their full attention maps stored (0: none), each cut to its first
+      ``example_tokens`` tokens (the maps grow with the square of the length: 64 tokens keep a 30-layer, 9-head
+      model's maps near 1 M numbers, readable as heatmaps).
     - ``importance``: which head-importance tables to compute: any of ``"gradient"``, ``"ablation"``.
     - ``abs_scope``: gradient importance takes ``|∂L/∂g|`` per ``"example"`` (default; the paper's definition) or per
       ``"batch"`` (bertology, with gradients zeroed per batch). On MiniLM / 100 STS-B dev sentences the per-example
@@ -28,6 +30,9 @@ class AnalysisConfig:
     - ``sweep_batch``: most sequences per forward pass in the batched ablation sweep.
     - ``ablation_texts``: ablation uses only the first N texts (None: all); it costs one pass per head, so on
       a CPU the default keeps it to about a minute for MiniLM.
+    - ``recompute``: when statistics and gradient come from one pass, recompute each block's activations in the
+      backward (one more forward; memory bounded by the blocks' inputs) instead of keeping them (None: keep them
+      when their estimate fits in a quarter of the free memory, ``activations.keep_activations``).
     - ``seed``: seed of the random projections used by the default gradient objective.
     - ``model_name`` / ``data_name``: free text recorded in the statistics.
     """
@@ -36,11 +41,13 @@ class AnalysisConfig:
     max_length: int | None = None
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     examples: int = 3
+    example_tokens: int = 64
     importance: tuple[str, ...] = IMPORTANCE_KINDS
     abs_scope: str = "example"
     normalize_importance: bool = True
     sweep_batch: int = 256
     ablation_texts: int | None = 256
+    recompute: bool | None = None
     seed: int = 0
     model_name: str = ""
     data_name: str = ""
@@ -63,3 +70,5 @@ class AnalysisConfig:
             raise HeadwiseError("ablation_texts must be at least 1 (or None for all texts)")
         if self.examples < 0:
             raise HeadwiseError("examples must be >= 0")
+        if self.example_tokens < 1:
+            raise HeadwiseError("example_tokens must be at least 1")

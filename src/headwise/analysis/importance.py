@@ -191,16 +191,16 @@ def gradient_sums(
     pairs: Pairs | None = None, loss_fn: LossFn | None = None, batch_size: int = 32, max_length: int | None = None,
     abs_scope: str = "example", seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
     inputs: Sequence[dict[str, torch.Tensor]] | None = None, cross_attention: bool = False,
-    on_batch: Callable[[Batch], None] | None = None, seconds: dict[str, float] | None = None,
-    checkpoint_blocks: bool = True,
+    on_batch: Callable[[Batch], None] | None = None, after_forward: Callable[[], None] | None = None,
+    seconds: dict[str, float] | None = None, checkpoint_blocks: bool = True,
 ) -> tuple[torch.Tensor, int]:
     """This process's ``(Σ |∂L/∂g| [rows, H] float64 on CPU, number of examples)``; see the module docstring.
     ``inputs``: ready batches (any keys ``loss_fn`` reads, e.g. a task's collated batches) instead of texts;
     ``cross_attention``: also score ``dec-enc`` rows (``rows_of(model, cross_attention=True)`` order);
-    ``on_batch(batch)``: called before each text batch's forward (``analyze`` feeds its statistics observers
-    from this pass); ``seconds``: ``"forward"`` and ``"backward"`` wall times are added into it;
-    ``checkpoint_blocks``: recompute each block in the backward (``checkpointed``; off where observers must see
-    each forward once)."""
+    ``on_batch(batch)``: called before each text batch's forward and ``after_forward()`` once it is done, before
+    its backward (``analyze`` feeds its statistics observers from the forwards, not from the recomputations);
+    ``seconds``: ``"forward"`` and ``"backward"`` wall times are added into it; ``checkpoint_blocks``: recompute
+    each block in the backward (``checkpointed``)."""
     if abs_scope not in ABS_SCOPES:
         raise HeadwiseError(f"unknown abs_scope {abs_scope!r}; use one of {', '.join(ABS_SCOPES)}")
     rows = rows_of(model, cross_attention)
@@ -219,6 +219,8 @@ def gradient_sums(
             gates.set(leaf)
             start = time.perf_counter()
             total_loss = losses().sum()
+            if after_forward is not None:
+                after_forward()
             middle = time.perf_counter()
             (grad,) = torch.autograd.grad(total_loss, leaf, allow_unused=True)
             if seconds is not None:

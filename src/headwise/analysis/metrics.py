@@ -46,6 +46,9 @@ def histogram_edges() -> torch.Tensor:
     return edges
 
 
+OUTSIDE = 2.0  # marks an entry outside the valid block: above every probability, binned in ``HIST_BINS`` (dropped)
+
+
 @lru_cache(maxsize=4)
 def _bin_tables(edges: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """Lookup tables ``(first [65536] uint8, cut [65536] int32)`` that bin float32 weights exactly as
@@ -55,7 +58,7 @@ def _bin_tables(edges: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     floats, so bin ``k`` starts at the bit pattern of the smallest float32 ``a`` with
     ``float64(a) + HIST_OFFSET >= edges[k]``; a 16-bit cell spans a factor below ``2^(1/128)``, the edges a
     factor ``10^0.08``, so no cell holds two bin starts. Negative weights (negative bit patterns) fall in bin 0,
-    as ``a + HIST_OFFSET`` is below the first edge."""
+    as ``a + HIST_OFFSET`` is below the first edge; ``OUTSIDE`` and above (and NaN) in bin ``HIST_BINS``."""
     inner = torch.tensor(edges[1:-1], dtype=torch.float64)
     start = (inner - HIST_OFFSET).float()
     up, down = torch.tensor(float("inf")), torch.tensor(float("-inf"))
@@ -68,21 +71,24 @@ def _bin_tables(edges: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     below = torch.nextafter(start, down).double() + HIST_OFFSET >= inner
     if not fits.all() or below.any():
         raise RuntimeError("histogram bin starts did not converge")
-    starts = start.view(torch.int32).long()  # [bins - 1], increasing
+    starts = start.view(torch.int32).long()  # [bins - 1], increasing, positive
     high = torch.arange(-32768, 32768, dtype=torch.long)  # the top 16 bits of each cell, signed
     low = torch.where(high >= 0, high << 16, torch.full_like(high, -1))  # first bit pattern of each cell
-    first = (starts[None, :] <= low[:, None]).sum(1)
-    inside = (starts[None, :] > low[:, None]) & (starts[None, :] < low[:, None] + 65536) & (high >= 0)[:, None]
-    if inside.sum(1).max() > 1:
+    first = torch.searchsorted(starts, low, right=True)  # bin starts at or below the cell's first pattern
+    cell = (starts >> 16) + 32768  # the cell holding each bin start
+    if cell.unique().numel() != cell.numel():
         raise RuntimeError("two histogram bins start in one 16-bit cell")
-    never = torch.iinfo(torch.int32).max
-    cut = torch.where(inside, starts[None, :], torch.full_like(inside, never, dtype=torch.long)).amin(1)
+    inside = starts > low[cell]  # the start lies past its cell's first pattern: a cut inside the cell
+    cut = torch.full_like(high, torch.iinfo(torch.int32).max)
+    cut[cell[inside]] = starts[inside]
+    outside = (torch.tensor(OUTSIDE, dtype=torch.float32).view(torch.int32).long() >> 16) + 32768
+    first[outside:], cut[outside:] = HIST_BINS, torch.iinfo(torch.int32).max
     return first.to(torch.uint8), cut.int()
 
 
 def histogram_bins(probs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     """``bucketize(probs.double() + HIST_OFFSET, edges[1:-1], right=True)`` as uint8, ``probs``' shape, for
-    float32 ``probs``, by table lookup (``_bin_tables``)."""
+    float32 ``probs``, by table lookup (``_bin_tables``); entries ``≥ OUTSIDE`` get ``HIST_BINS``."""
     first, cut = _bin_tables(tuple(edges.tolist()))
     first, cut = first.to(probs.device), cut.to(probs.device)
     bits = probs.float().contiguous().view(torch.int32).flatten()
@@ -175,10 +181,9 @@ def batch_sums(
         raise ValueError(f"self-attention maps expected: probs {tuple(probs.shape)}, real mask {tuple(real.shape)}")
     A = probs.float()
     real, special = real.bool(), special.bool() & real.bool()
-    valid = real[:, None, :, None] & real[:, None, None, :]
+    valid = real[:, None, :, None] & real[:, None, None, :]  # [B, 1|H, T, T]: not expanded over heads
     if keep is not None:
         valid = valid & keep.bool()
-    valid = valid.expand(B, H, T, T)
     Av = A.masked_fill(~valid, 0.0)
     rows = real[:, None, :].to(A.dtype)  # [B, 1, T]
     sentence = real.any(1).double()  # [B]
@@ -187,7 +192,7 @@ def batch_sums(
 
     per_row = {
         "confidence": Av.amax(-1),
-        "entropy": -torch.xlogy(Av, Av).sum(-1),
+        "entropy": torch.special.entr(Av).sum(-1),
         "distance": (Av * distance).sum(-1),
         "special": (Av * special[:, None, None, :]).sum(-1),
         "self": Av.diagonal(0, -2, -1),
@@ -196,26 +201,32 @@ def batch_sums(
     }
     sums = {name: (value * rows).sum((0, 2)).double() for name, value in per_row.items()}
 
-    plain = real & ~special
-    valid_plain = valid & plain[:, None, :, None] & plain[:, None, None, :]
-    sums["confidence_no_special"] = (A.masked_fill(~valid_plain, 0.0).amax(-1) * plain[:, None, :]).sum((0, 2)).double()
+    plain = real & ~special  # Av is 0 off the valid block: dropping special keys leaves the plain block
+    sums["confidence_no_special"] = (Av.masked_fill(special[:, None, None, :], 0.0).amax(-1) * plain[:, None, :]
+                                     ).sum((0, 2)).double()
 
     n_keys = real.sum(1).clamp(min=1).double()  # [B]
     sums["mhr_base"] = (Av.amax((-2, -1)).double() * sentence[:, None]).sum(0)
     column_max = (Av.amax(-2) * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
     sums["mhr_advanced"] = (column_max * sentence[:, None]).sum(0)
 
-    outside = A.masked_fill(~valid, 2.0)  # invalid entries above every threshold (thresholds lie in [0, 1])
-    counts = [(outside <= t).sum(-1, dtype=torch.int32).sum((0, 2)) for t in thresholds]  # [H] each
+    row_entries = valid.sum(-1, dtype=torch.int32).expand(B, H, T)  # valid keys of each query row
+    entries = row_entries.sum((0, 2), dtype=torch.int64)  # [H]
+    # invalid entries are 0 in Av, hence ≤ every threshold (thresholds lie in [0, 1]): count all, take them off
+    counts = [(Av <= t).sum(-1, dtype=torch.int32).sum((0, 2)) - (B * T * T - entries) for t in thresholds]
     sums["sparsity"] = torch.stack(counts).double() if thresholds else \
         torch.zeros(0, H, dtype=torch.float64, device=A.device)
-    sums["entries"] = valid.sum((0, 2, 3)).double()
+    sums["entries"] = entries.double()
 
-    bins = histogram_bins(A, edges)  # [B, H, T, T]
-    weight = torch.where(valid, 1.0 / valid.sum(-1, keepdim=True).clamp(min=1).double(), 0.0)
-    flat = (bins + HIST_BINS * torch.arange(H, device=A.device)[None, :, None, None]).flatten()
-    hist = torch.zeros(H * HIST_BINS, dtype=torch.float64, device=A.device)
-    sums["histogram"] = hist.scatter_add_(0, flat, weight.flatten()).view(H, HIST_BINS)
+    # each valid row adds 1 spread over its entries' bins: entries counted per (head, row's valid count, bin),
+    # then each count divided by its row's valid count (integer counts, one division: no per-entry weights)
+    bins = histogram_bins(A.masked_fill(~valid, OUTSIDE), edges)  # [B, H, T, T] uint8, invalid → HIST_BINS
+    row_class = torch.arange(H, device=A.device, dtype=torch.int32)[None, :, None] * (T + 1) + row_entries
+    index = (row_class * (HIST_BINS + 1))[..., None] + bins  # [B, H, T, T] int32
+    counts = torch.bincount(index.flatten(), minlength=H * (T + 1) * (HIST_BINS + 1))
+    counts = counts.view(H, T + 1, HIST_BINS + 1)[..., :HIST_BINS].double()
+    per_entry = 1.0 / torch.arange(T + 1, device=A.device, dtype=torch.float64).clamp(min=1)
+    sums["histogram"] = (counts * per_entry[None, :, None]).sum(1)
 
     z = (out.float() * real[:, :, None, None]).transpose(1, 2).flatten(2)  # [B, H, T·d]
     sims = [*_pairwise(Av.flatten(2)), *_pairwise(z)]

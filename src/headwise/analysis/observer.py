@@ -18,13 +18,19 @@ from .stats import HeadStats
 
 @dataclass
 class BatchContext:
-    """What observers need to know about the batch in flight: ``real`` and ``special`` token masks ``[B, T]``."""
+    """What observers need to know about the batch in flight: ``real`` and ``special`` token masks ``[B, T]``, and
+    whether its forward is still running (``done()``: a backward's recomputation of the blocks is not observed)."""
 
     real: torch.Tensor | None = None
     special: torch.Tensor | None = None
+    observing: bool = False
 
     def set(self, real: torch.Tensor, special: torch.Tensor) -> None:
         self.real, self.special = real.bool(), special.bool() & real.bool()
+        self.observing = True
+
+    def done(self) -> None:
+        self.observing = False
 
 
 class StatsObserver:
@@ -39,6 +45,8 @@ class StatsObserver:
     def __call__(self, probs: torch.Tensor, keep: torch.Tensor | None, out: torch.Tensor) -> None:
         row = self.first_row + layer_of(self, self.n_layers)
         ctx = self.context
+        if ctx.real is not None and not ctx.observing:
+            return
         if ctx.real is None or ctx.real.shape != (probs.shape[0], probs.shape[-1]):
             raise RuntimeError("analysis observer called without a matching BatchContext (set it before forward)")
         with torch.no_grad():

@@ -11,6 +11,7 @@ from .task_options import load_for_task, load_task_model, task_args, task_from_a
 
 
 IMPORTANCE_EXAMPLES = 32
+ACTIVATIONS = {"auto": None, "keep": False, "recompute": True}  # --activations → AnalysisConfig.recompute
 
 
 def register(verbs, parents) -> None:
@@ -29,7 +30,13 @@ def register(verbs, parents) -> None:
                         "label loss)")
     p.add_argument("--ablation-texts", type=int, default=256,
                    help="texts used by ablation importance, one pass per head (default: 256)")
-    p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept")
+    p.add_argument("--activations", choices=ACTIVATIONS, default="auto",
+                   help="gradient in the statistics pass: keep every block's activations for the backward, or "
+                        "recompute them block by block (one more forward, memory bounded by the blocks' inputs); "
+                        "auto keeps them when they fit in a quarter of the free memory (default: auto)")
+    p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept (default: 3)")
+    p.add_argument("--example-tokens", type=int, default=64,
+                   help="each kept sentence's maps cover its first N tokens (default: 64)")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--max-length", type=int, default=None)
     p.add_argument("--importance-examples", type=int, default=None,
@@ -88,7 +95,10 @@ def run(args: argparse.Namespace) -> int:
     chosen = args.importance or "gradient"
     importance = () if chosen == "none" else tuple(k for k in chosen.split(",") if k)
     config = AnalysisConfig(batch_size=args.batch_size, max_length=args.max_length, examples=args.examples,
-                            importance=importance, ablation_texts=args.ablation_texts, model_name=args.model or "all-MiniLM-L6-v2 (packaged)")
+                            example_tokens=args.example_tokens, importance=importance,
+                            ablation_texts=args.ablation_texts,
+                            recompute=ACTIVATIONS[args.activations],
+                            model_name=args.model or "all-MiniLM-L6-v2 (packaged)")
     check_writable_dir(args.out, args.force)  # before any slow work
     if args.task == "stsb":
         texts, pairs, data_name = _texts(args)

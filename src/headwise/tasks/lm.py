@@ -85,6 +85,35 @@ def _chunk_nll(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor) -> t
     return F.cross_entropy(head(hidden).float(), target, reduction="none")
 
 
+class _FrozenHeadNLL(torch.autograd.Function):
+    """``_chunk_nll`` through a frozen ``nn.Linear`` head whose input needs a gradient: the forward also computes
+    ``∂nll_i/∂hidden_i = (softmax(logits_i) − onehot(target_i)) · W`` (``[n, D]``, the head's dtype) and keeps only
+    that, so the backward is one scaling (no logits kept, none recomputed: two head matmuls per chunk, not three)."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                target: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden, weight, bias).float()  # [n, V]
+        nll = F.cross_entropy(logits, target, reduction="none")
+        probs = logits.softmax(-1)
+        probs[torch.arange(len(target), device=target.device), target] -= 1.0
+        ctx.save_for_backward(probs.to(weight.dtype) @ weight)  # [n, D]
+        return nll
+
+    @staticmethod
+    def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        (unit,) = ctx.saved_tensors
+        return (grad_nll[:, None] * unit).to(unit.dtype), None, None, None
+
+
+def _nll_with_grad(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``_chunk_nll`` of ``hidden`` that needs a gradient, never holding the chunk's logits for the backward: the
+    fused frozen-head form for a plain ``nn.Linear`` head without trainable parameters, else a checkpoint."""
+    if type(head) is nn.Linear and not any(p.requires_grad for p in head.parameters()):
+        return _FrozenHeadNLL.apply(hidden, head.weight, head.bias, target)
+    return checkpoint(_chunk_nll, head, hidden, target, use_reentrant=False)
+
+
 def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                    labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token NLL ``[B]`` (float32) and the number of scored tokens ``[B]``; ``labels`` ``[B, T]`` is
@@ -92,9 +121,10 @@ def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
 
     The one place the language-modelling loss is computed. The vocabulary-sized logits are built in chunks of
     positions (``LOSS_CHUNK_BYTES`` of float32 logits each) from the hidden states the ``lm_head`` reads; with
-    gradients on, each chunk is checkpointed (its logits recomputed in the backward, never kept), so neither the
-    forward nor the backward holds ``[B, T, V]``. Models whose logits are not exactly ``lm_head(hidden)``
-    (soft-capping, logit scaling) are run a second time with their full logits."""
+    gradients on, each chunk is checkpointed (its logits recomputed in the backward, never kept) or, through a
+    frozen head, keeps only its ``[n, D]`` input gradient, so neither the forward nor the backward holds
+    ``[B, T, V]``. Models whose logits are not exactly ``lm_head(hidden)`` (soft-capping, logit scaling) are run a
+    second time with their full logits."""
     target = labels[:, 1:]
     scored = target != LABEL_PAD
     found = final_hidden(model, {"input_ids": input_ids, "attention_mask": attention_mask})
@@ -107,8 +137,8 @@ def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     goal = target.reshape(-1).clamp(min=0)
     step = logit_rows(vocab)
     keep = torch.is_grad_enabled() and flat.requires_grad
-    parts = [checkpoint(_chunk_nll, head, flat[i : i + step], goal[i : i + step], use_reentrant=False) if keep
-             else _chunk_nll(head, flat[i : i + step], goal[i : i + step]) for i in range(0, len(flat), step)]
+    chunk_nll = _nll_with_grad if keep else _chunk_nll
+    parts = [chunk_nll(head, flat[i : i + step], goal[i : i + step]) for i in range(0, len(flat), step)]
     nll = torch.cat(parts).view_as(target)
     return (nll * scored).sum(1), scored.sum(1)
 
