@@ -41,8 +41,11 @@ def main() -> None:
         args.texts, args.max_length, args.repeats = 10, 128, 1
 
     import headwise
+    from headwise.allocator import return_freed_memory
     from headwise.analysis import AnalysisConfig, analyze
     from headwise.tasks import LanguageModeling
+
+    allocator = return_freed_memory()  # as the CLI (HEADWISE_MMAP_THRESHOLD=0: glibc's default)
 
     task = LanguageModeling(data=args.data, max_length=args.max_length)
     model, tokenizer = headwise.load_model(args.model, task=task)
@@ -71,7 +74,7 @@ def main() -> None:
     result = {
         "model": args.model, "texts": len(texts), "max_length": args.max_length, "tokens_analysed": first["tokens"],
         "tokens_evaluated": scored, "importance": "gradient of the analysed texts' next-token loss (one pass)",
-        "repeats": args.repeats, "threads": torch.get_num_threads(), "machine": machine(),
+        "repeats": args.repeats, "threads": torch.get_num_threads(), "machine": machine(), "mmap_threshold_set": allocator,
         "eval_seconds": median(times["eval"]), "analyze_seconds": median(times["analyze"]),
         "analyze_parts_seconds": {k: median([p[k] for p in parts["analyze"]]) for k in parts["analyze"][0]},
         "analyze_recomputed_seconds": median(times["analyze_recomputed"]),

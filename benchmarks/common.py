@@ -34,8 +34,19 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else the platform's processor or machine string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine() -> str:
-    return f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
+    return f"{cpu_name()}, {torch.get_num_threads()} torch threads, torch {torch.__version__}"
 
 
 def update_section(name: str, markdown: str, doc: Path = DOC) -> None:

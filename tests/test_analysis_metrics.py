@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from headwise.analysis import AnalysisConfig, HeadStats, analyze
+from headwise.analysis import metrics
 from headwise.analysis.metrics import SIMILARITIES, batch_sums, histogram_edges
 from headwise.runtime import ops_of
 from headwise.sites import find_sites
@@ -16,8 +17,13 @@ from tiny import CAUSAL
 NO_IMPORTANCE = dict(importance=(), examples=0)
 
 
+@pytest.mark.parametrize("chunk", [None, 1], ids=["whole", "row-by-row"])
 @pytest.mark.parametrize("family", ["bert", "gpt2", "albert", "llama"])
-def test_every_metric_matches_eager_reference(family):
+def test_every_metric_matches_eager_reference(family, chunk, monkeypatch):
+    """``chunk``: attention entries per chunk of query rows in ``batch_sums`` (1: one query row at a time; None: the
+    default, the whole batch in one chunk at these sizes)."""
+    if chunk is not None:
+        monkeypatch.setattr(metrics, "CHUNK_ENTRIES", chunk)
     tokenizer = word_tokenizer(family)
     texts = random_texts(7, seed=3)
     stats = analyze(loud_model(family), tokenizer, texts, batch_size=3, thresholds=THRESHOLDS, progress=False,
@@ -33,6 +39,27 @@ def test_every_metric_matches_eager_reference(family):
                                    err_msg=name)
     assert stats.acc["sentences"].item() == 7
     assert stats.acc["tokens"].item() == sum(len(t.split()) for t in texts) + (1 if family in CAUSAL else 2) * 7
+
+
+@pytest.mark.parametrize("rows_per_chunk", [1, 4, 5, 13])
+def test_batch_sums_do_not_depend_on_the_chunks_of_query_rows(rows_per_chunk, monkeypatch):
+    """Chunks of 4 and 5 rows do not divide 13 query rows: the last chunk is short, the diagonals (self, prev,
+    next) cross chunk borders; left padding and a causal mask make rows of different valid lengths."""
+    B, H, T, d = 2, 3, 13, 4
+    gen = torch.Generator().manual_seed(0)
+    real = torch.ones(B, T, dtype=torch.bool)
+    real[1, :3] = False
+    keep = torch.ones(T, T, dtype=torch.bool).tril()[None, None]
+    probs = torch.rand(B, H, T, T, generator=gen).masked_fill(~keep, 0.0).softmax(-1)
+    special = torch.zeros(B, T, dtype=torch.bool)
+    special[:, 3] = True
+    args = (probs, keep, torch.randn(B, T, H, d, generator=gen), real, special, (0.01, 0.1, 0.5), histogram_edges())
+    whole = batch_sums(*args)
+    monkeypatch.setattr(metrics, "CHUNK_ENTRIES", B * H * T * rows_per_chunk)
+    chunked = batch_sums(*args)
+    assert whole.keys() == chunked.keys()
+    for name, value in whole.items():
+        torch.testing.assert_close(chunked[name], value, atol=1e-6, rtol=1e-5, msg=name)  # float32 row sums
 
 
 @pytest.mark.parametrize("family", ["bert", "gpt2"])

@@ -146,15 +146,23 @@ def sparsity_info(t: float) -> dict:
                  f"whose weight is ≤ {t:g}, pooled over all sentences (SPIQA).", 0.0, 1.0, None)
 
 
-def _pairwise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Cosine and L2 between the rows of ``x[B, H, N]`` → two ``[B, H, H]`` (float64; cosine 0 for zero rows)."""
-    x = x.double()
-    gram = x @ x.transpose(1, 2)
+def _pairwise(gram: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cosine and L2 between the rows behind ``gram[B, H, H]`` (their float64 inner products) → two ``[B, H, H]``
+    (cosine 0 for zero rows)."""
     sq = gram.diagonal(0, 1, 2)
     norms = sq.clamp(min=0).sqrt()
     cos = gram / (norms[:, :, None] * norms[:, None, :]).clamp(min=1e-300)
     l2 = (sq[:, :, None] + sq[:, None, :] - 2 * gram).clamp(min=0).sqrt()
     return cos, l2
+
+
+def _gram(x: torch.Tensor) -> torch.Tensor:
+    """``x[B, H, N]`` → ``[B, H, H]`` float64 inner products between the heads' rows."""
+    x = x.double()
+    return x @ x.transpose(1, 2)
+
+
+CHUNK_ENTRIES = 1 << 22  # attention entries (B·H·rows·T) one chunk of query rows holds: its temporaries stay small
 
 
 @torch.no_grad()
@@ -175,61 +183,80 @@ def batch_sums(
     counts ≤ t), ``entries[H]`` (valid entries), ``histogram[H, 100]`` (each valid row adds 1 spread over the bins
     of its valid entries), ``similarity[4, H, H]`` (per-sentence matrices summed over sentences, ``SIMILARITIES``
     order), and the counts ``n_rows`` (real query rows), ``n_rows_no_special`` and ``n_sentences`` (scalars).
+    Query rows are taken in chunks of about ``CHUNK_ENTRIES`` entries, so the temporaries beside ``probs`` stay
+    small at any length; the result does not depend on the chunking beyond float rounding.
     """
     B, H, T, Tk = probs.shape
     if T != Tk or real.shape != (B, T):
         raise ValueError(f"self-attention maps expected: probs {tuple(probs.shape)}, real mask {tuple(real.shape)}")
-    A = probs.float()
     real, special = real.bool(), special.bool() & real.bool()
-    valid = real[:, None, :, None] & real[:, None, None, :]  # [B, 1|H, T, T]: not expanded over heads
-    if keep is not None:
-        valid = valid & keep.bool()
-    Av = A.masked_fill(~valid, 0.0)
-    rows = real[:, None, :].to(A.dtype)  # [B, 1, T]
-    sentence = real.any(1).double()  # [B]
-    pos = torch.arange(T, device=A.device)
-    distance = (pos[:, None] - pos[None, :]).abs().to(A.dtype)
-
-    per_row = {
-        "confidence": Av.amax(-1),
-        "entropy": torch.special.entr(Av).sum(-1),
-        "distance": (Av * distance).sum(-1),
-        "special": (Av * special[:, None, None, :]).sum(-1),
-        "self": Av.diagonal(0, -2, -1),
-        "prev": F.pad(Av.diagonal(-1, -2, -1), (1, 0)),  # row i holds A[i, i-1]; row 0 has no previous token
-        "next": F.pad(Av.diagonal(1, -2, -1), (0, 1)),
-    }
-    sums = {name: (value * rows).sum((0, 2)).double() for name, value in per_row.items()}
-
     plain = real & ~special  # Av is 0 off the valid block: dropping special keys leaves the plain block
-    sums["confidence_no_special"] = (Av.masked_fill(special[:, None, None, :], 0.0).amax(-1) * plain[:, None, :]
-                                     ).sum((0, 2)).double()
+    sentence = real.any(1).double()  # [B]
+    pos = torch.arange(T, device=probs.device)
+    f64 = dict(dtype=torch.float64, device=probs.device)
+    sums = {name: torch.zeros(H, **f64) for name in (*ROW_METRICS, "confidence_no_special")}
+    block_max = torch.zeros(B, H, device=probs.device)  # [B, H]: max over the valid block
+    column_max = torch.zeros(B, H, T, device=probs.device)  # [B, H, Tk]: max over query rows
+    below = torch.zeros(len(thresholds), H, dtype=torch.int64, device=probs.device)
+    entries = torch.zeros(H, dtype=torch.int64, device=probs.device)
+    classes = torch.zeros(H * (T + 1) * (HIST_BINS + 1), dtype=torch.int64, device=probs.device)
+    gram = torch.zeros(B, H, H, **f64)
+    step = max(1, CHUNK_ENTRIES // max(1, B * H * T))
+    for q0 in range(0, T, step):
+        q = slice(q0, min(T, q0 + step))
+        n = q.stop - q0
+        A = probs[:, :, q].float()  # [B, H, n, T]
+        valid = real[:, None, q, None] & real[:, None, None, :]  # [B, 1|H, n, T]: not expanded over heads
+        if keep is not None:
+            valid = valid & keep[:, :, q].bool()
+        Av = A.masked_fill(~valid, 0.0)
+        rows = real[:, None, q].to(A.dtype)  # [B, 1, n]
+        distance = (pos[q, None] - pos[None, :]).abs().to(A.dtype)
+        diagonal = lambda offset: Av.diagonal(q0 + offset, -2, -1)  # noqa: E731  [B, H, ≤ n]: A[i, i + offset]
+        prev, nxt = diagonal(-1), diagonal(1)
+        per_row = {
+            "confidence": Av.amax(-1),
+            "entropy": torch.special.entr(Av).sum(-1),
+            "distance": (Av * distance).sum(-1),
+            "special": (Av * special[:, None, None, :]).sum(-1),
+            "self": diagonal(0),
+            "prev": F.pad(prev, (n - prev.shape[-1], 0)),  # row 0 has no previous token
+            "next": F.pad(nxt, (0, n - nxt.shape[-1])),  # row T − 1 has no next token
+        }
+        for name, value in per_row.items():
+            sums[name] += (value * rows).sum((0, 2)).double()
+        sums["confidence_no_special"] += (Av.masked_fill(special[:, None, None, :], 0.0).amax(-1)
+                                          * plain[:, None, q]).sum((0, 2)).double()
+        block_max = torch.maximum(block_max, Av.amax((-2, -1)))
+        column_max = torch.maximum(column_max, Av.amax(-2))
 
+        row_entries = valid.sum(-1, dtype=torch.int32).expand(B, H, n)  # valid keys of each query row
+        chunk_entries = row_entries.sum((0, 2), dtype=torch.int64)  # [H]
+        entries += chunk_entries
+        # invalid entries are 0 in Av, hence ≤ every threshold (thresholds lie in [0, 1]): count all, take them off
+        for k, t in enumerate(thresholds):
+            below[k] += (Av <= t).sum(-1, dtype=torch.int32).sum((0, 2)) - (B * n * T - chunk_entries)
+
+        # each valid row adds 1 spread over its entries' bins: entries counted per (head, row's valid count, bin),
+        # then each count divided by its row's valid count (integer counts, one division: no per-entry weights)
+        bins = histogram_bins(A.masked_fill(~valid, OUTSIDE), edges)  # [B, H, n, T] uint8, invalid → HIST_BINS
+        row_class = torch.arange(H, device=A.device, dtype=torch.int32)[None, :, None] * (T + 1) + row_entries
+        index = (row_class * (HIST_BINS + 1))[..., None] + bins  # [B, H, n, T] int32
+        classes += torch.bincount(index.flatten(), minlength=classes.numel())
+        gram += _gram(Av.flatten(2))
+
+    sums["mhr_base"] = (block_max.double() * sentence[:, None]).sum(0)
     n_keys = real.sum(1).clamp(min=1).double()  # [B]
-    sums["mhr_base"] = (Av.amax((-2, -1)).double() * sentence[:, None]).sum(0)
-    column_max = (Av.amax(-2) * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
-    sums["mhr_advanced"] = (column_max * sentence[:, None]).sum(0)
-
-    row_entries = valid.sum(-1, dtype=torch.int32).expand(B, H, T)  # valid keys of each query row
-    entries = row_entries.sum((0, 2), dtype=torch.int64)  # [H]
-    # invalid entries are 0 in Av, hence ≤ every threshold (thresholds lie in [0, 1]): count all, take them off
-    counts = [(Av <= t).sum(-1, dtype=torch.int32).sum((0, 2)) - (B * T * T - entries) for t in thresholds]
-    sums["sparsity"] = torch.stack(counts).double() if thresholds else \
-        torch.zeros(0, H, dtype=torch.float64, device=A.device)
+    column_mean = (column_max * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
+    sums["mhr_advanced"] = (column_mean * sentence[:, None]).sum(0)
+    sums["sparsity"] = below.double() if thresholds else torch.zeros(0, H, **f64)
     sums["entries"] = entries.double()
-
-    # each valid row adds 1 spread over its entries' bins: entries counted per (head, row's valid count, bin),
-    # then each count divided by its row's valid count (integer counts, one division: no per-entry weights)
-    bins = histogram_bins(A.masked_fill(~valid, OUTSIDE), edges)  # [B, H, T, T] uint8, invalid → HIST_BINS
-    row_class = torch.arange(H, device=A.device, dtype=torch.int32)[None, :, None] * (T + 1) + row_entries
-    index = (row_class * (HIST_BINS + 1))[..., None] + bins  # [B, H, T, T] int32
-    counts = torch.bincount(index.flatten(), minlength=H * (T + 1) * (HIST_BINS + 1))
-    counts = counts.view(H, T + 1, HIST_BINS + 1)[..., :HIST_BINS].double()
-    per_entry = 1.0 / torch.arange(T + 1, device=A.device, dtype=torch.float64).clamp(min=1)
+    counts = classes.view(H, T + 1, HIST_BINS + 1)[..., :HIST_BINS].double()
+    per_entry = 1.0 / torch.arange(T + 1, **f64).clamp(min=1)
     sums["histogram"] = (counts * per_entry[None, :, None]).sum(1)
 
     z = (out.float() * real[:, :, None, None]).transpose(1, 2).flatten(2)  # [B, H, T·d]
-    sims = [*_pairwise(Av.flatten(2)), *_pairwise(z)]
+    sims = [*_pairwise(gram), *_pairwise(_gram(z))]
     sums["similarity"] = torch.stack([(s * sentence[:, None, None]).sum(0) for s in sims])
 
     sums["n_rows"] = real.sum().double()

@@ -228,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     from ..io.files import release_all_outputs
 
     try:
+        from ..allocator import return_freed_memory
+
+        return_freed_memory()  # large tensors freed go back to the system: the peak is what is alive
         return _run_json(args) if args.json else args.run(args)
     except HeadwiseError as err:
         if args.debug:

@@ -1,0 +1,48 @@
+"""Hand freed tensor memory back to the operating system at once (Linux, glibc).
+
+glibc's ``malloc`` serves an allocation above its mmap threshold with a fresh mapping, returned on ``free``; below
+it, from its heap, which it keeps after ``free``. The threshold starts at 128 KiB and rises to the size of each
+mapped block freed (up to 32 MiB), so after a few frees of vocabulary-sized logits or ``[H, T, T]`` attention
+maps, every later tensor of that size comes from the heap and stays in the process's memory once freed. At 2,048
+tokens on SmolLM2-135M that retained heap was 1.2 GiB of a gradient pass whose saved tensors were under 0.2 GiB
+(``benchmarks/scaling.py``). A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, what ``MALLOC_MMAP_THRESHOLD_``
+sets) keeps the peak to what is alive, at the price of fresh pages for each large tensor.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+from .errors import HeadwiseError
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+DEFAULT_THRESHOLD = 1 << 20  # bytes; measured against 8 MiB and glibc's default in docs/benchmarks.md
+MAX_THRESHOLD = 32 << 20  # glibc's largest mmap threshold on 64-bit systems
+ENV = "HEADWISE_MMAP_THRESHOLD"
+
+
+def return_freed_memory(threshold: int | None = None) -> bool:
+    """Serve allocations of at least ``threshold`` bytes (default: ``$HEADWISE_MMAP_THRESHOLD``, else
+    ``DEFAULT_THRESHOLD``; 0 leaves glibc's own) with their own mappings, so that freeing them returns the memory.
+    Returns True when the setting took effect (glibc), False where there is no glibc or 0 was asked."""
+    if threshold is None:
+        raw = os.environ.get(ENV, str(DEFAULT_THRESHOLD))
+        try:
+            threshold = int(raw)
+        except ValueError:
+            raise HeadwiseError(f"${ENV}={raw!r} is not a number of bytes (0 keeps glibc's default)") from None
+    if not 0 <= threshold <= MAX_THRESHOLD:
+        raise HeadwiseError(f"mmap threshold {threshold} bytes: give 0 (glibc's default) to {MAX_THRESHOLD} (32 MiB)")
+    if threshold == 0:
+        return False
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(name).mallopt
+    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt)
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold))
