@@ -45,7 +45,7 @@ def main() -> None:
     from headwise.analysis import AnalysisConfig, analyze
     from headwise.tasks import LanguageModeling
 
-    allocator = return_freed_memory()  # as the CLI (HEADWISE_MMAP_THRESHOLD=0: glibc's default)
+    allocator = return_freed_memory()  # as the CLI ($HEADWISE_MMAP_THRESHOLD, default glibc's own)
 
     task = LanguageModeling(data=args.data, max_length=args.max_length)
     model, tokenizer = headwise.load_model(args.model, task=task)

@@ -132,9 +132,9 @@ def child(shape: str, verb: str, context: int, text: str) -> dict:
 
     import headwise  # noqa: F401
     from headwise import analysis, kvcache, planning, tasks  # noqa: F401
-    from headwise.allocator import DEFAULT_THRESHOLD, ENV, return_freed_memory
+    from headwise.allocator import ENV, return_freed_memory
 
-    threshold = int(os.environ.get(ENV, DEFAULT_THRESHOLD)) if return_freed_memory() else 0  # as the CLI does
+    threshold = int(os.environ.get(ENV, "0")) if return_freed_memory() else 0  # as the CLI does
 
     before = anon_mb()
     sampler = AnonPeak()

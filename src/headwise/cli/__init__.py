@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from ..allocator import return_freed_memory
 
-        return_freed_memory()  # large tensors freed go back to the system: the peak is what is alive
+        return_freed_memory()  # $HEADWISE_MMAP_THRESHOLD: freed large tensors go back to the system (opt-in)
         return _run_json(args) if args.json else args.run(args)
     except HeadwiseError as err:
         if args.debug:
