@@ -7,7 +7,7 @@ maps, every later tensor of that size comes from the heap and stays in the proce
 tokens on SmolLM2-135M that retained heap was 1.2 GiB of a gradient pass whose saved tensors were under 0.2 GiB
 (``benchmarks/scaling.py``). A fixed threshold (``mallopt(M_MMAP_THRESHOLD)``, what ``MALLOC_MMAP_THRESHOLD_``
 sets) keeps the peak to what is alive, at the price of fresh (zeroed) pages for each large tensor: at 1 MiB, eval
-of a Llama-3.2-1B shape at 512 tokens took 27% longer and ``analyze --task lm`` on SmolLM2 18% longer, so it is
+of a Llama-3.2-1B shape at 512 tokens took 27% longer and ``analyze --task lm`` on SmolLM2 16% longer (separate runs), so it is
 opt-in: ``HEADWISE_MMAP_THRESHOLD=1048576`` for the command line, ``return_freed_memory(1 << 20)`` in Python.
 """
 
