@@ -25,9 +25,16 @@ memory-mapped checkpoint and the pages of the libraries' code). Verbs (the Pytho
 Quality numbers mean nothing on random weights; time and memory are real. Under load only ratios measured in
 one run mean anything; the lead re-runs the full table on an idle machine.
 
+On a GPU (``--device cuda``, e.g. ``--dtype bfloat16``) the model is built on the device and memory is the
+device's: ``torch.cuda.max_memory_allocated`` over the verb (the weights included; nothing else is on the device
+before the model) divided by the weights' bytes, the way the CPU ratio reads. There the 8B shape runs whole
+(``llama-3-8b``, 32 layers). ``SCALING_DATA`` / ``SCALING_TOKENIZER`` point at WikiText-2's ``valid.txt`` and a
+tokenizer folder where ``shared/`` or the packaged SmolLM2 is not there (a random-weights shape needs only the
+tokenizer).
+
 Run: ``python benchmarks/scaling.py [--quick] [--shapes smollm2-135m,smollm2-360m,llama-3.2-1b]
-[--contexts 512,2048] [--verbs eval,analyze,...]``. Writes benchmarks/results/scaling_cpu.json and
-benchmarks/results/scaling_cpu.md.
+[--contexts 512,2048] [--verbs eval,analyze,...] [--device cuda --dtype bfloat16]``. Writes
+benchmarks/results/scaling_cpu.json and benchmarks/results/scaling_cpu.md (``--out``).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-DATA = Path("/work/shared/data/wikitext-2/valid.txt")
+DATA = Path(os.environ.get("SCALING_DATA", "/work/shared/data/wikitext-2/valid.txt"))
 VERBS = ("eval", "analyze", "analyze-recompute", "kv-policy", "prune", "plan", "apply", "recover")
 BOUNDS = {"eval": 1.3, "analyze": 1.3, "analyze-recompute": 1.3, "kv-policy": 1.3, "prune": 2.0, "plan": 2.0, "apply": 2.0, "recover": 1.3}
 SHAPES = {  # transformers LlamaConfig fields of each shape (SmolLM2 is a Llama)
@@ -53,6 +60,8 @@ SHAPES = {  # transformers LlamaConfig fields of each shape (SmolLM2 is a Llama)
                          intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True, head_dim=64),
     "llama-3-8b/2-layers": dict(hidden_size=4096, num_hidden_layers=2, num_attention_heads=32, num_key_value_heads=8,
                                 intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
+    "llama-3-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0),
 }
 QUICK = dict(shapes=["smollm2-135m"], contexts=[256], verbs=list(VERBS))
 
@@ -103,29 +112,34 @@ def fingerprint(model) -> str:
     return h.hexdigest()
 
 
-def build(shape: str, context: int):
-    """``(model, tokenizer)``: SmolLM2-135M, or a random-initialised Llama of ``shape`` with SmolLM2's tokenizer."""
+def build(shape: str, context: int, device: str = "cpu", dtype: str = "float32"):
+    """``(model, tokenizer)``: SmolLM2-135M, or a random-initialised Llama of ``shape`` with SmolLM2's tokenizer
+    (``SCALING_TOKENIZER``: a folder holding it), built on ``device`` in ``dtype``."""
     import torch
     import transformers as tf
 
     import headwise
 
-    model, tokenizer = headwise.load_model("smollm2-135m", task="lm")
+    torch_dtype = getattr(torch, dtype)
     if SHAPES[shape] is None:
+        model, tokenizer = headwise.load_model("smollm2-135m", task="lm", device=device, dtype=torch_dtype)
         with torch.no_grad():  # from the checkpoint's memory map into process memory, as a loaded model holds it
             for p in model.parameters():
                 p.data = p.data.clone()
         return model, tokenizer
-    del model
+    folder = os.environ.get("SCALING_TOKENIZER") or headwise.models.resolve_model("smollm2-135m")
+    tokenizer = tf.AutoTokenizer.from_pretrained(folder)
     torch.manual_seed(0)
     config = tf.LlamaConfig(**SHAPES[shape], max_position_embeddings=max(8192, context), rms_norm_eps=1e-5)
-    with torch.device("cpu"):
-        model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise", dtype=torch.float32)
+    with torch.device(device):
+        model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise", dtype=torch_dtype)
     return model.eval(), tokenizer
 
 
-def child(shape: str, verb: str, context: int, text: str) -> dict:
+def child(shape: str, verb: str, context: int, text: str, device: str = "cpu", dtype: str = "float32") -> dict:
     """Run one arm in this (fresh) process; returns its measurements."""
+    if device != "cpu":
+        return child_on_device(shape, verb, context, text, device, dtype)
     import torch
     import transformers  # noqa: F401  (libraries loaded before the baseline)
     from transformers.models.llama import modeling_llama  # noqa: F401
@@ -138,7 +152,7 @@ def child(shape: str, verb: str, context: int, text: str) -> dict:
 
     before = anon_mb()
     sampler = AnonPeak()
-    model, tokenizer = build(shape, context)
+    model, tokenizer = build(shape, context, device, dtype)
     tokenizer.model_max_length = max(context, 8192)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     load_peak, loaded = sampler.stop(), anon_mb()
@@ -158,6 +172,36 @@ def child(shape: str, verb: str, context: int, text: str) -> dict:
             "loaded_ratio": (loaded - before) * 2**20 / weights, "threads": torch.get_num_threads(),
             "heads": sum(s.num_heads for s in __import__("headwise").find_sites(model)),
             "layers": model.config.num_hidden_layers}
+
+
+def child_on_device(shape: str, verb: str, context: int, text: str, device: str, dtype: str) -> dict:
+    """``child`` on a GPU: peak memory is ``torch.cuda.max_memory_allocated`` over the verb (weights included)."""
+    import torch
+
+    import headwise  # noqa: F401
+
+    model, tokenizer = build(shape, context, device, dtype)
+    tokenizer.model_max_length = max(context, 8192)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    loaded = torch.cuda.memory_allocated()
+    digest = fingerprint(model) if verb == "plan" else None
+    optimizer = 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    run_verb(verb, model, tokenizer, context, text)
+    torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated()
+    extra = {} if digest is None else {"model_unchanged": fingerprint(model) == digest}
+    if verb == "recover":
+        extra["optimizer_mb"] = optimizer / 2**20
+    return {**extra, "device": torch.cuda.get_device_name(), "dtype": dtype, "shape": shape, "verb": verb,
+            "context": context, "seconds": seconds, "weights_mb": weights / 2**20, "anon_before_mb": 0.0,
+            "anon_loaded_mb": loaded / 2**20, "anon_load_peak_mb": loaded / 2**20, "anon_peak_mb": peak / 2**20,
+            "reserved_peak_mb": torch.cuda.max_memory_reserved() / 2**20, "peak_rss_mb": peak_mb(),
+            "ratio": peak / weights, "loaded_ratio": loaded / weights,
+            "heads": sum(s.num_heads for s in headwise.find_sites(model)), "layers": model.config.num_hidden_layers}
 
 
 def run_verb(verb: str, model, tokenizer, context: int, text: str) -> None:
@@ -209,14 +253,17 @@ def run_verb(verb: str, model, tokenizer, context: int, text: str) -> None:
 
 
 def _threshold(row: dict) -> str:
-    """The row's glibc mmap threshold (rows measured before ``headwise.allocator``: glibc's dynamic default)."""
+    """The row's glibc mmap threshold (rows measured before ``headwise.allocator``: glibc's dynamic default), or
+    the GPU and dtype of a device row (its memory is the device allocator's)."""
+    if "device" in row:
+        return f"{row['device']}, {row['dtype']}"
     value = row.get("mmap_threshold", 0)
     return f"{value >> 10} KiB" if value else "glibc default"
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| shape | layers | heads | context | verb | time (s) | weights (MiB) | loaded / weights | "
-             "peak anon (MiB) | (peak − before) / weights | bound | mmap threshold |",
+             "peak anon (MiB) | (peak − before) / weights | bound | mmap threshold (or device) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
@@ -270,11 +317,13 @@ def main() -> None:
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per arm")
     parser.add_argument("--out", default=str(HERE / "results" / "scaling_cpu"))
     parser.add_argument("--merge", action="store_true", help="keep the rows of --out's JSON this run does not redo")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda (memory: the device's allocator)")
+    parser.add_argument("--dtype", default="float32", help="the weights' dtype (float32, bfloat16, float16)")
     parser.add_argument("--child", nargs=3, metavar=("SHAPE", "VERB", "CONTEXT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         shape, verb, context = args.child
-        print("RESULT " + json.dumps(child(shape, verb, int(context), str(DATA))), flush=True)
+        print("RESULT " + json.dumps(child(shape, verb, int(context), str(DATA), args.device, args.dtype)), flush=True)
         return
     shapes, contexts, verbs = args.shapes.split(","), [int(c) for c in args.contexts.split(",")], args.verbs.split(",")
     if args.quick:
@@ -286,13 +335,16 @@ def main() -> None:
     for shape in shapes:
         for context in contexts:
             for verb in verbs:
-                cmd = [sys.executable, __file__, "--child", shape, verb, str(context)]
+                cmd = [sys.executable, __file__, "--child", shape, verb, str(context), "--device", args.device,
+                       "--dtype", args.dtype]
                 try:
                     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=args.timeout)
                     found = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
                     row = json.loads(found[-1][7:]) if found else {
                         "shape": shape, "verb": verb, "context": context,
                         "error": (done.stderr.strip().splitlines() or ["no output"])[-1]}
+                    if not found:
+                        print("\n".join(done.stderr.strip().splitlines()[-12:]), flush=True)
                 except subprocess.TimeoutExpired:
                     row = {"shape": shape, "verb": verb, "context": context, "error": f"over {args.timeout}s"}
                 rows.append(row)
@@ -304,11 +356,16 @@ def main() -> None:
         fresh = {key(r) for r in rows}
         rows = [r for r in json.loads(out.with_suffix(".json").read_text())["rows"] if key(r) not in fresh] + rows
     meta = {"quick": args.quick, "python": sys.version.split()[0], "machine": os.uname().machine,
-            "cpus": os.cpu_count(), "note": "under load unless re-run on an idle machine"}
+            "cpus": os.cpu_count(), "device": args.device, "dtype": args.dtype,
+            "note": "under load unless re-run on an idle machine"}
     from headwise.io import atomic_write_text
 
+    title = ("# Scaling (CPU)\n\n" if args.device == "cpu" else
+             f"# Scaling ({args.device}, {args.dtype})\n\nMemory columns are the device allocator's: peak "
+             "`torch.cuda.max_memory_allocated` during the verb, the weights included; the last column names the GPU."
+             "\n\n")
     atomic_write_text(out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1))
-    atomic_write_text(out.with_suffix(".md"), "# Scaling (CPU)\n\n" + table(rows) + "\n\n## Fitted growth\n\n"
+    atomic_write_text(out.with_suffix(".md"), title + table(rows) + "\n\n## Fitted growth\n\n"
                       + growth(rows) + "\n")
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
 
