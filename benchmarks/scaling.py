@@ -20,7 +20,9 @@ memory-mapped checkpoint and the pages of the libraries' code). Verbs (the Pytho
 - ``apply``: a planned removal applied to the model (``Plan.apply`` path: ``apply_edit``), then ``eval``;
 - ``recover``: a quarter of the heads masked (a reversible edit), then ``recover(..., teacher="off")``: distillation
   from the model itself with its masks switched off, 2 optimizer steps of 1 window. Its bound is 1.3 plus AdamW's
-  state of what is trained (two moments: 2 × the trainable bytes, ``optimizer_mb``) over the weights.
+  state of what is trained (two moments: 2 × the trainable bytes, ``optimizer_mb``) over the weights;
+- ``recover-bounded``: the same with ``memory="bounded"`` (blocks recomputed in the backward, each parameter
+  updated in the backward: no gradients held together).
 
 Quality numbers mean nothing on random weights; time and memory are real. Under load only ratios measured in
 one run mean anything; the lead re-runs the full table on an idle machine.
@@ -50,8 +52,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("SCALING_DATA", "/work/shared/data/wikitext-2/valid.txt"))
-VERBS = ("eval", "analyze", "analyze-recompute", "kv-policy", "prune", "plan", "apply", "recover")
-BOUNDS = {"eval": 1.3, "analyze": 1.3, "analyze-recompute": 1.3, "kv-policy": 1.3, "prune": 2.0, "plan": 2.0, "apply": 2.0, "recover": 1.3}
+VERBS = ("eval", "analyze", "analyze-recompute", "kv-policy", "prune", "plan", "apply", "recover", "recover-bounded")
+BOUNDS = {"eval": 1.3, "analyze": 1.3, "analyze-recompute": 1.3, "kv-policy": 1.3, "prune": 2.0, "plan": 2.0, "apply": 2.0, "recover": 1.3,
+          "recover-bounded": 1.3}
 SHAPES = {  # transformers LlamaConfig fields of each shape (SmolLM2 is a Llama)
     "smollm2-135m": None,  # the packaged model itself
     "smollm2-360m": dict(hidden_size=960, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
@@ -63,6 +66,7 @@ SHAPES = {  # transformers LlamaConfig fields of each shape (SmolLM2 is a Llama)
     "llama-3-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                        intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False, rope_theta=500000.0),
 }
+RECOVER_ARGS = json.loads(os.environ.get("SCALING_RECOVER_ARGS", "{}"))  # e.g. {"optim": "adamw_torch_fused"}
 QUICK = dict(shapes=["smollm2-135m"], contexts=[256], verbs=list(VERBS))
 
 
@@ -164,7 +168,7 @@ def child(shape: str, verb: str, context: int, text: str, device: str = "cpu", d
     seconds = time.perf_counter() - start
     peak = sampler.stop()
     extra = {} if digest is None else {"model_unchanged": fingerprint(model) == digest}
-    if verb == "recover":
+    if verb.startswith("recover"):
         extra["optimizer_mb"] = optimizer / 2**20
     return {**extra, "mmap_threshold": threshold, "shape": shape, "verb": verb, "context": context, "seconds": seconds, "weights_mb": weights / 2**20,
             "anon_before_mb": before, "anon_loaded_mb": loaded, "anon_load_peak_mb": load_peak,
@@ -194,7 +198,7 @@ def child_on_device(shape: str, verb: str, context: int, text: str, device: str,
     seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated()
     extra = {} if digest is None else {"model_unchanged": fingerprint(model) == digest}
-    if verb == "recover":
+    if verb.startswith("recover"):
         extra["optimizer_mb"] = optimizer / 2**20
     return {**extra, "device": torch.cuda.get_device_name(), "dtype": dtype, "shape": shape, "verb": verb,
             "context": context, "seconds": seconds, "weights_mb": weights / 2**20, "anon_before_mb": 0.0,
@@ -240,14 +244,14 @@ def run_verb(verb: str, model, tokenizer, context: int, text: str) -> None:
         g = sites[0].group_size
         apply_edit(model, Edit(prune={s.name: list(range(g)) for s in sites}))  # one KV group per layer
         task.evaluate(model, tokenizer, progress=False)
-    elif verb == "recover":
+    elif verb in ("recover", "recover-bounded"):
         import tempfile
 
         sites = headwise.find_sites(model)
         headwise.apply_masks(model, {s.name: [float(h >= s.num_heads // 4) for h in range(s.num_heads)] for s in sites})
         with tempfile.TemporaryDirectory() as out:
             headwise.recover(model, tokenizer, task, teacher="off", max_steps=2, batch_size=1, progress=False,
-                             output_dir=out)
+                             output_dir=out, memory="bounded" if verb == "recover-bounded" else "keep", **RECOVER_ARGS)
     else:
         raise SystemExit(f"unknown verb {verb}")
 

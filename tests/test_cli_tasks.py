@@ -153,10 +153,11 @@ def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, 
     out = tmp_path / "l0"
     assert main(["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
                  "--method", "l0", "--keep", "12", "--max-steps", "2", "--recover", "distill", "--recover-steps", "2",
-                 "--max-length", "32", "--out", str(out), "--json"]) == 0
+                 "--train-memory", "bounded", "--max-length", "32", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the Trainer logs before it
     assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_recovered"] is not None
-    assert result["recovery"] == {"mode": "distill", "epochs": 1.0, "steps": 2, "teacher": "the outputs of the model before the edit (cached)",
+    assert result["recovery"] == {"mode": "distill", "epochs": 1.0, "steps": 2, "train_memory": "bounded",
+                                  "teacher": "the outputs of the model before the edit (cached)",
                                   "alpha": 0.5, "temperature": 2.0, "distance": "mse"}
     assert result["metric_edited"] is not None and result["metric_edited"] != result["metric_recovered"]
 
@@ -174,7 +175,7 @@ def test_mix_and_replace_report_the_task_metric(llama_dir, tmp_path, capsys, ver
     assert result["metric_name"] == "lm perplexity" and result["metric_before"] == pytest.approx(ppl, abs=0.006)
     assert result["metric_edited"] != result["metric_before"]  # mixers trained on the lm loss / a 4-token window
     if verb == "replace":
-        assert result["recovery"] == {"mode": "finetune", "epochs": 1.0, "steps": 4}
+        assert result["recovery"] == {"mode": "finetune", "epochs": 1.0, "steps": 4, "train_memory": "keep"}
         assert result["metric_recovered"] != result["metric_edited"]
 
 

@@ -21,7 +21,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("persistence", ("headwise.io", "headwise.models", "headwise.contract")),
     ("methods", ("headwise.analysis", "headwise.pruning", "headwise.collaborative", "headwise.quantization",
                  "headwise.mixing", "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")),
-    ("trainer", ("headwise.training.trainer",)),  # the Trainer with head penalties, which tasks train through
+    # the Trainer with head penalties (and its update in the backward), which tasks train through
+    ("trainer", ("headwise.training.trainer", "headwise.training.backward_step", "headwise.training.memory")),
     ("tasks", ("headwise.tasks",)),
     ("training", ("headwise.training",)),  # recipes over tasks (STS-B, translation from scratch, KV gates)
     ("planning", ("headwise.planning",)),

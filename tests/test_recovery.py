@@ -203,6 +203,38 @@ def test_the_task_loss_is_unchanged_by_the_outputs_split(tmp_path, tokenizer):
             assert task.loss(model, batch)[b].item() == pytest.approx(expected.item(), rel=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lm_outputs_through_the_head_give_the_full_logit_losses_and_gradients(tmp_path, tokenizer, monkeypatch,
+                                                                              dtype):
+    """The lm task's outputs are hidden states + output head; its NLL and the distillation KL built in chunks of
+    positions (3 positions a chunk here) equal the same losses on the whole logits, and so do their gradients."""
+    from headwise.tasks import lm
+
+    monkeypatch.setattr(lm, "LOSS_CHUNK_MIN_ROWS", 3)
+    monkeypatch.setattr(lm, "LOSS_CHUNK_BYTES", 1)
+    task, teacher = lm_case(tmp_path, tokenizer)
+    teacher = teacher.to(dtype)
+    student = perturbed(teacher)
+    batch = collate(task.examples(tokenizer, "train").items[:3], tokenizer.pad_token_id)
+    results = []
+    for whole in (False, True):
+        student.zero_grad(set_to_none=True)
+        s, t = task.outputs(student, batch), task.outputs(teacher, batch)
+        assert s.head is student.get_output_embeddings() and s.values.shape[-1] == 32 and s.classes == VOCAB
+        if whole:  # the reference: the same outputs with their logits built whole
+            s, t = TaskOutputs(s.logits(), "logits", s.mask), TaskOutputs(t.logits().detach(), "logits", t.mask)
+        nll, kl = task.loss_from(s, batch), distillation_loss(s, t, temperature=2.0)
+        (nll.sum() + kl.sum()).backward()
+        results.append((nll.detach(), kl.detach(), {n: p.grad.clone() for n, p in student.named_parameters()}))
+    (nll_c, kl_c, grads_c), (nll_w, kl_w, grads_w) = results
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(nll_c, nll_w, **tol)
+    torch.testing.assert_close(kl_c, kl_w, **tol)
+    assert kl_w.min() > 0 and all(p.grad is None for p in teacher.parameters())
+    for name in grads_w:
+        torch.testing.assert_close(grads_c[name], grads_w[name], **tol)
+
+
 # ---- headwise.recover ------------------------------------------------------------------------------------------
 
 def test_recover_distills_toward_the_teacher_and_leaves_it_alone(tmp_path, tokenizer):
@@ -323,10 +355,67 @@ def test_cached_teacher_gives_the_loss_and_gradients_of_a_copied_teacher(tmp_pat
     # training moves the student's (tied or not) output head; the cached teacher's copy stays put
     with torch.no_grad():
         model.get_output_embeddings().weight.add_(1.0)
-    torch.testing.assert_close(cached.outputs(task, batch).values, task.outputs(copied, batch).values)
+    torch.testing.assert_close(cached.outputs(task, batch).logits(), task.outputs(copied, batch).logits())
     stranger = dict(batch, input_ids=batch["input_ids"].flip(1))
     with pytest.raises(headwise.HeadwiseError, match="did not record"):
         cached.outputs(task, stranger)
     stsb, encoder = stsb_case(tmp_path, tokenizer)
     with pytest.raises(headwise.HeadwiseError, match="serves causal LMs"):
         CachedTeacher.record(encoder, tokenizer, stsb)
+
+
+# ---- memory="bounded": blocks recomputed, each parameter updated in the backward ---------------------------------
+def test_backward_step_matches_the_optimizer_step_with_tied_weights_and_a_schedule():
+    """AdamW run in the backward (one parameter at a time, gradients freed) gives bit for bit the weights of AdamW
+    stepped after the backward, a tied weight and a learning-rate schedule included; removing it restores a plain
+    optimizer."""
+    from headwise.training.backward_step import step_in_backward
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(11, 6), torch.nn.Tanh(), torch.nn.Linear(6, 11))
+    model[2].weight = model[0].weight  # tied, used twice in one backward
+    reference = copy.deepcopy(model)
+    x = torch.randint(0, 11, (3, 5))
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=1e-2, weight_decay=0.1) for m in (model, reference)]
+    handle = step_in_backward(optimizers[0])
+    optimizers[0].load_state_dict(optimizers[0].state_dict())  # new group dicts (as Accelerate's prepare makes)
+    schedules = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1 / (s + 1)) for o in optimizers]
+    for _ in range(3):
+        for m, o, s in zip((model, reference), optimizers, schedules):
+            m(x).square().mean().backward()
+            o.step()
+            s.step()
+            o.zero_grad()
+        assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), reference.parameters()))
+    handle.remove()
+    before = [p.clone() for p in model.parameters()]
+    model(x).sum().backward()  # no update hooks left: the gradient stays, the weights do not move
+    assert all(p.grad is not None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), before))
+
+
+def test_bounded_recovery_trains_like_the_kept_one_and_refuses_what_it_cannot_do(tmp_path, tokenizer):
+    from headwise.training.memory import is_recomputing
+
+    task, model = lm_case(tmp_path, tokenizer)
+    headwise.apply_masks(model, {s.name: [1.0, 0.0, 1.0, 1.0] for s in headwise.find_sites(model)})
+    trained = []
+    for memory in ("keep", "bounded"):
+        student = copy.deepcopy(model)
+        headwise.recover(student, tokenizer, task, teacher="off", max_steps=3, batch_size=2, learning_rate=1e-3,
+                         max_grad_norm=0.0, progress=False, memory=memory)
+        assert not is_recomputing(student) and all(p.grad is None for p in student.parameters())
+        trained.append(student.state_dict())
+    keep, bounded = trained
+    assert any(not torch.equal(keep[k], v) for k, v in model.state_dict().items())  # it trained
+    for name in keep:
+        torch.testing.assert_close(bounded[name], keep[name], rtol=1e-4, atol=1e-6)
+    with pytest.raises(HeadwiseError, match="gradient accumulation"):
+        headwise.recover(model, tokenizer, task, teacher="off", max_steps=1, memory="bounded",
+                         gradient_accumulation_steps=2, progress=False)
+    with pytest.raises(HeadwiseError, match="global gradient norm"):
+        headwise.recover(model, tokenizer, task, teacher="off", max_steps=1, memory="bounded", max_grad_norm=1.0,
+                         progress=False)
+    with pytest.raises(HeadwiseError, match="training memory 'low'"):
+        headwise.recover(model, tokenizer, task, teacher="off", max_steps=1, memory="low", progress=False)

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import HeadwiseError
 
 from ..tasks.recovery import MODES
+from ..training.memory import MEMORY_MODES
 OFF, COPY, CACHED = "off", "copy", "cached"  # --teacher values that name no model (headwise.tasks.recovery.OFF)
 
 
@@ -36,6 +37,11 @@ def recovery_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=2.0, help="distill: softening of logits (default: 2)")
     g.add_argument("--distance", choices=("mse", "cosine"), default="mse",
                    help="distill: distance between embeddings (stsb, regression; default: mse)")
+    g.add_argument("--train-memory", choices=MEMORY_MODES, default="keep",
+                   help="keep (default): activations and gradients kept for the step; bounded: blocks recomputed in "
+                        "the backward and each weight updated as soon as its gradient is complete (no gradients held "
+                        "together, no global-norm clipping: about the weights + optimizer state); auto: bounded when "
+                        "gradients and optimizer state would not fit in half the free memory")
 
 
 def recovery_mode(args: argparse.Namespace) -> str:
@@ -92,8 +98,8 @@ def recover_after_edit(args: argparse.Namespace, model: Any, tokenizer: Any, tas
     cached = isinstance(teacher, CachedTeacher)
     recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs, max_steps=args.recover_steps,
             alpha=args.alpha, temperature=args.temperature, distance=args.distance,
-            limit=teacher.limit if cached else None)
-    done = {"mode": mode, "epochs": epochs, "steps": args.recover_steps}
+            limit=teacher.limit if cached else None, memory=args.train_memory)
+    done = {"mode": mode, "epochs": epochs, "steps": args.recover_steps, "train_memory": args.train_memory}
     if mode == "distill":
         named = args.teacher not in (None, OFF, COPY, CACHED)
         done |= {"teacher": args.teacher if named else "the model with its headwise ops switched off"

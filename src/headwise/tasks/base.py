@@ -11,6 +11,7 @@ inputs for calibration (``calibration_inputs``). Batching goes through ``headwis
 from __future__ import annotations
 
 import tempfile
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
@@ -33,15 +34,29 @@ class TaskOutputs:
 
     ``values``: ``[B, ..., V]`` logits over V classes (kind ``"logits"``: distilled by KL) or ``[B, ..., D]``
     embeddings (kind ``"embeddings"``: distilled by a distance); ``mask``: ``[B, ...]`` bool, the positions that
-    count (padding and unscored tokens False), or None when every position counts."""
+    count (padding and unscored tokens False), or None when every position counts. ``head``: when set (a causal
+    LM's output head), ``values`` are the hidden states ``[B, ..., D]`` whose logits are ``head(values)``; the
+    losses then build the vocabulary-sized logits a chunk of positions at a time, never ``[B, ..., V]`` whole."""
 
     values: torch.Tensor
     kind: str
     mask: torch.Tensor | None = None
+    head: nn.Module | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in OUTPUT_KINDS:
             raise HeadwiseError(f"task output kind {self.kind!r} is not one of {', '.join(OUTPUT_KINDS)}")
+        if self.head is not None and self.kind != "logits":
+            raise HeadwiseError("an output head applies to logits; embeddings are their own values")
+
+    @property
+    def classes(self) -> int:
+        """The size of the last dimension of the logits or embeddings (V or D)."""
+        return self.head.out_features if self.head is not None else self.values.shape[-1]
+
+    def logits(self) -> torch.Tensor:
+        """The values themselves, or ``head(values)`` (``[B, ..., V]``, whole: for tests and small batches)."""
+        return self.values if self.head is None else self.head(self.values)
 
 
 class Task:
@@ -123,16 +138,25 @@ class Task:
                         penalties: Sequence[Any] = (), head_learning_rate: float | None = None,
                         callbacks: Sequence[Any] = (), limit: int | None = None, batch_size: int | None = None,
                         learning_rate: float | None = None, seed: int = 0, progress: bool = True,
-                        output_dir: str | None = None, resume: bool = False, **training_args: Any) -> None:
+                        output_dir: str | None = None, resume: bool = False, memory: str = "keep",
+                        **training_args: Any) -> None:
         """Train ``objective`` (a module whose ``forward(**batch)`` returns ``{"loss": scalar}``, e.g.
         ``TaskObjective``) on the train split with ``HeadwiseTrainer``; runs unchanged under ``torchrun``.
 
         ``output_dir``: keep checkpoints there (every ``save_steps``; default: a temporary folder, no checkpoints);
-        ``resume``: continue from its last checkpoint. ``training_args``: any other ``TrainingArguments``."""
+        ``resume``: continue from its last checkpoint; ``memory``: ``"keep"``, ``"bounded"`` (blocks recomputed,
+        each parameter updated in the backward, no global-norm clipping) or ``"auto"`` (``training.memory``).
+        ``training_args``: any other ``TrainingArguments``."""
         from transformers import TrainingArguments, set_seed
         from transformers.trainer_utils import get_last_checkpoint
 
+        from ..training.memory import choose_memory, recomputed_blocks
         from ..training.trainer import HeadwiseTrainer
+
+        model = getattr(objective, "model", objective)
+        bounded = choose_memory(memory, model) == "bounded"
+        if bounded:
+            training_args.setdefault("max_grad_norm", 0.0)  # no global norm: gradients never coexist
 
         if resume and not (output_dir and Path(output_dir).is_dir() and get_last_checkpoint(output_dir)):
             raise HeadwiseError(f"resume: no checkpoint in {output_dir}; train without resume first")
@@ -152,8 +176,9 @@ class Task:
         trainer = HeadwiseTrainer(model=objective, args=args, train_dataset=ListDataset(data.items),
                                   data_collator=lambda items: collate(items, pad_id_of(tokenizer)),
                                   penalties=penalties, head_learning_rate=head_learning_rate,
-                                  callbacks=list(callbacks))
-        trainer.train(resume_from_checkpoint=True if resume else None)
+                                  callbacks=list(callbacks), step_in_backward=bounded)
+        with recomputed_blocks(model) if bounded else nullcontext():
+            trainer.train(resume_from_checkpoint=True if resume else None)
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

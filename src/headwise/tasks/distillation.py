@@ -4,12 +4,15 @@ Logits: Hinton's soft targets, ``T² · KL(softmax(t / T) ‖ softmax(s / T))`` 
 gradient scale independent of ``T``), as CoFi and Sheared-LLaMA distil a pruned student. Embeddings: the mean
 squared difference over the feature dimension (``"mse"``) or ``1 − cos`` (``"cosine"``). Both are averaged over the
 positions the mask keeps (padding and unscored tokens excluded) into one value per example ``[B]``, in float32.
+Logits that come as hidden states and an output head (a causal LM's ``TaskOutputs.head``) are distilled a chunk of
+positions at a time (``headed_logit_distillation``).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import HeadwiseError
 from .base import TaskOutputs
@@ -21,8 +24,7 @@ def logit_distillation(student: torch.Tensor, teacher: torch.Tensor, mask: torch
                        temperature: float = 1.0) -> torch.Tensor:
     """``[B, ..., V]`` logits (and a ``[B, ...]`` bool mask) → ``[B]`` mean over kept positions of
     ``T² · KL(p_teacher ‖ p_student)`` at temperature ``T``."""
-    if temperature <= 0:
-        raise HeadwiseError(f"temperature {temperature} must be > 0 (1 keeps the logits as they are; 2 is usual)")
+    _check_temperature(temperature)
     log_s = F.log_softmax(student.float() / temperature, dim=-1)
     log_t = F.log_softmax(teacher.float() / temperature, dim=-1)
     kl = (log_t.exp() * (log_t - log_s)).sum(-1) * temperature**2
@@ -45,14 +47,50 @@ def embedding_distillation(student: torch.Tensor, teacher: torch.Tensor, mask: t
     return _mean_over_positions(per_position, mask)
 
 
+def headed_logit_distillation(student: TaskOutputs, teacher: TaskOutputs, temperature: float = 1.0
+                              ) -> torch.Tensor:
+    """``logit_distillation`` of outputs whose logits come through an output head (``TaskOutputs.head``, either
+    side): ``[B]``, the logits built ``logit_rows(V)`` positions at a time. With gradients on, each chunk is
+    checkpointed (its logits recomputed in the backward), so no ``[B, T, V]`` tensor exists, forward or backward."""
+    from .lm import logit_rows
+
+    _check_temperature(temperature)
+    s = student.values.reshape(-1, student.values.shape[-1])  # [N, D or V]
+    t = teacher.values.reshape(-1, teacher.values.shape[-1])
+
+    def chunk_kl(s_rows: torch.Tensor, t_rows: torch.Tensor) -> torch.Tensor:  # [n, ·] → [n]
+        log_s = F.log_softmax(_logits(student, s_rows).float() / temperature, dim=-1)
+        with torch.no_grad():
+            log_t = F.log_softmax(_logits(teacher, t_rows).float() / temperature, dim=-1)
+        return (log_t.exp() * (log_t - log_s)).sum(-1) * temperature**2
+
+    step = logit_rows(student.classes)
+    keep = torch.is_grad_enabled() and s.requires_grad
+    parts = [checkpoint(chunk_kl, s[i : i + step], t[i : i + step], use_reentrant=False) if keep
+             else chunk_kl(s[i : i + step], t[i : i + step]) for i in range(0, len(s), step)]
+    return _mean_over_positions(torch.cat(parts).view(student.values.shape[:-1]), student.mask)
+
+
+def _check_temperature(temperature: float) -> None:
+    if temperature <= 0:
+        raise HeadwiseError(f"temperature {temperature} must be > 0 (1 keeps the logits as they are; 2 is usual)")
+
+
+def _logits(outputs: TaskOutputs, rows: torch.Tensor) -> torch.Tensor:
+    return rows if outputs.head is None else outputs.head(rows)
+
+
 def distillation_loss(student: TaskOutputs, teacher: TaskOutputs, *, temperature: float = 2.0,
                       distance: str = "mse") -> torch.Tensor:
     """Per-example distillation loss ``[B]`` of ``student`` toward ``teacher`` (logits: KL, embeddings: distance);
     the student's mask decides which positions count."""
-    if student.kind != teacher.kind or student.values.shape != teacher.values.shape:
-        raise HeadwiseError(f"student outputs ({student.kind}, {tuple(student.values.shape)}) and teacher outputs "
-                            f"({teacher.kind}, {tuple(teacher.values.shape)}) differ; the teacher must be the unedited "
-                            "model of the same task (same head, same vocabulary)")
+    s_shape, t_shape = (*student.values.shape[:-1], student.classes), (*teacher.values.shape[:-1], teacher.classes)
+    if student.kind != teacher.kind or s_shape != t_shape:
+        raise HeadwiseError(f"student outputs ({student.kind}, {s_shape}) and teacher outputs ({teacher.kind}, "
+                            f"{t_shape}) differ; the teacher must be the unedited model of the same task (same head, "
+                            "same vocabulary)")
+    if student.head is not None or teacher.head is not None:
+        return headed_logit_distillation(student, teacher, temperature)
     if student.kind == "logits":
         return logit_distillation(student.values, teacher.values, student.mask, temperature)
     return embedding_distillation(student.values, teacher.values, student.mask, distance)

@@ -133,14 +133,18 @@ def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         nll = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
         return (nll * scored).sum(1), scored.sum(1)
     (hidden, vocab), head = found, model.get_output_embeddings()
-    flat = hidden[:, :-1].reshape(-1, hidden.shape[-1])  # [B·(T-1), D]
-    goal = target.reshape(-1).clamp(min=0)
-    step = logit_rows(vocab)
-    keep = torch.is_grad_enabled() and flat.requires_grad
-    chunk_nll = _nll_with_grad if keep else _chunk_nll
-    parts = [chunk_nll(head, flat[i : i + step], goal[i : i + step]) for i in range(0, len(flat), step)]
-    nll = torch.cat(parts).view_as(target)
+    nll = head_nll(head, hidden[:, :-1], target.clamp(min=0), vocab)
     return (nll * scored).sum(1), scored.sum(1)
+
+
+def head_nll(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Next-token NLL ``[B, T]`` (float32) of ``head(hidden)`` (``hidden`` ``[B, T, D]``, ``target`` ``[B, T]`` ≥ 0)
+    built a chunk of ``logit_rows(vocab)`` positions at a time (see ``next_token_nll``)."""
+    flat, goal = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)  # [B·T, D], [B·T]
+    step = logit_rows(vocab)
+    chunk_nll = _nll_with_grad if torch.is_grad_enabled() and flat.requires_grad else _chunk_nll
+    parts = [chunk_nll(head, flat[i : i + step], goal[i : i + step]) for i in range(0, len(flat), step)]
+    return torch.cat(parts).view_as(target)
 
 
 @dataclass
@@ -267,9 +271,21 @@ class LanguageModeling(Task):
                 "windows": len(self.windows(len(ids)))}
 
     def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
-        """Next-token logits ``[B, T-1, V]`` (position ``t`` predicts token ``t + 1``), scored positions masked."""
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch.get("attention_mask")).logits[:, :-1]
-        return TaskOutputs(logits, "logits", batch["labels"][:, 1:] != LABEL_PAD)
+        """Next-token logits (position ``t`` predicts token ``t + 1``), scored positions masked: the hidden states
+        ``[B, T-1, D]`` with the output head (``TaskOutputs.head``: the losses build the logits in chunks) when the
+        logits are exactly ``lm_head(hidden)`` (``final_hidden``), else the logits ``[B, T-1, V]``."""
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch.get("attention_mask")}
+        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+        found = final_hidden(model, inputs) if isinstance(head, nn.Linear) else None
+        if found is None:
+            return self.outputs_from(model(**inputs).logits[:, :-1], batch)
+        return self.outputs_from(found[0][:, :-1], batch, head)
+
+    @staticmethod
+    def outputs_from(values: torch.Tensor, batch: dict[str, torch.Tensor], head: nn.Linear | None = None
+                     ) -> TaskOutputs:
+        """``TaskOutputs`` of next-token logits ``[B, T-1, V]`` (or hidden states ``[B, T-1, D]`` and ``head``)."""
+        return TaskOutputs(values, "logits", batch["labels"][:, 1:] != LABEL_PAD, head)
 
     def loss(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean next-token NLL per window ``[B]`` (``next_token_nll``: no full-vocabulary logits); equal to
@@ -283,9 +299,12 @@ class LanguageModeling(Task):
         return nll / scored.clamp(min=1)
 
     def loss_from(self, outputs: TaskOutputs, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Mean next-token NLL per window ``[B]`` from full logits (distillation reads those)."""
-        target = batch["labels"][:, 1:]
-        nll = F.cross_entropy(outputs.values.float().transpose(1, 2), target.clamp(min=0), reduction="none")
+        """Mean next-token NLL per window ``[B]`` from ``outputs`` (logits built in chunks through its head)."""
+        target = batch["labels"][:, 1:].clamp(min=0)
+        if outputs.head is not None:
+            nll = head_nll(outputs.head, outputs.values, target, outputs.classes)
+        else:
+            nll = F.cross_entropy(outputs.values.float().transpose(1, 2), target, reduction="none")
         scored = outputs.mask
         return (nll * scored).sum(1) / scored.sum(1).clamp(min=1)
 

@@ -30,7 +30,6 @@ states and a copy of its output head only, not a second model):
 from __future__ import annotations
 
 from contextlib import contextmanager
-from types import SimpleNamespace
 from typing import Any, Iterator
 
 import torch
@@ -40,7 +39,7 @@ from ..errors import HeadwiseError
 from ..runtime import eval_mode
 from ..runtime.ops import ATTR
 from ..sites import find_sites
-from .base import Task
+from .base import Task, TaskOutputs
 from .distillation import DISTANCES, distillation_loss
 
 MODES = ("distill", "finetune", "none")
@@ -114,18 +113,15 @@ class CachedTeacher:
     def _key(ids: torch.Tensor) -> bytes:
         return ids.to("cpu", torch.long).numpy().tobytes()
 
-    def outputs(self, task: Task, batch: dict[str, torch.Tensor]) -> Any:
-        """The recorded model's ``TaskOutputs`` on ``batch`` (its rows must be recorded windows): the task's own
-        ``outputs`` over a stand-in model whose logits are ``head(recorded hidden states)``."""
-        return task.outputs(self._replay, batch)
-
-    def _replay(self, input_ids: torch.Tensor, **_: Any) -> SimpleNamespace:
+    def outputs(self, task: Task, batch: dict[str, torch.Tensor]) -> TaskOutputs:
+        """The recorded model's ``TaskOutputs`` on ``batch`` (its rows must be recorded windows): its hidden states
+        and the copy of its head, as the lm task's ``outputs`` gives them."""
         try:
-            hidden = torch.stack([self.hidden[self._key(row)] for row in input_ids])
+            hidden = torch.stack([self.hidden[self._key(row)] for row in batch["input_ids"]])
         except KeyError:
             raise HeadwiseError("a batch holds a window the cached teacher did not record; record the teacher on "
                                 "the same task, data and limit as the recovery") from None
-        return SimpleNamespace(logits=self.head(hidden.to(self.head.weight.device)))
+        return task.outputs_from(hidden.to(self.head.weight.device)[:, :-1], batch, self.head)
 
 
 class DistillationObjective(nn.Module):

@@ -25,6 +25,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ..progress import progress_bar
 from ..runtime.ops import ATTR
+from .backward_step import check_backward_step, step_in_backward
 
 
 class Penalty(Protocol):
@@ -83,17 +84,22 @@ class LogProgress(TrainerCallback):
 
 
 class PenaltyTraining:
-    """Mixin for ``transformers.Trainer`` subclasses: ``penalties=[...]`` and ``head_learning_rate=`` keyword
-    arguments, penalties added to the loss (once per update under gradient accumulation, see the module docstring),
-    their ``step()`` after every update and their ``metrics()`` in the logs. Put it first in the bases."""
+    """Mixin for ``transformers.Trainer`` subclasses: ``penalties=[...]``, ``head_learning_rate=`` and
+    ``step_in_backward=`` keyword arguments, penalties added to the loss (once per update under gradient
+    accumulation, see the module docstring), their ``step()`` after every update and their ``metrics()`` in the
+    logs; ``step_in_backward``: each parameter updated in the backward (``training.backward_step``: no gradients
+    held together). Put it first in the bases."""
 
     loss_is_scaled_for_ga = False
 
     def __init__(self, *args: Any, penalties: Sequence[Penalty] = (), head_learning_rate: float | None = None,
-                 **kwargs: Any) -> None:
+                 step_in_backward: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.penalties = list(penalties)
         self.head_learning_rate = head_learning_rate
+        self.step_in_backward, self._backward_step = step_in_backward, None
+        if step_in_backward:
+            check_backward_step(self.args.gradient_accumulation_steps, self.args.max_grad_norm, self.args.world_size)
         if self.penalties:
             self.add_callback(_PenaltySteps(self.penalties))
         if not self.args.disable_tqdm and not sys.stderr.isatty():  # a log: lines, not carriage-return redraws
@@ -128,7 +134,18 @@ class PenaltyTraining:
                     groups[key]["params"].append(p)
             optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, opt_model)
             self.optimizer = optimizer_cls([g for g in groups.values() if g["params"]], **optimizer_kwargs)
-        return super().create_optimizer(model)
+        optimizer = super().create_optimizer(model)
+        if self.step_in_backward and self._backward_step is None:
+            self._backward_step = step_in_backward(optimizer)
+        return optimizer
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().train(*args, **kwargs)
+        finally:  # the parameters carry no update hooks after training
+            if self._backward_step is not None:
+                self._backward_step.remove()
+                self._backward_step = None
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         if state_dict is None and not isinstance(self.accelerator.unwrap_model(self.model), PreTrainedModel):

@@ -1,0 +1,66 @@
+"""How much memory training may take beside the weights: ``memory="keep" | "bounded" | "auto"``.
+
+- ``keep``: the usual step: every block's activations kept for the backward, every gradient kept until the
+  optimizer's step (then clipped by the global norm). Peak ≈ weights + gradients (1x the trained weights) +
+  optimizer state (2x for AdamW) + activations.
+- ``bounded``: each block's activations recomputed in the backward (transformers' gradient checkpointing: only the
+  blocks' inputs kept) and each parameter updated in the backward as soon as its gradient is complete
+  (``backward_step``: gradients never held together). Peak ≈ weights + optimizer state + the largest gradient +
+  the blocks' inputs and one block's activations, for one more forward per step; no gradient accumulation and no
+  clipping by the global norm.
+- ``auto``: ``keep`` when the gradients and the optimizer state (3x the trained bytes) fit in ``AUTO_SHARE`` of
+  the memory still free on the model's device, else ``bounded``.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from torch import nn
+
+from ..errors import HeadwiseError
+
+MEMORY_MODES = ("auto", "keep", "bounded")
+AUTO_SHARE = 0.5  # the share of free memory that gradients and optimizer state may take under memory="auto"
+
+
+def choose_memory(memory: str, model: nn.Module) -> str:
+    """``"keep"`` or ``"bounded"`` for ``memory`` (one of ``MEMORY_MODES``) and the trainable parameters of
+    ``model``."""
+    if memory not in MEMORY_MODES:
+        raise HeadwiseError(f"training memory {memory!r} is not one of {', '.join(MEMORY_MODES)}")
+    if memory != "auto":
+        return memory
+    from ..analysis.activations import available_bytes
+
+    trained = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    free = available_bytes(next(model.parameters()).device)
+    return "keep" if free is None or 3 * trained <= AUTO_SHARE * free else "bounded"
+
+
+@contextmanager
+def recomputed_blocks(model: nn.Module) -> Iterator[None]:
+    """``model``'s blocks recomputed in the backward for the block (transformers' activation checkpointing, the
+    non-reentrant form), switched back off after unless it was on already."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise HeadwiseError(f"{type(model).__name__} does not support gradient checkpointing, which memory='bounded' "
+                            "uses to recompute its blocks in the backward; train with memory='keep'")
+    if is_recomputing(model):
+        yield
+        return
+    # recent transformers name it activation checkpointing (the gradient_checkpointing_* names are deprecated)
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    try:
+        yield
+    finally:
+        (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+
+
+def is_recomputing(model: nn.Module) -> bool:
+    """Whether ``model``'s blocks are under transformers' activation (gradient) checkpointing."""
+    return any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
