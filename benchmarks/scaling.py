@@ -112,7 +112,7 @@ def fingerprint(model) -> str:
     h = hashlib.sha1()
     for name, t in model.state_dict().items():
         h.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
-        h.update(t.detach().contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
+        h.update(t.detach().cpu().contiguous().view(-1).view(__import__("torch").uint8).numpy().tobytes())
     return h.hexdigest()
 
 
