@@ -58,3 +58,19 @@ def test_bad_thresholds_are_refused(monkeypatch):
         return_freed_memory()
     monkeypatch.setenv("HEADWISE_MMAP_THRESHOLD", "0")
     assert return_freed_memory() is False
+
+
+def test_the_cli_says_when_the_threshold_cannot_take_effect(monkeypatch, capsys):
+    """Where there is no glibc the setting is not silently dropped: the command line says so, once."""
+    import ctypes.util
+
+    from headwise.cli import main
+
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    monkeypatch.setenv("HEADWISE_MMAP_THRESHOLD", "1048576")
+    assert main(["sites", "--model", "/no/such/model"]) == 2  # any verb; this one stops at its bad model path
+    err = capsys.readouterr().err
+    assert err.count("HEADWISE_MMAP_THRESHOLD is set but has no effect here") == 1 and "no/such/model" in err
+    monkeypatch.setenv("HEADWISE_MMAP_THRESHOLD", "0")
+    assert main(["sites", "--model", "/no/such/model"]) == 2
+    assert "HEADWISE_MMAP_THRESHOLD" not in capsys.readouterr().err

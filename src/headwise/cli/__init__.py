@@ -14,6 +14,7 @@ import importlib
 import io
 import json
 import math
+import os
 import sys
 from typing import Any, Callable
 
@@ -228,9 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     from ..io.files import release_all_outputs
 
     try:
-        from ..allocator import return_freed_memory
+        from ..allocator import ENV, return_freed_memory
 
-        return_freed_memory()  # $HEADWISE_MMAP_THRESHOLD: freed large tensors go back to the system (opt-in)
+        # $HEADWISE_MMAP_THRESHOLD: freed large tensors go back to the system (opt-in; glibc only)
+        if not return_freed_memory() and os.environ.get(ENV, "0").strip() not in ("", "0"):
+            print(f"headwise: ${ENV} is set but has no effect here (it sets glibc's malloc, and this system's C "
+                  "library is not glibc)", file=sys.stderr)
         return _run_json(args) if args.json else args.run(args)
     except HeadwiseError as err:
         if args.debug:
