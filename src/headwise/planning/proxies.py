@@ -25,6 +25,7 @@ from ..tasks.lm import final_hidden, logit_rows
 from .edits import Edit, edited
 
 RANKINGS = ("gradient", "l0")
+BACKWARD_TOKENS = 2048  # the most tokens (examples × max_length) one backward of the gradient ranking takes
 
 
 def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gradient", examples: int = 256,
@@ -34,13 +35,16 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
     task loss on ``examples`` training examples; ``"l0"``: ``log α`` of Hard-Concrete gates trained toward ``keep``
     open heads with the task loss, every weight of the model frozen (only the gates train; they are removed
     after, and the model is left as it was). ``batch_size``: examples per backward of the gradient ranking
-    (its peak memory: the activations and, for a language model, the vocabulary-sized logits of one batch;
-    per-example scores do not depend on it beyond float rounding)."""
+    (its peak memory: the activations of one batch, which keeps each block's input for the backward; cut to
+    ``BACKWARD_TOKENS`` tokens of the task's ``max_length``, so long windows go one at a time; per-example scores
+    do not depend on it beyond float rounding)."""
     if ranking not in RANKINGS:
         raise HeadwiseError(f"unknown head ranking {ranking!r}; use one of {', '.join(RANKINGS)}")
     names = {s.path: s.name for s in find_sites(model)}
     if ranking == "gradient":
         device = next(model.parameters()).device
+        length = getattr(task, "max_length", None)
+        batch_size = max(1, min(batch_size, BACKWARD_TOKENS // length)) if length else batch_size
         inputs = task.batches(tokenizer, "train", batch_size, examples, device)
         cross = any(s.kind == "dec-enc" for s in find_sites(model))  # encoder-decoders: rank cross-attention too
         table = gradient_importance(model, tokenizer, inputs=inputs, loss_fn=task.loss, progress=progress,

@@ -63,7 +63,7 @@ def final_hidden(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[tor
     if not isinstance(head, nn.Module):
         return None
     with _head_input(model) as seen:
-        logits = model(**inputs).logits
+        logits = model(**inputs, **no_cache(model)).logits
     if len(seen) != 1 or seen[0] is None or seen[0].dim() != 3 or logits.shape[1] != 1:
         return None
     hidden = seen[0]  # [B, T, D]
@@ -72,6 +72,15 @@ def final_hidden(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[tor
             if not torch.equal(head(hidden[:, -1:]).to(logits.dtype), logits.detach()):
                 return None
     return hidden, logits.shape[-1]
+
+
+def no_cache(model: nn.Module) -> dict[str, bool]:
+    """``{"use_cache": False}`` for a model that would otherwise fill a key/value cache a loss never reads (every
+    layer's keys and values: 0.18x the weights of SmolLM2-135M at 2,048 tokens), else ``{}``. Not on ``meta``:
+    without a cache, transformers reads the position ids to detect packed sequences, which meta tensors refuse."""
+    if next(model.parameters()).device.type == "meta":
+        return {}
+    return {"use_cache": False} if getattr(getattr(model, "config", None), "use_cache", None) else {}
 
 
 def logit_rows(vocab: int) -> int:
@@ -129,7 +138,7 @@ def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     scored = target != LABEL_PAD
     found = final_hidden(model, {"input_ids": input_ids, "attention_mask": attention_mask})
     if found is None:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, **no_cache(model)).logits[:, :-1].float()
         nll = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
         return (nll * scored).sum(1), scored.sum(1)
     (hidden, vocab), head = found, model.get_output_embeddings()
@@ -278,7 +287,7 @@ class LanguageModeling(Task):
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         found = final_hidden(model, inputs) if isinstance(head, nn.Linear) else None
         if found is None:
-            return self.outputs_from(model(**inputs).logits[:, :-1], batch)
+            return self.outputs_from(model(**inputs, **no_cache(model)).logits[:, :-1], batch)
         return self.outputs_from(found[0][:, :-1], batch, head)
 
     @staticmethod
