@@ -419,3 +419,16 @@ def test_bounded_recovery_trains_like_the_kept_one_and_refuses_what_it_cannot_do
                          progress=False)
     with pytest.raises(HeadwiseError, match="training memory 'low'"):
         headwise.recover(model, tokenizer, task, teacher="off", max_steps=1, memory="low", progress=False)
+
+
+def test_auto_training_memory_bounds_it_when_gradients_and_optimizer_state_would_not_fit(monkeypatch):
+    from headwise.analysis import activations
+    from headwise.training.memory import choose_memory
+
+    model = torch.nn.Linear(100, 100)  # 40,400 bytes trained: 121,200 for gradients and AdamW's two moments
+    monkeypatch.setattr(activations, "available_bytes", lambda device: 242_400)
+    assert choose_memory("auto", model) == "keep" and choose_memory("bounded", model) == "bounded"
+    monkeypatch.setattr(activations, "available_bytes", lambda device: 242_399)
+    assert choose_memory("auto", model) == "bounded" and choose_memory("keep", model) == "keep"
+    model.requires_grad_(False)
+    assert choose_memory("auto", model) == "keep"

@@ -25,7 +25,7 @@ from transformers.trainer_callback import ProgressCallback
 
 from ..progress import progress_bar
 from ..runtime.ops import ATTR
-from .backward_step import check_backward_step, step_in_backward
+from . import backward_step
 
 
 class Penalty(Protocol):
@@ -99,7 +99,8 @@ class PenaltyTraining:
         self.head_learning_rate = head_learning_rate
         self.step_in_backward, self._backward_step = step_in_backward, None
         if step_in_backward:
-            check_backward_step(self.args.gradient_accumulation_steps, self.args.max_grad_norm, self.args.world_size)
+            backward_step.check_backward_step(self.args.gradient_accumulation_steps, self.args.max_grad_norm,
+                                              self.args.world_size)
         if self.penalties:
             self.add_callback(_PenaltySteps(self.penalties))
         if not self.args.disable_tqdm and not sys.stderr.isatty():  # a log: lines, not carriage-return redraws
@@ -136,7 +137,7 @@ class PenaltyTraining:
             self.optimizer = optimizer_cls([g for g in groups.values() if g["params"]], **optimizer_kwargs)
         optimizer = super().create_optimizer(model)
         if self.step_in_backward and self._backward_step is None:
-            self._backward_step = step_in_backward(optimizer)
+            self._backward_step = backward_step.step_in_backward(optimizer)
         return optimizer
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
