@@ -2,7 +2,11 @@
 
 - output ops ``[B, Tq, H, d] -> [B, Tq, H, d]`` (gates, mixers), applied after attention on every path;
 - probability ops ``(probs[B, H, Tq, Tk], keep[B, 1|H, Tq, Tk] | None) -> probs`` (quantizers, masks);
-- observers ``(probs, keep, out) -> None`` (statistics; never saved);
+- observers ``(probs, keep, out) -> None`` (statistics; never saved). ``probs[B, H, Tq, Tk]`` with
+  ``keep[B|1, 1|H, Tq, Tk] | None``, or, for an observer whose ``takes_rows`` is True, a ``ProbRows``
+  (``probs.py``: the same probabilities by query rows, their masks with them) and ``keep=None`` when nothing needs
+  whole maps (no probability op, no returned attentions, every active observer takes rows): the module then runs
+  SDPA. An observer whose ``active`` is False is skipped (a backward's recomputation) and needs nothing;
 - a mechanism ``(module, q, k, v, keep, scaling, dropout, causal) -> out`` that replaces softmax attention.
 
 Saved ops subclass ``HeadOp``: they know how to describe themselves (``spec``) so a checkpoint can rebuild them.
@@ -17,12 +21,13 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..sites import AttentionSite, find_sites
+from .probs import ProbRows
 
 ATTR = "headwise"  # attribute name on the attention module; appears in state_dict keys
 SLOTS = ("output", "prob", "mechanism")
 OP_TYPES: dict[str, type["HeadOp"]] = {}
 
-Observer = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], None]
+Observer = Callable[["torch.Tensor | ProbRows", "torch.Tensor | None", torch.Tensor], None]
 
 
 class HeadOp(nn.Module):
@@ -50,12 +55,21 @@ class HeadOps(nn.Module):
         self.mechanism = nn.ModuleDict()  # at most one entry
         self.observers: dict[str, Observer] = {}
 
+    def active_observers(self) -> list[Observer]:
+        """The observers that want this call (``active``, True when an observer does not say)."""
+        return [observe for observe in self.observers.values() if getattr(observe, "active", True)]
+
     @property
     def needs_probs(self) -> bool:
-        return bool(len(self.prob) or self.observers)
+        return bool(len(self.prob) or self.active_observers())
 
     def is_empty(self) -> bool:
         return not (len(self.output) or len(self.prob) or len(self.mechanism) or self.observers)
+
+
+def takes_rows(observer: Observer) -> bool:
+    """Whether ``observer`` accepts a ``ProbRows`` in place of the probabilities (its ``takes_rows``; default no)."""
+    return bool(getattr(observer, "takes_rows", False))
 
 
 def ops_of(target: AttentionSite | nn.Module, create: bool = False) -> HeadOps | None:
