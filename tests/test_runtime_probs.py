@@ -70,9 +70,10 @@ def test_prob_rows_are_the_eager_maps(case):
                 assert torch.equal(rows.expand(shape), keep[:, :, q0:q1].expand(shape))
 
 
-def test_inactive_observers_are_skipped_and_need_no_probabilities(monkeypatch):
-    """An inactive observer is not called and the module runs SDPA (no explicit softmax); a plain observer (one
-    that does not take rows) makes it run the explicit softmax; one taking rows keeps SDPA."""
+def test_observers_choose_the_path_and_inactive_ones_are_skipped(monkeypatch):
+    """An observer taking rows keeps SDPA (no explicit softmax) and gets a ``ProbRows``; a plain one gets the
+    explicit softmax's maps. Inactive, neither is called and the path stays (a recomputed block must run the graph
+    its forward ran)."""
     import headwise.runtime.attention as attention
 
     model, inputs, _ = CASES["llama"]()
@@ -81,17 +82,15 @@ def test_inactive_observers_are_skipped_and_need_no_probabilities(monkeypatch):
     monkeypatch.setattr(attention, "softmax_attention", lambda *a, **k: eager_calls.append(1) or plain(*a, **k))
 
     class Observer:
-        active, takes_rows = False, False
+        active, takes_rows = True, True
 
         def __call__(self, probs, keep, out):
             calls.append(type(probs))
 
     observer = Observer()
-    _run(model, inputs, observer)
-    assert calls == [] and eager_calls == []
-    observer.active = True
-    _run(model, inputs, observer)
-    assert calls == [torch.Tensor] * 2 and len(eager_calls) == 2
-    observer.takes_rows = True
-    _run(model, inputs, observer)
-    assert calls[2:] == [ProbRows] * 2 and len(eager_calls) == 2
+    for active, takes_rows, called, eager in [(True, True, ProbRows, False), (False, True, None, False),
+                                              (True, False, torch.Tensor, True), (False, False, None, True)]:
+        calls.clear(), eager_calls.clear()
+        observer.active, observer.takes_rows = active, takes_rows
+        _run(model, inputs, observer)
+        assert calls == ([called] * 2 if called else []) and len(eager_calls) == (2 if eager else 0)

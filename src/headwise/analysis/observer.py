@@ -49,8 +49,9 @@ class StatsObserver:
 
     @property
     def active(self) -> bool:
-        """False once the batch's forward is done (``BatchContext.done``): the runtime then skips the observer, so a
-        backward's recomputation of a block runs SDPA and keeps no probabilities for its own backward."""
+        """False once the batch's forward is done (``BatchContext.done``): the runtime then skips the observer, and a
+        backward's recomputation of a block runs SDPA as its forward did (the observer takes rows), keeping no
+        probabilities for the block's backward."""
         return self.context.real is None or self.context.observing
 
     def __call__(self, probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, out: torch.Tensor) -> None:

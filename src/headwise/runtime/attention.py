@@ -4,7 +4,8 @@ Transformers calls ``headwise_attention(module, q[B, Hq, Tq, d], k[B, Hkv, Tk, d
 ``(out[B, Tq, Hq, d], probs[B, Hq, Tq, Tk] | None)``. It takes the fastest path the module's ops allow:
 mechanism → mechanism; probability ops, returned attentions or observers that need whole maps → explicit softmax;
 otherwise PyTorch SDPA, its observers (those that take a ``ProbRows``) reading the probabilities by query rows.
-Observers that are not ``active`` are skipped. Output ops (gates, mixers) run last on every path.
+Observers that are not ``active`` are skipped (the path does not change). Output ops (gates, mixers) run last on
+every path.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import HeadwiseError
-from .ops import ATTR, HeadOps, takes_rows
+from .ops import ATTR, HeadOps
 from .probs import ProbRows, attention_probs, keep_mask, query_heads
 
 NAME = "headwise"
@@ -96,7 +97,7 @@ def headwise_attention(
         kwargs["position_bias"] = kwargs["position_bias"][:, list(bias_heads)]
     probs = None
     observers = ops.active_observers() if ops is not None else []
-    eager = want_probs or (ops is not None and len(ops.prob)) or not all(takes_rows(o) for o in observers)
+    eager = want_probs or (ops is not None and ops.needs_maps)
     grouped = getattr(key, GROUPED_KV, None)
     if grouped is not None:
         if want_probs or (ops is not None and (ops.needs_probs or len(ops.mechanism))):

@@ -6,7 +6,8 @@
   ``keep[B|1, 1|H, Tq, Tk] | None``, or, for an observer whose ``takes_rows`` is True, a ``ProbRows``
   (``probs.py``: the same probabilities by query rows, their masks with them) and ``keep=None`` when nothing needs
   whole maps (no probability op, no returned attentions, every active observer takes rows): the module then runs
-  SDPA. An observer whose ``active`` is False is skipped (a backward's recomputation) and needs nothing;
+  SDPA. An observer whose ``active`` is False is skipped (a backward's recomputation; the path stays the one
+  its forward took);
 - a mechanism ``(module, q, k, v, keep, scaling, dropout, causal) -> out`` that replaces softmax attention.
 
 Saved ops subclass ``HeadOp``: they know how to describe themselves (``spec``) so a checkpoint can rebuild them.
@@ -61,15 +62,18 @@ class HeadOps(nn.Module):
 
     @property
     def needs_probs(self) -> bool:
+        """Whether this call reads probabilities: a probability op or an active observer."""
         return bool(len(self.prob) or self.active_observers())
+
+    @property
+    def needs_maps(self) -> bool:
+        """Whether calls need whole maps (the explicit softmax): a probability op, or an observer that does not take
+        rows — active or not, so that a backward's recomputation of a checkpointed block (observers inactive) runs
+        the graph its forward ran."""
+        return bool(len(self.prob)) or not all(getattr(o, "takes_rows", False) for o in self.observers.values())
 
     def is_empty(self) -> bool:
         return not (len(self.output) or len(self.prob) or len(self.mechanism) or self.observers)
-
-
-def takes_rows(observer: Observer) -> bool:
-    """Whether ``observer`` accepts a ``ProbRows`` in place of the probabilities (its ``takes_rows``; default no)."""
-    return bool(getattr(observer, "takes_rows", False))
 
 
 def ops_of(target: AttentionSite | nn.Module, create: bool = False) -> HeadOps | None:
