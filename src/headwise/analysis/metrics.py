@@ -166,7 +166,8 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
 
 def _chunk(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, q0: int, q1: int
            ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Query rows ``q0:q1`` of the maps, float32 ``[B, H, n, Tk]``, and of their mask (``keep`` or the ``ProbRows``')."""
+    """Query rows ``q0:q1`` of the maps, float32 ``[B, H, n, Tk]``, and their mask (from ``keep`` or the
+    ``ProbRows``)."""
     if isinstance(probs, ProbRows):
         return probs.rows(q0, q1).float(), probs.keep(q0, q1)
     return probs[:, :, q0:q1].float(), None if keep is None else keep[:, :, q0:q1]
