@@ -32,6 +32,8 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
+from ..runtime.probs import ProbRows
+
 HIST_BINS = 100
 HIST_OFFSET = 1e-8  # added to every weight before binning so that zeros land in the first bin (SPIQA, C.3)
 ROW_METRICS = ("confidence", "entropy", "distance", "special", "self", "prev", "next")
@@ -162,12 +164,21 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
     return x @ x.transpose(1, 2)
 
 
+def _chunk(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, q0: int, q1: int
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Query rows ``q0:q1`` of the maps, float32 ``[B, H, n, Tk]``, and their mask (from ``keep`` or the
+    ``ProbRows``)."""
+    if isinstance(probs, ProbRows):
+        return probs.rows(q0, q1).float(), probs.keep(q0, q1)
+    return probs[:, :, q0:q1].float(), None if keep is None else keep[:, :, q0:q1]
+
+
 CHUNK_ENTRIES = 1 << 22  # attention entries (B·H·rows·T) one chunk of query rows holds: its temporaries stay small
 
 
 @torch.no_grad()
 def batch_sums(
-    probs: torch.Tensor,
+    probs: torch.Tensor | ProbRows,
     keep: torch.Tensor | None,
     out: torch.Tensor,
     real: torch.Tensor,
@@ -177,14 +188,16 @@ def batch_sums(
 ) -> dict[str, torch.Tensor]:
     """Sums of every statistic over one batch of one layer.
 
-    Shapes: ``probs[B, H, T, T]``, ``keep[B|1, 1|H, T, T]`` or None, ``out[B, T, H, d]`` (per-head outputs Z),
+    Shapes: ``probs[B, H, T, T]`` with ``keep[B|1, 1|H, T, T]`` or None, or a ``ProbRows`` (``keep`` None: each
+    chunk's rows and masks are computed from it), ``out[B, T, H, d]`` (per-head outputs Z),
     ``real`` and ``special`` ``[B, T]`` bool, ``edges[101]``. Returns float64 tensors: ``[H]`` for each name of
     ``ROW_METRICS``, ``SENTENCE_METRICS`` and ``confidence_no_special``; ``sparsity[len(thresholds), H]`` (entry
     counts ≤ t), ``entries[H]`` (valid entries), ``histogram[H, 100]`` (each valid row adds 1 spread over the bins
     of its valid entries), ``similarity[4, H, H]`` (per-sentence matrices summed over sentences, ``SIMILARITIES``
     order), and the counts ``n_rows`` (real query rows), ``n_rows_no_special`` and ``n_sentences`` (scalars).
     Query rows are taken in chunks of about ``CHUNK_ENTRIES`` entries, so the temporaries beside ``probs`` stay
-    small at any length; the result does not depend on the chunking beyond float rounding.
+    small at any length (with a ``ProbRows``, no whole map exists at all); the result does not depend on the
+    chunking beyond float rounding.
     """
     B, H, T, Tk = probs.shape
     if T != Tk or real.shape != (B, T):
@@ -205,10 +218,10 @@ def batch_sums(
     for q0 in range(0, T, step):
         q = slice(q0, min(T, q0 + step))
         n = q.stop - q0
-        A = probs[:, :, q].float()  # [B, H, n, T]
+        A, keep_q = _chunk(probs, keep, q0, q.stop)  # [B, H, n, T] float32, [B|1, 1|H, n, T] | None
         valid = real[:, None, q, None] & real[:, None, None, :]  # [B, 1|H, n, T]: not expanded over heads
-        if keep is not None:
-            valid = valid & keep[:, :, q].bool()
+        if keep_q is not None:
+            valid = valid & keep_q.bool()
         Av = A.masked_fill(~valid, 0.0)
         rows = real[:, None, q].to(A.dtype)  # [B, 1, n]
         distance = (pos[q, None] - pos[None, :]).abs().to(A.dtype)

@@ -1,7 +1,9 @@
 """Observers: per-site callables that turn each batch's attention maps into accumulated sums.
 
 The driver (``analyze``) fills a ``BatchContext`` before each forward; the runtime then calls every site's
-observer with ``probs[B, H, T, T]``, ``keep[B|1, 1|H, T, T] | None`` and ``out[B, T, H, d]``.
+observer with ``probs[B, H, T, T]``, ``keep[B|1, 1|H, T, T] | None`` and ``out[B, T, H, d]`` — or, as both observers
+take rows (``takes_rows``) and nothing else needs the maps, with a ``runtime.probs.ProbRows`` and ``keep=None``: the
+attention then runs through SDPA and the statistics read the probabilities chunk by chunk.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from ..sites import AttentionSite
 from ..runtime.gates import layer_of
+from ..runtime.probs import ProbRows
 from .metrics import batch_sums, histogram_edges
 from .stats import HeadStats
 
@@ -36,17 +39,24 @@ class BatchContext:
 class StatsObserver:
     """Adds the statistics of every call into ``stats`` at row ``first_row + layer``."""
 
+    takes_rows = True
+
     def __init__(self, stats: HeadStats, context: BatchContext, first_row: int, n_layers: int) -> None:
         self.stats, self.context = stats, context
         self.first_row, self.n_layers = first_row, n_layers
         self.edges = histogram_edges()
         self.calls = 0
 
-    def __call__(self, probs: torch.Tensor, keep: torch.Tensor | None, out: torch.Tensor) -> None:
+    @property
+    def active(self) -> bool:
+        """False once the batch's forward is done (``BatchContext.done``): the runtime then skips the observer, and a
+        backward's recomputation of a block runs SDPA as its forward did (the observer takes rows), keeping no
+        probabilities for the block's backward."""
+        return self.context.real is None or self.context.observing
+
+    def __call__(self, probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, out: torch.Tensor) -> None:
         row = self.first_row + layer_of(self, self.n_layers)
         ctx = self.context
-        if ctx.real is not None and not ctx.observing:
-            return
         if ctx.real is None or ctx.real.shape != (probs.shape[0], probs.shape[-1]):
             raise RuntimeError("analysis observer called without a matching BatchContext (set it before forward)")
         with torch.no_grad():
@@ -69,5 +79,8 @@ class MapRecorder:
             return cls(first_row, n_layers, maps)
         return make
 
-    def __call__(self, probs: torch.Tensor, keep: torch.Tensor | None, out: torch.Tensor) -> None:
-        self.maps[self.first_row + layer_of(self, self.n_layers)] = probs[0].detach().float().cpu()
+    takes_rows = True
+
+    def __call__(self, probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, out: torch.Tensor) -> None:
+        full = probs.full() if isinstance(probs, ProbRows) else probs
+        self.maps[self.first_row + layer_of(self, self.n_layers)] = full[0].detach().float().cpu()

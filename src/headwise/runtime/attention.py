@@ -2,8 +2,10 @@
 
 Transformers calls ``headwise_attention(module, q[B, Hq, Tq, d], k[B, Hkv, Tk, d], v, mask, ...)`` and expects
 ``(out[B, Tq, Hq, d], probs[B, Hq, Tq, Tk] | None)``. It takes the fastest path the module's ops allow:
-mechanism → mechanism; nothing needs probabilities → PyTorch SDPA; otherwise explicit softmax. Output ops
-(gates, mixers) run last on every path.
+mechanism → mechanism; probability ops, returned attentions or observers that need whole maps → explicit softmax;
+otherwise PyTorch SDPA, its observers (those that take a ``ProbRows``) reading the probabilities by query rows.
+Observers that are not ``active`` are skipped (the path does not change). Output ops (gates, mixers) run last on
+every path.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from ..errors import HeadwiseError
 from .ops import ATTR, HeadOps
+from .probs import ProbRows, attention_probs, keep_mask, query_heads
 
 NAME = "headwise"
 # T5 passes one ``position_bias[1, H0, Tq, Tk]`` to every layer of a stack (H0: the stack's original head count).
@@ -39,23 +42,6 @@ def _attentions_requested(kwargs: dict) -> bool:
     return bool(collected) and ("attentions" in collected or "cross_attentions" in collected)
 
 
-def keep_mask(
-    attention_mask: torch.Tensor | None, q_len: int, k_len: int, causal: bool, device: torch.device
-) -> torch.Tensor | None:
-    """The boolean "may attend" mask ``[B|1, 1|H, Tq, Tk]`` (None: everything is visible).
-
-    Float masks are additive (0 keep, very negative drop). With no mask a causal module attends to
-    ``j <= i`` (upper-left aligned, as SDPA's ``is_causal``).
-    """
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            return attention_mask[..., :k_len]
-        return attention_mask[..., :k_len] > torch.finfo(attention_mask.dtype).min / 2
-    if causal and q_len > 1:
-        return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril()[None, None]
-    return None
-
-
 def left_padding(keep: torch.Tensor) -> torch.Tensor:
     """Each row's left padding ``[B|1]`` from a "may attend" mask ``[B|1, 1|H, Tq, Tk]``: the index of the first key
     its last query sees (under a causal mask that query sees every real key), ``Tk`` when it sees none."""
@@ -75,28 +61,18 @@ def softmax_attention(
     ops: HeadOps | None,
     position_bias: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Explicit softmax attention with probability ops and observers. Returns ``(out[B,Tq,H,d], probs)``."""
-    groups = query.shape[1] // key.shape[1]
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-    q_len, k_len = query.shape[2], key.shape[2]
-    if attention_mask is None and causal and q_len > 1 and k_len > q_len:  # SDPA crops an empty static cache
-        key, value, k_len = key[:, :, :q_len], value[:, :, :q_len], q_len
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
-    if position_bias is not None:
-        scores = scores + position_bias[..., :k_len]
-    keep = keep_mask(attention_mask, q_len, k_len, causal, query.device)
-    if attention_mask is not None and attention_mask.dtype != torch.bool:
-        scores = scores + attention_mask[..., :k_len]
-    elif keep is not None:
-        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
-    probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    """Explicit softmax attention with probability ops and the active observers. Returns
+    ``(out[B, Tq, H, d], probs[B, H, Tq, Tk])``."""
+    key, value = query_heads(key, query, attention_mask, causal), query_heads(value, query, attention_mask, causal)
+    keep = keep_mask(attention_mask, query.shape[2], key.shape[2], causal, query.device)
+    probs = attention_probs(query, key, attention_mask, keep, scaling, position_bias, value.dtype)
     if ops is not None:
         for op in ops.prob.values():
             probs = op(probs, keep)
     probs_used = F.dropout(probs, p=dropout, training=module.training)
     out = torch.matmul(probs_used, value).transpose(1, 2)
     if ops is not None:
-        for observe in ops.observers.values():
+        for observe in ops.active_observers():
             observe(probs, keep, out)
     return out, probs
 
@@ -120,6 +96,8 @@ def headwise_attention(
     if bias_heads is not None and kwargs.get("position_bias") is not None:
         kwargs["position_bias"] = kwargs["position_bias"][:, list(bias_heads)]
     probs = None
+    observers = ops.active_observers() if ops is not None else []
+    eager = want_probs or (ops is not None and ops.needs_maps)
     grouped = getattr(key, GROUPED_KV, None)
     if grouped is not None:
         if want_probs or (ops is not None and (ops.needs_probs or len(ops.mechanism))):
@@ -133,7 +111,7 @@ def headwise_attention(
         mechanism = next(iter(ops.mechanism.values()))
         out = mechanism(module, query, key, value, keep_mask(attention_mask, query.shape[2], key.shape[2], causal,
                         query.device), scaling, dropout, causal)
-    elif want_probs or (ops is not None and ops.needs_probs):
+    elif eager:
         out, probs = softmax_attention(
             module, query, key, value, attention_mask, scaling, dropout, causal, ops, kwargs.get("position_bias")
         )
@@ -141,6 +119,10 @@ def headwise_attention(
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=causal, **kwargs
         )
+        if observers:
+            rows = ProbRows(query, key, attention_mask, scaling, causal, kwargs.get("position_bias"), value.dtype)
+            for observe in observers:
+                observe(rows, None, out)
     if ops is not None:
         for op in ops.output.values():
             out = op(out)

@@ -2,7 +2,12 @@
 
 - output ops ``[B, Tq, H, d] -> [B, Tq, H, d]`` (gates, mixers), applied after attention on every path;
 - probability ops ``(probs[B, H, Tq, Tk], keep[B, 1|H, Tq, Tk] | None) -> probs`` (quantizers, masks);
-- observers ``(probs, keep, out) -> None`` (statistics; never saved);
+- observers ``(probs, keep, out) -> None`` (statistics; never saved). ``probs[B, H, Tq, Tk]`` with
+  ``keep[B|1, 1|H, Tq, Tk] | None``, or, for an observer whose ``takes_rows`` is True, a ``ProbRows``
+  (``probs.py``: the same probabilities by query rows, their masks with them) and ``keep=None`` when nothing needs
+  whole maps (no probability op, no returned attentions, every active observer takes rows): the module then runs
+  SDPA. An observer whose ``active`` is False is skipped (a backward's recomputation; the path stays the one
+  its forward took);
 - a mechanism ``(module, q, k, v, keep, scaling, dropout, causal) -> out`` that replaces softmax attention.
 
 Saved ops subclass ``HeadOp``: they know how to describe themselves (``spec``) so a checkpoint can rebuild them.
@@ -17,12 +22,13 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..sites import AttentionSite, find_sites
+from .probs import ProbRows
 
 ATTR = "headwise"  # attribute name on the attention module; appears in state_dict keys
 SLOTS = ("output", "prob", "mechanism")
 OP_TYPES: dict[str, type["HeadOp"]] = {}
 
-Observer = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor], None]
+Observer = Callable[["torch.Tensor | ProbRows", "torch.Tensor | None", torch.Tensor], None]
 
 
 class HeadOp(nn.Module):
@@ -50,9 +56,21 @@ class HeadOps(nn.Module):
         self.mechanism = nn.ModuleDict()  # at most one entry
         self.observers: dict[str, Observer] = {}
 
+    def active_observers(self) -> list[Observer]:
+        """The observers that want this call (``active``, True when an observer does not say)."""
+        return [observe for observe in self.observers.values() if getattr(observe, "active", True)]
+
     @property
     def needs_probs(self) -> bool:
-        return bool(len(self.prob) or self.observers)
+        """Whether this call reads probabilities: a probability op or an active observer."""
+        return bool(len(self.prob) or self.active_observers())
+
+    @property
+    def needs_maps(self) -> bool:
+        """Whether calls need whole maps (the explicit softmax): a probability op, or an observer that does not take
+        rows — active or not, so that a backward's recomputation of a checkpointed block (observers inactive) runs
+        the graph its forward ran."""
+        return bool(len(self.prob)) or not all(getattr(o, "takes_rows", False) for o in self.observers.values())
 
     def is_empty(self) -> bool:
         return not (len(self.output) or len(self.prob) or len(self.mechanism) or self.observers)
