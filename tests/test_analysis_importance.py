@@ -317,8 +317,9 @@ def test_checkpointed_blocks_give_the_same_gradient_and_leave_the_model_as_it_wa
 @pytest.mark.parametrize("kind", ["llama", "bert"])
 def test_activation_estimate_matches_what_autograd_keeps(kind):
     """``activation_bytes`` (what decides whether analyze keeps or recomputes the blocks' activations) against the
-    bytes autograd actually saves in one frozen-weight forward with the statistics observers' eager attention,
-    counted by ``saved_tensors_hooks``: an upper estimate (it counts every MLP as a gated one), within 2x."""
+    bytes autograd actually saves in one frozen-weight forward with observers that read probabilities by query rows
+    (as the statistics do: SDPA), counted by ``saved_tensors_hooks``: an upper estimate (every MLP counted as a
+    gated one), within 2x."""
     from headwise.analysis.activations import activation_bytes
     from headwise.analysis.attach import per_site
     from headwise.batching import text_batches
@@ -338,14 +339,20 @@ def test_activation_estimate_matches_what_autograd_keeps(kind):
             seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
         return t
 
-    def ignore(site, first, n):  # an observer: the attention runs eagerly and hands out its probabilities
-        return lambda probs, keep, out: None
+    class Ignore:  # an observer that reads probabilities by query rows, as the statistics do: the module runs SDPA
+        takes_rows = True
+
+        def __call__(self, probs, keep, out):
+            return None
+
+    def ignore(site, first, n):
+        return Ignore()
 
     with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
             per_site(model, rows, ignore), torch.enable_grad(), \
             torch.autograd.graph.saved_tensors_hooks(count, lambda t: t):
         gates.set(gates.ones(4, "cpu").requires_grad_())
         model(**batch.inputs)
-    tokens, keys = batch.input_ids.numel(), batch.input_ids.shape[1]
-    estimate = activation_bytes(model, rows, tokens, keys)
+    tokens = batch.input_ids.numel()
+    estimate = activation_bytes(model, rows, tokens)
     assert 0.9 * sum(seen.values()) <= estimate <= 2 * sum(seen.values())

@@ -136,7 +136,7 @@ def analyze(
         if together:
             parts: dict[str, float] = {}
             recompute = cfg.recompute if cfg.recompute is not None else not keep_activations(
-                model, rows, min(cfg.batch_size, len(mine)) * max_length, max_length)
+                model, rows, min(cfg.batch_size, len(mine)) * max_length)
             with observing(model, rows, stats, len(mine), progress) as (seen, done):
                 stats.add_importance_("gradient", *gradient_sums(
                     model, tokenizer, mine, index=shard, loss_fn=loss_fn, batch_size=cfg.batch_size,
