@@ -8,6 +8,7 @@ import json
 from ..errors import HeadwiseError
 from ..tasks.recovery import MODES as RECOVERY
 from . import model_args
+from .recovery_options import train_memory_arg
 
 PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
 
@@ -21,6 +22,7 @@ def register(verbs, parents) -> None:
                    help="recovery after the edit (default: what the plan used, else none)")
     p.add_argument("--recover-epochs", type=float, default=1.0, help="epochs of recovery (default: 1)")
     p.add_argument("--recover-max-steps", type=int, default=-1, help="stop recovery after N steps")
+    train_memory_arg(p)
     p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
     p.add_argument("--out", default="headwise-applied", help="output folder: model/, apply.json, report.html")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
@@ -64,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
     edited = metric()
     if mode != "none":
         recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.recover_epochs,
-                max_steps=args.recover_max_steps, limit=teacher.limit if isinstance(teacher, CachedTeacher) else None)
+                max_steps=args.recover_max_steps, limit=teacher.limit if isinstance(teacher, CachedTeacher) else None,
+                memory=args.train_memory)
     after = metric() if mode != "none" else edited
     summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.to_dict(),
                "describe": point.edit.describe(), "recover": mode,

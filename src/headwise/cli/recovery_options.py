@@ -37,11 +37,17 @@ def recovery_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", type=float, default=2.0, help="distill: softening of logits (default: 2)")
     g.add_argument("--distance", choices=("mse", "cosine"), default="mse",
                    help="distill: distance between embeddings (stsb, regression; default: mse)")
-    g.add_argument("--train-memory", choices=MEMORY_MODES, default="keep",
-                   help="keep (default): activations and gradients kept for the step; bounded: blocks recomputed in "
-                        "the backward and each weight updated as soon as its gradient is complete (no gradients held "
-                        "together, no global-norm clipping: about the weights + optimizer state); auto: bounded when "
-                        "gradients and optimizer state would not fit in half the free memory")
+    train_memory_arg(g)
+
+
+def train_memory_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--train-memory keep|bounded|auto`` (``headwise.training.memory``), for every verb that trains."""
+    parser.add_argument("--train-memory", choices=MEMORY_MODES, default="keep",
+                        help="keep (default): activations and gradients kept for the step; bounded: blocks recomputed "
+                             "in the backward and each weight updated as soon as its gradient is complete (no "
+                             "gradients held together, no global-norm clipping: about the weights + optimizer "
+                             "state); auto: bounded when gradients and optimizer state would not fit in half the "
+                             "free memory")
 
 
 def recovery_mode(args: argparse.Namespace) -> str:
