@@ -19,8 +19,9 @@ class PolicyCache(Cache):
         self.policy = policy
 
     def stored_bytes(self) -> int:
-        """Bytes of the key/value storage the cache holds now (every tensor's whole buffer: a streaming head's
-        ``sink + window + 1`` slots, a full head's tokens plus fewer than ``min(tokens, layer.GROW)`` spare slots)."""
+        """Bytes of the key/value storage the cache holds now (every tensor's whole buffer: a head's tokens, or a
+        streaming head's ``sink + window + 1`` slots once its ring is complete, plus fewer than
+        ``min(tokens, layer.GROW)`` spare slots)."""
         total = 0
         for layer in self.layers:
             tensors = layer.stored_tensors() if isinstance(layer, PolicyLayer) else [

@@ -16,20 +16,28 @@ from .scores import HeadScores, ScoreConfig, head_scores
 RANKINGS = ("combined", "retrieval", "copy", "induction", "echo", "outside", "learned", "random")
 
 
-def full_heads_for_budget(num_heads: int, kv_budget: float, context: int, sink: int, window: int) -> int:
+def full_heads_for_budget(num_heads: int, kv_budget: float, context: int, sink: int, window: int,
+                          scaled: bool = False) -> int:
     """The most full heads such that the cache after ``context`` tokens holds at most ``kv_budget`` of the full
-    cache's bytes (the other heads keep ``min(context, sink + window)`` tokens)."""
+    cache's bytes (the other heads keep ``min(context, sink + window)`` tokens). ``scaled``: the other heads' window
+    scales with the sequence (``streaming(sink, window, context=context)``), and the budget holds at every length
+    ``512·2^k`` below ``context`` too, wherever streaming alone can meet it."""
     if not 0 < kv_budget <= 1:
         raise HeadwiseError(f"kv_budget={kv_budget} must be in (0, 1] (the share of the full cache's bytes to keep)")
-    streamed = min(context, sink + window)
-    if streamed >= context:
-        return num_heads
-    if streamed > kv_budget * context:
-        raise HeadwiseError(f"even with every head streaming, sink {sink} + window {window} keeps "
-                            f"{streamed / context:.0%} of a {context}-token cache, above kv_budget={kv_budget}; "
-                            "use a smaller window or a longer context")
-    full = int((kv_budget * num_heads * context - num_heads * streamed) // (context - streamed))
-    return max(0, min(num_heads, full))
+    rule = streaming(sink, window, context if scaled and window <= context else None)
+    lengths = [n for n in (512 << k for k in range(32)) if n < context] if scaled else []
+    counts = []
+    for length in lengths + [context]:
+        streamed = rule.stored(length)
+        if streamed >= length:
+            counts.append(num_heads)
+        elif streamed <= kv_budget * length:
+            counts.append(int((kv_budget * num_heads * length - num_heads * streamed) // (length - streamed)))
+        elif length == context:
+            raise HeadwiseError(f"even with every head streaming, sink {sink} + window {window} keeps "
+                                f"{streamed / context:.0%} of a {context}-token cache, above kv_budget={kv_budget}; "
+                                "use a smaller window or a longer context")
+    return max(0, min(num_heads, *counts))
 
 
 def default_window(kv_budget: float, context: int, sink: int) -> int:
@@ -83,13 +91,15 @@ def calibration_length(ranking: str, sink: int, window: int) -> int:
 def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context: int = 2048, sink: int = 4,
               window: int | None = None, ranking: str = "retrieval", texts: list[str] | None = None,
               config: ScoreConfig | None = None, scores: HeadScores | None = None,
-              progress: bool = True) -> tuple[KVPolicy, HeadScores]:
+              progress: bool = True, scaled: bool = True) -> tuple[KVPolicy, HeadScores]:
     """Score the heads (or reuse ``scores``), keep the top-ranked KV heads full and give the others
-    ``streaming(sink, window)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
+    ``streaming(sink, window, context)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
 
     ``window`` defaults to ``default_window(kv_budget, context, sink)`` (764 at 0.5 × 2048); ``ranking`` to
     ``retrieval`` (the measured best on SmolLM2; ``combined`` and ``outside`` also need ``texts`` longer than the
-    window).
+    window). ``scaled`` (default): the streaming window scales with the sequence and reaches ``window`` at
+    ``context``, so the policy keeps about ``kv_budget`` of the bytes at every length (``policy.describe()``);
+    ``scaled=False``: a fixed window, which saves less on shorter sequences.
 
     ``ranking="learned"`` ranks by DuoAttention-style gates instead of the training-free scores: pass
     ``scores=headwise.training.train_kv_gates(model, tokenizer, KVGateConfig(sink=sink, window=window)).scores(H)``
@@ -101,11 +111,12 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     Returns ``(policy, scores)``; apply with ``headwise.apply_kv_policy(model, policy)``.
     """
     window = default_window(kv_budget, context, sink) if window is None else window
+    scaled = scaled and window <= context
     shape = model_shape(model)
     if len(set(shape)) != 1:
         raise HeadwiseError(f"layers have different KV head counts {shape}; rank heads per layer by hand")
     per_layer = bool(latent_layers(model))
-    n_full = full_heads_for_budget(len(shape) if per_layer else sum(shape), kv_budget, context, sink, window)
+    n_full = full_heads_for_budget(len(shape) if per_layer else sum(shape), kv_budget, context, sink, window, scaled)
     if ranking == "learned":
         if scores is None:
             raise HeadwiseError("ranking='learned' needs the gates' scores: scores=headwise.training.train_kv_gates("
@@ -117,8 +128,9 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     if scores is None:
         scores = HeadScores({}, shape)
     order = rank_kv_heads(scores, ranking)
+    other = streaming(sink, window, context if scaled else None)
     if per_layer:
         layers = list(dict.fromkeys(layer for layer, _ in order))[:n_full]
-        rules = [FULL if layer in layers else streaming(sink, window) for layer in range(len(shape))]
+        rules = [FULL if layer in layers else other for layer in range(len(shape))]
         return KVPolicy(tuple((rule,) * n for rule, n in zip(rules, shape))), scores
-    return KVPolicy.keep_full(model, set(order[:n_full]), sink, window), scores
+    return KVPolicy.keep_full(model, set(order[:n_full]), sink, window, other.context), scores

@@ -5,6 +5,11 @@ A head is either ``full`` (every token) or ``streaming(sink=S, window=W)``: the 
 ``j < S`` or ``t - j ≤ W`` (the sinks, the ``W`` previous tokens and itself). Positions count a row's real tokens:
 left padding never counts toward a sink or a window. Under GQA a key/value head is listed once and serves its
 whole group of query heads.
+
+A window may scale with the sequence: ``streaming(S, W, context=C)`` gives the query at position ``t`` the window
+``w(t) = min(W, (t + 1)·W // C)``, so the head keeps about ``W / C`` of any sequence shorter than ``C`` and ``W``
+tokens past it: one policy serves every length at the share of the bytes it was sized for (``w`` grows by at most
+one per token, so a token that left the window never comes back).
 """
 
 from __future__ import annotations
@@ -15,29 +20,38 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from ..errors import HeadwiseError
 
 FORMAT = "headwise-kv-policy"
-VERSION = 1
+VERSION = 2  # 2: a streaming head may carry "context" (a window that scales with the sequence)
+SAVINGS_AT = (512, 2048, 8192)  # lengths describe() reports, beside the calibrated one
 LATENT = "latent"  # the method of headwise.conversion.convert_latent
 
 
 @dataclass(frozen=True)
 class HeadCache:
-    """The cache of one key/value head: full (``window is None``) or sink + window."""
+    """The cache of one key/value head: full (``window is None``), sink + window, or sink + a window that scales
+    with the sequence up to ``context`` tokens (see the module docstring)."""
 
     sink: int = 0
     window: int | None = None
+    context: int | None = None
 
     def __post_init__(self) -> None:
-        if self.window is None and self.sink:
-            raise HeadwiseError(f"a full head keeps every token; sink={self.sink} needs a window too")
+        if self.window is None and (self.sink or self.context is not None):
+            raise HeadwiseError(f"a full head keeps every token; sink={self.sink} or context={self.context} needs a "
+                                "window too")
         if self.window is not None and (int(self.window) != self.window or self.window < 1):
             raise HeadwiseError(f"streaming window={self.window!r} must be an integer ≥ 1")
         if int(self.sink) != self.sink or self.sink < 0:
             raise HeadwiseError(f"streaming sink={self.sink!r} must be an integer ≥ 0")
+        if self.context is not None and (isinstance(self.context, bool) or int(self.context) != self.context
+                                         or self.context < (self.window or 0)):
+            raise HeadwiseError(f"streaming context={self.context!r} must be an integer ≥ window={self.window} (the "
+                                "length at which the scaled window reaches its cap)")
 
     @property
     def full(self) -> bool:
@@ -48,31 +62,57 @@ class HeadCache:
         """Tokens kept once the sequence is long (None: unbounded)."""
         return None if self.window is None else self.sink + self.window
 
+    def window_at(self, position: int) -> int:
+        """The window of a query at (real) position ``position ≥ 0`` of its row."""
+        if self.context is None:
+            return self.window
+        return min(self.window, (position + 1) * self.window // self.context)
+
+    def windows(self, positions: torch.Tensor) -> torch.Tensor:
+        """``window_at`` of every element of an integer tensor (negative positions: padding, window < 0)."""
+        if self.context is None:
+            return torch.full_like(positions, self.window)
+        return torch.div((positions + 1) * self.window, self.context, rounding_mode="floor").clamp(max=self.window)
+
+    @property
+    def steady(self) -> int:
+        """The first real position whose window is the whole ``window``."""
+        return 0 if self.context is None else self.context - 1
+
     def stored(self, seq_len: int) -> int:
-        """Tokens this head holds after ``seq_len`` tokens."""
-        return seq_len if self.window is None else min(seq_len, self.sink + self.window)
+        """Tokens this head holds for the next query after ``seq_len`` tokens."""
+        return seq_len if self.window is None else min(seq_len, self.sink + self.window_at(seq_len))
 
     def to_json(self) -> str | dict[str, int]:
-        return "full" if self.full else {"sink": self.sink, "window": self.window}
+        if self.full:
+            return "full"
+        return {"sink": self.sink, "window": self.window, **({} if self.context is None else {"context": self.context})}
 
     @classmethod
     def from_json(cls, value: Any) -> "HeadCache":
         if value == "full":
             return FULL
-        if isinstance(value, dict) and set(value) == {"sink", "window"}:
-            return cls(int(value["sink"]), int(value["window"]))
-        raise HeadwiseError(f"bad head entry {value!r} in a KV policy: use \"full\" or {{\"sink\": S, \"window\": W}}")
+        if isinstance(value, dict) and {"sink", "window"} <= set(value) <= {"sink", "window", "context"} and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value.values()):
+            return cls(value["sink"], value["window"], value.get("context"))
+        raise HeadwiseError(f"bad head entry {value!r} in a KV policy: use \"full\", {{\"sink\": S, \"window\": W}} "
+                            "or {\"sink\": S, \"window\": W, \"context\": C} (integers)")
 
     def __str__(self) -> str:
-        return "full" if self.full else f"streaming(sink={self.sink}, window={self.window})"
+        if self.full:
+            return "full"
+        if self.context is None:
+            return f"streaming(sink={self.sink}, window={self.window})"
+        return f"streaming(sink={self.sink}, window={self.window}·t/{self.context} up to {self.window})"
 
 
 FULL = HeadCache()
 
 
-def streaming(sink: int = 4, window: int = 256) -> HeadCache:
-    """A sink + window head (StreamingLLM)."""
-    return HeadCache(sink, window)
+def streaming(sink: int = 4, window: int = 256, context: int | None = None) -> HeadCache:
+    """A sink + window head (StreamingLLM); with ``context``, the window scales with the sequence and reaches
+    ``window`` at ``context`` tokens."""
+    return HeadCache(sink, window, context)
 
 
 def model_shape(model: nn.Module) -> list[int]:
@@ -126,14 +166,16 @@ class KVPolicy:
         return cls(tuple((head,) * n for n in model_shape(model)))
 
     @classmethod
-    def keep_full(cls, model: nn.Module, full: set[tuple[int, int]], sink: int, window: int) -> "KVPolicy":
-        """``full`` (a set of ``(layer, kv_head)``) keeps every token; every other head streams."""
+    def keep_full(cls, model: nn.Module, full: set[tuple[int, int]], sink: int, window: int,
+                  context: int | None = None) -> "KVPolicy":
+        """``full`` (a set of ``(layer, kv_head)``) keeps every token; every other head streams
+        (``streaming(sink, window, context)``)."""
         shape = model_shape(model)
         bad = [(l, h) for l, h in full if not (0 <= l < len(shape) and 0 <= h < shape[l])]
         if bad:
             raise HeadwiseError(f"heads {sorted(bad)[:5]} are not (layer, kv_head) pairs of this model "
                                 f"({len(shape)} layers x {shape[0]} KV heads)")
-        other = streaming(sink, window)
+        other = streaming(sink, window, context)
         return cls(tuple(tuple(FULL if (l, h) in full else other for h in range(n)) for l, n in enumerate(shape)))
 
     # --- facts ------------------------------------------------------------------------------------------------
@@ -177,11 +219,20 @@ class KVPolicy:
                 "same rule (headwise.kv_policy chooses per layer on such models, or KVPolicy.uniform)"
             )
 
-    def describe(self) -> str:
+    def savings(self, lengths: tuple[int, ...] = SAVINGS_AT) -> dict[int, float]:
+        """``{length: share of the full cache's bytes held}`` at each length and at the length each scaled window
+        was sized for (one sequence)."""
+        sized = {c.context for layer in self.heads for c in layer if c.context is not None}
+        return {n: self.kv_fraction(n) for n in sorted(set(lengths) | sized)}
+
+    def describe(self, lengths: tuple[int, ...] = SAVINGS_AT) -> str:
+        """One line: the full heads, the other heads' rule, and the share of the full cache held at ``lengths``."""
         full = len(self.full_heads())
         total = sum(self.kv_heads)
         kinds = sorted({str(c) for layer in self.heads for c in layer if not c.full})
-        return f"{full}/{total} KV heads full" + (f", others {', '.join(kinds)}" if kinds else "")
+        held = ", ".join(f"{share:.0%} at {_tokens(n)}" for n, share in self.savings(lengths).items())
+        return f"{full}/{total} KV heads full" + (f", others {', '.join(kinds)}" if kinds else "") + (
+            f"; holds {held} of the full cache" if kinds else "")
 
     # --- files ------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -191,7 +242,7 @@ class KVPolicy:
     def from_dict(cls, data: Any) -> "KVPolicy":
         if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("heads"), list):
             raise HeadwiseError(f"not a KV policy (need {{\"format\": \"{FORMAT}\", \"heads\": [[...], ...]}})")
-        if data.get("version", VERSION) > VERSION:
+        if not isinstance(data.get("version", VERSION), int) or data.get("version", VERSION) > VERSION:
             raise HeadwiseError(f"KV policy version {data['version']} is newer than this headwise; upgrade headwise")
         return cls(tuple(tuple(HeadCache.from_json(v) for v in layer) for layer in data["heads"]))
 
@@ -215,6 +266,10 @@ class KVPolicy:
         except json.JSONDecodeError as err:
             raise HeadwiseError(f"{path} is not valid JSON ({err.msg}, line {err.lineno})") from err
         return cls.from_dict(data)
+
+
+def _tokens(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
 def _compact(values: list[int]) -> str:

@@ -1,15 +1,20 @@
 """One decoder layer of a per-head cache: its KV heads split into groups that share a cache rule, each group in one
-preallocated buffer ``[B, heads, slots, d]``.
+buffer ``[B, heads, slots, d]`` that grows with the sequence (never holding more slots than the tokens seen, bar
+one growth step).
 
 - A **full** group writes token ``p`` to slot ``p`` of a buffer that, when full, grows to what the forward needs or
   by ``min(held, GROW)`` slots, whichever is more (a copy every ``GROW`` decoding steps, not every step);
   attention reads slots ``0 .. seen - 1`` with the model's own mask, as the default cache does.
-- A **streaming** group (sink ``S``, window ``W``) holds a fixed ``S + W + 1`` slots: ``S`` sink slots (row ``b``'s
-  first ``S`` real tokens, i.e. after its left padding) and a ring of ``W + 1`` slots where token ``p`` goes to slot
-  ``S + p mod (W + 1)``. Keys carry their rotary phase already, so slot order does not matter to attention; the
-  ``+ 1`` is the slot the newest token is written to while the oldest one of the window is still visible.
-  A decoding query sees every valid slot, so once the ring is full and past every row's sinks it attends with no
-  mask at all; prefill chunks attend to the held slots plus the chunk with a mask built from positions.
+- A **streaming** group (sink ``S``, window ``W``) holds at most ``S + R`` slots: ``S`` sink slots (row ``b``'s
+  first ``S`` real tokens, i.e. after its left padding) and a ring of ``R`` slots where token ``p ≥ S`` goes to
+  slot ``S + (p - S) mod R``. Until the ring wraps, token ``p`` sits in slot ``p`` and the buffer grows like a full
+  group's, so a short sequence costs no more than the full cache. ``R`` is ``W + 1`` (the ``+ 1`` is the slot the
+  newest token is written to while the oldest one of the window is still visible); a scaled window
+  (``streaming(S, W, context=C)``) starts with a small ring that grows in steps to ``W + 1`` as the window does,
+  re-laid out when it grows after wrapping. Keys carry their rotary phase already, so slot order does not matter to
+  attention. A decoding query sees every valid slot, so once the ring holds ``W + 1`` slots that are all in every
+  row's window it attends with no mask at all; prefill chunks attend to the held slots plus the chunk with a mask
+  built from positions.
 
 ``update`` cannot return one key tensor (the groups have different lengths): it returns empty carrier tensors that
 hold a ``GroupedKV`` (the layer and this forward's new keys/values) under ``runtime.GROUPED_KV``; the ``headwise``
@@ -72,44 +77,80 @@ class Group:
         self.values[:, :, past:total] = values
 
     # --- sink + window heads ------------------------------------------------------------------------------------
+    span: int = 0  # ring slots in use: grows to the rule's window + 1
+
     def ring_positions(self, total: int, device: torch.device) -> torch.Tensor:
-        """Position ``[W + 1]`` of the token in each ring slot after ``total`` tokens (negative: empty)."""
-        span = self.rule.window + 1
-        slots = torch.arange(span, device=device)
-        return (total - 1) - torch.remainder(total - 1 - slots, span)
+        """Position ``[slots - S]`` of the token in each held ring slot after ``total`` tokens (below ``S``: empty)."""
+        sink = self.rule.sink
+        last = total - 1 - sink  # the newest token's offset past the sinks
+        slots = torch.arange(max(0, self.keys.shape[2] - sink), device=device)
+        return sink + last - torch.remainder(last - slots, self.span)
 
     def slot_mask(self, pads: torch.Tensor, total: int, q_pos: torch.Tensor) -> torch.Tensor:
-        """Boolean ``[B, 1, Tq, S + W + 1]``: the held slots (tokens before ``total``) each query may see."""
-        sink = self.rule.sink
+        """Boolean ``[B, 1, Tq, slots]``: the held slots (tokens before ``total``) each query may see."""
+        sink = min(self.rule.sink, self.keys.shape[2])
         ring_pos = self.ring_positions(total, q_pos.device)
-        ring_ok = (ring_pos[None] >= 0) & (ring_pos[None] - pads[:, None] >= sink)  # a real token past the sinks
-        ring_ok = ring_ok[:, None] & (q_pos[None, :, None] - ring_pos[None, None] <= self.rule.window)
+        window = self.rule.windows(q_pos[None] - pads[:, None])  # [B, Tq]
+        ring_ok = (ring_pos[None] - pads[:, None] >= self.rule.sink)[:, None]  # a real token past the row's sinks
+        ring_ok = ring_ok & (q_pos[None, :, None] - ring_pos[None, None] <= window[..., None])
         sink_ok = pads[:, None] + torch.arange(sink, device=q_pos.device)[None] < total  # [B, S]
         sink_ok = sink_ok[:, None].expand(-1, q_pos.shape[0], -1)
         return torch.cat([sink_ok, ring_ok], -1)[:, None]
 
+    def reserve_streaming(self, past: int, total: int, like: torch.Tensor) -> None:
+        """Grow the ring to the window of token ``total - 1`` (in steps of ``min(span, GROW)``, up to ``W + 1``) and
+        the buffer to the slots ``total`` tokens fill; a wrapped ring is re-laid out for its new span."""
+        sink, cap = self.rule.sink, self.rule.window + 1
+        span = self.span
+        need = self.rule.window_at(total - 1) + 1  # the newest query's window (padding counted: an upper bound)
+        if need > span:
+            span = min(cap, max(need, span + min(span, GROW)))
+        held = 0 if self.keys is None else self.keys.shape[2]
+        if span != self.span and past - sink > self.span:  # wrapped: its tokens move to their new slots
+            old_k, old_v, old_span = self.keys, self.values, self.span
+            positions = self.ring_positions(past, like.device)
+            self.span = span
+            self.allocate(like.shape[0], sink + span, like, zeros=True)
+            index = sink + torch.remainder(positions - sink, span)
+            for new, old in ((self.keys, old_k), (self.values, old_v)):
+                new[:, :, :sink] = old[:, :, :sink]
+                new.index_copy_(2, index, old[:, :, sink:sink + old_span])
+            return
+        self.span = span
+        slots = min(total, sink + span)
+        if held < slots:
+            old_k, old_v = self.keys, self.values
+            self.allocate(like.shape[0], min(sink + span, max(slots, held + min(held, GROW))), like, zeros=True)
+            if held:  # the ring has not wrapped: every held token sits in its final slot
+                self.keys[:, :, :held] = old_k
+                self.values[:, :, :held] = old_v
+
     def write_streaming(self, keys: torch.Tensor, values: torch.Tensor, past: int, pads: torch.Tensor,
                         sinks_pending: bool) -> None:
         """Write ``[B, h, Tq, d]`` (positions ``past ..``): row ``b``'s real tokens ``0 .. S - 1`` to its sink slots
-        (only while ``sinks_pending``), the last ``W + 1`` positions to the ring."""
-        sink, span, new = self.rule.sink, self.rule.window + 1, keys.shape[2]
-        if self.keys is None:
-            self.allocate(keys.shape[0], sink + span, keys, zeros=True)  # empty slots are masked: zeros, never NaN
+        (only while ``sinks_pending``), the last ``span`` positions from ``S`` on to the ring."""
+        sink, new = self.rule.sink, keys.shape[2]
+        total = past + new
+        self.reserve_streaming(past, total, keys)  # empty slots are zeros (masked), never NaN
         if sink and sinks_pending:
-            source = pads[:, None] + torch.arange(sink, device=keys.device)[None] - past  # [B, S]
+            held = min(sink, self.keys.shape[2])
+            source = pads[:, None] + torch.arange(held, device=keys.device)[None] - past  # [B, S]
             inside = ((source >= 0) & (source < new))[:, None, :, None]
             index = source.clamp(0, new - 1)[:, None, :, None].expand(-1, keys.shape[1], -1, keys.shape[3])
             for buffer, fresh in ((self.keys, keys), (self.values, values)):
-                buffer[:, :, :sink] = torch.where(inside, fresh.gather(2, index), buffer[:, :, :sink])
-        start = max(0, new - span)
+                buffer[:, :, :held] = torch.where(inside, fresh.gather(2, index), buffer[:, :, :held])
+        start = max(0, new - self.span, sink - past)  # tokens below position S live in the sink slots only
+        if start >= new:
+            return
         if new - start == 1:
-            slot = sink + (past + start) % span
+            slot = sink + (past + start - sink) % self.span
             self.keys[:, :, slot] = keys[:, :, start]
             self.values[:, :, slot] = values[:, :, start]
         else:
-            slots = torch.remainder(torch.arange(past + start, past + new, device=keys.device), span)
-            self.keys[:, :, sink:].index_copy_(2, slots, keys[:, :, start:])
-            self.values[:, :, sink:].index_copy_(2, slots, values[:, :, start:])
+            slots = sink + torch.remainder(torch.arange(past + start - sink, total - sink, device=keys.device),
+                                           self.span)
+            self.keys.index_copy_(2, slots, keys[:, :, start:])
+            self.values.index_copy_(2, slots, values[:, :, start:])
 
 
 def _sdpa(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scaling: float,
@@ -236,22 +277,23 @@ class PolicyLayer(RowOps, DynamicLayer):
 
     def _attend_streaming(self, group: Group, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                           past: int, decoding: bool, scaling: float, dropout: float) -> torch.Tensor:
-        sink, window = group.rule.sink, group.rule.window
+        rule = group.rule
         q_len, total = keys.shape[2], past + keys.shape[2]
-        sinks_pending = past < self.max_pad + sink
+        sinks_pending = past < self.max_pad + rule.sink
         if decoding:  # write first: the query sees every valid slot, the newest included
             group.write_streaming(keys, values, past, self.pads, sinks_pending)
-            clean = past >= self.max_pad + sink + window  # every slot holds a real token past the sinks
+            # every slot holds a real token past the sinks, inside every row's (whole) window
+            clean = group.span == rule.window + 1 and past - self.max_pad >= max(rule.sink + rule.window, rule.steady)
             mask = None
             if not clean:
                 mask = group.slot_mask(self.pads, total, torch.arange(past, total, device=keys.device))
                 mask = mask | ~mask.any(-1, keepdim=True)  # a row still in its padding sees everything, not NaN
             return _sdpa(query, group.keys, group.values, mask, scaling, dropout, False)
         q_pos = torch.arange(past, total, device=keys.device)
-        pads = self.pads[:, None, None]
         distance = q_pos[:, None] - q_pos[None, :]  # chunk query - chunk key
-        key_real = q_pos[None, None, :] - pads  # [B, 1, Tq]: the keys' indices among the row's real tokens
-        chunk_ok = (key_real >= 0) & (distance[None] >= 0) & ((key_real < sink) | (distance[None] <= window))
+        key_real = q_pos[None, None, :] - self.pads[:, None, None]  # [B, 1, Tq]: keys' indices among real tokens
+        window = rule.windows(q_pos[None] - self.pads[:, None])[..., None]  # [B, Tq, 1]
+        chunk_ok = (key_real >= 0) & (distance[None] >= 0) & ((key_real < rule.sink) | (distance[None] <= window))
         if past:
             held_ok = group.slot_mask(self.pads, past, q_pos)[:, 0]
             allowed = torch.cat([held_ok, chunk_ok], -1)
@@ -276,6 +318,7 @@ class PolicyLayer(RowOps, DynamicLayer):
     def reset(self) -> None:
         for group in self.groups:
             group.keys = group.values = None
+            group.span = 0
         self.seen, self.pads, self.max_pad = 0, None, 0
         self.keys = self.values = None
         self.is_initialized = False
@@ -285,7 +328,7 @@ class PolicyLayer(RowOps, DynamicLayer):
             return
         if tokens_to_remove > 0:
             raise HeadwiseError(f"crop({tokens_to_remove}): pass a negative number of tokens to remove")
-        if any(not g.rule.full and self.seen > g.rule.window + 1 for g in self.groups):
+        if any(not g.rule.full and self.seen - g.rule.sink > g.span for g in self.groups):
             raise HeadwiseError("a per-head KV cache cannot be cropped once streaming heads dropped tokens "
                                 "(assisted decoding is not supported with a KV policy)")
         self.seen += tokens_to_remove  # slots past `seen` are ignored (full) or read as empty (ring, sinks)

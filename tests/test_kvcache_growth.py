@@ -1,0 +1,131 @@
+"""Buffers that grow to their rule, and windows that scale with the sequence: a policy never holds more bytes than
+the full cache at any prompt length, holds its budget at every length up to the one it was sized for, and still
+computes what the masked dense reference computes (rings that grow, wrap and are re-laid out; left padding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as tf
+from transformers.cache_utils import DynamicCache
+
+import headwise
+from headwise import HeadwiseError
+from headwise.compat import CACHE
+from headwise.kvcache import FULL, HeadCache, KVPolicy, full_heads_for_budget, policy_cache, streaming
+from test_kvcache import causal_lm, reference_logits
+from test_kvcache_runtime import assert_matches_reference, greedy, ragged_batch
+
+CONTEXT, BUDGET, SINK = 4096, 0.5, 4
+
+
+def sixteen_kv_heads() -> tf.PreTrainedModel:
+    """A tiny Llama with 2 layers x 8 KV heads (16 in all) and head dim 4: long prompts stay cheap."""
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8,
+                            intermediate_size=16, vocab_size=64, max_position_embeddings=16384)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+
+
+def budget_policy(model, scaled: bool) -> KVPolicy:
+    """The policy kv_policy builds for BUDGET at CONTEXT (window 3/4 of the per-head budget), heads picked in order."""
+    from headwise.kvcache.choose import default_window
+
+    window = default_window(BUDGET, CONTEXT, SINK)
+    n_full = full_heads_for_budget(16, BUDGET, CONTEXT, SINK, window, scaled)
+    full = {(h // 8, h % 8) for h in range(n_full)}
+    return KVPolicy.keep_full(model, full, SINK, window, CONTEXT if scaled else None)
+
+
+def prefill_bytes(model, cache, length: int, chunk: int = 512) -> int:
+    ids = torch.randint(3, 60, (1, length), generator=torch.Generator().manual_seed(length))
+    with torch.no_grad():
+        for start in range(0, length, chunk):
+            model(ids[:, start:start + chunk], **{CACHE: cache}, use_cache=True)
+    if isinstance(cache, DynamicCache):
+        return sum(t.untyped_storage().nbytes() for layer in cache.layers for t in (layer.keys, layer.values))
+    return cache.stored_bytes()
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("length", [16, 300, 2000, 8000])
+def test_the_policy_never_holds_more_than_the_full_cache(length, scaled):
+    model = sixteen_kv_heads()
+    policy = budget_policy(model, scaled)
+    headwise.apply_kv_policy(model, policy)
+    held = prefill_bytes(model, policy_cache(model), length)
+    full = prefill_bytes(model, DynamicCache(config=model.config), length)
+    assert held <= full
+    slot = full // (length * 16)  # bytes of one token of one KV head (keys + values)
+    streaming_heads = sum(not c.full for layer in policy.heads for c in layer)
+    # the tokens the rule keeps, plus at most the newest token's ring slot per streaming head
+    assert policy.stored_tokens(length) * slot <= held <= (policy.stored_tokens(length) + streaming_heads) * slot
+    if scaled and length >= 512 or length == CONTEXT or length > CONTEXT:
+        assert held <= BUDGET * full + streaming_heads * slot
+
+
+def test_the_budget_holds_at_every_length_up_to_the_sized_one():
+    model = sixteen_kv_heads()
+    scaled, fixed = budget_policy(model, True), budget_policy(model, False)
+    for length in (512, 1024, 2048, 3000, CONTEXT):
+        assert scaled.kv_fraction(length) <= BUDGET
+    assert fixed.kv_fraction(512) > 0.9 and fixed.kv_fraction(CONTEXT) <= BUDGET  # what a fixed window costs
+    assert scaled.kv_fraction(4 * CONTEXT) < BUDGET  # past the sized length the window stops growing
+    shares = scaled.savings()
+    assert set(shares) == {512, 2048, 8192, CONTEXT} and "at 4k" in scaled.describe()
+
+
+def scaled_policy(model) -> KVPolicy:
+    """Layer 0: full and a window scaling to 6 at 14 tokens (sink 2); layer 1: windows scaling to 5 at 9 and to 3
+    at 30 (sinks 1 and 0): rings start small, grow, wrap and are re-laid out within 40 tokens."""
+    shape = KVPolicy.uniform(model).kv_heads
+    first = [FULL if h % 2 == 0 else streaming(2, 6, context=14) for h in range(shape[0])]
+    second = [streaming(1, 5, context=9) if h % 2 == 0 else streaming(0, 3, context=30) for h in range(shape[1])]
+    return KVPolicy((tuple(first), tuple(second)))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_scaled_windows_equal_the_masked_dense_reference(family, chunk):
+    model = causal_lm(family)
+    inputs = ragged_batch([23, 16, 21])
+    policy = scaled_policy(model)
+    headwise.apply_kv_policy(model, policy, prefill_chunk=chunk)
+    out = greedy(model, inputs)
+    assert_matches_reference(model, policy, inputs, out)
+
+
+def test_a_scaled_window_differs_from_the_fixed_one():
+    model = causal_lm("llama")
+    ids = torch.randint(3, 90, (1, 30), generator=torch.Generator().manual_seed(4))
+    mask = torch.ones_like(ids)
+    scaled = reference_logits(model, KVPolicy.uniform(model, streaming(1, 6, context=30)), ids, mask)
+    fixed = reference_logits(model, KVPolicy.uniform(model, streaming(1, 6)), ids, mask)
+    assert torch.equal(scaled[:, :2], fixed[:, :2])  # the sink and the first token: inside both windows
+    assert not torch.allclose(scaled[:, 10], fixed[:, 10], atol=1e-3)  # later, the scaled window is shorter
+
+
+def test_windows_grow_by_at_most_one_token_per_position():
+    rule = streaming(4, 764, context=2048)
+    windows = [rule.window_at(t) for t in range(4000)]
+    assert windows[0] == 0 and windows[2047] == 764 and windows[-1] == 764
+    assert all(0 <= b - a <= 1 for a, b in zip(windows, windows[1:]))
+    assert rule.windows(torch.arange(4000)).tolist() == windows
+    assert HeadCache.from_json(rule.to_json()) == rule and HeadCache.from_json({"sink": 4, "window": 9}).context is None
+
+
+@pytest.mark.parametrize("bad", [dict(sink=1, window=8, context=4), dict(sink=0, window=None, context=8),
+                                 dict(sink=1, window=4, context=2.5)])
+def test_bad_scaled_windows_are_refused(bad):
+    with pytest.raises(HeadwiseError, match="context"):
+        HeadCache(**bad)
+
+
+def test_policy_files_with_scaled_windows_round_trip(tmp_path):
+    model = sixteen_kv_heads()
+    policy = budget_policy(model, True)
+    loaded = KVPolicy.load(policy.save(tmp_path / "policy.json"))
+    assert loaded == policy
+    with pytest.raises(HeadwiseError, match="bad head entry"):
+        KVPolicy.from_dict({"format": "headwise-kv-policy", "version": 2,
+                            "heads": [[{"sink": 1, "window": 4, "context": "8"}]]})
