@@ -129,3 +129,33 @@ def test_policy_files_with_scaled_windows_round_trip(tmp_path):
     with pytest.raises(HeadwiseError, match="bad head entry"):
         KVPolicy.from_dict({"format": "headwise-kv-policy", "version": 2,
                             "heads": [[{"sink": 1, "window": 4, "context": "8"}]]})
+
+
+def test_the_prefill_chunk_follows_the_device():
+    from headwise.kvcache.apply import CPU_PREFILL_CHUNK, accelerator_chunk, prefill_chunk_for
+
+    model = causal_lm("llama")
+    assert prefill_chunk_for(model, "auto", 4, 10_000) == CPU_PREFILL_CHUNK
+    assert prefill_chunk_for(model, 64, 4, 10_000) == 64 and prefill_chunk_for(model, None, 4, 10_000) is None
+    meta = causal_lm("llama", device="meta")
+    assert prefill_chunk_for(meta, "auto", 1, 10_000) == CPU_PREFILL_CHUNK
+    # a GPU: Llama-3-8B's shapes in bf16 with 100 GiB free take an 8k prompt whole and a 64k one in 8k chunks;
+    # a batch of 8 at 32k with 40 GiB free: 8 · 2 B · (3 · 14336 + 4 · 4096 + 32768) = 1.47 MB a token, 2048 of
+    # them fit an eighth of what is free (4096 do not)
+    big = tf.LlamaConfig(hidden_size=4096, intermediate_size=14336)
+    assert accelerator_chunk(big, 2, 1, 8192, 100 << 30) is None
+    assert accelerator_chunk(big, 2, 1, 65536, 100 << 30) == 8192
+    assert accelerator_chunk(big, 2, 8, 32768, 40 << 30) == 2048
+    assert accelerator_chunk(big, 2, 64, 32768, 1 << 30) == 1024  # never below the smallest choice
+
+
+def test_generate_prefills_in_the_chunk_the_device_gives(monkeypatch):
+    from headwise.kvcache import apply as policy_apply
+
+    model = causal_lm("llama")
+    headwise.apply_kv_policy(model, KVPolicy.uniform(model, streaming(1, 3)))  # prefill_chunk="auto"
+    monkeypatch.setattr(policy_apply, "CPU_PREFILL_CHUNK", 4)
+    lengths = []
+    model.register_forward_pre_hook(lambda m, a, k: lengths.append(k["input_ids"].shape[1]), with_kwargs=True)
+    greedy(model, ragged_batch([10]), steps=2)
+    assert lengths == [4, 4, 2, 1]

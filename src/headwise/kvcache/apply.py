@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import types
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, Literal
 
+import torch
 from torch import nn
 from transformers.cache_utils import DynamicCache
 
@@ -27,7 +28,9 @@ from .config import KVPolicy
 KIND = "kv_policy"  # the method's name, and the kind of its format-1 edit records
 HOOK = "_prepare_cache_for_generation"
 BEFORE = "_headwise_cache_hook_before_policy"  # the instance's own hook (e.g. a latent cache's), back on removal
-PREFILL_CHUNK = 512  # tokens per prefill forward under a policy: lowest peak of 256/512/1024/whole (docs/kv-policy.md)
+PREFILL_CHUNK = "auto"  # tokens per prefill forward under a policy: chosen per device by prefill_chunk_for
+CPU_PREFILL_CHUNK = 512  # the lowest peak of 256/512/1024/whole on a 2-core CPU (SmolLM2, docs/kv-policy.md)
+ACCELERATOR_CHUNKS = (8192, 4096, 2048, 1024)  # a GPU's choices, largest first: few launches, transients that fit
 
 
 def _as_policy(policy: KVPolicy | dict | str | os.PathLike) -> KVPolicy:
@@ -47,10 +50,35 @@ def policy_of(model: nn.Module) -> KVPolicy | None:
     return KVPolicy.from_dict(found[-1]["state"]["policy"]) if found else None
 
 
-def prefill_chunk_of(model: nn.Module) -> int | None:
-    """Tokens per prefill forward that ``generate`` uses under the model's KV policy (None: the whole prompt)."""
+def prefill_chunk_of(model: nn.Module) -> int | Literal["auto"] | None:
+    """The prefill chunk setting recorded with the model's KV policy (None: the whole prompt, or no policy)."""
     found = entries(model, KIND)
-    return found[-1]["state"].get("prefill_chunk", PREFILL_CHUNK) if found else None
+    return found[-1]["state"].get("prefill_chunk", CPU_PREFILL_CHUNK) if found else None
+
+
+def prefill_chunk_for(model: nn.Module, setting: int | Literal["auto"] | None, batch: int,
+                      tokens: int) -> int | None:
+    """Tokens per prefill forward for ``batch`` prompts of up to ``tokens`` tokens (None: the whole prompt).
+
+    ``"auto"``: on a CPU ``CPU_PREFILL_CHUNK`` (the prefill's transient tensors, not its launches, bound the time and
+    the peak there); on an accelerator the largest of ``ACCELERATOR_CHUNKS`` whose transient tensors (the MLP's and
+    attention's activations, and a float bias over every key) take at most an eighth of the free device memory, or
+    the whole prompt when it is no longer than that chunk: a GPU's prefill is bound by kernel launches per forward."""
+    if setting != "auto":
+        return setting
+    weight = next(model.parameters())
+    if weight.device.type in ("cpu", "meta"):
+        return CPU_PREFILL_CHUNK
+    free = torch.cuda.mem_get_info(weight.device)[0] if weight.device.type == "cuda" else None
+    return accelerator_chunk(model.config, weight.element_size(), batch, tokens, free)
+
+
+def accelerator_chunk(config: Any, itemsize: int, batch: int, tokens: int, free: int | None) -> int | None:
+    """``prefill_chunk_for``'s choice on an accelerator with ``free`` bytes (None: unknown, take the largest)."""
+    hidden = config.hidden_size
+    per_token = batch * itemsize * (3 * getattr(config, "intermediate_size", 4 * hidden) + 4 * hidden + tokens)
+    fits = [c for c in ACCELERATOR_CHUNKS if free is None or c * per_token <= free / 8] or [ACCELERATOR_CHUNKS[-1]]
+    return None if tokens <= fits[0] else fits[0]
 
 
 def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCache:
@@ -97,25 +125,34 @@ def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *arg
     if policy is not None and not user_cache and type(model_kwargs.get(CACHE)) is DynamicCache:
         model_kwargs[CACHE] = policy_cache(self, policy)
         if generation_config.prefill_chunk_size is None:
-            generation_config.prefill_chunk_size = prefill_chunk_of(self)
+            batch, tokens = _generation_shape(args, kwargs)
+            generation_config.prefill_chunk_size = prefill_chunk_for(self, prefill_chunk_of(self), batch, tokens)
     return result
 
 
+def _generation_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
+    """``(batch_size, max_cache_length)`` of ``_prepare_cache_for_generation(config, model_kwargs, mode, batch,
+    max_cache_length)``'s remaining arguments."""
+    named = dict(zip(("generation_mode", "batch_size", "max_cache_length"), args)) | kwargs
+    return named["batch_size"], named["max_cache_length"]
+
+
 def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLike,
-                    prefill_chunk: int | None = PREFILL_CHUNK) -> nn.Module:
+                    prefill_chunk: int | Literal["auto"] | None = PREFILL_CHUNK) -> nn.Module:
     """Give ``model`` a per-KV-head cache: afterwards ``model.generate()`` keeps only what ``policy`` says.
 
     ``policy``: a ``KVPolicy``, its dict, or the path of a ``policy.json`` (or of the folder holding it). A policy
     that does not fit the model raises ``HeadwiseError`` before anything changes. ``prefill_chunk``: tokens per
     prefill forward in ``generate`` (streaming heads never hold more than their slots plus one chunk; None: the
-    whole prompt at once). Replaces an earlier policy; selects the ``headwise`` attention implementation; saved by
+    whole prompt at once; ``"auto"``: by device and free memory, ``prefill_chunk_for``). Replaces an earlier
+    policy; selects the ``headwise`` attention implementation; saved by
     ``headwise.save_pretrained``. Returns the model.
     """
     policy = _as_policy(policy)
-    if prefill_chunk is not None and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
-                                      or prefill_chunk < 1):
-        raise HeadwiseError(f"prefill_chunk={prefill_chunk!r} must be a positive number of tokens (or None for the "
-                            "whole prompt at once)")
+    if prefill_chunk not in (None, "auto") and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
+                                                or prefill_chunk < 1):
+        raise HeadwiseError(f"prefill_chunk={prefill_chunk!r} must be a positive number of tokens, \"auto\" (by "
+                            "device) or None (the whole prompt at once)")
     policy.validate(model)
     _install(model)
     # the policy is the entry's state (no config beside it: a KVPolicyConfig holds nothing else)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 from transformers.cache_utils import DynamicLayer
 
 from ..errors import HeadwiseError
@@ -249,10 +250,9 @@ class PolicyLayer(RowOps, DynamicLayer):
         if q_len > 1 or past <= self.max_pad:  # a row may still be padding: (re)read it from the model's mask
             keep = None if attention_mask is None else keep_mask(attention_mask, q_len, total, causal, query.device)
             self._track_padding(keep, batch, total, query.device)
-        if not decoding:
-            if attention_mask is None and causal and q_len > 1 and past > 0:  # SDPA's is_causal is top-left aligned
-                q_pos = torch.arange(past, total, device=query.device)
-                attention_mask = (torch.arange(total, device=query.device)[None] <= q_pos[:, None])[None, None]
+        full_mask = None if attention_mask is None else attention_mask[..., :total]
+        if full_mask is None and causal and q_len > 1 and past > 0:  # SDPA's is_causal is top-left aligned
+            full_mask = causal_lower_right(q_len, total)  # no tensor: SDPA's fused kernels take the offset
         by_head = query.view(batch, self.num_kv_heads, group_size, q_len, dim)
         out = None
         for group in self.groups:
@@ -260,8 +260,7 @@ class PolicyLayer(RowOps, DynamicLayer):
             q = group.pick(by_head, 1).reshape(batch, len(group.heads) * group_size, q_len, dim)
             if group.rule.full:
                 group.write_full(k_new, v_new, past)
-                mask = None if attention_mask is None else attention_mask[..., :total]
-                o = _sdpa(q, group.keys[:, :, :total], group.values[:, :, :total], mask, scaling, dropout, causal)
+                o = _sdpa(q, group.keys[:, :, :total], group.values[:, :, :total], full_mask, scaling, dropout, causal)
             else:
                 o = self._attend_streaming(group, q, k_new, v_new, past, decoding, scaling, dropout)
             if len(self.groups) == 1:
