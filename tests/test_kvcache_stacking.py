@@ -97,7 +97,7 @@ def test_kv_policy_keeps_whole_layers_on_a_latent_model():
     scores = HeadScores({"retrieval": torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.0, 0.9, 0.0, 0.0]])}, [2, 2])
     policy, _ = kv_policy(model, None, kv_budget=0.6, context=100, sink=1, window=9, ranking="retrieval",
                           scores=scores)
-    assert policy.heads == ((streaming(1, 9),) * 2, (FULL, FULL))
+    assert policy.heads == ((streaming(1, 9, context=100),) * 2, (FULL, FULL))  # the window scales by default
     plain, _ = kv_policy(causal_lm("llama"), None, kv_budget=0.6, context=100, sink=1, window=9,
                          ranking="retrieval", scores=scores)
     assert plain.full_heads() == [(0, 1), (1, 0)]  # per head on the unconverted model (2 of 4 fit)
