@@ -1,10 +1,10 @@
 """Put a ``KVPolicy`` on a model so that ``model.generate()`` uses it, save it with the model, take it off.
 
 The policy is the state of the model's ``kv_policy`` journal entry (``headwise.contract``; replayed by
-``headwise.from_pretrained``)
-and read from there whenever ``generate`` builds its cache: the model's ``_prepare_cache_for_generation`` is
-wrapped on the instance so that the default ``DynamicCache`` becomes a ``PolicyCache``. A cache passed explicitly
-(``cache=``, or ``past_key_values=`` before transformers 5.24) or a ``cache_implementation`` is left alone.
+``headwise.from_pretrained``) and read from there whenever ``generate`` builds its cache: the model's
+``_prepare_cache_for_generation`` is wrapped on the instance so that the default ``DynamicCache`` becomes a
+``PolicyCache``, and ``cache_implementation="static"`` a preallocated, compileable one. A cache passed explicitly
+(``cache=``, or ``past_key_values=`` before transformers 5.24) or another ``cache_implementation`` is left alone.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Iterator, Literal
 
 import torch
 from torch import nn
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, StaticCache
 
 from ..compat import CACHE, cache_given
 from ..errors import HeadwiseError
@@ -81,9 +81,10 @@ def accelerator_chunk(config: Any, itemsize: int, batch: int, tokens: int, free:
     return None if tokens <= fits[0] else fits[0]
 
 
-def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCache:
+def policy_cache(model: nn.Module, policy: KVPolicy | None = None, max_cache_len: int | None = None) -> PolicyCache:
     """A fresh ``PolicyCache`` for ``model`` (its recorded policy by default), for plain forward calls:
-    ``model(ids, cache=policy_cache(model), use_cache=True)`` (``past_key_values=`` before transformers 5.24)."""
+    ``model(ids, cache=policy_cache(model), use_cache=True)`` (``past_key_values=`` before transformers 5.24).
+    ``max_cache_len``: preallocated and compileable (``generate(cache_implementation="static")`` builds one)."""
     policy = policy or policy_of(model)
     if policy is None:
         raise HeadwiseError("this model has no KV policy; pass one or call headwise.apply_kv_policy(model, policy)")
@@ -91,7 +92,7 @@ def policy_cache(model: nn.Module, policy: KVPolicy | None = None) -> PolicyCach
     if model.config._attn_implementation != NAME:
         raise HeadwiseError(f"a per-head KV cache needs the headwise attention implementation, not "
                             f"{model.config._attn_implementation!r}: call headwise.enable(model)")
-    return PolicyCache(policy)
+    return PolicyCache(policy, max_cache_len)
 
 
 @contextmanager
@@ -117,13 +118,16 @@ def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator
 
 
 def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *args, **kwargs) -> Any:
-    """``generate``'s cache preparation, then the default ``DynamicCache`` swapped for a ``PolicyCache`` and the
-    prompt chunked (``generation_config`` is ``generate``'s own copy: the model's stays unchanged)."""
+    """``generate``'s cache preparation, then the default ``DynamicCache`` (or the ``StaticCache`` of
+    ``cache_implementation="static"``, which then compiles the decoding step as transformers does) swapped for a
+    ``PolicyCache`` and the prompt chunked (``generation_config`` is ``generate``'s own copy: the model's stays
+    unchanged)."""
     user_cache = cache_given(model_kwargs)
     result = type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
-    policy = policy_of(self)
-    if policy is not None and not user_cache and type(model_kwargs.get(CACHE)) is DynamicCache:
-        model_kwargs[CACHE] = policy_cache(self, policy)
+    policy, cache = policy_of(self), model_kwargs.get(CACHE)
+    if policy is not None and not user_cache and type(cache) in (DynamicCache, StaticCache):
+        static = cache.layers[0].max_cache_len if isinstance(cache, StaticCache) else None
+        model_kwargs[CACHE] = policy_cache(self, policy, static)
         if generation_config.prefill_chunk_size is None:
             batch, tokens = _generation_shape(args, kwargs)
             generation_config.prefill_chunk_size = prefill_chunk_for(self, prefill_chunk_of(self), batch, tokens)

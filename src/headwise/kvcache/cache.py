@@ -2,21 +2,28 @@
 
 from __future__ import annotations
 
-from transformers.cache_utils import Cache, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
 from .config import KVPolicy
 from .layer import PolicyLayer
+from .static import StaticPolicyLayer
 
 
 class PolicyCache(Cache):
     """One layer per decoder layer: a plain ``DynamicLayer`` where every head is full (the default cache, exactly),
-    a ``PolicyLayer`` elsewhere. Needs the ``headwise`` attention implementation (``apply_kv_policy`` selects it).
-    """
+    a ``PolicyLayer`` elsewhere. With ``max_cache_len`` every buffer is preallocated and the cache is compileable:
+    ``StaticLayer`` (transformers' static cache, exactly) and ``StaticPolicyLayer``. Needs the ``headwise`` attention
+    implementation (``apply_kv_policy`` selects it)."""
 
-    def __init__(self, policy: KVPolicy) -> None:
-        layers = [DynamicLayer() if all(c.full for c in rules) else PolicyLayer(rules) for rules in policy.heads]
+    def __init__(self, policy: KVPolicy, max_cache_len: int | None = None) -> None:
+        if max_cache_len is None:
+            layers = [DynamicLayer() if all(c.full for c in rules) else PolicyLayer(rules) for rules in policy.heads]
+        else:
+            layers = [StaticLayer(max_cache_len) if all(c.full for c in rules)
+                      else StaticPolicyLayer(rules, max_cache_len) for rules in policy.heads]
         super().__init__(layers=layers)
         self.policy = policy
+        self.max_cache_len = max_cache_len
 
     def stored_bytes(self) -> int:
         """Bytes of the key/value storage the cache holds now (every tensor's whole buffer: a head's tokens, or a

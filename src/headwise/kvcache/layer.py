@@ -240,9 +240,8 @@ class PolicyLayer(RowOps, DynamicLayer):
     def attend(self, grouped: GroupedKV, query: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
                dropout: float, causal: bool) -> torch.Tensor:
         """Write the forward's keys/values and attend: ``query [B, Hq, Tq, d]`` → ``[B, Tq, Hq, d]``."""
-        batch, q_heads, q_len, dim = query.shape
+        batch, q_len = query.shape[0], query.shape[2]
         past, total = grouped.past, grouped.past + q_len
-        group_size = q_heads // self.num_kv_heads
         if attention_mask is not None and attention_mask.shape[-1] < total:
             raise HeadwiseError(f"attention mask covers {attention_mask.shape[-1]} keys but {total} tokens are "
                                 "cached; build the mask from this cache (get_mask_sizes)")
@@ -253,16 +252,26 @@ class PolicyLayer(RowOps, DynamicLayer):
         full_mask = None if attention_mask is None else attention_mask[..., :total]
         if full_mask is None and causal and q_len > 1 and past > 0:  # SDPA's is_causal is top-left aligned
             full_mask = causal_lower_right(q_len, total)  # no tensor: SDPA's fused kernels take the offset
+
+        def attend_group(group: Group, q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor) -> torch.Tensor:
+            if group.rule.full:
+                group.write_full(k_new, v_new, past)
+                return _sdpa(q, group.keys[:, :, :total], group.values[:, :, :total], full_mask, scaling, dropout,
+                             causal)
+            return self._attend_streaming(group, q, k_new, v_new, past, decoding, scaling, dropout)
+
+        return self.each_group(grouped, query, attend_group)
+
+    def each_group(self, grouped: GroupedKV, query: torch.Tensor, attend_group) -> torch.Tensor:
+        """``attend_group(group, q [B, h·g, Tq, d], keys [B, h, Tq, d], values) -> [B, h·g, Tq, d]`` for every
+        group (``h`` of its KV heads, ``g`` query heads each), gathered into ``[B, Tq, Hq, d]``."""
+        batch, q_heads, q_len, dim = query.shape
+        group_size = q_heads // self.num_kv_heads
         by_head = query.view(batch, self.num_kv_heads, group_size, q_len, dim)
         out = None
         for group in self.groups:
-            k_new, v_new = group.pick(grouped.keys, 1), group.pick(grouped.values, 1)
             q = group.pick(by_head, 1).reshape(batch, len(group.heads) * group_size, q_len, dim)
-            if group.rule.full:
-                group.write_full(k_new, v_new, past)
-                o = _sdpa(q, group.keys[:, :, :total], group.values[:, :, :total], full_mask, scaling, dropout, causal)
-            else:
-                o = self._attend_streaming(group, q, k_new, v_new, past, decoding, scaling, dropout)
+            o = attend_group(group, q, group.pick(grouped.keys, 1), group.pick(grouped.values, 1))
             if len(self.groups) == 1:
                 return o.transpose(1, 2)
             if out is None:
