@@ -13,7 +13,7 @@ import ctypes
 import statistics
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -36,6 +36,8 @@ class _FirstToken(StoppingCriteria):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         if self.at is None:
+            if input_ids.device.type == "cuda":
+                torch.cuda.synchronize(input_ids.device)  # the prefill's kernels, not their launches
             self.at = time.perf_counter()
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
@@ -84,31 +86,34 @@ def held_bytes(cache: Any) -> int:
 
 
 def generate_once(model: nn.Module, ids: torch.Tensor, new_tokens: int, pad: int | None,
-                  cache: Any = None) -> dict[str, Any]:
+                  cache: Any = None, mask: torch.Tensor | None = None, **options: Any) -> dict[str, Any]:
     """One greedy ``generate()`` of exactly ``new_tokens`` after ``ids [B, T]`` (through ``cache`` when given, else
-    the cache ``generate`` builds): ``prefill_s``, ``decode_tokens_per_s``, ``kv_bytes`` held at the end,
-    ``cache`` (its class name), ``tokens_held``, ``peak_memory_above_start`` (bytes, None where unknown)."""
+    the cache ``generate`` builds; ``mask``: the attention mask, default all ones; ``options``: more ``generate``
+    arguments, e.g. ``cache_implementation``): ``prefill_s``, ``decode_tokens_per_s`` (per row), ``kv_bytes`` held
+    at the end, ``cache`` (its class name), ``tokens_held``, ``peak_memory_above_start`` (bytes, None where
+    unknown)."""
     cuda = ids.device.type == "cuda"
     first = _FirstToken()
     start_bytes = _memory_start(cuda)
     start = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
+        out = model.generate(ids, attention_mask=torch.ones_like(ids) if mask is None else mask,
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=pad,
                              return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([first]),
-                             **({} if cache is None else {CACHE: cache}))
+                             **({} if cache is None else {CACHE: cache}), **options)
     if cuda:
         torch.cuda.synchronize()
     end = time.perf_counter()
     peak = _memory_peak(cuda)
     cache = out[CACHE]
     return {"prefill_s": first.at - start, "decode_tokens_per_s": (new_tokens - 1) / max(end - first.at, 1e-9),
-            "kv_bytes": held_bytes(cache), "cache": type(cache).__name__, "tokens_held": cache.get_seq_length(),
+            "kv_bytes": held_bytes(cache), "cache": type(cache).__name__, "tokens_held": int(cache.get_seq_length()),
             "peak_memory_above_start": None if peak is None or start_bytes is None else peak - start_bytes}
 
 
 def measure_policy(model: nn.Module, ids: torch.Tensor, policy: KVPolicy, new_tokens: int = 32, repeats: int = 1,
-                   pad_token_id: int | None = None, prefill_chunk: int | None = PREFILL_CHUNK) -> dict[str, Any]:
+                   pad_token_id: int | None = None,
+                   prefill_chunk: int | Literal["auto"] | None = PREFILL_CHUNK) -> dict[str, Any]:
     """Greedy ``generate()`` of ``new_tokens`` after ``ids [T]``, through the full cache and through ``policy``,
     interleaved ``repeats`` times (medians). Returns ``{"full": row, "policy": row, "ratio": {...}, ...}``, a row
     holding ``kv_bytes`` (held by the cache at the end), ``tokens_held``, ``peak_memory_above_start`` (bytes, None
