@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from ..errors import HeadwiseError
-from . import model_args
+from . import model_args, number
 from .task_options import TASK_NAMES, load_for_task, model_costs, run_record, task_args, task_from_args
 
 
@@ -28,6 +28,9 @@ def register(verbs, parents) -> None:
     p.add_argument("--window", type=int, default=None,
                    help="recent tokens of streaming heads (default: 3/4 x kv-budget x context - sink, 764 at 0.5 x "
                         "2048)")
+    p.add_argument("--fixed-window", action="store_true",
+                   help="keep --window fixed at every length (default: the window scales with the sequence and "
+                        "reaches --window at --context, so the budget holds at every length up to it)")
     p.add_argument("--ranking", default=None,
                    help="retrieval, combined, copy, induction, echo, outside or random (default retrieval; combined "
                         "and outside calibrate on prompts of at least twice sink + window); --scores learned ranks "
@@ -68,11 +71,10 @@ def register(verbs, parents) -> None:
                    help="tokens generated after a --context-token prompt to time decoding (default 32)")
     p.add_argument("--measure-repeats", type=int, default=1,
                    help="interleaved repeats of the full cache and the policy (medians; default 1)")
-    from ..kvcache.apply import PREFILL_CHUNK
-
-    p.add_argument("--prefill-chunk", type=int, default=PREFILL_CHUNK,
-                   help=f"tokens per prefill forward of generate() under the policy (default {PREFILL_CHUNK}: the "
-                        "lowest peak memory of those measured, docs/kv-policy.md); 0: the whole prompt at once")
+    p.add_argument("--prefill-chunk", type=prefill_chunk_arg, default="auto",
+                   help="tokens per prefill forward of generate() under the policy (default auto: 512 on a CPU, the "
+                        "lowest peak measured there; on a GPU 1k-8k tokens or the whole prompt, by free memory; "
+                        "docs/kv-policy.md); 0: the whole prompt at once")
     p.add_argument("--no-perplexity", action="store_true", help="skip the perplexity through the cache")
     task_args(p, task="lm")  # --split, --max-length (default: --context), --stride, --max-tokens
     p.add_argument("--out", default="headwise-kv-policy",
@@ -81,6 +83,11 @@ def register(verbs, parents) -> None:
                    help="also write OUT/model: the model with the policy on (headwise.from_pretrained reloads it)")
     p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     p.set_defaults(run=run)
+
+
+def prefill_chunk_arg(value: str) -> int | str:
+    """``--prefill-chunk``: ``auto`` or a number of tokens ≥ 0 (0: the whole prompt)."""
+    return value if value == "auto" else number(int, positive=False)(value)
 
 
 def lm_task(args: argparse.Namespace):
@@ -162,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
     families = tuple(PromptFamily.parse(name.strip()).name for name in args.calibration_families.split(","))
     eval_family = PromptFamily.parse(args.eval_family)
     args.eval_length = args.eval_length or args.context
-    prefill_chunk = args.prefill_chunk or None
+    prefill_chunk = args.prefill_chunk or None  # 0: the whole prompt
     if args.measure_new < 2 or args.measure_repeats < 1:
         raise HeadwiseError(f"--measure-new {args.measure_new} / --measure-repeats {args.measure_repeats}: decode "
                             "speed needs at least 2 new tokens and 1 repeat (or --no-measure)")
@@ -171,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_for_task(args, task)
     tokenizer.model_max_length = getattr(model.config, "max_position_embeddings", tokenizer.model_max_length)
     shape = model_shape(model)
-    full_heads_for_budget(sum(shape), args.kv_budget, args.context, args.sink, args.window)  # fail before work
+    full_heads_for_budget(sum(shape), args.kv_budget, args.context, args.sink, args.window,
+                          not args.fixed_window)  # fail before work
     texts = calibration_texts(task)
     if gates is not None and gates.haystack == "text":  # the gates' haystack: the whole calibration part
         texts = [line for line in task.texts("calibration") if line.strip()]
@@ -185,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         heads = next(site for site in find_sites(model) if site.kind == "dec-self").num_heads
         learned = train_kv_gates(model, tokenizer, gates, texts=texts).scores(heads)
     policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
-                               texts=texts, config=config, scores=learned)
+                               texts=texts, config=config, scores=learned, scaled=not args.fixed_window)
     check, measured = {}, None
     eval_text = "\n".join(line for line in task.texts("eval") if line.strip())
     if not args.no_measure:
@@ -214,11 +222,12 @@ def run(args: argparse.Namespace) -> int:
                    + (f"; perplexity {ppl['policy']['perplexity']:.2f} through the policy vs "
                       f"{ppl['full']['perplexity']:.2f} with the full cache ({ppl['policy']['tokens']:,} tokens of "
                       f"{task.source()}, {task.max_length}-token windows)" if ppl else ""),
-        "use": f"headwise.apply_kv_policy(model, '{Path(args.out) / 'policy.json'}', prefill_chunk={prefill_chunk}); "
+        "use": f"headwise.apply_kv_policy(model, '{Path(args.out) / 'policy.json'}', prefill_chunk={prefill_chunk!r}); "
                "then model.generate(...)",
     }
     summary = {"verdict": verdict, "model": args.model, "kv_budget": args.kv_budget, "context": args.context,
-               "kv_fraction": fraction, "prefill_chunk": prefill_chunk, "sink": args.sink, "window": args.window, "ranking": args.ranking,
+               "kv_fraction": fraction, "kv_fraction_at": {str(n): share for n, share in policy.savings().items()},
+               "prefill_chunk": prefill_chunk, "sink": args.sink, "window": args.window, "ranking": args.ranking,
                "scores": args.scores, "gates": None if gates is None else vars(gates),
                "full_heads": [list(p) for p in policy.full_heads()], "calibration": scores.counts,
                "calibration_families": list(config.families), "measured": measured, "passkey_check": check,
