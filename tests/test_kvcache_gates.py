@@ -51,6 +51,8 @@ def test_alpha_one_is_the_model_and_alpha_zero_the_streaming_reference(family):
     remove_kv_gates(model)
     with torch.no_grad():
         assert torch.equal(model(**inputs, position_ids=pos).logits[real], plain[real])
+    with pytest.raises(HeadwiseError, match="nothing to remove"):
+        remove_kv_gates(model)  # never silent when there is nothing to take off
 
 
 def eager_mix(q, k, v, keep, alpha, sink, window, scaling):

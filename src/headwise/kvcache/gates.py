@@ -95,6 +95,6 @@ def kv_gate_values(model: nn.Module) -> torch.Tensor:
 
 
 def remove_kv_gates(model: nn.Module) -> nn.Module:
-    """Take every KV gate off ``model``; returns the model."""
-    detach_all(model, GATE)
+    """Take every KV gate off ``model`` (raises ``HeadwiseError`` when it carries none); returns the model."""
+    detach_all(model, GATE, missing_ok=False)
     return model
