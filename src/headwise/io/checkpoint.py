@@ -210,12 +210,13 @@ def from_pretrained(
 
 
 def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, verify: bool | None) -> nn.Module:
+    if (path / "config.json").is_file():
+        verify_manifest(path, verify)  # first: a listed file that is missing is named
     if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
         raise HeadwiseError(
             f"{path} is not a headwise checkpoint (need config.json and {WEIGHTS}); "
             "save one with headwise.save_pretrained, or load a plain model with headwise.load_model"
         )
-    verify_manifest(path, verify)
     config = read_config(path)
     state = getattr(config, "headwise", None) or {}
     with no_init_weights():
