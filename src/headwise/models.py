@@ -74,10 +74,10 @@ def packaged_smollm2() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .io.files import atomic_dir, check_writable_dir
+    from .io.files import atomic_dir, claim_output
 
     try:  # before the conversion: a cache that cannot be written is refused at once
-        check_writable_dir(target, overwrite=True)
+        claim_output(target)
     except HeadwiseError as err:
         raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
                             "writable folder, e.g. HEADWISE_CACHE=/tmp/headwise-cache") from None

@@ -70,11 +70,11 @@ def _refuse_enclosing(path: Path) -> None:
 
 
 def _errno_of(err: BaseException) -> int | None:
-    """The errno of an ``OSError``, or of the I/O error a safetensors error wraps (``Os { code: 28, … }``)."""
+    """The errno of an ``OSError``, or of the I/O error a safetensors error wraps (``… (os error 28)``)."""
     if isinstance(err, OSError):
         return err.errno
     if type(err).__module__.split(".")[0] == "safetensors":
-        found = re.search(r"Os \{ code: (\d+)", str(err))
+        found = re.search(r"(?:os error |Os \{ code: )(\d+)", str(err))
         return int(found.group(1)) if found else None
     return None
 
@@ -121,6 +121,12 @@ def check_writable_dir(path: str | os.PathLike, overwrite: bool) -> Path:
     _refuse_enclosing(path)
     if path.exists() and not path.is_dir():
         raise HeadwiseError(f"{path} exists and is not a directory; choose another output path")
+    above = path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise HeadwiseError(f"cannot write {path}: {above} is a file, not a folder; choose an output path below a "
+                            "folder")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise HeadwiseError(f"{path} is not empty; pass --force (overwrite=True) to replace it, or pick a new path")
     if path.parent.is_dir():  # else claimed by atomic_dir, which creates the parents: nothing is written before
@@ -224,7 +230,7 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False, size: int = 0) 
     tmp = None
     try:
         with disk_errors(path):
-            check_free_space(path.parent, size)
+            check_free_space(path, size)
             tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
             tmp.chmod(_default_mode(0o777))
             yield tmp
