@@ -173,7 +173,7 @@ def test_readers_of_a_folder_being_replaced_see_the_old_or_the_new_version(tmp_p
     thread = threading.Thread(target=reader)
     thread.start()
     try:
-        for i in range(30):
+        for i in range(40):
             headwise.save_pretrained(models[i % 2], folder, overwrite=True)
     finally:
         done.set()

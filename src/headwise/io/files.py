@@ -245,16 +245,16 @@ def atomic_dir(path: str | os.PathLike, overwrite: bool = False, size: int = 0) 
         release_output(path)
 
 
-def stable_read(folder: str | os.PathLike, read: Callable[[], T], tries: int = 5) -> T:
+def stable_read(folder: str | os.PathLike, read: Callable[[], T], tries: int = 50) -> T:
     """``read()`` of ``folder`` while another process may replace it (``atomic_dir``): retried when the folder
-    was replaced during the read (its inode changed), so the result is the old or the new version whole; an error
-    of a read that nothing overtook is raised as it is."""
-    def identity() -> tuple[int, int] | None:
+    was replaced during the read (its inode or change time moved: a swap), so the result is the old or the new
+    version whole; an error of a read that nothing overtook is raised as it is."""
+    def identity() -> tuple[int, int, int] | None:
         try:
             info = os.stat(folder)
         except FileNotFoundError:
             return None
-        return info.st_dev, info.st_ino
+        return info.st_dev, info.st_ino, info.st_ctime_ns
 
     for attempt in range(tries):
         before = identity()
@@ -266,7 +266,7 @@ def stable_read(folder: str | os.PathLike, read: Callable[[], T], tries: int = 5
         else:
             if identity() == before:
                 return result
-        time.sleep(0.05 * (attempt + 1))
+        time.sleep(min(0.02 * (attempt + 1), 0.5))
     raise HeadwiseError(f"{folder} was replaced {tries} times while it was read; read it again once its writer "
                         "has finished")
 
