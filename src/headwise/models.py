@@ -457,6 +457,8 @@ def native_task(name_or_path: str | None) -> str | None:
     try:
         with quiet_transformers():
             config = read_config(path) if _saved_by_headwise(path) else AutoConfig.from_pretrained(path)
+    except HeadwiseError:
+        raise
     except (OSError, ValueError) as err:
         raise HeadwiseError(f"could not read the config of model {name_or_path!r}: {str(err).splitlines()[0]} — give "
                             "a local transformers folder or a hub name (needs internet)") from err
