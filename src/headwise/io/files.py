@@ -90,17 +90,22 @@ def disk_errors(path: str | os.PathLike) -> Iterator[None]:
         if code not in DISK_ERRORS:
             raise
         what, fix = DISK_ERRORS[code]
-        raise HeadwiseError(f"cannot write {path}: {what} ({os.strerror(code)}); {fix} (an earlier output there "
-                            "is left as it was)") from None
+        raise HeadwiseError(f"cannot write {path}: {what} ({os.strerror(code)}); {fix} (any earlier output "
+                            "there is left as it was)") from None
+
+
+def _nearest_existing(path: str | os.PathLike) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    existing = Path(os.path.abspath(path))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return existing
 
 
 def check_free_space(path: str | os.PathLike, size: int) -> None:
     """Refuse before writing ``size`` bytes under ``path`` when its disk has less than that plus ``MARGIN``
     free."""
-    existing = Path(os.path.abspath(path))
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    free = shutil.disk_usage(existing).free
+    free = shutil.disk_usage(_nearest_existing(path)).free
     if free < size + MARGIN:
         raise HeadwiseError(f"cannot write {path}: it needs {(size + MARGIN) / 2**20:,.0f} MiB and its disk has "
                             f"{free / 2**20:,.0f} MiB free; free space there or choose another output folder")
@@ -121,9 +126,7 @@ def check_writable_dir(path: str | os.PathLike, overwrite: bool) -> Path:
     _refuse_enclosing(path)
     if path.exists() and not path.is_dir():
         raise HeadwiseError(f"{path} exists and is not a directory; choose another output path")
-    above = path.parent
-    while not above.exists() and above != above.parent:
-        above = above.parent
+    above = _nearest_existing(path.parent)
     if not above.is_dir():
         raise HeadwiseError(f"cannot write {path}: {above} is a file, not a folder; choose an output path below a "
                             "folder")
