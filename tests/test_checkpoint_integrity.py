@@ -180,3 +180,21 @@ def test_an_unedited_model_saves_a_folder_plain_transformers_loads(tmp_path):
     with torch.no_grad():
         plain = transformers.AutoModel.from_pretrained(tmp_path / "plain")(**inputs).last_hidden_state
         torch.testing.assert_close(plain[real], model(**inputs).last_hidden_state[real])
+
+
+def test_a_plain_export_is_verified_when_loaded_by_headwise_and_loads_in_transformers(tmp_path):
+    from headwise.io import export_plain
+
+    model = tiny_model("llama")
+    headwise.prune_heads(model, {"dec-self.0": [0, 1], "dec-self.1": [2, 3]})  # one key/value group per layer
+    export_plain(model, tmp_path / "plain")
+    assert (tmp_path / "plain" / MANIFEST).is_file()
+    inputs, real = tiny_inputs("llama")
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state[real]
+        plain = transformers.AutoModel.from_pretrained(tmp_path / "plain")(**inputs).last_hidden_state[real]
+    torch.testing.assert_close(plain, expected)
+    loaded, _ = headwise.load_model(str(tmp_path / "plain"), with_tokenizer=False)
+    _tear(tmp_path / "plain" / "model.safetensors")
+    with pytest.raises(HeadwiseError, match="model.safetensors does not match its sha256"):
+        headwise.load_model(str(tmp_path / "plain"), with_tokenizer=False)
