@@ -4,7 +4,7 @@ so that a torn, truncated, missing or edited file is refused when the folder is 
 ``atomic_dir`` writes it last, inside the temporary folder that is then moved into place whole. A sub-folder with a
 manifest of its own (``OUT/model`` of a run) is listed by that manifest only, not file by file.
 ``verify_manifest`` checks sizes always and hashes when asked, or by default while the listed files total at most
-``HASH_LIMIT`` bytes (2 GiB: about 2 s of hashing on one core).
+``HASH_LIMIT`` bytes (2 GiB).
 """
 
 from __future__ import annotations
