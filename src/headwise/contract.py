@@ -270,7 +270,8 @@ def journal_problems(entries: Any, where: str = "journal") -> list[str]:
             problems.append(f"{at}: a journal entry needs 'method', 'version', 'config' and 'state' (missing "
                             f"{', '.join(absent)})")
         for key, kinds, wanted in (("method", (str,), "a string"), ("version", (int,), "an int"),
-                                   ("config", (dict, type(None)), "a mapping or null"), ("state", (dict,), "a mapping")):
+                                   ("config", (dict, type(None)), "a mapping or null"),
+                                   ("state", (dict,), "a mapping")):
             value = entry.get(key)
             if key in entry and (not isinstance(value, kinds) or isinstance(value, bool)):
                 problems.append(f"{at}.{key} is {value!r} (a {_kind(value)}); expected {wanted}")

@@ -163,12 +163,14 @@ def read_config(path: str | os.PathLike) -> transformers.PretrainedConfig:
     except json.JSONDecodeError as err:
         raise HeadwiseError(f"{path / 'config.json'} is not valid JSON ({err}); save the model again") from None
     if not isinstance(raw, dict):
-        raise HeadwiseError(f"{path / 'config.json'} holds a {type(raw).__name__}, not a mapping; save the model again")
+        raise HeadwiseError(f"{path / 'config.json'} holds a {type(raw).__name__}, not a mapping; save the model "
+                            "again")
     if "headwise" in raw:
         problems = record_problems(raw["headwise"])
         if problems:
             raise HeadwiseError("\n".join(f"{path / 'config.json'}: {p}" for p in problems)
-                                + "\nthe headwise record is damaged or was written by another tool; save the model again")
+                                + "\nthe headwise record is damaged or was written by another tool; save the model "
+                                "again")
         if raw["headwise"]["version"] > FORMAT_VERSION:
             raise HeadwiseError(f"{path} was written by a newer headwise (format {raw['headwise']['version']}); "
                                 "upgrade headwise")
