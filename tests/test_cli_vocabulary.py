@@ -15,6 +15,7 @@ VOCABULARY: dict[str, str] = {
     "--model": "the model: a named model, a hub name or a local folder",
     "--device": "torch device", "--dtype": "parameter dtype", "--device-map": "Accelerate dispatch of the model",
     "--max-memory": "per-device memory for dispatch", "--offload-folder": "disk offload folder for dispatch",
+    "--verify": "hash every file of a folder headwise wrote before loading it",
     "--out": "the output folder", "--save-model": "also write OUT/model, the edited model", "--force": "replace a non-empty output folder", "--json": "print JSON",
     "--debug": "tracebacks", "--help": "help", "--no-eval": "skip the task evaluations",
     # task and data

@@ -8,6 +8,7 @@ import transformers as tf
 from tiny import FAMILIES, tiny_inputs, tiny_model
 
 import headwise
+from headwise.io.manifest import write_manifest
 from headwise.runtime import add_gates
 
 
@@ -81,6 +82,7 @@ def test_damaged_checkpoint_is_refused(tmp_path):
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     config["headwise"]["ops"] = config["headwise"]["ops"][1:]  # one gate's weights become unexpected
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    write_manifest(tmp_path / "ckpt")  # the edit sealed as if headwise wrote it: what is checked is the record
     with pytest.raises(headwise.HeadwiseError, match="unexpected"):
         headwise.from_pretrained(tmp_path / "ckpt")
 
@@ -93,6 +95,7 @@ def test_checkpoint_op_on_a_site_the_model_lacks_is_refused(tmp_path):
     config = json.loads((tmp_path / "ckpt" / "config.json").read_text())
     config["headwise"]["ops"][0]["site"] = "encoder.layer.9.attention.self"
     (tmp_path / "ckpt" / "config.json").write_text(json.dumps(config))
+    write_manifest(tmp_path / "ckpt")  # the edit sealed as if headwise wrote it: what is checked is the record
     with pytest.raises(headwise.HeadwiseError, match=r"an op names site 'encoder.layer.9.attention.self', absent"):
         headwise.from_pretrained(tmp_path / "ckpt")
 

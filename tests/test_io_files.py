@@ -9,6 +9,7 @@ import pytest
 
 from headwise.errors import HeadwiseError
 from headwise.io.files import atomic_dir, atomic_write_text
+from headwise.io.manifest import MANIFEST
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def test_atomic_dir_gives_umask_permissions_and_replaces_only_with_force(tmp_pat
             pass
     with atomic_dir(out, overwrite=True) as tmp:
         (tmp / "b.txt").write_text("2")
-    assert sorted(p.name for p in out.iterdir()) == ["b.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt", MANIFEST]
 
 
 def test_failed_block_leaves_the_old_output_and_no_temporary(tmp_path):
@@ -51,4 +52,4 @@ def test_failed_block_leaves_the_old_output_and_no_temporary(tmp_path):
             (tmp / "half.txt").write_text("partial")
             raise RuntimeError("boom")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
-    assert sorted(p.name for p in out.iterdir()) == ["a.txt"]
+    assert sorted(p.name for p in out.iterdir()) == ["a.txt", MANIFEST]

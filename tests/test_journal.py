@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import headwise
+from headwise.io.manifest import write_manifest
 
 V1 = Path(__file__).resolve().parent / "data" / "checkpoints_v1"
 CHECKPOINTS = sorted(p.name for p in V1.iterdir())
@@ -82,6 +83,7 @@ def test_a_journal_this_headwise_cannot_replay_is_refused(tmp_path, change, mess
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     change(config["headwise"]["journal"][0])
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    write_manifest(tmp_path / "m")  # the edit sealed as if headwise wrote it: what is checked is the record
     with pytest.raises(headwise.HeadwiseError, match=message):
         headwise.from_pretrained(tmp_path / "m")
 

@@ -252,3 +252,26 @@ def test_registering_a_name_or_config_twice_raises(toy_method):
         register_method("head_scale_2", HeadScaleConfig, _apply_scale, example=lambda m: HeadScaleConfig())
     with pytest.raises(HeadwiseError, match="clashes"):
         register_method("head_scale", headwise.MixingConfig, _apply_scale, example=lambda m: HeadScaleConfig())
+
+
+def test_every_method_saved_folder_loads_right_in_plain_transformers_or_refuses_naming_headwise(tmp_path):
+    """Plain ``AutoModel.from_pretrained`` on every method's saved folder gives the edited model's outputs, or
+    fails with a message naming headwise (a sealed folder); it never loads something else silently."""
+    import transformers
+
+    saved = [f"{name}-{family}" for name in sorted(METHODS) for family in FAMILIES
+             if check_contract(name, family, tmp_path)]
+    refused = []
+    for folder in saved:
+        stored = torch.load(tmp_path / f"{folder}.pt")
+        _, real = tiny_inputs(folder.split("-")[1])
+        try:
+            plain = transformers.AutoModel.from_pretrained(tmp_path / folder).eval()
+        except Exception as err:  # noqa: BLE001 - whatever transformers raises, it must name headwise
+            assert "headwise" in str(err), f"{folder}: plain transformers fails without naming headwise: {err}"
+            refused.append(folder)
+            continue
+        with torch.no_grad():
+            out = plain(**stored["inputs"]).last_hidden_state
+        assert torch.allclose(out[real], stored["out"][real], atol=1e-5), f"{folder} loads silently different"
+    assert refused and len(refused) < len(saved)  # both kinds occur: sealed edits and plain-expressible ones

@@ -249,6 +249,35 @@ def _write(model: nn.Module, entries: list[dict[str, Any]]) -> None:
     model.config.headwise = state
 
 
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def journal_problems(entries: Any, where: str = "journal") -> list[str]:
+    """What is wrong with the shape of saved journal ``entries`` (a list of mappings with ``method`` (str),
+    ``version`` (int), ``config`` (mapping or null) and ``state`` (mapping)): one line per problem, empty when
+    none. Whether the methods are known is ``replay``'s check."""
+    if not isinstance(entries, list):
+        return [f"{where} is a {_kind(entries)}, not a list of entries"]
+    problems = []
+    for i, entry in enumerate(entries):
+        at = f"{where}[{i}]"
+        if not isinstance(entry, dict):
+            problems.append(f"{at} is a {_kind(entry)}, not a mapping with method, version, config and state")
+            continue
+        absent = [key for key in ("method", "version", "config", "state") if key not in entry]
+        if absent:
+            problems.append(f"{at}: a journal entry needs 'method', 'version', 'config' and 'state' (missing "
+                            f"{', '.join(absent)})")
+        for key, kinds, wanted in (("method", (str,), "a string"), ("version", (int,), "an int"),
+                                   ("config", (dict, type(None)), "a mapping or null"),
+                                   ("state", (dict,), "a mapping")):
+            value = entry.get(key)
+            if key in entry and (not isinstance(value, kinds) or isinstance(value, bool)):
+                problems.append(f"{at}.{key} is {value!r} (a {_kind(value)}); expected {wanted}")
+    return problems
+
+
 def replay(model: nn.Module, entries: Sequence[dict[str, Any]], where: str) -> None:
     """Replay journal ``entries`` on a freshly built model, through each method's ``replay``."""
     for entry in entries:

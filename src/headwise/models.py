@@ -74,8 +74,13 @@ def packaged_smollm2() -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .io.files import atomic_dir
+    from .io.files import atomic_dir, claim_output
 
+    try:  # before the conversion: a cache that cannot be written is refused at once
+        claim_output(target)
+    except HeadwiseError as err:
+        raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
+                            "writable folder, e.g. HEADWISE_CACHE=/tmp/headwise-cache") from None
     print(f"headwise: converting {gguf.name} into {target} (once)", flush=True)
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
@@ -91,9 +96,13 @@ def packaged_smollm2() -> Path:
         del model.config.quantization_config
     model.config.name_or_path = SMOLLM2
     tokenizer.model_max_length = model.config.max_position_embeddings
-    with atomic_dir(target, overwrite=True) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    try:
+        with atomic_dir(target, overwrite=True) as tmp:
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+    except HeadwiseError as err:
+        raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
+                            "writable folder with room for ~600 MB") from None
     return target
 
 
@@ -293,6 +302,7 @@ def load_model(
     device_map: str | dict | None = None,
     max_memory: dict | None = None,
     offload_folder: str | None = None,
+    verify: bool | None = None,
 ) -> tuple[nn.Module, Any]:
     """Load a model (and its tokenizer) with the ``headwise`` attention implementation selected.
 
@@ -304,12 +314,17 @@ def load_model(
     randomly initialised classification head with ``num_labels`` outputs, for fine-tuning).
     ``device_map`` / ``max_memory`` / ``offload_folder``: Accelerate dispatch, as transformers takes them (a
     model larger than one device, layers on several devices, the CPU or disk); ``device`` is then unused.
+    A folder headwise wrote is checked against its manifest first (``headwise.io.manifest``: sizes, and sha256
+    with ``verify=True`` or by default below 2 GiB) and refused when any weight is NaN or infinite.
     Returns ``(model in eval mode, tokenizer or None)``. Raises ``HeadwiseError`` for a path that is not a model,
     a family without an adapter or a missing head.
     """
     import transformers
 
     from .io import from_pretrained
+    from .io.checkpoint import check_finite
+    from .io.files import stable_read
+    from .io.manifest import MANIFEST, verify_manifest
     from .runtime import NAME
     from .sites import find_sites
 
@@ -320,19 +335,28 @@ def load_model(
     local = Path(path)
     try:
         dispatch = dispatch_kwargs(device_map, max_memory, offload_folder)
-        if local.is_dir() and "headwise" in json.loads((local / "config.json").read_text()):
+        if _saved_by_headwise(path):
             if dispatch:
                 raise HeadwiseError(f"{path} was saved by headwise; device_map loads transformers checkpoints only: "
                                     "load it without --device-map")
-            model = from_pretrained(local, device=device, dtype=dtype)
+            model = from_pretrained(local, device=device, dtype=dtype, verify=verify)
             _check_checkpoint_head(model, name_or_path or path, head)
         else:
             _check_architecture(path, name_or_path, head)
             auto = getattr(transformers, HEAD_CLASSES[head])
             extra = {"num_labels": num_labels} if new_head and num_labels else {}
-            with quiet_transformers():
-                model, info = auto.from_pretrained(path, attn_implementation=NAME, dtype=dtype,
-                                                   output_loading_info=True, **extra, **dispatch)
+            written = local.is_dir() and (local / MANIFEST).is_file()  # a plain folder headwise wrote
+
+            def read() -> tuple[nn.Module, dict]:
+                if written:
+                    verify_manifest(local, verify)
+                with quiet_transformers():
+                    return auto.from_pretrained(path, attn_implementation=NAME, dtype=dtype,
+                                                output_loading_info=True, **extra, **dispatch)
+
+            model, info = stable_read(local, read) if local.is_dir() else read()
+            if written:
+                check_finite(model, str(local))
             if info["unexpected_keys"]:
                 unused = sorted(info["unexpected_keys"])
                 print(f"headwise: note: {len(unused)} weights of {name_or_path or path} are not used by "
@@ -362,6 +386,19 @@ def load_model(
         ) from err
     find_sites(model)  # unsupported families fail here, before any work
     return model, (load_tokenizer(path, model) if with_tokenizer else None)
+
+
+def _saved_by_headwise(path: str) -> bool:
+    """Whether ``path`` is a folder ``headwise.save_pretrained`` wrote (its config carries a ``headwise`` record)."""
+    from .io.files import read_text
+
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        return "headwise" in json.loads(read_text(config))
+    except json.JSONDecodeError:
+        raise HeadwiseError(f"{config} is not valid JSON; copy or save the model again") from None
 
 
 def dispatch_kwargs(device_map: str | dict | None, max_memory: dict | str | None = None,
@@ -414,10 +451,14 @@ def native_task(name_or_path: str | None) -> str | None:
     ``classification``, or None for a base model (e.g. for ``headwise sites``, which lists what is saved)."""
     from transformers import AutoConfig
 
+    from .io.checkpoint import read_config
+
     path = resolve_model(name_or_path)
     try:
         with quiet_transformers():
-            config = AutoConfig.from_pretrained(path)
+            config = read_config(path) if _saved_by_headwise(path) else AutoConfig.from_pretrained(path)
+    except HeadwiseError:
+        raise
     except (OSError, ValueError) as err:
         raise HeadwiseError(f"could not read the config of model {name_or_path!r}: {str(err).splitlines()[0]} — give "
                             "a local transformers folder or a hub name (needs internet)") from err

@@ -162,6 +162,9 @@ def model_args(parser: argparse.ArgumentParser) -> None:
                         help="with --device-map: memory per device, e.g. cpu=8GiB or 0=20GiB,cpu=30GiB")
     parser.add_argument("--offload-folder", default=None,
                         help="with --device-map: folder for the weights that fit nowhere (disk offload)")
+    parser.add_argument("--verify", action="store_true", default=None,
+                        help="check the sha256 of every file of a folder headwise wrote, whatever its size (by "
+                             "default: sizes always, hashes below 2 GiB)")
 
 
 def global_flags(parser: argparse.ArgumentParser, default: object) -> None:

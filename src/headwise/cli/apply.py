@@ -32,7 +32,7 @@ def register(verbs, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
     from ..planning import Plan
-    from ..io import export_plain, plain_problem
+    from ..io import plain_problem
     from ..report import Report
     from ..report.plan import savings
     from ..tasks import CachedTeacher, recover
@@ -85,9 +85,7 @@ def run(args: argparse.Namespace) -> int:
                    + (f"; `{args.out}/plain` loads in plain transformers." if native else "."))
     section.table([[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in summary.items()],
                   ["", "value"])
-    save_run(args.out, model, tokenizer, "apply.json", summary, report, overwrite=args.force)
-    if native:
-        export_plain(model, f"{args.out}/plain", tokenizer, overwrite=True)
+    save_run(args.out, model, tokenizer, "apply.json", summary, report, overwrite=args.force, plain=native)
     if args.json:
         print(json.dumps(summary))
     else:

@@ -83,7 +83,7 @@ def _check_plain(args: argparse.Namespace, model) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
-    from ..io import export_plain, plain_problem
+    from ..io import plain_problem
     from ..pruning import apply_masks, load_masks, prune_masked
     from ..report import Report
     from .output import save_run
@@ -147,9 +147,7 @@ def run(args: argparse.Namespace) -> int:
             raise HeadwiseError(f"--plain: {problem}; nothing was written")
     report = Report("headwise pruning report", f"{result['model']}: {result['method']} pruning")
     add_pruning_section(report, result)
-    save_run(args.out, model, tokenizer, "pruning.json", result, report, overwrite=args.force)
-    if args.plain:
-        export_plain(model, f"{args.out}/plain", tokenizer, overwrite=True)
+    save_run(args.out, model, tokenizer, "pruning.json", result, report, overwrite=args.force, plain=args.plain)
     if args.json:
         print(json.dumps(result))
     else:

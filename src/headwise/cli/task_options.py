@@ -97,9 +97,9 @@ def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
 
 
 def dispatch_of(args: argparse.Namespace) -> dict[str, Any]:
-    """``--device-map`` / ``--max-memory`` / ``--offload-folder`` as ``load_model`` keywords."""
+    """``--device-map`` / ``--max-memory`` / ``--offload-folder`` / ``--verify`` as ``load_model`` keywords."""
     return {"device_map": getattr(args, "device_map", None), "max_memory": getattr(args, "max_memory", None),
-            "offload_folder": getattr(args, "offload_folder", None)}
+            "offload_folder": getattr(args, "offload_folder", None), "verify": getattr(args, "verify", None)}
 
 
 def load_task_model(args: argparse.Namespace, task, need_tokenizer: bool = False) -> tuple[Any, Any]:

@@ -8,14 +8,19 @@ is, when none is saved beside it). Format 1 (``"edits"``: ``{"kind": ...}`` reco
 ``architectures`` names the saved class, head included. The state dict is the model's own
 (``model.state_dict()`` names, shared tensors stored once) and is loaded strictly.
 
-A checkpoint with ops or journal entries that rebuild something also stores one scalar tensor named ``MARKER``: plain transformers
-(``AutoModel.from_pretrained``) lists it as an unexpected weight in its load report, so loading such a folder
-without headwise, which drops the edits, never passes in silence.
+A checkpoint with ops or journal entries that rebuild something (what plain transformers would load silently
+wrong) is sealed: its ``config.json`` says ``"model_type": SEALED`` (the real one is ``headwise["model_type"]``), so
+plain ``AutoModel*.from_pretrained`` fails with transformers' "model type `load-with-headwise.from_pretrained` …
+not recognized". Earlier folders carried the scalar ``MARKER`` instead; it is still skipped on load.
+
+Every folder carries its manifest (``io.manifest``, written by ``atomic_dir``); ``from_pretrained`` verifies it,
+validates the record (one line per problem) and refuses non-finite weights, naming the tensor.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -26,16 +31,30 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 from transformers.initialization import no_init_weights
 
-from ..contract import replay, upgrade_edits
+from ..contract import journal_problems, replay, upgrade_edits
 from ..errors import HeadwiseError
 from ..runtime import enable
 from ..runtime.ops import rebuild, saved_specs
 from ..sites import find_sites, recorded_sites
-from .files import atomic_dir
+from .files import atomic_dir, read_text, stable_read
+from .manifest import verify_manifest
 
 FORMAT_VERSION = 2
 WEIGHTS = "model.safetensors"
-MARKER = "headwise_checkpoint__edits_load_only_with_headwise_from_pretrained"
+MARKER = "headwise_checkpoint__edits_load_only_with_headwise_from_pretrained"  # format 2 before sealing
+SEALED = "load-with-headwise.from_pretrained"  # config.json's model_type where plain transformers must refuse
+
+
+def state_bytes(model: nn.Module) -> int:
+    """Bytes of ``model``'s state dict, shared tensors once: about what its weights file takes."""
+    seen, total = set(), 0
+    for tensor in model.state_dict().values():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset(), tensor.shape) if not tensor.is_meta \
+            else id(tensor)
+        if key not in seen:
+            seen.add(key)
+            total += tensor.numel() * tensor.element_size()
+    return total
 
 
 def save_pretrained(
@@ -53,22 +72,22 @@ def save_pretrained(
     source = state.get("source") or str(getattr(model.config, "name_or_path", "") or "")
     if source:
         state["source"] = source
+    # an entry with state rebuilds something plain transformers would not (an entry without, e.g. GQA in a
+    # family whose config holds the KV head count, loads as a plain model): such a folder is sealed
+    sealed = bool(state["ops"] or any(entry["state"] for entry in state["journal"]))
+    state.pop("model_type", None)
+    if sealed:
+        state["model_type"] = model.config.model_type
     model.config.headwise = state
     model.config.architectures = [type(model).__name__]  # the class saved, head included
-    with atomic_dir(path, overwrite) as tmp:
+    with atomic_dir(path, overwrite, size=state_bytes(model)) as tmp:
         model.config.save_pretrained(tmp)
+        if sealed:
+            saved = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
+            (tmp / "config.json").write_text(json.dumps(saved | {"model_type": SEALED}, indent=2), encoding="utf-8")
         if getattr(model, "generation_config", None) is not None and model.can_generate():
             model.generation_config.save_pretrained(tmp)
-        # an entry with state rebuilds something plain transformers would not (an entry without, e.g. GQA in a
-        # family whose config holds the KV head count, loads as a plain model)
-        marked = bool(state["ops"] or any(entry["state"] for entry in state["journal"]))
-        if marked:
-            model.register_buffer(MARKER, torch.ones(()))
-        try:
-            save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
-        finally:
-            if marked:
-                delattr(model, MARKER)
+        save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return Path(path)
@@ -84,7 +103,7 @@ def save_native(model: nn.Module, path: str | os.PathLike, config: Any = None, t
         del plain.headwise
     original, model.config = model.config, plain
     try:
-        with atomic_dir(path, overwrite=overwrite) as tmp:
+        with atomic_dir(path, overwrite=overwrite, size=state_bytes(model)) as tmp:
             model.save_pretrained(tmp)
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
@@ -105,21 +124,103 @@ def _model_class(config) -> type:
     )
 
 
-def from_pretrained(
-    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None
-) -> nn.Module:
-    """Rebuild a model saved by ``save_pretrained``: replay edits, attach ops, load weights strictly, select
-    the ``headwise`` implementation. Returns the model in eval mode."""
+def record_problems(record: Any) -> list[str]:
+    """What is wrong with a saved ``headwise`` record (config.json): one line per problem, empty when none."""
+    if not isinstance(record, dict):
+        return [f"headwise is a {type(record).__name__ if record is not None else 'null'}, not a mapping "
+                "(version, journal, ops, source)"]
+    version = record.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        return [f"headwise.version is {version!r}; expected an int from 1 to {FORMAT_VERSION}"]
+    if version > FORMAT_VERSION:
+        return []  # refused by from_pretrained as written by a newer headwise
+    problems = []
+    if version == 1:
+        edits = record.get("edits", [])
+        if not isinstance(edits, list) or not all(isinstance(e, dict) and isinstance(e.get("kind"), str)
+                                                  for e in edits):
+            problems.append("headwise.edits must be a list of mappings, each with a 'kind' string")
+    else:
+        problems += journal_problems(record.get("journal", []), "headwise.journal")
+    ops = record.get("ops", [])
+    if not isinstance(ops, list) or not all(
+            isinstance(op, dict) and all(isinstance(op.get(k), str) for k in ("site", "slot", "name", "type"))
+            and isinstance(op.get("spec"), dict) for op in ops):
+        problems.append("headwise.ops must be a list of mappings, each with site, slot, name and type strings and "
+                        "a spec mapping")
+    for key in ("source", "model_type"):
+        if key in record and not isinstance(record[key], str):
+            problems.append(f"headwise.{key} is {record[key]!r}; expected a string")
+    return problems
+
+
+def read_config(path: str | os.PathLike) -> transformers.PretrainedConfig:
+    """The config of a folder ``save_pretrained`` wrote (its real ``model_type`` back where it was sealed), with
+    its ``headwise`` record validated."""
     path = Path(path)
+    try:
+        raw = json.loads(read_text(path / "config.json"))
+    except json.JSONDecodeError as err:
+        raise HeadwiseError(f"{path / 'config.json'} is not valid JSON ({err}); save the model again") from None
+    if not isinstance(raw, dict):
+        raise HeadwiseError(f"{path / 'config.json'} holds a {type(raw).__name__}, not a mapping; save the model "
+                            "again")
+    if "headwise" in raw:
+        problems = record_problems(raw["headwise"])
+        if problems:
+            raise HeadwiseError("\n".join(f"{path / 'config.json'}: {p}" for p in problems)
+                                + "\nthe headwise record is damaged or was written by another tool; save the model "
+                                "again")
+        if raw["headwise"]["version"] > FORMAT_VERSION:
+            raise HeadwiseError(f"{path} was written by a newer headwise (format {raw['headwise']['version']}); "
+                                "upgrade headwise")
+    if raw.get("model_type") == SEALED:
+        real = raw.get("headwise", {}).get("model_type")
+        if real is None:
+            raise HeadwiseError(f"{path / 'config.json'} is sealed ({SEALED}) but its headwise record names no "
+                                "model_type; save the model again")
+        raw["model_type"] = real
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if raw.get("model_type") not in CONFIG_MAPPING:
+        raise HeadwiseError(f"{path / 'config.json'}: model_type {raw.get('model_type')!r} is unknown to this "
+                            f"transformers {transformers.__version__}; upgrade transformers or save the model again")
+    return CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
+
+
+def check_finite(model: nn.Module, where: str) -> None:
+    """Refuse parameters or buffers holding NaN or infinity (a damaged file, or gates or scores that diverged),
+    naming the first few."""
+    bad = [name for name, tensor in (*model.named_parameters(), *model.named_buffers())
+           if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all())]
+    if bad:
+        raise HeadwiseError(f"{where}: {len(bad)} tensors hold NaN or infinity ({', '.join(bad[:3])}"
+                            f"{', …' if len(bad) > 3 else ''}); no result computed from them would mean anything: "
+                            "save the model again from a run that did not diverge")
+
+
+def from_pretrained(
+    path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
+    verify: bool | None = None,
+) -> nn.Module:
+    """Rebuild a model saved by ``save_pretrained``: verify its files (``io.manifest``: sizes, and sha256 when
+    ``verify`` or below ``HASH_LIMIT``), replay edits, attach ops, load weights strictly, refuse non-finite ones,
+    select the ``headwise`` implementation. A folder another process replaces meanwhile is read again
+    (``stable_read``). Returns the model in eval mode."""
+    path = Path(path)
+    return stable_read(path, lambda: _load(path, device, dtype, verify))
+
+
+def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, verify: bool | None) -> nn.Module:
+    if (path / "config.json").is_file():
+        verify_manifest(path, verify)  # first: a listed file that is missing is named
     if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
         raise HeadwiseError(
             f"{path} is not a headwise checkpoint (need config.json and {WEIGHTS}); "
             "save one with headwise.save_pretrained, or load a plain model with headwise.load_model"
         )
-    config = transformers.AutoConfig.from_pretrained(path)
+    config = read_config(path)
     state = getattr(config, "headwise", None) or {}
-    if state.get("version", FORMAT_VERSION) > FORMAT_VERSION:
-        raise HeadwiseError(f"{path} was written by a newer headwise (format {state['version']}); upgrade headwise")
     with no_init_weights():
         model = _model_class(config)._from_config(config, attn_implementation="sdpa")
     if state.get("version", FORMAT_VERSION) < 2:  # format 1: edit records by kind
@@ -145,5 +246,6 @@ def from_pretrained(
             f"{path}: weights do not match the rebuilt model (missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}); "
             "the checkpoint is damaged or was written by another tool"
         )
+    check_finite(model, str(path / WEIGHTS))
     model.to(device=device, dtype=dtype)
     return enable(model).eval()

@@ -1,6 +1,12 @@
 """Safe writes and reads: output is built in a temporary sibling and moved into place under a claim on the
 destination, never clobbered without consent; text files are read as UTF-8 with errors naming the file and line.
 
+Real disks: a destination that is a symlink is written through (the link stays, its target gets the new content);
+a full disk, a read-only or unwritable folder, a name too long, or a path below a file is refused in one line
+(``disk_errors``) with the old output intact and no temporary left. A finished folder carries its manifest
+(``io.manifest``) and replaces the old one in one atomic exchange (``renameat2(RENAME_EXCHANGE)`` on Linux), so a
+reader sees the old or the new folder; ``stable_read`` retries a read the exchange overtook.
+
 Claims: a writer claims ``path`` by holding an exclusive ``flock`` on the sibling ``.<name>.lock`` for as long as
 it writes (``claim_output``, taken early by ``check_writable_dir`` and kept until ``atomic_dir`` has moved the
 output into place). A second writer of the same destination is refused at once, so of two concurrent writers
@@ -11,14 +17,32 @@ the next writer of the same destination removes the temporaries (``.<name>.tmp-*
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import os
+import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from ..errors import HeadwiseError
+from .manifest import write_manifest
+
+T = TypeVar("T")
+# errno -> (what happened, the fix), for the one line a failed write gives
+DISK_ERRORS = {
+    errno.ENOSPC: ("the disk is full", "free space there or choose another output folder"),
+    errno.EDQUOT: ("the disk quota is exceeded", "free space there or choose another output folder"),
+    errno.EROFS: ("the file system is read-only", "choose an output folder on a writable disk"),
+    errno.EACCES: ("permission denied", "choose an output folder you may write"),
+    errno.EPERM: ("permission denied", "choose an output folder you may write"),
+    errno.ENAMETOOLONG: ("a name is too long for the file system", "choose a shorter output name"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder", "choose an output path below a folder"),
+    errno.EEXIST: ("a part of the path is a file, not a folder", "choose an output path below a folder"),
+}
+MARGIN = 16 * 1024**2  # bytes kept free beyond what a write needs (file system metadata, the manifest)
 
 # destination (absolute) -> the open lock file this process holds for it
 _CLAIMS: dict[Path, int] = {}
@@ -45,13 +69,67 @@ def _refuse_enclosing(path: Path) -> None:
                             "(e.g. --out results) instead")
 
 
+def _errno_of(err: BaseException) -> int | None:
+    """The errno of an ``OSError``, or of the I/O error a safetensors error wraps (``… (os error 28)``)."""
+    if isinstance(err, OSError):
+        return err.errno
+    if type(err).__module__.split(".")[0] == "safetensors":
+        found = re.search(r"(?:os error |Os \{ code: )(\d+)", str(err))
+        return int(found.group(1)) if found else None
+    return None
+
+
+@contextlib.contextmanager
+def disk_errors(path: str | os.PathLike) -> Iterator[None]:
+    """Turn a failed write under ``path`` (full disk, read-only, permission, name too long, a file in the way)
+    into one line naming ``path`` and the fix; other errors pass unchanged."""
+    try:
+        yield
+    except Exception as err:  # noqa: BLE001 - OSError or a library's wrapper of one, sorted by errno
+        code = _errno_of(err)
+        if code not in DISK_ERRORS:
+            raise
+        what, fix = DISK_ERRORS[code]
+        raise HeadwiseError(f"cannot write {path}: {what} ({os.strerror(code)}); {fix} (any earlier output "
+                            "there is left as it was)") from None
+
+
+def _nearest_existing(path: str | os.PathLike) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    existing = Path(os.path.abspath(path))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    return existing
+
+
+def check_free_space(path: str | os.PathLike, size: int) -> None:
+    """Refuse before writing ``size`` bytes under ``path`` when its disk has less than that plus ``MARGIN``
+    free."""
+    free = shutil.disk_usage(_nearest_existing(path)).free
+    if free < size + MARGIN:
+        raise HeadwiseError(f"cannot write {path}: it needs {(size + MARGIN) / 2**20:,.0f} MiB and its disk has "
+                            f"{free / 2**20:,.0f} MiB free; free space there or choose another output folder")
+
+
+def destination(path: str | os.PathLike) -> Path:
+    """Where writing ``path`` really goes: the target of a symlink (written through, the link stays), else
+    ``path``."""
+    path = Path(path)
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 def check_writable_dir(path: str | os.PathLike, overwrite: bool) -> Path:
     """Refuse a non-empty existing directory (or any existing file) unless ``overwrite``, and claim ``path`` for
-    this process (``claim_output``) so that no other headwise run writes it meanwhile."""
-    path = Path(path)
+    this process (``claim_output``) so that no other headwise run writes it meanwhile. Returns the destination
+    (``destination``: a symlink's target)."""
+    path = destination(path)
     _refuse_enclosing(path)
     if path.exists() and not path.is_dir():
         raise HeadwiseError(f"{path} exists and is not a directory; choose another output path")
+    above = _nearest_existing(path.parent)
+    if not above.is_dir():
+        raise HeadwiseError(f"cannot write {path}: {above} is a file, not a folder; choose an output path below a "
+                            "folder")
     if path.is_dir() and any(path.iterdir()) and not overwrite:
         raise HeadwiseError(f"{path} is not empty; pass --force (overwrite=True) to replace it, or pick a new path")
     if path.parent.is_dir():  # else claimed by atomic_dir, which creates the parents: nothing is written before
@@ -67,10 +145,12 @@ def claim_output(path: str | os.PathLike) -> None:
     path = Path(os.path.abspath(path))
     if path in _CLAIMS:
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
+    with disk_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
     lock = _lock_path(path)
     while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        with disk_errors(path):
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -111,44 +191,104 @@ def release_all_outputs() -> None:
         release_output(path)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap the folders ``a`` and ``b`` in one step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the system
+    or file system cannot."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _move_into_place(tmp: Path, path: Path) -> None:
+    """Put the finished ``tmp`` at ``path``: one exchange with an existing ``path`` (then the old one, now at
+    ``tmp``, is removed), else a rename."""
+    if path.exists() and _exchange(tmp, path):
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    old = None
+    if path.exists():  # no exchange here: two renames, a moment without ``path`` (stable_read retries)
+        old = tmp.with_name(f"{tmp.name}-old")
+        path.rename(old)
+    tmp.rename(path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory that replaces ``path`` only when the block succeeds; ``path`` is claimed
-    (``claim_output``) from here, or from an earlier ``check_writable_dir``, until it is in place."""
+def atomic_dir(path: str | os.PathLike, overwrite: bool = False, size: int = 0) -> Iterator[Path]:
+    """Yield a temporary directory that replaces ``path`` only when the block succeeds, with its manifest
+    (``io.manifest``) written last; ``path`` is claimed (``claim_output``) from here, or from an earlier
+    ``check_writable_dir``, until it is in place. ``size``: the bytes the block will write, checked against the
+    free space first. A symlink ``path`` is written through. Failed writes give one line (``disk_errors``)."""
     path = check_writable_dir(path, overwrite)
     claim_output(path)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    tmp = None
     try:
-        tmp.chmod(_default_mode(0o777))
-        yield tmp
-        check_writable_dir(path, overwrite)  # still ours to write: re-checked under the claim
-        old = None
-        if path.exists():
-            old = tmp.with_name(f"{tmp.name}-old")
-            path.rename(old)
-        tmp.rename(path)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        with disk_errors(path):
+            check_free_space(path, size)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+            tmp.chmod(_default_mode(0o777))
+            yield tmp
+            check_writable_dir(path, overwrite)  # still ours to write: re-checked under the claim
+            write_manifest(tmp)
+            _move_into_place(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
         release_output(path)
 
 
+def stable_read(folder: str | os.PathLike, read: Callable[[], T], tries: int = 50) -> T:
+    """``read()`` of ``folder`` while another process may replace it (``atomic_dir``): retried when the folder
+    was replaced during the read (its inode or change time moved: a swap), so the result is the old or the new
+    version whole; an error of a read that nothing overtook is raised as it is."""
+    def identity() -> tuple[int, int, int] | None:
+        try:
+            info = os.stat(folder)
+        except FileNotFoundError:
+            return None
+        return info.st_dev, info.st_ino, info.st_ctime_ns
+
+    for attempt in range(tries):
+        before = identity()
+        try:
+            result = read()
+        except (OSError, ValueError):  # HeadwiseError included
+            if identity() == before or attempt == tries - 1:
+                raise
+        else:
+            if identity() == before:
+                return result
+        time.sleep(min(0.02 * (attempt + 1), 0.5))
+    raise HeadwiseError(f"{folder} was replaced {tries} times while it was read; read it again once its writer "
+                        "has finished")
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same directory."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, _default_mode(0o666))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    """Write ``text`` to ``path`` through a temporary file in the same directory (a symlink is written through;
+    failed writes give one line: ``disk_errors``)."""
+    path = destination(path)
+    with disk_errors(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.chmod(tmp, _default_mode(0o666))
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
 
 
 def read_text(path: str | os.PathLike) -> str:
