@@ -55,3 +55,11 @@ def test_import_headwise_names_the_range_under_an_old_transformers(tmp_path):
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert "headwise needs transformers>=5.24,<6" in last and "5.2.0 is installed" in last
+
+
+def test_make_test_floor_installs_the_declared_floor():
+    makefile = (ROOT / "Makefile").read_text()
+    floor = next(line.split("?=")[1].strip() for line in makefile.splitlines()
+                 if line.startswith("TRANSFORMERS_FLOOR ?="))
+    assert TRANSFORMERS_RANGE.startswith(f">={'.'.join(floor.split('.')[:2])},")
+    assert "make test-floor" in (ROOT / ".ci" / "run").read_text()
