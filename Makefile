@@ -13,7 +13,8 @@ TRANSFORMERS_FLOOR ?= 5.24.0
 FLOOR_VENV ?= .venv-floor
 FLOOR_STAMP := $(FLOOR_VENV)/.headwise-installed
 # the suite's core: the import check, sites, the runtime, apply/remove of every method, save and reload, the
-# per-head and latent caches through generate (and loading the named smollm2-135m)
+# per-head and latent caches through generate (and loading the named smollm2-135m, converted into a cache of the
+# floor's own: a conversion records its transformers version, so one cache shared with .venv would be redone by each)
 CORE_TESTS := tests/test_compat.py tests/test_sites.py tests/test_runtime.py tests/test_method_contract.py \
 	tests/test_io.py tests/test_journal.py tests/test_kvcache.py tests/test_kvcache_runtime.py tests/test_latent_cache.py
 
@@ -73,7 +74,7 @@ test-floor: $(FLOOR_STAMP)
 	@$(FLOOR_VENV)/bin/python -c "from importlib.metadata import version; v = version('transformers'); \
 		assert v == '$(TRANSFORMERS_FLOOR)', f'$(FLOOR_VENV) holds transformers {v}, not $(TRANSFORMERS_FLOOR)'; \
 		print(f'make test-floor: the suite core on transformers {v}')"
-	$(FLOOR_VENV)/bin/python -m pytest -q $(CORE_TESTS)
+	HEADWISE_CACHE="$(abspath $(FLOOR_VENV))/headwise-cache" $(FLOOR_VENV)/bin/python -m pytest -q $(CORE_TESTS)
 
 # EFFICIENT_ATTENTION=PATH (the efficient-attention folder of a HKUNLP/efficient-attention checkout) adds the
 # side-by-side timing against that reference library.
