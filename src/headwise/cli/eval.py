@@ -1,10 +1,15 @@
 """``headwise eval TASK``: a model's metrics on a task — ``stsb`` (Spearman, mean pooling, cosine), ``lm``
-(perplexity), ``translation`` (sacreBLEU), ``classification`` (accuracy, F1, Matthews or Pearson/Spearman)."""
+(perplexity), ``translation`` (sacreBLEU), ``classification`` (accuracy, F1, Matthews or Pearson/Spearman).
+
+A KV policy acts only on the cache that ``generate()`` builds, which a full forward never does: ``eval lm`` on a
+model with one measures through the policy's cache (``kvcache.policy_forward``, as ``headwise kv-policy`` measures
+its perplexity), and the other tasks say plainly that their forward ignores it."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from contextlib import nullcontext
 
 from . import model_args
 from .task_options import load_for_task, metric_line, task_args, task_from_args
@@ -31,18 +36,43 @@ def register(verbs, parents) -> None:
         sub.set_defaults(run=run_task)
 
 
+# How a task's metric was measured (the ``measured`` key of --json, and a line of the text output).
+MEASURED = {
+    "forward": "a full forward (the model as it computes)",
+    "kv_policy": "through the model's KV policy cache: each window one prefill in which every KV head keeps only "
+                 "what its rule keeps (as headwise kv-policy measures it)",
+    "kv_policy_ignored": "a full forward, which ignores the model's KV policy (it acts only on generate()'s cache): "
+                         "the score is the full cache's",
+}
+
+
+def measured_way(model, task) -> str:
+    """The key of ``MEASURED`` for ``task`` on ``model``: through its KV policy for ``lm``, else a full forward
+    (said to ignore a policy the model carries)."""
+    from ..kvcache import policy_of
+
+    if policy_of(model) is None:
+        return "forward"
+    return "kv_policy" if task.name == "lm" else "kv_policy_ignored"
+
+
 def run_task(args: argparse.Namespace) -> int:
+    from ..kvcache import policy_forward
+
     task = task_from_args(args, args.task)  # bad data fails before the model loads
     model, tokenizer = load_for_task(args, task)
-    metrics = task.evaluate(model, tokenizer)
+    measured = measured_way(model, task)
+    with policy_forward(model) if measured == "kv_policy" else nullcontext():
+        metrics = task.evaluate(model, tokenizer)
     subset = next((f"--{flag.replace('_', '-')} {getattr(task, flag)}" for flag in ("limit", "max_tokens")
                    if getattr(task, flag, None) is not None), None)
     if args.json:
-        print(json.dumps(metrics | ({"subset": subset} if subset else {}), indent=2))
+        print(json.dumps(metrics | {"measured": measured} | ({"subset": subset} if subset else {}), indent=2))
     else:
         print(f"{task.name}: {args.model or 'all-MiniLM-L6-v2 (packaged)'} ({type(model).__name__})")
         print(f"  {metric_line(task, metrics)}"
               + (f"  [on a subset ({subset}): not comparable with full-split scores]" if subset else ""))
+        print(f"  measured {MEASURED[measured]}")
     return 0
 
 
