@@ -84,33 +84,37 @@ def packaged_smollm2() -> Path:
                             f"installed: run {install}")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .io.files import atomic_dir, atomic_write_text, claim_output
+    from .io.files import atomic_dir, atomic_write_text, claim_output, release_output
 
     try:  # before the conversion: a cache that cannot be written is refused at once
         claim_output(target)
     except HeadwiseError as err:
         raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
                             "writable folder, e.g. HEADWISE_CACHE=/tmp/headwise-cache") from None
-    print(f"headwise: converting {gguf.name} into {target} (once)", flush=True)
-    with quiet_transformers():
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    check_vocabulary(model, tokenizer, gguf.name, conversion_cause(source["transformers"]))  # never cached if wrong
-    # The weights are dequantised: drop the GGUF marks, or transformers refuses to save a "quantized" model.
-    model.hf_quantizer = None
-    model.is_quantized = False
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.config.name_or_path = SMOLLM2
-    tokenizer.model_max_length = model.config.max_position_embeddings
-    try:
-        with atomic_dir(target, overwrite=True) as tmp:
-            model.save_pretrained(tmp)
-            tokenizer.save_pretrained(tmp)
-            atomic_write_text(tmp / CONVERSION_RECORD, json.dumps(source, indent=2) + "\n")
-    except HeadwiseError as err:
-        raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
-                            "writable folder with room for ~600 MB") from None
+    try:  # the claim ends with the conversion, written or refused (atomic_dir releases it when it writes)
+        print(f"headwise: converting {gguf.name} into {target} (once)", flush=True)
+        with quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        # a tokenizer that does not fit is refused here: never cached
+        check_vocabulary(model, tokenizer, gguf.name, conversion_cause(source["transformers"]))
+        # The weights are dequantised: drop the GGUF marks, or transformers refuses to save a "quantized" model.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.config.name_or_path = SMOLLM2
+        tokenizer.model_max_length = model.config.max_position_embeddings
+        try:
+            with atomic_dir(target, overwrite=True) as tmp:
+                model.save_pretrained(tmp)
+                tokenizer.save_pretrained(tmp)
+                atomic_write_text(tmp / CONVERSION_RECORD, json.dumps(source, indent=2) + "\n")
+        except HeadwiseError as err:
+            raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
+                                "writable folder with room for ~600 MB") from None
+    finally:
+        release_output(target)
     return target
 
 
