@@ -48,9 +48,10 @@ def run_task(args: argparse.Namespace) -> int:
 
 def run_stsb(args: argparse.Namespace) -> int:
     from ..models import load_model, load_tokenizer
-    from ..tasks import ensure_encoder, evaluate_stsb, read_stsb
+    from ..tasks import Stsb, ensure_encoder, evaluate_stsb
 
-    read_stsb(args.split, args.data)  # a missing or malformed file fails before the model loads
+    # a missing or malformed file, or too few pairs for a correlation, fails before the model loads
+    Stsb(data=args.data, split=args.split, limit=args.limit).check()
     model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
     ensure_encoder(model, "eval stsb")  # a decoder is refused first: the clearer reason
     tokenizer = load_tokenizer(args.model, model)

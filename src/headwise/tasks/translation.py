@@ -21,6 +21,7 @@ from torch import nn
 from ..batching import LABEL_PAD, Examples, check_context, pad_id_of, tokenize
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
+from .metrics import finite_metrics
 from .bleu import translate
 from .corpus import ParallelCorpus
 from .paths import check_sizes, read_lines, shared_data
@@ -132,9 +133,9 @@ class Translation(Task):
                                max_new_tokens=self.max_new_tokens, num_beams=self.beam,
                                progress=progress is not False, max_length=self.max_length)
         refs = [corpus.target]
-        return {"bleu": float(sacrebleu.corpus_bleu(hypotheses, refs).score),
-                "chrf": float(sacrebleu.corpus_chrf(hypotheses, refs).score), "sentences": len(corpus),
-                "beam": self.beam, "truncated": cut}
+        return finite_metrics({"bleu": float(sacrebleu.corpus_bleu(hypotheses, refs).score),
+                               "chrf": float(sacrebleu.corpus_chrf(hypotheses, refs).score), "sentences": len(corpus),
+                               "beam": self.beam, "truncated": cut}, "translation")
 
     def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
         """Teacher-forced target logits ``[B, T, V]``, real target tokens masked."""
