@@ -9,6 +9,7 @@ from ..errors import HeadwiseError
 from ..tasks.recovery import MODES as RECOVERY
 from . import model_args
 from .recovery_options import train_memory_arg
+from .output import print_json
 
 PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
 
@@ -89,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     if native:
         export_plain(model, f"{args.out}/plain", tokenizer, overwrite=True)
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         print(f"applied {point.name}: {point.edit.describe()}"
               + ("" if after is None else f", {task.metric} {before:.2f} → {after:.2f}"))

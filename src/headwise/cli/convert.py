@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from .task_options import model_costs, run_record
+from .output import print_json, write_json
 
 CONVERTIBLE_TASKS = ("lm", "translation")
 
@@ -272,8 +273,11 @@ def run(args: argparse.Namespace) -> int:
             export_plain(model, tmp / "model", tokenizer=tokenizer)
         else:
             save_pretrained(model, tmp / "model", tokenizer=tokenizer)
-        (tmp / "conversion.json").write_text(json.dumps(summary, indent=1))
+        write_json(tmp / "conversion.json", summary, indent=1)
     if args.uptrain_tokens and not args.keep_checkpoints:
         shutil.rmtree(checkpoint_dir(args.out), ignore_errors=True)
-    print(json.dumps(summary) if args.json else f"{summary['verdict']}\nsaved {args.out}/model ({summary['saved']})")
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{summary['verdict']}\nsaved {args.out}/model ({summary['saved']})")
     return 0

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from . import model_args
 from .task_options import load_for_task, metric_line, task_args, task_from_args
+from .output import print_json
 
 HELP = {"lm": "perplexity of a causal LM on a text (strided windows)",
         "translation": "sacreBLEU of an encoder-decoder (greedy or beam search)",
@@ -38,7 +38,7 @@ def run_task(args: argparse.Namespace) -> int:
     subset = next((f"--{flag.replace('_', '-')} {getattr(task, flag)}" for flag in ("limit", "max_tokens")
                    if getattr(task, flag, None) is not None), None)
     if args.json:
-        print(json.dumps(metrics | ({"subset": subset} if subset else {}), indent=2))
+        print_json(metrics | ({"subset": subset} if subset else {}), indent=2)
     else:
         print(f"{task.name}: {args.model or 'all-MiniLM-L6-v2 (packaged)'} ({type(model).__name__})")
         print(f"  {metric_line(task, metrics)}"
@@ -57,7 +57,7 @@ def run_stsb(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.model, model)
     result = evaluate_stsb(model, tokenizer, args.split, args.data, args.batch_size, args.limit)
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print_json(result.as_dict(), indent=2)
     else:
         subset = (f"first {result.pairs} of {result.total_pairs} pairs (--limit {args.limit}): a subset, not "
                   "comparable with full-split scores") if result.total_pairs else f"{result.pairs} pairs"

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, json_text
 from ..progress import progress_bar
 from ..sites import find_sites
 from ..tasks import Task, get_task, recover
@@ -182,7 +182,7 @@ class Plan:
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+        atomic_write_text(path, json_text(self.to_dict(), str(path), indent=1))
         return path
 
     @classmethod

@@ -278,7 +278,7 @@ class LanguageModeling(Task):
             nll, scored = next_token_nll(model, window, None, labels)
             total, count = total + float(nll.sum()), count + int(scored.sum())
         model.train(was_training)
-        perplexity = math.exp(total / count) if total / count < MAX_EXP else math.inf  # refused just below
+        perplexity = math.inf if total / count >= MAX_EXP else math.exp(total / count)  # refused just below
         return finite_metrics({"perplexity": perplexity, "nll": total / count, "tokens": count,
                                "windows": len(self.windows(len(ids)))}, f"lm {self.data or 'text'}")
 

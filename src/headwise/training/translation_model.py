@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from ..batching import collate
 from ..errors import HeadwiseError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, json_text
 from ..progress import progress_bar
 from ..tasks.bleu import corpus_bleu, translate
 from ..tasks.corpus import train_tokenizer
@@ -233,7 +233,8 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
     if state is None:
         state = {"step": 0, "epoch": 0, "batch": 0, "seconds": 0.0, "best_bleu": -1.0, "best_step": None,
                  "evals": [], "losses": [], "rng": None}
-        atomic_write_text(out / LOG, json.dumps({"data": key, "recipe": recipe.architecture(), "evals": []}))
+        atomic_write_text(out / LOG, json_text({"data": key, "recipe": recipe.architecture(), "evals": []},
+                                                 str(out / LOG)))
     else:
         model.load_state_dict(state.pop("model"))
         optimizer.load_state_dict(state.pop("optimizer"))
@@ -261,8 +262,8 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
         if bleu > state["best_bleu"]:
             state["best_bleu"], state["best_step"] = bleu, state["step"]
             _save_model(model, out)
-        atomic_write_text(out / LOG, json.dumps({"data": key, "recipe": recipe.architecture(),
-                                                 "evals": state["evals"]}, indent=1))
+        atomic_write_text(out / LOG, json_text({"data": key, "recipe": recipe.architecture(),
+                                                 "evals": state["evals"]}, str(out / LOG), indent=1))
         if progress:
             tqdm.write(f"step {entry['step']} epoch {entry['epoch']:.2f}: loss {entry['loss']:.3f}, "
                        f"val BLEU {bleu:.2f} (best {state['best_bleu']:.2f})")
@@ -319,7 +320,7 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
               "val_pairs": len(val), "steps": state["step"], "epochs": last["epoch"],
               "minutes": round(state["seconds"] / 60, 2), "best_val_bleu": state["best_bleu"],
               "best_step": state["best_step"], "last_val_bleu": last["val_bleu"], "model": str(out)}
-    atomic_write_text(out / RESULT, json.dumps(result, indent=1))
+    atomic_write_text(out / RESULT, json_text(result, str(out / RESULT), indent=1))
     return result
 
 
