@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..errors import HeadwiseError
 from ..tasks.recovery import MODES as RECOVERY
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     task.check()
     args.model = args.model or (None if plan.model.startswith(PACKAGED) else plan.model)
     model, tokenizer = load_task_model(args, task)
+    note = plan.check_model(model)  # another model (e.g. its heads already pruned) is refused here
+    if note:
+        print(f"headwise: note: {note}", file=sys.stderr)
     teacher = None
     if mode == "distill":  # a reversible edit distils from the model with its ops off; others from the unedited
         import copy        # model's recorded outputs (lm) or a copy
