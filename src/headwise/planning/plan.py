@@ -247,13 +247,14 @@ class Plan:
             raise HeadwiseError("the plan needs exactly one point of kind 'base' (the unedited model); re-run "
                                 "headwise plan")
         recommended = d.get("recommended")
-        if recommended is not None and recommended not in {p.name for p in points}:
+        if recommended is not None and (not isinstance(recommended, str) or recommended not in {p.name for p in points}):
             raise HeadwiseError(f"the plan recommends {recommended!r}, which is none of its points; re-run "
                                 "headwise plan")
         found = d.get("fingerprint")
         if found is not None and not (isinstance(found, dict) and isinstance(found.get("hash"), str)
                                       and isinstance(found.get("sites"), dict)):
-            raise HeadwiseError("the plan's fingerprint must be {\"hash\": str, \"sites\": {...}}; re-run headwise plan")
+            raise HeadwiseError("the plan's fingerprint must be {\"hash\": str, \"sites\": {...}}; re-run headwise "
+                                "plan")
         return cls(model=d["model"], task=task, budget=d["budget"], settings=d["settings"], points=points,
                    proxies=d["proxies"], layers=d["layers"], recommended=recommended, skipped=d.get("skipped") or {},
                    fingerprint=found)

@@ -7,8 +7,8 @@ work, a row without a label, an empty, null, nan or inf label, a single class an
 lacks are refused, naming the file and line.
 
 Metrics (×100, as GLUE defines them): accuracy; F1 of the second class for two classes, macro F1 otherwise; Matthews
-correlation; for float labels (regression, one output) Pearson and Spearman (refused where undefined). The main metric follows GLUE:
-Matthews for CoLA, Spearman for regression, accuracy otherwise.
+correlation; for float labels (regression, one output) Pearson and Spearman (refused where undefined). The main
+metric follows GLUE: Matthews for CoLA, Spearman for regression, accuracy otherwise.
 
 Splits: ``data`` is a file or a folder. A folder holds ``train`` / ``dev`` (or ``validation``) / ``test`` files
 (``.csv``, ``.tsv`` or ``.jsonl``); a single file serves both: its first 90% of rows train, the last 10% evaluate.
@@ -117,8 +117,8 @@ def _number(name: str) -> float | None:
 
 
 def check_labels(table: Table, column: str) -> list[str]:
-    """The class name of every row's label (``_cell``; whole numbers as integers: ``2.0`` is ``2``); refuses, naming the file and line, a missing or empty
-    label, a JSON list or object, and ``nan``/``inf``."""
+    """The class name of every row's label (``_cell``; whole numbers as integers: ``2.0`` is ``2``); refuses,
+    naming the file and line, a missing or empty label, a JSON list or object, and ``nan``/``inf``."""
     names = []
     for i, row in enumerate(table.rows):
         if column not in row or row[column] is None:
@@ -268,8 +268,8 @@ class Classification(Task):
         columns = list(table.rows[0])
         for flag, column in (("--text-column", self.text_column), ("--label-column", self.label_column)):
             if column not in columns:
-                raise HeadwiseError(f"{table.source} has no column {column!r} (columns: {', '.join(map(str, columns))});"
-                                    f" pass {flag} NAME")
+                raise HeadwiseError(f"{table.source} has no column {column!r} (columns: "
+                                    f"{', '.join(map(str, columns))}); pass {flag} NAME")
         if self.pair_column is not None and self.pair_column not in columns:
             if self._pair_given:
                 raise HeadwiseError(f"{table.source} has no column {self.pair_column!r} (columns: "
