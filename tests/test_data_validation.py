@@ -74,6 +74,8 @@ def test_regression_labels_and_undefined_correlations(tmp_path):
     task = Classification(data=split_folder(tmp_path, ["a,0.5", "b,1.5"], ["c,0.25", "d,0.75"]))
     task.check()
     assert task.is_regression() and task.metric == "spearman"
+    with pytest.raises(HeadwiseError, match="dev.csv: a correlation needs at least two pairs, got 1"):
+        Classification(data=split_folder(tmp_path, ["a,0.5", "b,1.5"], ["c,0.25", "d,0.75"]), limit=1).check()
     with pytest.raises(HeadwiseError, match="at least two pairs, got 1"):
         correlations([0.3], [0.5], "data")
     with pytest.raises(HeadwiseError, match="every gold score is 2"):

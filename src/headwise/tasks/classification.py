@@ -34,7 +34,7 @@ from ..errors import HeadwiseError
 from ..io.files import read_text
 from ..batching import check_context
 from .base import Task, TaskOutputs
-from .metrics import correlations, finite_metrics
+from .metrics import check_gold, correlations, finite_metrics
 from ..progress import progress_bar
 from .paths import check_sizes
 
@@ -262,7 +262,7 @@ class Classification(Task):
             raise HeadwiseError(f"could not load GLUE {name} ({str(err).splitlines()[0]}); it needs internet and "
                                 "the datasets package, or pass --data FILE") from err
         rows = [dict(row) for row in data]
-        return Table(f"{self.data} ({split}) row", rows, list(range(1, len(rows) + 1)))
+        return Table(f"{self.data} {split}", rows, list(range(1, len(rows) + 1)))  # where: glue:sst2 train:ROW
 
     def _check_columns(self, table: Table) -> None:
         columns = list(table.rows[0])
@@ -280,11 +280,13 @@ class Classification(Task):
             check_texts(table, self.pair_column)
 
     def check(self) -> None:
-        """Read and check the train (when there is one) and eval splits: columns, texts, labels, classes."""
-        self.table("eval")
+        """Read and check the train (when there is one) and eval splits: columns, texts, labels, classes (or, for
+        regression, gold values a correlation is defined on)."""
+        eval_table = self.table("eval")
         if self.is_regression():
             if self.metric == "accuracy":
                 self.metric = "spearman"
+            check_gold([float(n) for n in self._labels["eval"]], f"classification {eval_table.source}")
         else:
             self.label_names()
 
