@@ -118,3 +118,23 @@ def test_stsb_empty_sentences_and_too_few_or_equal_scores(tmp_path):
         Stsb(data=str(path), limit=1).check()
     with pytest.raises(HeadwiseError, match="every gold score is 4"):
         Stsb(data=str(stsb_file(tmp_path / "sts-dev.tsv", ["4", "4.0"]))).check()
+
+
+def test_a_classifier_with_nan_outputs_gives_no_accuracy(tmp_path):
+    import torch
+    import transformers as tf
+    from headwise.tasks import train_tokenizer
+    from tiny import VOCAB
+
+    data = split_folder(tmp_path, [f"a b {i},{i % 2}" for i in range(6)], ["a b,0", "b a,1"])
+    tokenizer = train_tokenizer(["a b c d"] * 10, vocab_size=40, min_frequency=1)
+    torch.manual_seed(0)
+    model = tf.BertForSequenceClassification(tf.BertConfig(
+        hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=20, vocab_size=VOCAB,
+        num_labels=2)).eval()
+    task = Classification(data=data, max_length=16)
+    assert 0 <= task.evaluate(model, tokenizer, progress=False)["accuracy"] <= 100
+    with torch.no_grad():
+        model.classifier.bias[0] = float("nan")
+    with pytest.raises(HeadwiseError, match="outputs hold NaN or infinity"):
+        task.evaluate(model, tokenizer, progress=False)

@@ -213,8 +213,10 @@ class Classification(Task):
         """The rows of ``split`` (``calibration`` reads ``train``), their columns and labels checked."""
         table = self._table_if_any(split)
         if table is None:
-            raise HeadwiseError(f"classification data {self.data} ({split}) holds no rows; add rows or pass a "
-                                "bigger file")
+            name = "train" if split == "calibration" else split
+            raise HeadwiseError(f"classification data {self.data} has no {name} rows (a folder needs a {name} file, "
+                                f"{'/'.join(SPLIT_NAMES.get(name, (name,)))} with {', '.join(SUFFIXES)}; a single "
+                                "file trains on its first 90% of rows); add them")
         return table
 
     def rows(self, split: str = "eval") -> list[dict[str, Any]]:
@@ -364,6 +366,9 @@ class Classification(Task):
         for batch in progress_bar(list(batches(data, tokenizer, self.batch_size, device)), desc="classify",
                                   disable=None if progress is None else not progress):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            if not torch.isfinite(logits).all():  # an argmax of NaN would still give a (meaningless) accuracy
+                raise HeadwiseError(f"classification {self.data}: the model's outputs hold NaN or infinity; check it "
+                                    "for non-finite weights or gates")
             preds.append(logits[:, 0] if self.is_regression() else logits.argmax(-1))
             gold.append(batch["label"])
         pred, true = torch.cat(preds).cpu().numpy(), torch.cat(gold).cpu().numpy()
