@@ -53,7 +53,7 @@ GLUE = {"cola": ("sentence", None, "matthews"), "sst2": ("sentence", None, "accu
 class Table:
     """Rows of a data file and where each came from: ``lines[i]`` is the line number of ``rows[i]``."""
 
-    source: str  # the file (or ``glue:<task> (<split>)``)
+    source: str  # the file, or ``glue:<task> <split>``
     rows: list[dict[str, Any]]
     lines: list[int]
 
@@ -101,14 +101,6 @@ def read_table(path: Path) -> Table:
     return Table(str(path), rows, lines)
 
 
-def _cell(value: Any) -> str | None:
-    """A label cell as text, None when empty or missing."""
-    if value is None or isinstance(value, (dict, list)):
-        return None if value is None else json.dumps(value)
-    text = str(value).strip()
-    return text or None
-
-
 def _number(name: str) -> float | None:
     try:
         return float(name)
@@ -117,21 +109,21 @@ def _number(name: str) -> float | None:
 
 
 def check_labels(table: Table, column: str) -> list[str]:
-    """The class name of every row's label (``_cell``; whole numbers as integers: ``2.0`` is ``2``); refuses,
-    naming the file and line, a missing or empty label, a JSON list or object, and ``nan``/``inf``."""
+    """The class name of every row's label (its text, stripped; whole numbers as integers: ``2.0`` is ``2``);
+    refuses, naming the file and line, a missing or empty label, a JSON list or object, and ``nan``/``inf``."""
     names = []
     for i, row in enumerate(table.rows):
-        if column not in row or row[column] is None:
+        value = row.get(column)
+        if value is None:
             raise HeadwiseError(f"{table.where(i)}: no {column!r} label in this row; give every row a label (or "
-                                "remove the row)")
-        value = row[column]
-        name = _cell(value)
-        if name is None:
-            raise HeadwiseError(f"{table.where(i)}: the {column!r} label is empty; give every row a label (or "
                                 "remove the row)")
         if isinstance(value, (dict, list)):
             raise HeadwiseError(f"{table.where(i)}: the {column!r} label is a JSON {type(value).__name__}; a label "
                                 "is a class name or a number")
+        name = str(value).strip()
+        if not name:
+            raise HeadwiseError(f"{table.where(i)}: the {column!r} label is empty; give every row a label (or "
+                                "remove the row)")
         number = _number(name)
         if number is not None and not math.isfinite(number):
             raise HeadwiseError(f"{table.where(i)}: the {column!r} label is {name!r}, not a finite number; fix or "
