@@ -76,10 +76,10 @@ class Point:
         known = {f.name for f in fields(cls)} | {"describe"}
         unknown = sorted(map(str, set(d) - known))
         missing = [k for k in ("name", "kind", "methods", "edit", "measured") if k not in d]
-        if unknown or missing:
-            raise HeadwiseError(f"{where} has {'unknown fields ' + ', '.join(unknown) if unknown else ''}"
-                                f"{'; ' if unknown and missing else ''}"
-                                f"{'no ' + ', '.join(missing) if missing else ''}")
+        problems = [f"unknown fields {', '.join(unknown)}"] * bool(unknown) + \
+            [f"no {', '.join(missing)}"] * bool(missing)
+        if problems:
+            raise HeadwiseError(f"{where} has {'; '.join(problems)}")
         kinds = ("base", "single", "combined")
         if not isinstance(name, str) or d["kind"] not in kinds or not isinstance(d["methods"], list) \
                 or not isinstance(d["measured"], dict) or not _number(d["measured"].get("score")):
@@ -247,7 +247,7 @@ class Plan:
             raise HeadwiseError("the plan needs exactly one point of kind 'base' (the unedited model); re-run "
                                 "headwise plan")
         recommended = d.get("recommended")
-        if recommended is not None and (not isinstance(recommended, str) or recommended not in {p.name for p in points}):
+        if recommended is not None and recommended not in [p.name for p in points]:  # a list: no hashing
             raise HeadwiseError(f"the plan recommends {recommended!r}, which is none of its points; re-run "
                                 "headwise plan")
         found = d.get("fingerprint")
