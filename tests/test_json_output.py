@@ -71,3 +71,21 @@ def test_eval_json_refuses_a_nan_metric_and_prints_no_nan_token(llama, capsys, m
     assert main(argv) == 2
     out, err = capsys.readouterr()
     assert "NaN" not in out and "--json output: perplexity is nan" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_nan_translation_model_gives_no_bleu(tmp_path):
+    from headwise.tasks import SyntheticGrammar, Translation, write_corpus
+    from tiny import tiny_seq2seq
+
+    grammar = SyntheticGrammar(seed=1, nouns=20, adjectives=5, verbs=5)
+    write_corpus(tmp_path, {"train": grammar.corpus("train", 20), "val": grammar.corpus("val", 4)})
+    tokenizer = train_tokenizer([*grammar.corpus("train", 20).source, *grammar.corpus("train", 20).target],
+                                vocab_size=60, min_frequency=1)
+    model = tiny_seq2seq("marian", pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         decoder_start_token_id=tokenizer.pad_token_id).eval()
+    task = Translation(data_dir=str(tmp_path), src="src", tgt="tgt", split="val", max_new_tokens=4, max_length=32)
+    assert math.isfinite(task.evaluate(model, tokenizer, progress=False)["bleu"])
+    with torch.no_grad():
+        next(p for n, p in model.named_parameters() if n.endswith("layer_norm.weight"))[0] = float("nan")
+    with pytest.raises(HeadwiseError, match="translation: the model's outputs hold NaN"):
+        task.evaluate(model, tokenizer, progress=False)

@@ -34,7 +34,7 @@ from ..errors import HeadwiseError
 from ..io.files import read_text
 from ..batching import check_context
 from .base import Task, TaskOutputs
-from .metrics import check_gold, correlations, finite_metrics
+from .metrics import check_gold, correlations, finite_metrics, finite_outputs
 from ..progress import progress_bar
 from .paths import check_sizes
 
@@ -358,9 +358,7 @@ class Classification(Task):
         for batch in progress_bar(list(batches(data, tokenizer, self.batch_size, device)), desc="classify",
                                   disable=None if progress is None else not progress):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-            if not torch.isfinite(logits).all():  # an argmax of NaN would still give a (meaningless) accuracy
-                raise HeadwiseError(f"classification {self.data}: the model's outputs hold NaN or infinity; check it "
-                                    "for non-finite weights or gates")
+            finite_outputs(logits, f"classification {self.data}")  # an argmax of NaN is no accuracy
             preds.append(logits[:, 0] if self.is_regression() else logits.argmax(-1))
             gold.append(batch["label"])
         pred, true = torch.cat(preds).cpu().numpy(), torch.cat(gold).cpu().numpy()

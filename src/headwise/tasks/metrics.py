@@ -7,6 +7,7 @@ import math
 from typing import Any, Sequence
 
 import numpy as np
+import torch
 
 from ..errors import HeadwiseError
 
@@ -46,3 +47,11 @@ def finite_metrics(metrics: dict[str, Any], what: str) -> dict[str, Any]:
             raise HeadwiseError(f"{what}: the metric {key} came out {value} (not a finite number); the model "
                                 "produced non-finite outputs: check it for NaN/inf weights or gates")
     return metrics
+
+
+def finite_outputs(values: torch.Tensor, what: str) -> None:
+    """Refuse model outputs (logits or embeddings, any shape) holding NaN or infinity: a metric computed from them
+    (an argmax, a generation) would be a number on garbage."""
+    if not torch.isfinite(values).all():
+        raise HeadwiseError(f"{what}: the model's outputs hold NaN or infinity; check it for non-finite weights or "
+                            "gates")
