@@ -85,7 +85,7 @@ def test_text_shorter_than_a_window_is_refused(tiny_folder, tmp_path, capsys):
     assert "fewer than one --max-length of 100000" in capsys.readouterr().err and not out.exists()
 
 
-def test_uptraining_resumes_from_its_checkpoints(tiny_folder, tmp_path, monkeypatch):
+def test_uptraining_resumes_from_its_checkpoints(tiny_folder, tmp_path, monkeypatch, capsys):
     """Checkpoints of the shared recovery (tied embeddings included) resume to the weights of an unbroken run.
     Only the last checkpoint stays (rotation), so a copy of each is taken as it is saved, and the run is resumed
     from the copy of step 2 as if it had been stopped there."""
@@ -104,13 +104,24 @@ def test_uptraining_resumes_from_its_checkpoints(tiny_folder, tmp_path, monkeypa
     assert _run(tiny_folder, *argv) == 0
     monkeypatch.undo()
     checkpoints = tmp_path / "resume.checkpoints"
-    assert sorted(p.name for p in checkpoints.iterdir()) == ["checkpoint-4"]  # the last one only
+    assert sorted(p.name for p in checkpoints.glob("checkpoint-*")) == ["checkpoint-4"]  # the last one only
     assert sorted(p.name for p in copies.iterdir()) == [f"checkpoint-{i}" for i in range(1, 5)]
     unbroken = headwise.from_pretrained(out / "model").state_dict()
     shutil.rmtree(checkpoints / "checkpoint-4")
     shutil.copytree(copies / "checkpoint-2", checkpoints / "checkpoint-2")
-    # the learning rate comes back from the checkpoint too: a run that ignored --resume would train with 10
-    assert _run(tiny_folder, *argv, "--resume", "--force", "--lr", "10") == 0
+    # options that shape the result must be those the run started with: each difference is named
+    capsys.readouterr()
+    assert _run(tiny_folder, *argv, "--resume", "--force", "--lr", "10") == 2
+    err = capsys.readouterr().err
+    assert "lr 0.0001 → 10.0" in err and len(err.strip().splitlines()) == 1
+    argv_kv = [a if a != "1" else "2" for a in argv]  # --kv-heads 2: refused before any state_dict is loaded
+    assert _run(tiny_folder, *argv_kv, "--resume", "--force") == 2
+    assert "kv_heads 1 → 2" in capsys.readouterr().err
+    # a harmless option (evaluation only) takes its new value and says so
+    assert main(["convert", *argv, "--resume", "--force", "--model", str(tiny_folder / "model"), "--text",
+                 str(tiny_folder / "text.txt"), "--calib-tokens", "1024", "--eval-tokens", "64",
+                 "--max-length", "64"]) == 0
+    assert "takes the new eval_tokens 128 → 64" in capsys.readouterr().err
     summary = json.loads((out / "conversion.json").read_text())
     assert summary["uptraining"]["steps"] == 4 and summary["uptraining"]["alpha"] == pytest.approx(1 / 3)
     resumed = headwise.from_pretrained(out / "model").state_dict()

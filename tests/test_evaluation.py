@@ -59,7 +59,8 @@ def test_cli_unknown_family(capsys, tmp_path):
 
 def test_cli_decoder_passed_to_eval_stsb(capsys, tmp_path):
     tiny_model("gpt2").save_pretrained(tmp_path / "gpt2")
-    (tmp_path / "sts-dev.tsv").write_text("g\tf\ty\t1\t4.5\tA cat sits.\tA cat is sitting.\n")
+    (tmp_path / "sts-dev.tsv").write_text("g\tf\ty\t1\t4.5\tA cat sits.\tA cat is sitting.\n"
+                                          "g\tf\ty\t2\t0.5\tA dog runs.\tA man sings.\n")  # two pairs: data is fine
     line = _one_line_error(capsys, ["eval", "stsb", "--model", str(tmp_path / "gpt2"), "--data", str(tmp_path)])
     assert "causal decoder" in line
 

@@ -405,7 +405,7 @@ def test_convert_keeps_the_last_complete_checkpoint_and_resumes_from_it(llama_di
     assert not checkpoints.exists()  # removed at the end
     assert main(common + ["--force", "--keep-checkpoints"]) == 0
     kept = sorted(p.name for p in checkpoints.iterdir())
-    assert kept == ["checkpoint-8"]  # save_steps 2: only the last complete one stays
+    assert kept == ["checkpoint-8", "options.json"]  # save_steps 2: only the last complete one stays
     (checkpoints / "checkpoint-9").mkdir()  # a save killed half-way: no trainer_state.json
     (checkpoints / "checkpoint-9" / "model.safetensors").write_bytes(b"\0" * 10)
     capsys.readouterr()

@@ -9,13 +9,13 @@ of the JSON lists.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..io.json_text import json_text
 from .metrics import (
     HIST_BINS, METRIC_INFO, ROW_METRICS, SENTENCE_METRICS, SIMILARITIES, histogram_edges, sparsity_info,
     sparsity_name,
@@ -184,7 +184,7 @@ class HeadStats:
     def to_json(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict()))
+        path.write_text(json_text(self.to_dict(), str(path)))
         return path
 
     @classmethod

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..errors import HeadwiseError
 from . import model_args
 from .task_options import load_for_task, load_task_model, task_args, task_from_args
+from .output import print_json, write_json
 
 
 IMPORTANCE_EXAMPLES = 32
@@ -125,10 +125,10 @@ def run(args: argparse.Namespace) -> int:
                 else f"the task loss of {sum(len(b['input_ids']) for b in inputs)} {task.name} training examples")
     stats["task"] = args.task
     with atomic_dir(args.out, overwrite=args.force) as tmp:
-        (tmp / "stats.json").write_text(json.dumps(stats))
+        write_json(tmp / "stats.json", stats)
         write_report(stats, tmp)
     if args.json:
-        print(json.dumps(stats))
+        print_json(stats)
     else:
         cost = ", ".join(f"{k} {v:.1f} s" for k, v in stats["seconds"].items())
         print(f"analysed {stats['sentences']} texts ({stats['tokens']} tokens) with {model.config.model_type}, "
@@ -159,10 +159,10 @@ def run_seq2seq(args: argparse.Namespace) -> int:
     result = stats.to_dict() | {"model": args.model, "data": f"{task.name} task, {task.calibration_split} split, "
                                 f"{sum(len(b['input_ids']) for b in batches)} pairs (teacher forcing)"}
     with atomic_dir(args.out, overwrite=args.force) as tmp:
-        (tmp / "stats.json").write_text(json.dumps(result))
+        write_json(tmp / "stats.json", result)
         seq2seq_report(result).write(tmp)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     else:
         counts = ", ".join(f"{kind} {role} {len(heads)}" for kind, roles in result["by_kind"].items()
                            for role, heads in roles.items()) or "no head passes a role threshold"

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from ..errors import HeadwiseError
 from ..tasks.recovery import MODES as RECOVERY
 from . import model_args
 from .recovery_options import train_memory_arg
+from .output import print_json
 
 PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
 
@@ -49,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
     task.check()
     args.model = args.model or (None if plan.model.startswith(PACKAGED) else plan.model)
     model, tokenizer = load_task_model(args, task)
+    note = plan.check_model(model)  # another model (e.g. its heads already pruned) is refused here
+    if note:
+        print(f"headwise: note: {note}", file=sys.stderr)
     teacher = None
     if mode == "distill":  # a reversible edit distils from the model with its ops off; others from the unedited
         import copy        # model's recorded outputs (lm) or a copy
@@ -87,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
                   ["", "value"])
     save_run(args.out, model, tokenizer, "apply.json", summary, report, overwrite=args.force, plain=native)
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         print(f"applied {point.name}: {point.edit.describe()}"
               + ("" if after is None else f", {task.metric} {before:.2f} → {after:.2f}"))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 from pathlib import Path
@@ -12,6 +11,7 @@ from ..errors import HeadwiseError
 from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
+from .output import print_json
 
 
 def register(verbs, parents) -> None:
@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     add_compression_section(report, summary)
     save_run(args.out, model, tokenizer, "compression.json", summary, report, overwrite=args.force)
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         name = "" if task is None else {"stsb": "STS-B dev"}.get(task.name, task.metric)
         metric_text = "" if not evaluate else f", {name} {metric_before} → {metric_edited}" + (

@@ -9,7 +9,8 @@ split of shared/data/multi30k).
 The model is loaded like every verb loads it (``headwise.load_model`` with the task's head), so a headwise
 checkpoint comes back with its edits. Uptraining keeps its checkpoints in ``OUT.checkpoints``: only the last
 complete one (older ones are rotated away), ``--resume`` continues from the last complete one (one a kill left
-half-written is removed first), and the folder is removed at the end unless ``--keep-checkpoints``.
+half-written is removed first) and refuses options that shape the result other than those the run started with
+(``OUT.checkpoints/options.json``), and the folder is removed at the end unless ``--keep-checkpoints``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from .task_options import model_costs, run_record
+from .output import print_json, write_json
 
 CONVERTIBLE_TASKS = ("lm", "translation")
 
@@ -152,6 +154,51 @@ def drop_incomplete_checkpoints(folder: Path) -> None:
         raise HeadwiseError(f"--resume: no checkpoint in {folder} is complete; run without --resume")
 
 
+# what shapes an uptrained conversion (a resume must match them) and what only changes the report or the speed
+SHAPING = ("model", "task", "conversion", "dtype", "text", "calib_tokens", "max_length", "uptrain_tokens", "distill",
+           "lr", "kv_heads", "grouping", "init", "kv_budget", "rank", "rope_pairs")
+HARMLESS = ("eval_tokens", "device")
+OPTIONS = "options.json"  # in OUT.checkpoints: the options uptraining started with
+
+
+def run_options(args: argparse.Namespace, names: tuple[str, ...]) -> dict:
+    return {name: getattr(args, name) for name in names if hasattr(args, name)}
+
+
+def record_options(args: argparse.Namespace) -> None:
+    """Write the options uptraining starts with into ``OUT.checkpoints`` (what ``--resume`` compares)."""
+    from ..io import atomic_write_text, json_text
+
+    folder = checkpoint_dir(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / OPTIONS, json_text(run_options(args, SHAPING + HARMLESS), str(folder / OPTIONS)))
+
+
+def check_resume_options(args: argparse.Namespace) -> None:
+    """Refuse ``--resume`` with another option that shapes the result (listing each), say which harmless ones
+    take their new value; a run started before options were recorded is resumed with a note."""
+    from ..io import read_text
+    from ..training.resume import differences, refuse_changed
+
+    path = checkpoint_dir(args.out) / OPTIONS
+    if not path.parent.is_dir():
+        raise HeadwiseError(f"--resume: no checkpoint in {path.parent}; run without --resume first")
+    if not path.is_file():
+        print(f"headwise: note: {path.parent} records no options (an older run), so --resume cannot check that "
+              "they match", file=sys.stderr)
+        return
+    try:
+        recorded = json.loads(read_text(path))
+    except ValueError:
+        recorded = None
+    if not isinstance(recorded, dict):
+        raise HeadwiseError(f"{path} is damaged (not a JSON object); start again without --resume")
+    refuse_changed({k: recorded.get(k) for k in SHAPING if k in recorded or hasattr(args, k)},
+                   run_options(args, SHAPING), f"the uptraining in {path.parent}")
+    for change in differences({k: recorded.get(k) for k in HARMLESS}, run_options(args, HARMLESS)):
+        print(f"headwise: note: --resume takes the new {change} (it changes no weight)", file=sys.stderr)
+
+
 def _verdict(summary: dict) -> str:
     before, after = summary["kv_bytes_per_token"]["before"], summary["kv_bytes_per_token"]["after"]
     text = f"KV cache {before:,} → {after:,} bytes/token in 16-bit ({after / before - 1:+.0%})"
@@ -213,6 +260,8 @@ def run(args: argparse.Namespace) -> int:
         raise HeadwiseError("--uptrain-tokens needs a decoder and --text FILE (training text)")
     if args.resume and not args.uptrain_tokens:
         raise HeadwiseError("--resume continues uptraining; give --uptrain-tokens too")
+    if args.resume:
+        check_resume_options(args)  # before any work
     text = _text_task(args.text, args.max_length) if args.text else None  # bad text fails before the model loads
     model, tokenizer = load_model(args.model, args.device, args.dtype or "float32", task=task_name)
     calib_batches = None
@@ -256,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
     if ppl is not None:
         ppl["converted"] = perplexity()
     if args.uptrain_tokens:
+        if not args.resume:
+            record_options(args)
         summary["uptraining"] = _uptrain(model, teacher, tokenizer, *uptraining, args)
         if ppl is not None:
             ppl["uptrained"] = perplexity()
@@ -272,8 +323,11 @@ def run(args: argparse.Namespace) -> int:
             export_plain(model, tmp / "model", tokenizer=tokenizer)
         else:
             save_pretrained(model, tmp / "model", tokenizer=tokenizer)
-        (tmp / "conversion.json").write_text(json.dumps(summary, indent=1))
+        write_json(tmp / "conversion.json", summary, indent=1)
     if args.uptrain_tokens and not args.keep_checkpoints:
         shutil.rmtree(checkpoint_dir(args.out), ignore_errors=True)
-    print(json.dumps(summary) if args.json else f"{summary['verdict']}\nsaved {args.out}/model ({summary['saved']})")
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"{summary['verdict']}\nsaved {args.out}/model ({summary['saved']})")
     return 0

@@ -17,6 +17,7 @@ from ..contract import METHODS, Selection, config_fields, config_to_dict
 from ..errors import HeadwiseError
 from . import model_args
 from .task_options import TASK_NAMES, load_task_model
+from .output import print_json, write_json
 
 SELECTION_FLAGS = {"kinds": str, "layers": int, "names": str}
 _REQUIRED = object()  # a config field without a default: a required option
@@ -115,7 +116,9 @@ def run(args: argparse.Namespace) -> int:
     record = config_to_dict(config)
     with atomic_dir(args.out, args.force) as tmp:
         save_pretrained(model, tmp / "model", tokenizer=tokenizer)
-        (tmp / "edit.json").write_text(json.dumps(record, indent=1))
-    print(json.dumps(record) if args.json else f"{method.name}: saved {args.out}/model (reload with "
-                                                f"headwise.from_pretrained)")
+        write_json(tmp / "edit.json", record, indent=1)
+    if args.json:
+        print_json(record)
+    else:
+        print(f"{method.name}: saved {args.out}/model (reload with headwise.from_pretrained)")
     return 0

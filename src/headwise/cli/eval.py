@@ -8,11 +8,11 @@ its perplexity), and the other tasks say plainly that their forward ignores it."
 from __future__ import annotations
 
 import argparse
-import json
 from contextlib import nullcontext
 
 from . import model_args
 from .task_options import load_for_task, metric_line, task_args, task_from_args
+from .output import print_json
 
 HELP = {"lm": "perplexity of a causal LM on a text (strided windows)",
         "translation": "sacreBLEU of an encoder-decoder (greedy or beam search)",
@@ -67,7 +67,7 @@ def run_task(args: argparse.Namespace) -> int:
     subset = next((f"--{flag.replace('_', '-')} {getattr(task, flag)}" for flag in ("limit", "max_tokens")
                    if getattr(task, flag, None) is not None), None)
     if args.json:
-        print(json.dumps(metrics | {"measured": measured} | ({"subset": subset} if subset else {}), indent=2))
+        print_json(metrics | {"measured": measured} | ({"subset": subset} if subset else {}), indent=2)
     else:
         print(f"{task.name}: {args.model or 'all-MiniLM-L6-v2 (packaged)'} ({type(model).__name__})")
         print(f"  {metric_line(task, metrics)}"
@@ -78,15 +78,16 @@ def run_task(args: argparse.Namespace) -> int:
 
 def run_stsb(args: argparse.Namespace) -> int:
     from ..models import load_model, load_tokenizer
-    from ..tasks import ensure_encoder, evaluate_stsb, read_stsb
+    from ..tasks import Stsb, ensure_encoder, evaluate_stsb
 
-    read_stsb(args.split, args.data)  # a missing or malformed file fails before the model loads
+    # a missing or malformed file, or too few pairs for a correlation, fails before the model loads
+    Stsb(data=args.data, split=args.split, limit=args.limit).check()
     model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
     ensure_encoder(model, "eval stsb")  # a decoder is refused first: the clearer reason
     tokenizer = load_tokenizer(args.model, model)
     result = evaluate_stsb(model, tokenizer, args.split, args.data, args.batch_size, args.limit)
     if args.json:
-        print(json.dumps(result.as_dict(), indent=2))
+        print_json(result.as_dict(), indent=2)
     else:
         subset = (f"first {result.pairs} of {result.total_pairs} pairs (--limit {args.limit}): a subset, not "
                   "comparable with full-split scores") if result.total_pairs else f"{result.pairs} pairs"

@@ -7,12 +7,12 @@ writes policy.json, scores.json, summary.json (verdict first) and report.html.""
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args, number
 from .task_options import TASK_NAMES, load_for_task, model_costs, run_record, task_args, task_from_args
+from .output import print_json, write_json
 
 
 def register(verbs, parents) -> None:
@@ -239,13 +239,13 @@ def run(args: argparse.Namespace) -> int:
             apply_kv_policy(model, policy)
             save_pretrained(model, tmp / "model", tokenizer=tokenizer)
         policy.save(tmp / "policy.json")
-        (tmp / "scores.json").write_text(json.dumps(scores.to_dict()))
-        (tmp / "summary.json").write_text(json.dumps(summary, indent=1))
+        write_json(tmp / "scores.json", scores.to_dict())
+        write_json(tmp / "summary.json", summary, indent=1)
         report = Report("KV cache policy", f"{args.model}, budget {args.kv_budget} at {args.context} tokens")
         add_kv_policy_section(report, summary, scores.to_dict())
         report.write(tmp)
     if args.json:
-        print(json.dumps(summary))
+        print_json(summary)
     else:
         for line in verdict.values():
             print(line)

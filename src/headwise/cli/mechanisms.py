@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import json
+from .output import print_json
 
 
 def register(verbs, parents) -> None:
@@ -18,7 +18,7 @@ def run_list(args: argparse.Namespace) -> int:
 
     records = list_mechanisms()
     if args.json:
-        print(json.dumps(records, indent=2))
+        print_json(records, indent=2)
         return 0
     for m in records:
         print(f"{m['name']:<13} {m['complexity']:<28} causal: {'yes' if m['causal'] else 'no ':<4} {m['summary']}")

@@ -4,12 +4,12 @@ a saved model, mixing.json and a report."""
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..errors import HeadwiseError
 from . import model_args
 from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
                            task_metric)
+from .output import print_json
 
 
 def register(verbs, parents) -> None:
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         [[s] for s in args.swap] or [["none"]], ["swap"])
     save_run(args.out, model, tokenizer, "mixing.json", result, report, overwrite=args.force)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     else:
         tuned = "" if not args.mix_epochs else f", {args.mix_epochs:g} epoch(s) " + (
             "fine-tuned" if args.no_mixers else "with mixers (folded)")

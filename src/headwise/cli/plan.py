@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..errors import HeadwiseError
 from ..planning.edits import METHODS
 from ..tasks.recovery import MODES as RECOVERY
 from . import model_args
 from .task_options import load_task_model, task_args, task_from_args
+from .output import print_json, write_json
 
 
 
@@ -73,10 +73,10 @@ def run(args: argparse.Namespace) -> int:
     report = Report("headwise plan", f"{data['model']} on {task.name}, budget {budget}")
     add_plan_sections(report, data)
     with atomic_dir(args.out, args.force) as tmp:
-        (tmp / "plan.json").write_text(json.dumps(data, indent=1))
+        write_json(tmp / "plan.json", data, indent=1)
         report.write(tmp)
     if args.json:
-        print(json.dumps({k: data[k] for k in ("recommended", "command", "front", "budget")}))
+        print_json({k: data[k] for k in ("recommended", "command", "front", "budget")})
     else:
         print(verdict(data, "plan.json").replace("**", "").replace("`", ""))
         print(f"saved {args.out}/plan.json and {args.out}/report.html")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..errors import HeadwiseError
 from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
+from .output import print_json
 
 METHODS = ("l0", "importance", "mask")
 UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
     add_pruning_section(report, result)
     save_run(args.out, model, tokenizer, "pruning.json", result, report, overwrite=args.force, plain=args.plain)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     else:
         what = "masked (partial key/value groups stay in the weights)" if masked_only else "heads"
         print(f"{result['method']}: {result['heads_before']} → {result['heads_after']} {what}, "

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..errors import HeadwiseError
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from . import model_args
+from .output import print_json, write_json
 
 
 def parse_bits(text: str) -> tuple[int, ...]:
@@ -87,12 +87,12 @@ def cmd_quantize(args: argparse.Namespace) -> int:
         sign = 1 if task.higher_is_better else -1  # the sweep maximises ±metric
         result.update(run_record(task, sign * result["baseline"], sign * row["metric"], None, costs, model))
     with atomic_dir(args.out, overwrite=args.force) as tmp:
-        (tmp / "results.json").write_text(json.dumps(result, indent=1))
+        write_json(tmp / "results.json", result, indent=1)
         write_quantization_report(result, tmp)
         if row is not None:
             save_pretrained(model, tmp / "model", tokenizer=tokenizer)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
         return 0
     print(f"{result['metric_name']}: baseline {result['baseline']:.2f}, {len(result['rows'])} settings; "
           f"within {100 * args.tolerance:g}% means >= "

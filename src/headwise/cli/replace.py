@@ -11,6 +11,7 @@ from . import model_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
                            task_metric)
+from .output import print_json
 
 
 def register(verbs, parents) -> None:
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         ["", ""])
     save_run(args.out, model, tokenizer, "replace.json", result, report, overwrite=args.force)
     if args.json:
-        print(json.dumps(result))
+        print_json(result)
     else:
         print(f"{args.mechanism} at {len(ops)} sites" +
               ("" if not evaluate else f", {metric_label(task)} {before} → {edited}"))

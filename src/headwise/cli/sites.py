@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from . import model_args
+from .output import print_json
 
 
 def register(verbs, parents) -> None:
@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False, task=native_task(args.model))
     sites = find_sites(model)
     if args.json:
-        print(json.dumps([s.describe() for s in sites], indent=2))
+        print_json([s.describe() for s in sites], indent=2)
         return 0
     print(f"{type(model).__name__} ({model.config.model_type}): {len(sites)} attention sites, "
           f"{sum(s.num_heads for s in sites)} heads")

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ..errors import HeadwiseError
+from .output import print_json
 
 # flag → (recipe field, type, help)
 RECIPE_FLAGS = {
@@ -43,7 +43,7 @@ def cmd_train_translation(args: argparse.Namespace) -> int:
     result = train_translation_model(args.out, task, recipe, val_split=args.val_split, resume=args.resume,
                                      force=args.force, device=args.device, progress=not args.json)
     if args.json:
-        print(json.dumps(result, indent=2))
+        print_json(result, indent=2)
     else:
         print(f"{args.out}: {result['steps']} steps ({result['epochs']:.2f} epochs, {result['minutes']:.1f} min); "
               f"best greedy val BLEU {result['best_val_bleu']:.2f} at step {result['best_step']} "

@@ -247,10 +247,10 @@ class KVPolicy:
         return cls(tuple(tuple(HeadCache.from_json(v) for v in layer) for layer in data["heads"]))
 
     def save(self, path: str | os.PathLike) -> Path:
-        from ..io import atomic_write_text
+        from ..io import atomic_write_text, json_text
 
         path = Path(path)
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+        atomic_write_text(path, json_text(self.to_dict(), str(path), indent=1))
         return path
 
     @classmethod

@@ -9,7 +9,6 @@ off-diagonal entry and the entry-wise L1,1 norm. A plain model can be measured b
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,6 +18,7 @@ from torch import nn
 
 from ..batching import resolve_max_length, text_batches
 from ..errors import HeadwiseError
+from ..io import json_text
 from ..runtime import eval_mode
 from .alpha import mixers_of
 
@@ -86,5 +86,5 @@ def save_json(doc: dict[str, Any], path: str | Path) -> Path:
     """Write a JSON document (alphas, distances) to ``path``, creating its folder."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1))
+    path.write_text(json_text(doc, str(path), indent=1))
     return path

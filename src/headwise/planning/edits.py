@@ -9,6 +9,7 @@ The order is fixed: remove heads → merge key/value heads (``convert_gqa``) →
 from __future__ import annotations
 
 import copy
+import math
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator, Sequence
@@ -75,10 +76,32 @@ class Edit:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Edit":
+        """The edit a plan.json records; refuses fields of the wrong type (a head list ``"abc"``, a width
+        ``"x"``) with one line naming the field."""
+        if not isinstance(data, dict):
+            raise HeadwiseError(f"edit is a {type(data).__name__}, not a mapping of {', '.join(METHODS)}")
         unknown = set(data) - set(METHODS)
         if unknown:
-            raise HeadwiseError(f"edit has unknown fields {sorted(unknown)}; known: {', '.join(METHODS)}")
-        return cls(**{k: v for k, v in data.items()})
+            raise HeadwiseError(f"edit has unknown fields {sorted(map(str, unknown))}; known: {', '.join(METHODS)}")
+        prune = data.get("prune") or {}
+        if not isinstance(prune, dict) or not all(
+                isinstance(heads, list) and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                                for h in heads) for heads in prune.values()):
+            raise HeadwiseError(f"edit prune {prune!r} must map site names to lists of head indices (integers ≥ 0)")
+        kv_heads, dk = data.get("kv_heads"), data.get("dk")
+        if kv_heads is not None and (not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1):
+            raise HeadwiseError(f"edit kv_heads {kv_heads!r} must be a positive integer or null")
+        if dk is not None and (not isinstance(dk, (int, float)) or isinstance(dk, bool) or not 0 < dk < math.inf):
+            raise HeadwiseError(f"edit dk {dk!r} must be a positive width, a share 0 < dk < 1, or null")
+        mechanism = data.get("mechanism")
+        if mechanism is not None and not (isinstance(mechanism, dict) and isinstance(mechanism.get("name"), str)
+                                          and isinstance(mechanism.get("args"), dict)
+                                          and isinstance(mechanism.get("sites"), list)):
+            raise HeadwiseError(f"edit mechanism {mechanism!r} must be {{\"name\": str, \"args\": {{...}}, "
+                                "\"sites\": [...]}} or null")
+        if data.get("quantization") is not None and not isinstance(data["quantization"], dict):
+            raise HeadwiseError(f"edit quantization {data['quantization']!r} must be a mapping of its options or null")
+        return cls(**{k: v for k, v in data.items() if v is not None or k != "prune"})
 
     def needs_calibration(self) -> bool:
         return bool(self.kv_heads or self.dk)

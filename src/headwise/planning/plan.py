@@ -13,11 +13,12 @@ best-scoring measured point that meets the whole budget.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import shlex
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, json_text, read_text
 from ..progress import progress_bar
 from ..sites import find_sites
 from ..tasks import Task, get_task, recover
@@ -67,8 +68,28 @@ class Point:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Point":
-        d = {k: v for k, v in d.items() if k != "describe"}
-        return cls(**{**d, "edit": Edit.from_dict(d["edit"])})
+        """A point of a plan.json; refuses a wrong shape with one line naming the point and the field."""
+        name = d.get("name") if isinstance(d, dict) else None
+        where = f"point {name!r}" if isinstance(name, str) else "a point"
+        if not isinstance(d, dict):
+            raise HeadwiseError(f"{where} is a {type(d).__name__}, not a mapping")
+        known = {f.name for f in fields(cls)} | {"describe"}
+        unknown = sorted(map(str, set(d) - known))
+        missing = [k for k in ("name", "kind", "methods", "edit", "measured") if k not in d]
+        problems = [f"unknown fields {', '.join(unknown)}"] * bool(unknown) + \
+            [f"no {', '.join(missing)}"] * bool(missing)
+        if problems:
+            raise HeadwiseError(f"{where} has {'; '.join(problems)}")
+        kinds = ("base", "single", "combined")
+        if not isinstance(name, str) or d["kind"] not in kinds or not isinstance(d["methods"], list) \
+                or not isinstance(d["measured"], dict) or not _number(d["measured"].get("score")):
+            raise HeadwiseError(f"{where}: needs a name, a kind ({', '.join(kinds)}), a methods list and a "
+                                "measured mapping with a numeric score")
+        try:
+            edit = Edit.from_dict(d["edit"])
+        except HeadwiseError as err:
+            raise HeadwiseError(f"{where}: {err}") from None
+        return cls(**{**{k: v for k, v in d.items() if k != "describe"}, "edit": edit})
 
 
 @dataclass
@@ -85,6 +106,7 @@ class Plan:
     recommended: str | None
     skipped: dict[str, str] = field(default_factory=dict)  # method -> why it was not tried
     schema: str = SCHEMA
+    fingerprint: dict[str, Any] | None = None  # the model it was made on (``fingerprint``); None: an older plan
 
     # ---- views ---------------------------------------------------------------------------------------------
     @property
@@ -138,6 +160,7 @@ class Plan:
         """Perform the recommended edit (or ``point``) on ``model`` in place, exactly as it was measured
         (calibrated parts need ``tokenizer`` to rebuild the same calibration batches). No recovery here: see
         ``headwise.recover``."""
+        self.check_model(model)
         edit = self.point(point).edit
         calibration = None
         if edit.needs_calibration():
@@ -145,6 +168,21 @@ class Plan:
                 raise HeadwiseError(f"point {self.point(point).name} uses calibrated edits; pass the tokenizer")
             calibration = self.calibration(tokenizer, task, next(model.parameters()).device)
         return apply_edit(model, edit, calibration, self.settings.get("allow_empty_layers", False), progress)
+
+    def check_model(self, model: nn.Module) -> str | None:
+        """Refuse a model other than the one the plan was made on (site shapes and current heads differ, e.g. its
+        heads already pruned), listing what differs; returns a note when the plan predates fingerprints and
+        cannot be checked, else None."""
+        if self.fingerprint is None:
+            return ("this plan was written before plans recorded their model, so headwise cannot check that the "
+                    "model is the one it was planned on")
+        now = fingerprint(model)
+        if now["hash"] == self.fingerprint.get("hash"):
+            return None
+        diff = fingerprint_differences(self.fingerprint.get("sites", {}), now["sites"])
+        shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
+        raise HeadwiseError(f"the plan was made on another model than this one ({shown or 'other sites'}); apply "
+                            f"it to the model it was planned on ({self.model}), or plan again on this one")
 
     def retime(self, model: nn.Module, tokenizer: Any, repeats: int = 15, task: Task | None = None,
                progress: bool | None = None) -> None:
@@ -178,20 +216,48 @@ class Plan:
         return {"schema": self.schema, "model": self.model, "task": self.task, "budget": self.budget,
                 "settings": self.settings, "recommended": self.recommended, "command": self.command(),
                 "front": [p.name for p in self.frontier], "skipped": self.skipped, "proxies": self.proxies,
-                "layers": self.layers, "points": [p.to_dict() for p in self.points]}
+                "layers": self.layers, "fingerprint": self.fingerprint, "points": [p.to_dict() for p in self.points]}
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
-        atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+        atomic_write_text(path, json_text(self.to_dict(), str(path), indent=1))
         return path
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        """A plan from its plan.json document; a wrong shape is refused with one line naming the field."""
+        if not isinstance(d, dict):
+            raise HeadwiseError(f"the plan is a JSON {type(d).__name__}, not an object; pass the plan.json written by "
+                                "headwise plan")
         if d.get("schema") != SCHEMA:
             raise HeadwiseError(f"plan schema {d.get('schema')!r} is not {SCHEMA!r}; re-run headwise plan")
-        return cls(model=d["model"], task=d["task"], budget=d["budget"], settings=d["settings"],
-                   points=[Point.from_dict(p) for p in d["points"]], proxies=d["proxies"], layers=d["layers"],
-                   recommended=d["recommended"], skipped=d.get("skipped", {}))
+        for key, kind in (("model", str), ("task", dict), ("budget", dict), ("settings", dict), ("points", list),
+                          ("proxies", dict), ("layers", dict)):
+            if not isinstance(d.get(key), kind):
+                raise HeadwiseError(f"the plan's {key!r} is {'missing' if key not in d else type(d[key]).__name__}, "
+                                    f"not a {'list' if kind is list else 'mapping' if kind is dict else 'string'};"
+                                    " re-run headwise plan")
+        task = d["task"]
+        if not (isinstance(task.get("name"), str) and isinstance(task.get("options"), dict)
+                and isinstance(task.get("metric"), str) and isinstance(task.get("higher_is_better"), bool)):
+            raise HeadwiseError("the plan's task needs a name, options, a metric and higher_is_better; re-run "
+                                "headwise plan")
+        points = [Point.from_dict(p) for p in d["points"]]
+        if [p.kind for p in points].count("base") != 1:
+            raise HeadwiseError("the plan needs exactly one point of kind 'base' (the unedited model); re-run "
+                                "headwise plan")
+        recommended = d.get("recommended")
+        if recommended is not None and recommended not in [p.name for p in points]:  # a list: no hashing
+            raise HeadwiseError(f"the plan recommends {recommended!r}, which is none of its points; re-run "
+                                "headwise plan")
+        found = d.get("fingerprint")
+        if found is not None and not (isinstance(found, dict) and isinstance(found.get("hash"), str)
+                                      and isinstance(found.get("sites"), dict)):
+            raise HeadwiseError("the plan's fingerprint must be {\"hash\": str, \"sites\": {...}}; re-run headwise "
+                                "plan")
+        return cls(model=d["model"], task=task, budget=d["budget"], settings=d["settings"], points=points,
+                   proxies=d["proxies"], layers=d["layers"], recommended=recommended, skipped=d.get("skipped") or {},
+                   fingerprint=found)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
@@ -199,15 +265,37 @@ class Plan:
         if not path.is_file():
             raise HeadwiseError(f"{path} is not a file; pass the plan.json written by headwise plan")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_text(path))
         except json.JSONDecodeError as err:
             raise HeadwiseError(f"{path} is not JSON ({err.msg} at line {err.lineno}); pass a plan.json") from None
-        return cls.from_dict(data)
+        except RecursionError:
+            raise HeadwiseError(f"{path} is nested too deeply to be a plan.json; pass a plan.json") from None
+        try:
+            return cls.from_dict(data)
+        except HeadwiseError as err:
+            raise HeadwiseError(f"{path}: {err}") from None
+
+
+def fingerprint(model: nn.Module) -> dict[str, Any]:
+    """What a plan is bound to: per attention site its layers, current query and key/value heads, head width and
+    hidden size (``sites``), and ``hash``, the first 16 hex digits of their SHA-256."""
+    sites = {s.name: {"layers": list(s.layers), "heads": s.num_heads, "kv_heads": s.num_kv_heads,
+                      "head_dim": s.head_dim, "hidden_size": s.hidden_size} for s in find_sites(model)}
+    digest = hashlib.sha256(json.dumps(sites, sort_keys=True).encode()).hexdigest()[:16]
+    return {"hash": digest, "sites": sites}
+
+
+def fingerprint_differences(planned: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """Readable differences between two fingerprints' ``sites`` (``enc-self.0 heads: planned 12, model 11``)."""
+    out = [f"{name} {key}: planned {spec.get(key)}, model {now[name].get(key)}"
+           for name, spec in planned.items() if name in now and isinstance(spec, dict)
+           for key in sorted(set(spec) | set(now[name])) if spec.get(key) != now[name].get(key)]
+    out += [f"site {name} planned, not in the model" for name in planned if name not in now]
+    out += [f"site {name} in the model, not planned" for name in now if name not in planned]
+    return out
 
 
 def task_spec(task: Task) -> dict[str, Any]:
-    from dataclasses import fields
-
     options = {f.name: getattr(task, f.name) for f in fields(task) if getattr(task, f.name) is not None}
     return {"name": task.name, "options": options, "metric": task.metric, "higher_is_better": task.higher_is_better}
 
@@ -346,7 +434,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     return Plan(model=model_name or getattr(model, "name_or_path", "") or type(model).__name__, task=task_spec(task),
                 budget=budget.to_dict(), settings=settings, points=points,
                 proxies={"head_scores": scores, "removal_order": order, "mechanism_errors": mech_errors},
-                layers=layers, recommended=recommended, skipped=skipped)
+                layers=layers, recommended=recommended, skipped=skipped, fingerprint=fingerprint(model))
 
 
 def _finish(points: list[Point], budget: Budget, base: Point, sign: float) -> str | None:
@@ -385,6 +473,10 @@ def _subsample(task: Task) -> str:
     if tokens:
         return f"first {tokens} tokens of the {task.split} split"
     return f"the whole {task.split} split"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _plain(metrics: dict[str, Any]) -> dict[str, Any]:

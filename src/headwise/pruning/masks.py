@@ -30,6 +30,8 @@ MaskSpec = Mapping[Any, Sequence]
 
 
 def _as_row(site: AttentionSite, values: Sequence, where: str) -> list[float]:
+    if not isinstance(values, (list, tuple, torch.Tensor)):
+        raise HeadwiseError(f"mask for {where} must be a list of 0/1 per head, got {values!r}")
     row = list(values)
     if len(row) != site.num_heads:
         raise HeadwiseError(f"mask for {where} has {len(row)} entries; {site.name} has {site.num_heads} heads")
@@ -55,6 +57,9 @@ def resolve_masks(model: nn.Module, spec: MaskSpec) -> dict[str, list[float]]:
             out[site.path] = _as_row(site, values, str(key))
         elif key in kinds:
             layers = sorted(kinds[key], key=lambda ls: ls[0])
+            if not isinstance(values, (list, tuple)):
+                raise HeadwiseError(f"mask for kind {key!r} must be a list of rows (one list of 0/1 per layer), "
+                                    f"got {values!r}")
             rows = list(values)
             if len(rows) != len(layers):
                 raise HeadwiseError(f"mask for kind {key!r} has {len(rows)} rows; the model has {len(layers)} "
@@ -102,17 +107,26 @@ def load_masks(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise HeadwiseError(f"mask file not found: {path}")
     text = read_text(path)
-    try:
-        if path.suffix in (".yaml", ".yml"):
+    if path.suffix in (".yaml", ".yml"):
+        try:
             import yaml
-
+        except ImportError as err:
+            raise HeadwiseError("reading YAML masks needs PyYAML: pip install pyyaml (or use a .json file)") from err
+        try:
             data = yaml.safe_load(text)
-        else:
+        except yaml.YAMLError as err:  # its own message spans lines: keep the problem and where
+            mark = getattr(err, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            problem = " ".join(str(getattr(err, "problem", None) or err).split())
+            raise HeadwiseError(f"{where}: not valid YAML ({problem}); fix the mask file") from None
+    else:
+        try:
             data = json.loads(text)
-    except ImportError as err:
-        raise HeadwiseError("reading YAML masks needs PyYAML: pip install pyyaml (or use a .json file)") from err
-    except Exception as err:  # the parsers' own messages name the line
-        raise HeadwiseError(f"cannot parse mask file {path}: {err}") from err
+        except json.JSONDecodeError as err:
+            raise HeadwiseError(f"{path}:{err.lineno}:{err.colno}: not JSON ({err.msg}); fix the mask file") from None
+        except RecursionError:
+            raise HeadwiseError(f"{path}: JSON nested too deeply; a mask file maps sites or kinds to 0/1 "
+                                "lists") from None
     if not isinstance(data, dict):
         raise HeadwiseError(f"mask file {path} must hold a mapping of site or kind to 0/1 lists")
     if not data:

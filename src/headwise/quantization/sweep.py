@@ -7,7 +7,6 @@ values that are exactly 0) and the number of distinct values used.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable
@@ -75,8 +74,8 @@ class SweepConfig:
 @dataclass
 class SweepResult:
     """Baseline and one row per setting: ``label, method, bits (None: not used), threshold, metric, drop
-    (relative to the baseline), within, sparsity, distinct, distinct_union, seconds, per_head`` (``per_head``:
-    share of zeros per head, one list per site in ``sites`` order)."""
+    (relative to the baseline; None when the baseline is 0), within, sparsity, distinct, distinct_union, seconds,
+    per_head`` (``per_head``: share of zeros per head, one list per site in ``sites`` order)."""
 
     baseline: float
     tolerance: float
@@ -150,7 +149,7 @@ def sweep(model: nn.Module, config: SweepConfig | None = None, *, metric: Metric
                 rows.append({
                     "label": setting.label, "method": setting.method,
                     "bits": None if setting.method in BITLESS else setting.bits, "threshold": setting.threshold,
-                    "metric": value, "drop": (baseline - value) / abs(baseline) if baseline else math.nan,
+                    "metric": value, "drop": (baseline - value) / abs(baseline) if baseline else None,
                     "within": value >= floor, "sparsity": measured.sparsity, "distinct": measured.distinct,
                     "distinct_union": measured.distinct_union, "seconds": time.perf_counter() - start,
                     "per_head": [heads.get(path) for path in sites],

@@ -105,7 +105,7 @@ def quantization_report(results: dict[str, Any]) -> Report:
 
     every = report.add_section("Every setting")
     every.table([[r["label"], r["bits"] if r["bits"] is not None else "—", r["threshold"], _num(r["metric"]),
-                  _num(100 * r["drop"]), "yes" if r["within"] else "no", _pct(r["sparsity"]), r["distinct"],
+                  _num(None if r["drop"] is None else 100 * r["drop"]), "yes" if r["within"] else "no", _pct(r["sparsity"]), r["distinct"],
                   r["distinct_union"] if r["distinct_union"] is not None else "> 131072", _num(r["seconds"], 1)]
                  for r in rows],
                 header=["setting", "bits", "threshold", metric, "drop %", "within", "share = 0",

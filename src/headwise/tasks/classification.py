@@ -1,9 +1,14 @@
 """Sentence(-pair) classification and regression: CSV / TSV / JSONL files with text, optional pair and label
 columns, or a GLUE task name (``glue:sst2``, needs internet and the ``datasets`` package).
 
-Metrics (×100, as GLUE defines them): accuracy; F1 of class 1 for two classes, macro F1 otherwise; Matthews
-correlation; for float labels (regression, one output) Pearson and Spearman. The main metric follows GLUE:
-Matthews for CoLA, Spearman for regression, accuracy otherwise.
+Labels: the classes are the training split's distinct labels (the eval split's when there is no training split),
+numbers in numeric order (labels 1/2 are two classes, -1/1 too; ``2.0`` is ``2``), other names sorted. Before any
+work, a row without a label, an empty, null, nan or inf label, a single class and an eval label the training split
+lacks are refused, naming the file and line.
+
+Metrics (×100, as GLUE defines them): accuracy; F1 of the second class for two classes, macro F1 otherwise; Matthews
+correlation; for float labels (regression, one output) Pearson and Spearman (refused where undefined). The main
+metric follows GLUE: Matthews for CoLA, Spearman for regression, accuracy otherwise.
 
 Splits: ``data`` is a file or a folder. A folder holds ``train`` / ``dev`` (or ``validation``) / ``test`` files
 (``.csv``, ``.tsv`` or ``.jsonl``); a single file serves both: its first 90% of rows train, the last 10% evaluate.
@@ -12,7 +17,9 @@ Splits: ``data`` is a file or a folder. A folder holds ``train`` / ``dev`` (or `
 from __future__ import annotations
 
 import csv
+import io
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +34,7 @@ from ..errors import HeadwiseError
 from ..io.files import read_text
 from ..batching import check_context
 from .base import Task, TaskOutputs
+from .metrics import check_gold, correlations, finite_metrics, finite_outputs
 from ..progress import progress_bar
 from .paths import check_sizes
 
@@ -41,21 +49,95 @@ GLUE = {"cola": ("sentence", None, "matthews"), "sst2": ("sentence", None, "accu
         "wnli": ("sentence1", "sentence2", "accuracy")}
 
 
-def read_table(path: Path) -> list[dict[str, Any]]:
-    """Rows of a CSV, TSV (header line) or JSONL file."""
+@dataclass(frozen=True)
+class Table:
+    """Rows of a data file and where each came from: ``lines[i]`` is the line number of ``rows[i]``."""
+
+    source: str  # the file, or ``glue:<task> <split>``
+    rows: list[dict[str, Any]]
+    lines: list[int]
+
+    def where(self, i: int) -> str:
+        return f"{self.source}:{self.lines[i]}"
+
+    def head(self, n: int | None) -> "Table":
+        return self if n is None else Table(self.source, self.rows[:n], self.lines[:n])
+
+    def tail(self, start: int) -> "Table":
+        return Table(self.source, self.rows[start:], self.lines[start:])
+
+
+def read_table(path: Path) -> Table:
+    """Rows of a CSV, TSV (header line) or JSONL file (one JSON object a line), with their line numbers."""
     if path.suffix not in SUFFIXES:
         raise HeadwiseError(f"{path}: unknown table format; use .csv, .tsv or .jsonl")
     text = read_text(path)
+    rows, lines = [], []
     if path.suffix == ".jsonl":
-        rows = []
         for number, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise HeadwiseError(f"{path}:{number}: not JSON ({err.msg})") from None
-        return rows
-    return list(csv.DictReader(text.splitlines(), delimiter="\t" if path.suffix == ".tsv" else ","))
+                    row = json.loads(line)
+                except (json.JSONDecodeError, RecursionError) as err:
+                    raise HeadwiseError(f"{path}:{number}: not JSON ({getattr(err, 'msg', 'nested too deeply')}); "
+                                        "write one JSON object a line") from None
+                if not isinstance(row, dict):
+                    raise HeadwiseError(f"{path}:{number}: a {type(row).__name__}, not a JSON object; write one "
+                                        'object a line, e.g. {"text": "...", "label": "pos"}')
+                rows.append(row)
+                lines.append(number)
+        return Table(str(path), rows, lines)
+    reader = csv.DictReader(io.StringIO(text, newline=""), delimiter="\t" if path.suffix == ".tsv" else ",")
+    try:
+        for row in reader:
+            if None in row:
+                raise HeadwiseError(f"{path}:{reader.line_num}: more cells than the header has columns "
+                                    f"({len(reader.fieldnames or [])}); quote cells that hold the delimiter")
+            rows.append(row)
+            lines.append(reader.line_num)
+    except csv.Error as err:
+        raise HeadwiseError(f"{path}:{reader.line_num}: not valid {path.suffix[1:].upper()} ({err}); fix the "
+                            "quoting on that line") from None
+    return Table(str(path), rows, lines)
+
+
+def _number(name: str) -> float | None:
+    try:
+        return float(name)
+    except ValueError:
+        return None
+
+
+def check_labels(table: Table, column: str) -> list[str]:
+    """The class name of every row's label (its text, stripped; whole numbers as integers: ``2.0`` is ``2``);
+    refuses, naming the file and line, a missing or empty label, a JSON list or object, and ``nan``/``inf``."""
+    names = []
+    for i, row in enumerate(table.rows):
+        value = row.get(column)
+        if value is None:
+            raise HeadwiseError(f"{table.where(i)}: no {column!r} label in this row; give every row a label (or "
+                                "remove the row)")
+        if isinstance(value, (dict, list)):
+            raise HeadwiseError(f"{table.where(i)}: the {column!r} label is a JSON {type(value).__name__}; a label "
+                                "is a class name or a number")
+        name = str(value).strip()
+        if not name:
+            raise HeadwiseError(f"{table.where(i)}: the {column!r} label is empty; give every row a label (or "
+                                "remove the row)")
+        number = _number(name)
+        if number is not None and not math.isfinite(number):
+            raise HeadwiseError(f"{table.where(i)}: the {column!r} label is {name!r}, not a finite number; fix or "
+                                "remove the row")
+        names.append(str(int(number)) if number is not None and number.is_integer() else name)
+    return names
+
+
+def check_texts(table: Table, column: str) -> None:
+    """Refuse a row whose text column is missing, null or not text, naming its file and line."""
+    for i, row in enumerate(table.rows):
+        if not isinstance(row.get(column), (str, int, float)) or isinstance(row.get(column), bool):
+            raise HeadwiseError(f"{table.where(i)}: no text in column {column!r} (got {row.get(column)!r}); give "
+                                "every row its text")
 
 
 def binary_f1(gold: np.ndarray, pred: np.ndarray) -> float:
@@ -78,13 +160,6 @@ def classification_metrics(gold: np.ndarray, pred: np.ndarray, classes: int) -> 
     f1 = binary_f1(gold, pred) if classes == 2 else float(np.mean([binary_f1(gold == k, pred == k)
                                                                    for k in range(classes)]))
     return {"accuracy": 100 * float((gold == pred).mean()), "f1": 100 * f1, "matthews": 100 * matthews(gold, pred)}
-
-
-def regression_metrics(gold: np.ndarray, pred: np.ndarray) -> dict[str, float]:
-    from scipy.stats import pearsonr, spearmanr
-
-    return {"pearson": 100 * float(pearsonr(pred, gold).statistic),
-            "spearman": 100 * float(spearmanr(pred, gold).statistic)}
 
 
 @dataclass
@@ -110,7 +185,9 @@ class Classification(Task):
             raise HeadwiseError("task classification needs --data FILE|FOLDER (csv/tsv/jsonl with text, pair and "
                                 "label columns) or --data glue:<task>")
         check_sizes(self.name, limit=self.limit, batch_size=self.batch_size, max_length=self.max_length)
-        self._rows: dict[str, list[dict[str, Any]]] = {}
+        self._tables: dict[str, Table | None] = {}
+        self._labels: dict[str, list[str]] = {}
+        self._classes: list[str] | None = None
         self._pair_given = self.pair_column != "pair"
         if self.glue:
             name = self.data.split(":", 1)[1]
@@ -124,20 +201,38 @@ class Classification(Task):
         return self.data.startswith("glue:")
 
     # ---- data ---------------------------------------------------------------------------------------------
-    def rows(self, split: str = "eval") -> list[dict[str, Any]]:
-        split = "train" if split == "calibration" else split
-        if split not in self._rows:
-            rows = self._glue_rows(split) if self.glue else self._file_rows(split)
-            self._check_columns(rows, split)
-            self._rows[split] = rows[: self.limit] if split == "eval" and self.limit else rows
-        return self._rows[split]
+    def table(self, split: str = "eval") -> Table:
+        """The rows of ``split`` (``calibration`` reads ``train``), their columns and labels checked."""
+        table = self._table_if_any(split)
+        if table is None:
+            name = "train" if split == "calibration" else split
+            raise HeadwiseError(f"classification data {self.data} has no {name} rows (a folder needs a {name} file, "
+                                f"{'/'.join(SPLIT_NAMES.get(name, (name,)))} with {', '.join(SUFFIXES)}; a single "
+                                "file trains on its first 90% of rows); add them")
+        return table
 
-    def _file_rows(self, split: str) -> list[dict[str, Any]]:
+    def rows(self, split: str = "eval") -> list[dict[str, Any]]:
+        return self.table(split).rows
+
+    def _table_if_any(self, split: str) -> Table | None:
+        """``split``'s checked table, None when the data has no such split (no file, or an empty share)."""
+        split = "train" if split == "calibration" else split
+        if split not in self._tables:
+            table = self._glue_rows(split) if self.glue else self._file_rows(split)
+            if table is not None and table.rows:
+                self._check_columns(table)
+                self._labels[split] = check_labels(table, self.label_column)
+                table = table.head(self.limit) if split == "eval" else table
+                self._labels[split] = self._labels[split][: len(table.rows)]
+            self._tables[split] = table if table is not None and table.rows else None
+        return self._tables[split]
+
+    def _file_rows(self, split: str) -> Table | None:
         path = Path(self.data).expanduser()
         if path.is_file():
-            rows = read_table(path)
-            cut = int(len(rows) * TRAIN_SHARE)
-            return rows[:cut] if split == "train" else rows[cut:]
+            table = read_table(path)
+            cut = int(len(table.rows) * TRAIN_SHARE)
+            return table.head(cut) if split == "train" else table.tail(cut)
         if not path.is_dir():
             raise HeadwiseError(f"classification data not found: {path}; pass a .csv/.tsv/.jsonl file or a folder "
                                 "of train/dev/test files")
@@ -145,10 +240,12 @@ class Classification(Task):
             for suffix in SUFFIXES:
                 if (path / f"{stem}{suffix}").is_file():
                     return read_table(path / f"{stem}{suffix}")
+        if split == "train":
+            return None
         raise HeadwiseError(f"{path} has no {split} file ({'/'.join(SPLIT_NAMES.get(split, (split,)))} with "
                             f"{', '.join(SUFFIXES)}); add it or pass a single file")
 
-    def _glue_rows(self, split: str) -> list[dict[str, Any]]:
+    def _glue_rows(self, split: str) -> Table:
         name = self.data.split(":", 1)[1]
         try:
             import datasets
@@ -158,52 +255,71 @@ class Classification(Task):
         except Exception as err:  # noqa: BLE001 - offline or missing package: one message
             raise HeadwiseError(f"could not load GLUE {name} ({str(err).splitlines()[0]}); it needs internet and "
                                 "the datasets package, or pass --data FILE") from err
-        return [dict(row) for row in data]
+        rows = [dict(row) for row in data]
+        return Table(f"{self.data} {split}", rows, list(range(1, len(rows) + 1)))  # where: glue:sst2 train:ROW
 
-    def _check_columns(self, rows: list[dict[str, Any]], split: str) -> None:
-        if not rows:
-            raise HeadwiseError(f"classification data {self.data} ({split}) holds no rows")
-        columns = list(rows[0])
+    def _check_columns(self, table: Table) -> None:
+        columns = list(table.rows[0])
         for flag, column in (("--text-column", self.text_column), ("--label-column", self.label_column)):
             if column not in columns:
-                raise HeadwiseError(f"{self.data} has no column {column!r} (columns: {', '.join(columns)}); pass "
-                                    f"{flag} NAME")
+                raise HeadwiseError(f"{table.source} has no column {column!r} (columns: "
+                                    f"{', '.join(map(str, columns))}); pass {flag} NAME")
         if self.pair_column is not None and self.pair_column not in columns:
             if self._pair_given:
-                raise HeadwiseError(f"{self.data} has no column {self.pair_column!r} (columns: "
-                                    f"{', '.join(columns)}); pass --pair-column NAME or leave it out")
+                raise HeadwiseError(f"{table.source} has no column {self.pair_column!r} (columns: "
+                                    f"{', '.join(map(str, columns))}); pass --pair-column NAME or leave it out")
             self.pair_column = None
+        check_texts(table, self.text_column)
+        if self.pair_column is not None:
+            check_texts(table, self.pair_column)
 
     def check(self) -> None:
-        self.rows("eval")
-        if self.is_regression() and self.metric == "accuracy":
-            self.metric = "spearman"
+        """Read and check the train (when there is one) and eval splits: columns, texts, labels, classes (or, for
+        regression, gold values a correlation is defined on)."""
+        eval_table = self.table("eval")
+        if self.is_regression():
+            if self.metric == "accuracy":
+                self.metric = "spearman"
+            check_gold([float(n) for n in self._labels["eval"]], f"classification {eval_table.source}")
+        else:
+            self.label_names()
 
     def texts(self, split: str = "calibration") -> list[str]:
         return [str(r[self.text_column]) for r in self.rows(split)]
 
+    def _splits(self) -> list[str]:
+        """The splits the label set comes from: train when the data has one, else eval."""
+        return ["train"] if self._table_if_any("train") is not None else ["eval"]
+
     def is_regression(self) -> bool:
-        labels = [r[self.label_column] for r in self.rows("eval")]
-        try:
-            values = [float(x) for x in labels]
-        except (TypeError, ValueError):
+        """Float labels: every label a number and one not an integer, or a correlation as the main metric."""
+        self.table("eval")
+        names = [n for split in {*self._splits(), "eval"} for n in self._labels[split]]
+        if not all(_number(n) is not None for n in names):
             return False
-        return any(v != int(v) for v in values) or self.metric in ("pearson", "spearman")
+        return self.metric in ("pearson", "spearman") or any(not float(n).is_integer() for n in names)
 
     def label_names(self) -> list[str]:
-        """Class names in id order: integer labels as they are, others sorted (train and eval together)."""
-        seen = {str(r[self.label_column]) for split in ("train", "eval") for r in self._rows_if_any(split)}
-        if all(s.lstrip("-").isdigit() for s in seen):
-            return [str(k) for k in range(max(int(s) for s in seen) + 1)]
-        return sorted(seen)
-
-    def _rows_if_any(self, split: str) -> list[dict[str, Any]]:
-        try:
-            return self.rows(split)
-        except HeadwiseError:
-            if split == "eval":
-                raise
-            return []
+        """Class names in id order, from the training split (eval when there is none): numbers by value (labels
+        1/2 are two classes, -1/1 too), others by name. Refuses a single class and an eval label the training
+        split lacks, naming its row."""
+        if self._classes is None:
+            self.table("eval")
+            source = self._splits()[0]
+            seen = set(self._labels[source])
+            numeric = all(_number(n) is not None for n in seen)
+            classes = sorted(seen, key=lambda n: (float(n), n) if numeric else (0.0, n))
+            table = self._tables[source]
+            if len(classes) < 2:
+                raise HeadwiseError(f"{table.source}: every label in the {source} split is {classes[0]!r}; a "
+                                    "classifier needs at least two classes (add examples of the others)")
+            for i, name in enumerate(self._labels["eval"]):
+                if name not in seen:
+                    raise HeadwiseError(f"{self._tables['eval'].where(i)}: label {name!r} is not among the "
+                                        f"{source} split's classes ({', '.join(classes)}); fix the label or add "
+                                        "training examples of it")
+            self._classes = classes
+        return self._classes
 
     def examples(self, tokenizer: Any, split: str = "train") -> Examples:
         rows = self.rows(split)
@@ -215,11 +331,12 @@ class Classification(Task):
             enc = tokenizer(text, [str(r[self.pair_column]) for r in rows], truncation=True,
                             max_length=self.max_length)
             ids = enc["input_ids"]
+        names = self._labels["train" if split == "calibration" else split]
         if self.is_regression():
-            labels = [float(r[self.label_column]) for r in rows]
+            labels = [float(n) for n in names]
         else:
             index = {name: i for i, name in enumerate(self.label_names())}
-            labels = [index[str(r[self.label_column])] for r in rows]
+            labels = [index[n] for n in names]
         return Examples([{"input_ids": i, "label": y} for i, y in zip(ids, labels)], cut)
 
     # ---- metrics and loss -----------------------------------------------------------------------------------
@@ -241,12 +358,13 @@ class Classification(Task):
         for batch in progress_bar(list(batches(data, tokenizer, self.batch_size, device)), desc="classify",
                                   disable=None if progress is None else not progress):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
+            finite_outputs(logits, f"classification {self.data}")  # an argmax of NaN is no accuracy
             preds.append(logits[:, 0] if self.is_regression() else logits.argmax(-1))
             gold.append(batch["label"])
         pred, true = torch.cat(preds).cpu().numpy(), torch.cat(gold).cpu().numpy()
-        out = regression_metrics(true, pred) if self.is_regression() else \
+        out = correlations(pred, true, f"classification {self.data}") if self.is_regression() else \
             classification_metrics(true, pred, len(self.label_names()))
-        return out | {"examples": len(data), "truncated": data.truncated}
+        return finite_metrics(out | {"examples": len(data), "truncated": data.truncated}, f"classification {self.data}")
 
     def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
         """Class logits ``[B, C]``; a regression's predicted value ``[B, 1]`` is an embedding (no distribution)."""

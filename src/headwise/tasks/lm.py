@@ -26,10 +26,12 @@ from torch.utils.checkpoint import checkpoint
 from ..batching import LABEL_PAD, Examples, check_context
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
+from .metrics import finite_metrics
 from .paths import existing_file, read_lines, shared_data
 from ..progress import progress_bar
 
 TRAIN_SHARE = 0.9
+MAX_EXP = 709.0  # math.exp overflows above this
 SPLITS = ("eval", "train", "calibration", "all")
 
 
@@ -276,8 +278,9 @@ class LanguageModeling(Task):
             nll, scored = next_token_nll(model, window, None, labels)
             total, count = total + float(nll.sum()), count + int(scored.sum())
         model.train(was_training)
-        return {"perplexity": math.exp(total / count), "nll": total / count, "tokens": count,
-                "windows": len(self.windows(len(ids)))}
+        perplexity = math.inf if total / count >= MAX_EXP else math.exp(total / count)  # refused just below
+        return finite_metrics({"perplexity": perplexity, "nll": total / count, "tokens": count,
+                               "windows": len(self.windows(len(ids)))}, f"lm {self.data or 'text'}")
 
     def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
         """Next-token logits (position ``t`` predicts token ``t + 1``), scored positions masked: the hidden states

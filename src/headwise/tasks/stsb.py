@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from scipy.stats import pearsonr, spearmanr
 from torch import nn
 
 from ..batching import Examples, mean_pool, tokenize
 from .base import Task, TaskOutputs
 from .embeddings import encode, ensure_encoder
+from .metrics import check_gold, correlations
 from .stsb_data import StsbPairs, read_stsb, stsb_file
 
 SCORE_SCALE = 5.0
@@ -32,8 +32,10 @@ class StsbResult:
         return asdict(self)
 
 
-def stsb_scores(model: nn.Module, tokenizer: Any, pairs: StsbPairs, batch_size: int = 64) -> tuple[float, float]:
-    """(Spearman, Pearson) ×100 of ``model`` on ``pairs``; each distinct sentence is encoded once."""
+def stsb_scores(model: nn.Module, tokenizer: Any, pairs: StsbPairs, batch_size: int = 64,
+                what: str = "STS-B") -> tuple[float, float]:
+    """(Spearman, Pearson) ×100 of ``model`` on ``pairs``; each distinct sentence is encoded once. Refused (naming
+    ``what``) where undefined: fewer than two pairs, equal gold scores, constant or non-finite similarities."""
     ensure_encoder(model, "STS-B evaluation")
     sentences = pairs.sentences()
     index = {s: i for i, s in enumerate(sentences)}
@@ -41,7 +43,8 @@ def stsb_scores(model: nn.Module, tokenizer: Any, pairs: StsbPairs, batch_size: 
     a = emb[[index[s] for s in pairs.first]]
     b = emb[[index[s] for s in pairs.second]]
     cos = F.cosine_similarity(a, b, dim=-1).numpy()
-    return float(100 * spearmanr(cos, pairs.scores).statistic), float(100 * pearsonr(cos, pairs.scores).statistic)
+    out = correlations(cos, pairs.scores, what)
+    return out["spearman"], out["pearson"]
 
 
 def evaluate_stsb(
@@ -54,7 +57,7 @@ def evaluate_stsb(
     total = len(pairs)
     if limit is not None and limit < total:
         pairs = StsbPairs(pairs.first[:limit], pairs.second[:limit], pairs.scores[:limit])
-    spearman, pearson = stsb_scores(model, tokenizer, pairs, batch_size)
+    spearman, pearson = stsb_scores(model, tokenizer, pairs, batch_size, f"STS-B {stsb_file(split, data)}")
     return StsbResult(spearman, pearson, len(pairs), split, str(stsb_file(split, data)),
                       total if len(pairs) < total else None)
 
@@ -81,7 +84,8 @@ class Stsb(Task):
         return pairs
 
     def check(self) -> None:
-        stsb_file(self.split, self.data)
+        """The eval split is read and checked (scores, sentences, enough pairs) before any model loads."""
+        check_gold(self.pairs("eval").scores, f"STS-B {stsb_file(self.split, self.data)}")
 
     def check_model(self, model: nn.Module, tokenizer: Any) -> None:
         ensure_encoder(model, "task stsb")
@@ -92,7 +96,8 @@ class Stsb(Task):
     def evaluate(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None) -> dict[str, float]:
         self.check_model(model, tokenizer)
         pairs = self.pairs("eval")
-        spearman, pearson = stsb_scores(model, tokenizer, pairs, self.batch_size)
+        spearman, pearson = stsb_scores(model, tokenizer, pairs, self.batch_size,
+                                        f"STS-B {stsb_file(self.split, self.data)}")
         return {"spearman": spearman, "pearson": pearson, "pairs": len(pairs)}
 
     def examples(self, tokenizer: Any, split: str = "train") -> Examples:

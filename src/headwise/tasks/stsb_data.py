@@ -12,6 +12,7 @@ from .paths import PACKAGED_DATA, data_roots
 
 SPLITS = {"train": "sts-train.tsv", "dev": "sts-dev.tsv", "test": "sts-test.tsv"}
 ENV = "HEADWISE_STSB_DIR"
+SCORE_RANGE = 5.0  # gold similarity runs from 0 to 5
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def stsb_file(split: str = "dev", data: str | os.PathLike | None = None) -> Path
 
 
 def read_stsb(split: str = "dev", data: str | os.PathLike | None = None) -> StsbPairs:
-    """Sentence pairs and gold scores: columns 5-7 (score, sentence 1, sentence 2) of the STS-B tsv."""
+    """Sentence pairs and gold scores: columns 5-7 (score, sentence 1, sentence 2) of the STS-B tsv. Refuses, naming
+    the line, a score that is not a number from 0 to 5 and an empty sentence."""
     path = stsb_file(split, data)
     first, second, scores = [], [], []
     for number, line in enumerate(read_text(path).splitlines(), 1):
@@ -66,9 +68,17 @@ def read_stsb(split: str = "dev", data: str | os.PathLike | None = None) -> Stsb
         if len(cols) < 7:
             raise HeadwiseError(f"{path}:{number}: expected at least 7 tab-separated columns, got {len(cols)}")
         try:
-            scores.append(float(cols[4]))
+            score = float(cols[4])
         except ValueError:
-            raise HeadwiseError(f"{path}:{number}: score {cols[4]!r} is not a number") from None
+            raise HeadwiseError(f"{path}:{number}: score {cols[4]!r} is not a number; fix or remove the line") from None
+        if not 0.0 <= score <= SCORE_RANGE:  # NaN fails too
+            raise HeadwiseError(f"{path}:{number}: score {cols[4]!r} is not a number from 0 to {SCORE_RANGE:g}; fix "
+                                "or remove the line")
+        for column in (5, 6):
+            if not cols[column].strip():
+                raise HeadwiseError(f"{path}:{number}: sentence {column - 4} (column {column + 1}) is empty; fix or "
+                                    "remove the line")
+        scores.append(score)
         first.append(cols[5])
         second.append(cols[6])
     if not scores:

@@ -21,6 +21,7 @@ from torch import nn
 from ..batching import LABEL_PAD, Examples, check_context, pad_id_of, tokenize
 from ..errors import HeadwiseError
 from .base import Task, TaskOutputs
+from .metrics import finite_metrics, finite_outputs
 from .bleu import translate
 from .corpus import ParallelCorpus
 from .paths import check_sizes, read_lines, shared_data
@@ -128,13 +129,16 @@ class Translation(Task):
         if cut:
             print(f"headwise: note: {cut} of {len(corpus)} source sentences are longer than --max-length "
                   f"{self.max_length} tokens and are cut to it for translation", file=sys.stderr)
+        probe = self.batches(tokenizer, "eval", batch_size=4, limit=4, device=next(model.parameters()).device)[0]
+        with torch.no_grad():  # teacher-forced logits of the first pairs: a generation from NaN is no BLEU
+            finite_outputs(self.outputs(model, probe).values, "translation")
         hypotheses = translate(model, tokenizer, corpus.source, batch_size=self.batch_size,
                                max_new_tokens=self.max_new_tokens, num_beams=self.beam,
                                progress=progress is not False, max_length=self.max_length)
         refs = [corpus.target]
-        return {"bleu": float(sacrebleu.corpus_bleu(hypotheses, refs).score),
-                "chrf": float(sacrebleu.corpus_chrf(hypotheses, refs).score), "sentences": len(corpus),
-                "beam": self.beam, "truncated": cut}
+        return finite_metrics({"bleu": float(sacrebleu.corpus_bleu(hypotheses, refs).score),
+                               "chrf": float(sacrebleu.corpus_chrf(hypotheses, refs).score), "sentences": len(corpus),
+                               "beam": self.beam, "truncated": cut}, "translation")
 
     def outputs(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> TaskOutputs:
         """Teacher-forced target logits ``[B, T, V]``, real target tokens masked."""

@@ -12,9 +12,9 @@ far and its tokenizer. It also holds ``checkpoint.pt`` (the last training state,
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -28,12 +28,13 @@ from tqdm.auto import tqdm
 
 from ..batching import collate
 from ..errors import HeadwiseError
-from ..io import atomic_write_text
+from ..io import atomic_write_text, json_text, read_text
 from ..progress import progress_bar
 from ..tasks.bleu import corpus_bleu, translate
 from ..tasks.corpus import train_tokenizer
 from ..tasks.paths import shared_data
 from ..tasks.translation import Translation
+from .resume import differences, stop_signals
 from .token_batches import token_batches
 
 CHECKPOINT, LOG, RESULT = "checkpoint.pt", "training_log.json", "result.json"
@@ -151,13 +152,25 @@ def _prepare_out(out: Path, key: dict[str, Any], recipe: TranslationRecipe, resu
         shutil.rmtree(out)
     if not out.is_dir() or not any(out.iterdir()):
         return None
-    saved = out / CHECKPOINT
-    if not saved.is_file():
+    if not (out / LOG).is_file():
         raise HeadwiseError(f"{out} is not empty and holds no headwise training; pick a new --out or pass --force")
-    meta = json.loads((out / LOG).read_text())
-    if meta["data"] != key or meta["recipe"] != recipe.architecture():
-        raise HeadwiseError(f"{out} holds a training with other data or another recipe; pass the same options, "
-                            "pick a new --out, or pass --force to start over")
+    try:
+        meta = json.loads(read_text(out / LOG))
+    except ValueError:
+        meta = None
+    if not isinstance(meta, dict) or not isinstance(meta.get("data"), dict) or not isinstance(meta.get("recipe"), dict):
+        raise HeadwiseError(f"{out / LOG} is damaged; pass --force to start over")
+    found = differences({**meta["data"], **meta["recipe"]}, {**key, **recipe.architecture()})
+    if found:
+        raise HeadwiseError(f"{out} holds a training with other data or another recipe ({'; '.join(found)}); pass "
+                            "the same options, pick a new --out, or pass --force to start over")
+    if not (out / CHECKPOINT).is_file():  # stopped before its first checkpoint: nothing to continue from
+        if not resume:
+            raise HeadwiseError(f"{out} holds a training stopped before its first checkpoint; pass --resume to "
+                                "start it again or --force to start over")
+        print(f"headwise: note: {out} holds no checkpoint yet (the training stopped before its first "
+              "evaluation); starting it from the beginning", file=sys.stderr)
+        return None
     result = out / RESULT
     if result.is_file() and not resume:
         return json.loads(result.read_text())
@@ -233,7 +246,8 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
     if state is None:
         state = {"step": 0, "epoch": 0, "batch": 0, "seconds": 0.0, "best_bleu": -1.0, "best_step": None,
                  "evals": [], "losses": [], "rng": None}
-        atomic_write_text(out / LOG, json.dumps({"data": key, "recipe": recipe.architecture(), "evals": []}))
+        atomic_write_text(out / LOG, json_text({"data": key, "recipe": recipe.architecture(), "evals": []},
+                                                 str(out / LOG)))
     else:
         model.load_state_dict(state.pop("model"))
         optimizer.load_state_dict(state.pop("optimizer"))
@@ -261,10 +275,12 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
         if bleu > state["best_bleu"]:
             state["best_bleu"], state["best_step"] = bleu, state["step"]
             _save_model(model, out)
-        atomic_write_text(out / LOG, json.dumps({"data": key, "recipe": recipe.architecture(),
-                                                 "evals": state["evals"]}, indent=1))
+        atomic_write_text(out / LOG, json_text({"data": key, "recipe": recipe.architecture(),
+                                                 "evals": state["evals"]}, str(out / LOG), indent=1))
+        checkpoint()  # after every evaluation the folder resumes from exactly here
         if progress:
-            tqdm.write(f"step {entry['step']} epoch {entry['epoch']:.2f}: loss {entry['loss']:.3f}, "
+            loss = "—" if entry["loss"] is None else f"{entry['loss']:.3f}"
+            tqdm.write(f"step {entry['step']} epoch {entry['epoch']:.2f}: loss {loss}, "
                        f"val BLEU {bleu:.2f} (best {state['best_bleu']:.2f})")
 
     def checkpoint() -> None:
@@ -279,49 +295,55 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
 
     last_checkpoint = time.time()
     batches_in_epoch = 1
-    while not spent():
-        batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, seed=recipe.seed, epoch=state["epoch"])
-        batches_in_epoch = len(batches)
-        model.train()
-        bar = progress_bar(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}", unit="step",
-                           disable=not progress)
-        while state["batch"] < len(batches) and not spent():
-            batch = {k: v.to(device) for k, v in
-                     collate([examples[i] for i in batches[state["batch"]]], tokenizer.pad_token_id).items()}
-            loss = smoothed_loss(model, batch, recipe.label_smoothing)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-            optimizer.step()
-            scheduler.step()
-            state["step"] += 1
-            state["batch"] += 1
-            state["losses"].append(loss.item())
-            bar.update(1)
-            bar.set_postfix(loss=f"{state['losses'][-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-            if recipe.eval_every and state["step"] % recipe.eval_every == 0:
-                evaluate()
-                model.train()
-            if time.time() - last_checkpoint >= 60 * recipe.checkpoint_minutes:
-                checkpoint()
-        bar.close()
-        if state["batch"] >= len(batches):
-            state["epoch"] += 1
-            state["batch"] = 0
-            if not recipe.eval_every:
-                evaluate()
-    if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
-        evaluate()
-    checkpoint()
+    with stop_signals() as stop:  # SIGTERM/SIGINT: finish the step, save a complete checkpoint, stop
+        while not spent() and not stop:
+            batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, seed=recipe.seed,
+                                    epoch=state["epoch"])
+            batches_in_epoch = len(batches)
+            model.train()
+            bar = progress_bar(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}",
+                               unit="step", disable=not progress)
+            while state["batch"] < len(batches) and not spent() and not stop:
+                batch = {k: v.to(device) for k, v in
+                         collate([examples[i] for i in batches[state["batch"]]], tokenizer.pad_token_id).items()}
+                loss = smoothed_loss(model, batch, recipe.label_smoothing)
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
+                optimizer.step()
+                scheduler.step()
+                state["step"] += 1
+                state["batch"] += 1
+                state["losses"].append(loss.item())
+                bar.update(1)
+                bar.set_postfix(loss=f"{state['losses'][-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
+                if recipe.eval_every and state["step"] % recipe.eval_every == 0:
+                    evaluate()
+                    model.train()
+                if time.time() - last_checkpoint >= 60 * recipe.checkpoint_minutes:
+                    checkpoint()
+            bar.close()
+            if state["batch"] >= len(batches):
+                state["epoch"] += 1
+                state["batch"] = 0
+                if not recipe.eval_every:
+                    evaluate()
+        if stop:
+            checkpoint()
+            print(f"headwise: stopped by {stop.signal} at step {state['step']}; a complete checkpoint is saved in "
+                  f"{out}: continue with --resume", file=sys.stderr)
+            raise KeyboardInterrupt
+        if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
+            evaluate()  # saves the last checkpoint
     last = state["evals"][-1]
     result = {"headwise_translation_training": 1, "data": key, "recipe": asdict(recipe),
               "parameters": sum(p.numel() for p in model.parameters()), "train_pairs": len(train),
               "val_pairs": len(val), "steps": state["step"], "epochs": last["epoch"],
               "minutes": round(state["seconds"] / 60, 2), "best_val_bleu": state["best_bleu"],
               "best_step": state["best_step"], "last_val_bleu": last["val_bleu"], "model": str(out)}
-    atomic_write_text(out / RESULT, json.dumps(result, indent=1))
+    atomic_write_text(out / RESULT, json_text(result, str(out / RESULT), indent=1))
     return result
 
 
-def _mean(values: list[float]) -> float:
-    return sum(values) / len(values) if values else math.nan
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
