@@ -1,10 +1,10 @@
 """Windows that scale with the sequence against fixed ones, on SmolLM2-135M-Instruct: does one policy serve every
-length, and what does the scaled window cost in quality?
+length, and what does it cost in quality?
 
 Policies at ``kv_budget=0.5`` (``headwise.kv_policy``: retrieval ranking on its synthetic passkey prompts, sink 4,
 window ``3/4 · 0.5 · C − 4``), sized for C = 2,048 and C = 8,192 tokens, each with a fixed window
-(``scaled=False``) and a scaled one (the default). Each is measured at 2,048 and 8,192 tokens, beside the full
-cache, on data no default was chosen on:
+(``scaled=False``) and a scaled one (the default: a cache built for L tokens takes the window ``W·L // C``).
+Each is measured at ``--lengths`` tokens beside the full cache, on data no default was chosen on:
 
 - perplexity on the last 10% of WikiText-2 valid.txt (``--max-tokens`` tokens in windows of the measured length),
   every window one prefill through the policy's cache (``policy_forward``: each head's rule on every query);
@@ -33,12 +33,13 @@ from headwise.tasks.lm import LanguageModeling
 
 OUT = Path(__file__).resolve().parent / "results" / "kv_policy_scaled.json"
 SIZED = (2048, 8192)
-LENGTHS = (2048, 8192)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--max-tokens", type=int, default=8192, help="evaluated tokens per length")
+    parser.add_argument("--lengths", default="2048", help="comma-separated measured lengths (default 2048)")
+    parser.add_argument("--arms", default="full,fixed@2k,scaled@2k,fixed@8k,scaled@8k", help="which policies")
+    parser.add_argument("--max-tokens", type=int, default=4096, help="evaluated tokens per length")
     parser.add_argument("--keys", type=int, default=1, help="passkeys per depth (5 depths)")
     parser.add_argument("--passkey-8k", action="store_true", help="also the passkey check at 8,192 tokens")
     parser.add_argument("--out", type=Path, default=OUT)
@@ -59,7 +60,8 @@ def main() -> None:
               "data": "WikiText-2 valid.txt, last 10% (perplexity); text-haystack passkeys, seed 1000",
               "policies": {name: p.describe() for name, p in policies.items()}, "rows": {}}
     eval_text = None
-    for length in LENGTHS:
+    policies = {name: policies[name] for name in args.arms.split(",")}
+    for length in (int(n) for n in args.lengths.split(",")):
         task = LanguageModeling(max_length=length, max_tokens=args.max_tokens)
         eval_text = eval_text or "\n".join(line for line in task.texts("eval") if line.strip())
         prompts = family_prompts(tokenizer, PromptFamily.parse("text"), length, [0.0, 0.25, 0.5, 0.75, 1.0],

@@ -81,7 +81,7 @@ def reference_attention(module, query, key, value, attention_mask, scaling=None,
             rule = rules[h // group]
             ok = j <= i
             if not rule.full:
-                ok = ok & ((j - pad < rule.sink) | (i - j <= rule.windows(i - pad)))
+                ok = ok & ((j - pad < rule.sink) | (i - j <= rule.window))
             allowed.append(ok)
         rows.append(torch.stack(allowed))
     allowed = torch.stack(rows)  # [B, H, T, T]

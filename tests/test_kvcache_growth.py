@@ -1,6 +1,6 @@
 """Buffers that grow to their rule, and windows that scale with the sequence: a policy never holds more bytes than
 the full cache at any prompt length, holds its budget at every length up to the one it was sized for, and still
-computes what the masked dense reference computes (rings that grow, wrap and are re-laid out; left padding)."""
+computes what the masked dense reference computes (buffers that grow, rings that wrap; left padding)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from transformers.cache_utils import DynamicCache
 import headwise
 from headwise import HeadwiseError
 from headwise.compat import CACHE
-from headwise.kvcache import FULL, HeadCache, KVPolicy, full_heads_for_budget, policy_cache, streaming
+from headwise.kvcache import FULL, HeadCache, KVPolicy, full_heads_for_budget, policy_cache, policy_forward, streaming
 from test_kvcache import causal_lm, reference_logits
 from test_kvcache_runtime import assert_matches_reference, greedy, ragged_batch
 
@@ -53,7 +53,7 @@ def test_the_policy_never_holds_more_than_the_full_cache(length, scaled):
     model = sixteen_kv_heads()
     policy = budget_policy(model, scaled)
     headwise.apply_kv_policy(model, policy)
-    held = prefill_bytes(model, policy_cache(model), length)
+    held = prefill_bytes(model, policy_cache(model, length=length), length)
     full = prefill_bytes(model, DynamicCache(config=model.config), length)
     assert held <= full
     slot = full // (length * 16)  # bytes of one token of one KV head (keys + values)
@@ -76,11 +76,11 @@ def test_the_budget_holds_at_every_length_up_to_the_sized_one():
 
 
 def scaled_policy(model) -> KVPolicy:
-    """Layer 0: full and a window scaling to 6 at 14 tokens (sink 2); layer 1: windows scaling to 5 at 9 and to 3
-    at 30 (sinks 1 and 0): rings start small, grow, wrap and are re-laid out within 40 tokens."""
+    """Layer 0: full and a window of 6 sized for 104 tokens (sink 2); layer 1: windows of 5 sized for 130 and of 4
+    sized for 52 (sinks 1 and 0): a 52-token generation resolves them to 3, 2 and 4."""
     shape = KVPolicy.uniform(model).kv_heads
-    first = [FULL if h % 2 == 0 else streaming(2, 6, context=14) for h in range(shape[0])]
-    second = [streaming(1, 5, context=9) if h % 2 == 0 else streaming(0, 3, context=30) for h in range(shape[1])]
+    first = [FULL if h % 2 == 0 else streaming(2, 6, context=104) for h in range(shape[0])]
+    second = [streaming(1, 5, context=130) if h % 2 == 0 else streaming(0, 4, context=52) for h in range(shape[1])]
     return KVPolicy((tuple(first), tuple(second)))
 
 
@@ -91,26 +91,36 @@ def test_scaled_windows_equal_the_masked_dense_reference(family, chunk):
     inputs = ragged_batch([23, 16, 21])
     policy = scaled_policy(model)
     headwise.apply_kv_policy(model, policy, prefill_chunk=chunk)
-    out = greedy(model, inputs)
-    assert_matches_reference(model, policy, inputs, out)
+    out = greedy(model, inputs)  # generate builds the cache for 23 + 30 - 1 = 52 tokens
+    assert out[CACHE].length == 52
+    resolved = policy.at(52)
+    assert [c.window for c in resolved.heads[1][:2]] == [2, 4] and resolved.heads[0][1].window == 3
+    assert_matches_reference(model, resolved, inputs, out)
 
 
-def test_a_scaled_window_differs_from_the_fixed_one():
+def test_a_scaled_policy_runs_as_the_fixed_policy_of_its_length():
     model = causal_lm("llama")
-    ids = torch.randint(3, 90, (1, 30), generator=torch.Generator().manual_seed(4))
-    mask = torch.ones_like(ids)
-    scaled = reference_logits(model, KVPolicy.uniform(model, streaming(1, 6, context=30)), ids, mask)
-    fixed = reference_logits(model, KVPolicy.uniform(model, streaming(1, 6)), ids, mask)
-    assert torch.equal(scaled[:, :2], fixed[:, :2])  # the sink and the first token: inside both windows
-    assert not torch.allclose(scaled[:, 10], fixed[:, 10], atol=1e-3)  # later, the scaled window is shorter
+    inputs = ragged_batch([12, 9])
+    headwise.apply_kv_policy(model, KVPolicy.uniform(model, streaming(1, 8, context=40)), prefill_chunk=None)
+    scaled = greedy(model, inputs, steps=9)  # a cache for 20 tokens: window 8 · 20 // 40 = 4
+    headwise.apply_kv_policy(model, KVPolicy.uniform(model, streaming(1, 4)), prefill_chunk=None)
+    fixed = greedy(model, inputs, steps=9)
+    assert torch.equal(scaled.sequences, fixed.sequences)
+    for a, b in zip(scaled.logits, fixed.logits):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    # a forward through policy_forward is its own sequence: its input length fixes the window
+    with torch.no_grad(), policy_forward(model, KVPolicy.uniform(model, streaming(1, 8, context=40))):
+        ids = inputs["input_ids"][:1]
+        through = model(ids).logits
+    torch.testing.assert_close(through, reference_logits(model, KVPolicy.uniform(model, streaming(1, 2)), ids,
+                                                         torch.ones_like(ids)), atol=1e-4, rtol=1e-4)
 
 
-def test_windows_grow_by_at_most_one_token_per_position():
+def test_a_scaled_rule_resolves_to_a_fixed_window_per_length():
     rule = streaming(4, 764, context=2048)
-    windows = [rule.window_at(t) for t in range(4000)]
-    assert windows[0] == 0 and windows[2047] == 764 and windows[-1] == 764
-    assert all(0 <= b - a <= 1 for a, b in zip(windows, windows[1:]))
-    assert rule.windows(torch.arange(4000)).tolist() == windows
+    assert rule.at(1024) == streaming(4, 382) and rule.at(2048) == streaming(4, 764)
+    assert rule.at(8192) == streaming(4, 764) and rule.at(None) == streaming(4, 764) and rule.at(1) == streaming(4, 1)
+    assert rule.stored(1024) == 4 + 382 and rule.stored(100) == 4 + 37 and streaming(4, 764).stored(1024) == 768
     assert HeadCache.from_json(rule.to_json()) == rule and HeadCache.from_json({"sink": 4, "window": 9}).context is None
 
 

@@ -81,10 +81,12 @@ def accelerator_chunk(config: Any, itemsize: int, batch: int, tokens: int, free:
     return None if tokens <= fits[0] else fits[0]
 
 
-def policy_cache(model: nn.Module, policy: KVPolicy | None = None, max_cache_len: int | None = None) -> PolicyCache:
+def policy_cache(model: nn.Module, policy: KVPolicy | None = None, max_cache_len: int | None = None,
+                 length: int | None = None) -> PolicyCache:
     """A fresh ``PolicyCache`` for ``model`` (its recorded policy by default), for plain forward calls:
-    ``model(ids, cache=policy_cache(model), use_cache=True)`` (``past_key_values=`` before transformers 5.24).
-    ``max_cache_len``: preallocated and compileable (``generate(cache_implementation="static")`` builds one)."""
+    ``model(ids, cache=policy_cache(model, length=T), use_cache=True)`` (``past_key_values=`` before transformers
+    5.24). ``length``: the tokens the sequence will reach, which fixes windows that scale with the sequence (None:
+    their caps); ``max_cache_len``: preallocated and compileable (``generate(cache_implementation="static")``)."""
     policy = policy or policy_of(model)
     if policy is None:
         raise HeadwiseError("this model has no KV policy; pass one or call headwise.apply_kv_policy(model, policy)")
@@ -92,7 +94,7 @@ def policy_cache(model: nn.Module, policy: KVPolicy | None = None, max_cache_len
     if model.config._attn_implementation != NAME:
         raise HeadwiseError(f"a per-head KV cache needs the headwise attention implementation, not "
                             f"{model.config._attn_implementation!r}: call headwise.enable(model)")
-    return PolicyCache(policy, max_cache_len)
+    return PolicyCache(policy, max_cache_len, length)
 
 
 @contextmanager
@@ -107,7 +109,9 @@ def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator
 
     def through_cache(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         if not cache_given(kwargs):
-            kwargs = {**kwargs, CACHE: PolicyCache(policy), "use_cache": True}
+            inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
+            length = None if inputs is None else inputs.shape[1]
+            kwargs = {**kwargs, CACHE: PolicyCache(policy, length=length), "use_cache": True}
         return args, kwargs
 
     handle = model.register_forward_pre_hook(through_cache, with_kwargs=True)
@@ -120,16 +124,16 @@ def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator
 def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *args, **kwargs) -> Any:
     """``generate``'s cache preparation, then the default ``DynamicCache`` (or the ``StaticCache`` of
     ``cache_implementation="static"``, which then compiles the decoding step as transformers does) swapped for a
-    ``PolicyCache`` and the prompt chunked (``generation_config`` is ``generate``'s own copy: the model's stays
-    unchanged)."""
+    ``PolicyCache`` built for the prompt and the new tokens, and the prompt chunked (``generation_config`` is
+    ``generate``'s own copy: the model's stays unchanged)."""
     user_cache = cache_given(model_kwargs)
     result = type(self)._prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs)
     policy, cache = policy_of(self), model_kwargs.get(CACHE)
     if policy is not None and not user_cache and type(cache) in (DynamicCache, StaticCache):
+        batch, tokens = _generation_shape(args, kwargs)  # tokens: the prompt and the new tokens
         static = cache.layers[0].max_cache_len if isinstance(cache, StaticCache) else None
-        model_kwargs[CACHE] = policy_cache(self, policy, static)
+        model_kwargs[CACHE] = policy_cache(self, policy, static, length=tokens)
         if generation_config.prefill_chunk_size is None:
-            batch, tokens = _generation_shape(args, kwargs)
             generation_config.prefill_chunk_size = prefill_chunk_for(self, prefill_chunk_of(self), batch, tokens)
     return result
 

@@ -12,18 +12,20 @@ from .static import StaticPolicyLayer
 class PolicyCache(Cache):
     """One layer per decoder layer: a plain ``DynamicLayer`` where every head is full (the default cache, exactly),
     a ``PolicyLayer`` elsewhere. With ``max_cache_len`` every buffer is preallocated and the cache is compileable:
-    ``StaticLayer`` (transformers' static cache, exactly) and ``StaticPolicyLayer``. Needs the ``headwise`` attention
-    implementation (``apply_kv_policy`` selects it)."""
+    ``StaticLayer`` (transformers' static cache, exactly) and ``StaticPolicyLayer``. ``length``: the tokens the cache
+    is built for, which fixes the windows that scale with the sequence (``KVPolicy.at``; None: their caps). Needs
+    the ``headwise`` attention implementation (``apply_kv_policy`` selects it)."""
 
-    def __init__(self, policy: KVPolicy, max_cache_len: int | None = None) -> None:
+    def __init__(self, policy: KVPolicy, max_cache_len: int | None = None, length: int | None = None) -> None:
+        rules = policy.at(length).heads
         if max_cache_len is None:
-            layers = [DynamicLayer() if all(c.full for c in rules) else PolicyLayer(rules) for rules in policy.heads]
+            layers = [DynamicLayer() if all(c.full for c in layer) else PolicyLayer(layer) for layer in rules]
         else:
-            layers = [StaticLayer(max_cache_len) if all(c.full for c in rules)
-                      else StaticPolicyLayer(rules, max_cache_len) for rules in policy.heads]
+            layers = [StaticLayer(max_cache_len) if all(c.full for c in layer)
+                      else StaticPolicyLayer(layer, max_cache_len) for layer in rules]
         super().__init__(layers=layers)
         self.policy = policy
-        self.max_cache_len = max_cache_len
+        self.max_cache_len, self.length = max_cache_len, length
 
     def stored_bytes(self) -> int:
         """Bytes of the key/value storage the cache holds now (every tensor's whole buffer: a head's tokens, or a

@@ -6,10 +6,11 @@ A head is either ``full`` (every token) or ``streaming(sink=S, window=W)``: the 
 left padding never counts toward a sink or a window. Under GQA a key/value head is listed once and serves its
 whole group of query heads.
 
-A window may scale with the sequence: ``streaming(S, W, context=C)`` gives the query at position ``t`` the window
-``w(t) = min(W, (t + 1)·W // C)``, so the head keeps about ``W / C`` of any sequence shorter than ``C`` and ``W``
-tokens past it: one policy serves every length at the share of the bytes it was sized for (``w`` grows by at most
-one per token, so a token that left the window never comes back).
+A window may scale with the sequence: ``streaming(S, W, context=C)`` is sized for ``C`` tokens, and a cache built
+for a sequence of ``L`` tokens gives the head the window ``min(W, max(1, W·L // C))`` (``HeadCache.at(L)``; a
+cache built for no known length takes ``W``). ``generate()`` builds its cache for the prompt plus the new tokens
+and ``policy_forward`` for each forward's input, so one policy keeps about its share of the bytes at every length
+while each sequence's queries all see the window a policy sized for that length would give them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 
 from ..errors import HeadwiseError
@@ -62,26 +62,17 @@ class HeadCache:
         """Tokens kept once the sequence is long (None: unbounded)."""
         return None if self.window is None else self.sink + self.window
 
-    def window_at(self, position: int) -> int:
-        """The window of a query at (real) position ``position ≥ 0`` of its row."""
+    def at(self, length: int | None) -> "HeadCache":
+        """The fixed rule of this head in a cache built for ``length`` tokens (None: the window's cap)."""
         if self.context is None:
-            return self.window
-        return min(self.window, (position + 1) * self.window // self.context)
-
-    def windows(self, positions: torch.Tensor) -> torch.Tensor:
-        """``window_at`` of every element of an integer tensor (negative positions: padding, window < 0)."""
-        if self.context is None:
-            return torch.full_like(positions, self.window)
-        return torch.div((positions + 1) * self.window, self.context, rounding_mode="floor").clamp(max=self.window)
-
-    @property
-    def steady(self) -> int:
-        """The first real position whose window is the whole ``window``."""
-        return 0 if self.context is None else self.context - 1
+            return self
+        if length is None:
+            return HeadCache(self.sink, self.window)
+        return HeadCache(self.sink, max(1, min(self.window, self.window * length // self.context)))
 
     def stored(self, seq_len: int) -> int:
-        """Tokens this head holds for the next query after ``seq_len`` tokens."""
-        return seq_len if self.window is None else min(seq_len, self.sink + self.window_at(seq_len))
+        """Tokens this head holds after a sequence of ``seq_len`` tokens (in a cache built for that length)."""
+        return seq_len if self.window is None else min(seq_len, self.sink + self.at(seq_len).window)
 
     def to_json(self) -> str | dict[str, int]:
         if self.full:
@@ -103,7 +94,7 @@ class HeadCache:
             return "full"
         if self.context is None:
             return f"streaming(sink={self.sink}, window={self.window})"
-        return f"streaming(sink={self.sink}, window={self.window}·t/{self.context} up to {self.window})"
+        return f"streaming(sink={self.sink}, window={self.window} at {self.context} tokens, scaled to the sequence)"
 
 
 FULL = HeadCache()
@@ -177,6 +168,10 @@ class KVPolicy:
                                 f"({len(shape)} layers x {shape[0]} KV heads)")
         other = streaming(sink, window, context)
         return cls(tuple(tuple(FULL if (l, h) in full else other for h in range(n)) for l, n in enumerate(shape)))
+
+    def at(self, length: int | None) -> "KVPolicy":
+        """Every head's fixed rule in a cache built for ``length`` tokens (``HeadCache.at``)."""
+        return KVPolicy(tuple(tuple(c.at(length) for c in layer) for layer in self.heads))
 
     # --- facts ------------------------------------------------------------------------------------------------
     @property

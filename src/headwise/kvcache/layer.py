@@ -7,14 +7,12 @@ one growth step).
   attention reads slots ``0 .. seen - 1`` with the model's own mask, as the default cache does.
 - A **streaming** group (sink ``S``, window ``W``) holds at most ``S + R`` slots: ``S`` sink slots (row ``b``'s
   first ``S`` real tokens, i.e. after its left padding) and a ring of ``R`` slots where token ``p ≥ S`` goes to
-  slot ``S + (p - S) mod R``. Until the ring wraps, token ``p`` sits in slot ``p`` and the buffer grows like a full
-  group's, so a short sequence costs no more than the full cache. ``R`` is ``W + 1`` (the ``+ 1`` is the slot the
-  newest token is written to while the oldest one of the window is still visible); a scaled window
-  (``streaming(S, W, context=C)``) starts with a small ring that grows in steps to ``W + 1`` as the window does,
-  re-laid out when it grows after wrapping. Keys carry their rotary phase already, so slot order does not matter to
-  attention. A decoding query sees every valid slot, so once the ring holds ``W + 1`` slots that are all in every
-  row's window it attends with no mask at all; prefill chunks attend to the held slots plus the chunk with a mask
-  built from positions.
+  slot ``S + (p - S) mod R``, ``R = W + 1`` (the ``+ 1`` is the slot the newest token is written to while the oldest
+  one of the window is still visible). Until the ring wraps, token ``p`` sits in slot ``p`` and the buffer grows
+  like a full group's, so a short sequence costs no more than the full cache. Keys carry their rotary phase already,
+  so slot order does not matter to attention. A decoding query sees every valid slot, so once the ring has wrapped
+  past every row's sinks it attends with no mask at all; prefill chunks attend to the held slots plus the chunk with
+  a mask built from positions. (A window that scales with the sequence is fixed per cache: ``KVPolicy.at``.)
 
 ``update`` cannot return one key tensor (the groups have different lengths): it returns empty carrier tensors that
 hold a ``GroupedKV`` (the layer and this forward's new keys/values) under ``runtime.GROUPED_KV``; the ``headwise``
@@ -78,7 +76,10 @@ class Group:
         self.values[:, :, past:total] = values
 
     # --- sink + window heads ------------------------------------------------------------------------------------
-    span: int = 0  # ring slots in use: grows to the rule's window + 1
+    @property
+    def span(self) -> int:
+        """Ring slots: the window and the newest token."""
+        return self.rule.window + 1
 
     def ring_positions(self, total: int, device: torch.device) -> torch.Tensor:
         """Position ``[slots - S]`` of the token in each held ring slot after ``total`` tokens (below ``S``: empty)."""
@@ -91,38 +92,22 @@ class Group:
         """Boolean ``[B, 1, Tq, slots]``: the held slots (tokens before ``total``) each query may see."""
         sink = min(self.rule.sink, self.keys.shape[2])
         ring_pos = self.ring_positions(total, q_pos.device)
-        window = self.rule.windows(q_pos[None] - pads[:, None])  # [B, Tq]
         ring_ok = (ring_pos[None] - pads[:, None] >= self.rule.sink)[:, None]  # a real token past the row's sinks
-        ring_ok = ring_ok & (q_pos[None, :, None] - ring_pos[None, None] <= window[..., None])
+        ring_ok = ring_ok & (q_pos[None, :, None] - ring_pos[None, None] <= self.rule.window)
         sink_ok = pads[:, None] + torch.arange(sink, device=q_pos.device)[None] < total  # [B, S]
         sink_ok = sink_ok[:, None].expand(-1, q_pos.shape[0], -1)
         return torch.cat([sink_ok, ring_ok], -1)[:, None]
 
-    def reserve_streaming(self, past: int, total: int, like: torch.Tensor) -> None:
-        """Grow the ring to the window of token ``total - 1`` (in steps of ``min(span, GROW)``, up to ``W + 1``) and
-        the buffer to the slots ``total`` tokens fill; a wrapped ring is re-laid out for its new span."""
-        sink, cap = self.rule.sink, self.rule.window + 1
-        span = self.span
-        need = self.rule.window_at(total - 1) + 1  # the newest query's window (padding counted: an upper bound)
-        if need > span:
-            span = min(cap, max(need, span + min(span, GROW)))
+    def reserve_streaming(self, total: int, like: torch.Tensor) -> None:
+        """Grow the buffer to the slots ``total`` tokens fill (``min(total, S + W + 1)``), by at least
+        ``min(held, GROW)`` slots at a time; until then the ring has not wrapped, so held tokens keep their slots."""
         held = 0 if self.keys is None else self.keys.shape[2]
-        if span != self.span and past - sink > self.span:  # wrapped: its tokens move to their new slots
-            old_k, old_v, old_span = self.keys, self.values, self.span
-            positions = self.ring_positions(past, like.device)
-            self.span = span
-            self.allocate(like.shape[0], sink + span, like, zeros=True)
-            index = sink + torch.remainder(positions - sink, span)
-            for new, old in ((self.keys, old_k), (self.values, old_v)):
-                new[:, :, :sink] = old[:, :, :sink]
-                new.index_copy_(2, index, old[:, :, sink:sink + old_span])
-            return
-        self.span = span
-        slots = min(total, sink + span)
+        slots = min(total, self.rule.sink + self.span)
         if held < slots:
             old_k, old_v = self.keys, self.values
-            self.allocate(like.shape[0], min(sink + span, max(slots, held + min(held, GROW))), like, zeros=True)
-            if held:  # the ring has not wrapped: every held token sits in its final slot
+            self.allocate(like.shape[0], min(self.rule.sink + self.span, max(slots, held + min(held, GROW))), like,
+                          zeros=True)  # empty slots are zeros (masked), never NaN
+            if held:
                 self.keys[:, :, :held] = old_k
                 self.values[:, :, :held] = old_v
 
@@ -132,7 +117,7 @@ class Group:
         (only while ``sinks_pending``), the last ``span`` positions from ``S`` on to the ring."""
         sink, new = self.rule.sink, keys.shape[2]
         total = past + new
-        self.reserve_streaming(past, total, keys)  # empty slots are zeros (masked), never NaN
+        self.reserve_streaming(total, keys)
         if sink and sinks_pending:
             held = min(sink, self.keys.shape[2])
             source = pads[:, None] + torch.arange(held, device=keys.device)[None] - past  # [B, S]
@@ -290,8 +275,7 @@ class PolicyLayer(RowOps, DynamicLayer):
         sinks_pending = past < self.max_pad + rule.sink
         if decoding:  # write first: the query sees every valid slot, the newest included
             group.write_streaming(keys, values, past, self.pads, sinks_pending)
-            # every slot holds a real token past the sinks, inside every row's (whole) window
-            clean = group.span == rule.window + 1 and past - self.max_pad >= max(rule.sink + rule.window, rule.steady)
+            clean = past >= self.max_pad + rule.sink + rule.window  # every slot holds a real token past the sinks
             mask = None
             if not clean:
                 mask = group.slot_mask(self.pads, total, torch.arange(past, total, device=keys.device))
@@ -300,8 +284,7 @@ class PolicyLayer(RowOps, DynamicLayer):
         q_pos = torch.arange(past, total, device=keys.device)
         distance = q_pos[:, None] - q_pos[None, :]  # chunk query - chunk key
         key_real = q_pos[None, None, :] - self.pads[:, None, None]  # [B, 1, Tq]: keys' indices among real tokens
-        window = rule.windows(q_pos[None] - self.pads[:, None])[..., None]  # [B, Tq, 1]
-        chunk_ok = (key_real >= 0) & (distance[None] >= 0) & ((key_real < rule.sink) | (distance[None] <= window))
+        chunk_ok = (key_real >= 0) & (distance[None] >= 0) & ((key_real < rule.sink) | (distance[None] <= rule.window))
         if past:
             held_ok = group.slot_mask(self.pads, past, q_pos)[:, 0]
             allowed = torch.cat([held_ok, chunk_ok], -1)
@@ -326,7 +309,6 @@ class PolicyLayer(RowOps, DynamicLayer):
     def reset(self) -> None:
         for group in self.groups:
             group.keys = group.values = None
-            group.span = 0
         self.seen, self.pads, self.max_pad = 0, None, 0
         self.keys = self.values = None
         self.is_initialized = False

@@ -53,7 +53,6 @@ class StaticPolicyLayer(PolicyLayer):
             if group.rule.full:
                 group.allocate(batch, self.max_cache_len, key_states, zeros=True)
             else:
-                group.span = group.rule.window + 1
                 group.allocate(batch, group.rule.sink + group.span, key_states, zeros=True)
         self.position = self.position.to(key_states.device)
         self.pads = torch.zeros(batch, dtype=torch.long, device=key_states.device)
