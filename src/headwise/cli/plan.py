@@ -6,8 +6,8 @@ import argparse
 import json
 
 from ..errors import HeadwiseError
-from ..planning.edits import METHODS
-from ..tasks.recovery import MODES as RECOVERY
+from .constants import PLAN_METHODS as METHODS
+from .constants import RECOVERY_MODES as RECOVERY
 from . import model_args
 from .task_options import load_task_model, task_args, task_from_args
 
