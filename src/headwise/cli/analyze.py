@@ -7,6 +7,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
+from .suggest import run_options
 from .task_options import load_for_task, load_task_model, task_args, task_from_args
 
 
@@ -124,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
                 "the analysed texts' next-token loss, in the statistics pass" if inputs is None
                 else f"the task loss of {sum(len(b['input_ids']) for b in inputs)} {task.name} training examples")
     stats["task"] = args.task
+    stats["run_options"] = run_options(args)  # what the report's suggested `headwise plan` carries
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         (tmp / "stats.json").write_text(json.dumps(stats))
         write_report(stats, tmp)
