@@ -111,6 +111,10 @@ def text_source(args: argparse.Namespace) -> str | None:
         return None
 
 
+PERPLEXITY = "perplexity (its last 10%)"
+PASSKEY = "the passkey check and the measured prompt ('text' family, its last 10%)"
+
+
 def data_uses(args: argparse.Namespace, families: tuple[str, ...], gates) -> dict[str, bool]:
     """What a text is read for under these options → whether the user asked for it explicitly (a use asked for
     needs a text; the others are skipped, or take another prompt family, without one)."""
@@ -122,18 +126,19 @@ def data_uses(args: argparse.Namespace, families: tuple[str, ...], gates) -> dic
     if gates is not None and gates.haystack == "text":
         uses["the learned gates' haystack (--gate-haystack text)"] = True
     if not args.no_measure and (args.eval_family or "text").startswith("text"):
-        uses["the passkey check and the measured prompt ('text' family, its last 10%)"] = args.eval_family is not None
+        uses[PASSKEY] = args.eval_family is not None
     if not args.no_perplexity:
-        uses["perplexity (its last 10%)"] = False
+        uses[PERPLEXITY] = False
     return uses
 
 
 def inputs_line(data: str | None, uses: dict[str, bool], ranking: str) -> str:
-    """One line on what the text was used for (or that there was none and what was skipped)."""
+    """One line on what the text was used for (or that there was none, and what that changed)."""
     if data is None:
-        return ("no text (--data) given and shared/data/wikitext-2/valid.txt not found: the ranking calibrates on "
-                "synthetic prompts" + ("; perplexity skipped" if not uses or "perplexity (its last 10%)" in uses
-                                       else "") + "; the passkey check uses the 'numbers' family")
+        return "; ".join(["no text (--data) given and shared/data/wikitext-2/valid.txt not found: the ranking "
+                          "calibrates on synthetic prompts"]
+                         + (["perplexity skipped"] if PERPLEXITY in uses else [])
+                         + (["the passkey check uses the 'numbers' family"] if PASSKEY in uses else []))
     if not uses:
         return f"--data {data} is not used by these options (--ranking {ranking} calibrates on synthetic prompts)"
     return f"--data {data} is used only for {'; '.join(uses)} with --ranking {ranking}"
