@@ -84,9 +84,9 @@ def test_building_the_parser_and_every_help_page_imports_no_torch():
 
 def test_the_light_copies_equal_the_library():
     """What the parser shows without importing torch is what the library defines."""
-    from headwise.cli import constants, load_methods
+    from headwise.cli import constants
     from headwise.cli.edit import SUMMARIES, summary_of
-    from headwise.contract import METHODS
+    from headwise.contract import METHODS, load_methods
     from headwise.kvcache.apply import PREFILL_CHUNK
     from headwise.planning.edits import METHODS as PLAN_METHODS
     from headwise.tasks.recovery import MODES

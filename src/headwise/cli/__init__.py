@@ -3,9 +3,11 @@
 Each verb lives in ``headwise.cli.<verb>`` with ``register(verbs, parents)``; this module builds the parser and runs
 the chosen verb. Building the parser imports neither torch nor transformers (``headwise --help`` answers at once;
 tests/test_cli_help.py checks it): each verb imports its heavy code inside its run function, and every method package
-is imported (``load_methods``) only once a verb is about to run. Every number option of every verb is checked while parsing, before any work: a finite value,
-above 0 for the counts and sizes in ``POSITIVE``, not negative where the default is a number ≥ 0 (``--max-steps
--1`` keeps its meaning); ``--device`` must name a device this build of torch has and ``--dtype`` a known dtype.
+is imported (``headwise.contract.load_methods``) only once a verb is about to run.
+
+Every number option of every verb is checked while parsing, before any work: a finite value, above 0 for the counts
+and sizes in ``POSITIVE``, not negative where the default is a number ≥ 0 (``--max-steps -1`` keeps its meaning);
+``--device`` must name a device this build of torch has and ``--dtype`` a known dtype.
 """
 
 from __future__ import annotations
@@ -202,12 +204,6 @@ def model_args(parser: argparse.ArgumentParser, default: str | None = None) -> N
                         help="with --device-map: folder for the weights that fit nowhere (disk offload)")
 
 
-def load_methods() -> None:
-    """Import every method package, so that each method and saved op type is registered (``headwise.contract``,
-    ``headwise.runtime.ops``) before a verb reads a checkpoint or ``edit`` builds a method's options."""
-    from .. import analysis, collaborative, conversion, kvcache, mechanisms, mixing, pruning, quantization  # noqa: F401
-
-
 def global_flags(parser: argparse.ArgumentParser, default: object) -> None:
     """``--debug`` and ``--json``, taken before the verb or after it: the verbs' copies default to SUPPRESS so
     that a flag given before the verb is not reset by the verb's own default."""
@@ -279,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # argparse: --help (0) or a bad argument (2, its one line already printed)
         return exit_.code if isinstance(exit_.code, int) else 2
-    load_methods()
+    from ..contract import load_methods
+
+    load_methods()  # every method registered before a verb reads a checkpoint (import headwise alone is light)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # headwise shows its own progress for long work

@@ -128,8 +128,7 @@ def register(verbs, parents) -> None:
 
 def method_options(q: argparse.ArgumentParser, name: str) -> None:
     """The options of ``headwise edit NAME``: the model, ``--task``, the selection, one per config field, ``--out``."""
-    from ..contract import METHODS, config_fields
-    from . import load_methods
+    from ..contract import METHODS, config_fields, load_methods
 
     load_methods()
     method = METHODS[name]
