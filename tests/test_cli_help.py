@@ -111,3 +111,28 @@ def test_convert_takes_data_and_keeps_text_as_a_hidden_alias(capsys):
     args = build_parser().parse_args(["convert", "gqa", "--kv-heads", "1", "--text", "a.txt", "--out", "o"])
     assert args.data == "a.txt" and "--text is now --data" in capsys.readouterr().err
     assert build_parser().parse_args(["convert", "latent", "--data", "b.txt", "--out", "o"]).data == "b.txt"
+
+
+def test_a_light_import_still_reads_every_checkpoint(tmp_path):
+    """``import headwise`` no longer imports the method packages, yet a fresh process that imports only
+    ``headwise.io`` reloads a checkpoint whose journal and ops name methods it never imported (pruned heads, a
+    quantizer), with the same outputs."""
+    import torch
+    from tiny import tiny_inputs, tiny_model
+
+    import headwise
+
+    model = tiny_model("bert")
+    headwise.prune_heads(model, {s.path: [0] for s in headwise.find_sites(model)})
+    headwise.quantize_attention(model, method="bin")
+    headwise.save_pretrained(model, tmp_path / "model")
+    inputs, _ = tiny_inputs("bert")
+    torch.save({k: v for k, v in inputs.items()}, tmp_path / "inputs.pt")
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+    script = (f"import torch; from headwise.io import from_pretrained; m = from_pretrained({str(tmp_path / 'model')!r});"
+              f" x = torch.load({str(tmp_path / 'inputs.pt')!r});"
+              f" torch.save(m(**x).last_hidden_state.detach(), {str(tmp_path / 'out.pt')!r})")
+    env = dict(os.environ, PYTHONPATH=str(SRC), HF_HUB_OFFLINE="1")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True)
+    assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
