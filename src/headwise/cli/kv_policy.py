@@ -224,9 +224,9 @@ def run(args: argparse.Namespace) -> int:
                                 "not found either): pass --data FILE (a UTF-8 text file)")
         args.no_perplexity = True
     eval_family = PromptFamily.parse(args.eval_family or "text")
-    print(f"headwise: {inputs_line(data, uses, args.ranking)}", file=sys.stderr)
     task = lm_task(args, data)  # bad data fails before the model loads
     model, tokenizer = load_for_task(args, task)
+    print(f"headwise: {inputs_line(data, uses, args.ranking)}", file=sys.stderr)  # once the inputs are known good
     tokenizer.model_max_length = getattr(model.config, "max_position_embeddings", tokenizer.model_max_length)
     shape = model_shape(model)
     full_heads_for_budget(sum(shape), args.kv_budget, args.context, args.sink, args.window)  # fail before work
