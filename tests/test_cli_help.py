@@ -136,3 +136,16 @@ def test_a_light_import_still_reads_every_checkpoint(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(SRC), HF_HUB_OFFLINE="1")
     subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True)
     assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
+
+
+def test_every_edit_method_page_has_examples_that_parse(capsys):
+    from headwise.cli.edit import SUMMARIES
+
+    for name in SUMMARIES:
+        assert main(["edit", name, "--help"]) == 0
+        page = capsys.readouterr().out
+        assert "examples:" in page
+        for example in EXAMPLES[f"edit {name}"]:
+            assert f"  {example}" in page
+            args = build_parser().parse_args(shlex.split(example, comments=True)[1:])
+            assert args.verb == "edit" and args.method_name == name

@@ -81,6 +81,19 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
              "headwise plan --task lm --model smollm2-135m --budget kv-cache=-20% --out smol-plan"),
     "apply": ("headwise apply minilm-plan/plan.json --out minilm-applied",),
     "edit": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
+    # `headwise edit METHOD --help` (its options come from the method's config: built when the method is chosen)
+    "edit collaborative": ("headwise edit collaborative --dk 192 --out minilm-dk192",),
+    "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --init mean --out smol-gqa1",),
+    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --init svd --out smol-latent",),
+    "edit kv_policy": ("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
+                       "   # the policy.json of headwise kv-policy",),
+    "edit mechanism": ("headwise edit mechanism --mechanism local --args '{\"window\": 16}' --out minilm-local",),
+    "edit mixing": ("headwise edit mixing --out minilm-mixers",),
+    "edit gates": ("headwise edit gates --kinds enc-self --out minilm-gated",),
+    "edit masks": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
+    "edit l0": ("headwise edit l0 --target-heads 36 --out minilm-l0-gates",),
+    "edit prune_heads": ("headwise edit prune_heads --heads '{\"enc-self.0\": [0, 1]}' --out minilm-pruned",),
+    "edit quantization": ("headwise edit quantization --method log --bits 4 --out minilm-log4",),
 }
 START = """start here (docs/quickstart.md is a five-minute tour):
   headwise sites                                   # the attention sites of the default model (all-MiniLM-L6-v2)

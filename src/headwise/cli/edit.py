@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadwiseError
-from . import model_args
+from . import EXAMPLES, model_args
 from .task_options import TASK_NAMES, load_task_model
 
 SELECTION_FLAGS = {"kinds": str, "layers": int, "names": str}
@@ -150,6 +150,9 @@ def method_options(q: argparse.ArgumentParser, name: str) -> None:
         _option(q, f.name, hint, default, f"{method.config.__name__}.{f.name}")
     q.add_argument("--out", required=True, help="output folder (DIR/model, DIR/edit.json)")
     q.add_argument("--force", action="store_true", help="replace an existing output folder")
+    if f"edit {name}" in EXAMPLES:
+        q.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[f"edit {name}"])
+        q.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def run(args: argparse.Namespace) -> int:
