@@ -93,9 +93,9 @@ class MethodParsers(dict):
     import torch) when it is first looked up, i.e. when the method is chosen on the command line or read by a test;
     ``headwise edit --help`` only lists the names and summaries."""
 
-    def __init__(self, parents: list[argparse.ArgumentParser]) -> None:
+    def __init__(self) -> None:
         super().__init__()
-        self.parents, self.built = parents, set()
+        self.built: set[str] = set()
 
     def __getitem__(self, name: str) -> argparse.ArgumentParser:
         parser = super().__getitem__(name)
@@ -120,7 +120,7 @@ def register(verbs, parents) -> None:
                                      "--kinds/--layers/--names select the sites) and save DIR/model with "
                                      "DIR/edit.json.\n`headwise edit METHOD --help` lists a method's options.")
     methods = p.add_subparsers(dest="method", required=True, metavar="METHOD")
-    methods.choices = methods._name_parser_map = MethodParsers(parents)
+    methods.choices = methods._name_parser_map = MethodParsers()
     for name, summary in SUMMARIES.items():
         q = methods.add_parser(name, parents=parents, help=summary, description=summary)
         q.set_defaults(run=run, method_name=name)
