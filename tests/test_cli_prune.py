@@ -41,11 +41,17 @@ def test_prune_with_a_mask_file_saves_a_smaller_model_that_reloads_in_a_fresh_pr
 
 
 @pytest.mark.slow
-def test_prune_l0_runs_end_to_end(tmp_path):
+def test_prune_l0_runs_end_to_end_and_says_when_it_missed_its_target(tmp_path, capsys):
+    """Two steps leave every gate open (they start open): the cut to --keep is by ranking, and the run says so,
+    naming the flags that would help, in its output and in pruning.json."""
     out = tmp_path / "l0"
     assert main(["prune", "--method", "l0", "--keep", "60", "--max-steps", "2", "--no-eval", "--out", str(out)]) == 0
     result = json.loads((out / "pruning.json").read_text())
     assert result["heads_after"] == 60 and sum(map(len, result["removed"].values())) == 12
+    l0 = result["l0"]
+    assert l0["target_heads"] == 60 and l0["open_heads"] > 60 and l0["lambda"] >= 0
+    assert "--max-steps 2" in l0["warning"] and "--epochs" in l0["warning"] and "--method importance" in l0["warning"]
+    assert f"warning: {l0['warning']}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -32,7 +32,7 @@ def tiny_folder(tmp_path_factory):
 
 
 def _run(root, *argv):
-    return main(["convert", *argv, "--model", str(root / "model"), "--text", str(root / "text.txt"),
+    return main(["convert", *argv, "--model", str(root / "model"), "--data", str(root / "text.txt"),
                  "--calib-tokens", "1024", "--eval-tokens", "128", "--max-length", "64"])
 
 
@@ -79,7 +79,7 @@ def test_bad_kv_heads_writes_nothing(tiny_folder, tmp_path, capsys):
 
 def test_text_shorter_than_a_window_is_refused(tiny_folder, tmp_path, capsys):
     out = tmp_path / "short"
-    argv = ["convert", "gqa", "--kv-heads", "1", "--model", str(tiny_folder / "model"), "--text",
+    argv = ["convert", "gqa", "--kv-heads", "1", "--model", str(tiny_folder / "model"), "--data",
             str(tiny_folder / "text.txt"), "--max-length", "100000", "--out", str(out)]
     assert main(argv) == 2
     assert "fewer than one --max-length of 100000" in capsys.readouterr().err and not out.exists()

@@ -231,7 +231,7 @@ def test_a_data_file_that_is_not_utf8_is_named_with_its_line(verb, tmp_path, cap
             "eval translation": ["eval", "translation", "--src-file", str(path), "--tgt-file", str(path)],
             "analyze": ["analyze", "--data", str(path), "--out", str(out)],
             "prune mask": ["prune", "--method", "mask", "--mask", str(path), "--no-eval", "--out", str(out)],
-            "convert": ["convert", "gqa", "--kv-heads", "1", "--text", str(path), "--out", str(out)],
+            "convert": ["convert", "gqa", "--kv-heads", "1", "--data", str(path), "--out", str(out)],
             "compress": ["compress", "--dk", "8", "--calibration", str(path), "--out", str(out)]}[verb]
     assert main(argv) == 2
     line = 2 if verb == "eval classification" else 1
@@ -399,7 +399,7 @@ def test_convert_keeps_the_last_complete_checkpoint_and_resumes_from_it(llama_di
     out = tmp_path / "c"
     checkpoints = tmp_path / "c.checkpoints"
     common = ["convert", "gqa", "--model", str(llama_dir / "model"), "--kv-heads", "1", "--init", "mean",
-              "--text", str(llama_dir / "text.txt"), "--max-length", "16", "--eval-tokens", "0",
+              "--data", str(llama_dir / "text.txt"), "--max-length", "16", "--eval-tokens", "0",
               "--uptrain-tokens", "128", "--out", str(out)]
     assert main(common) == 0
     assert not checkpoints.exists()  # removed at the end

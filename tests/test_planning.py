@@ -289,7 +289,9 @@ def test_a_plan_of_a_fresh_classification_head_is_refused_before_any_work(tmp_pa
                  "--budget", "heads=0.75", "--repeats", "1", "--importance-examples", "8", "--calibration-limit", "8",
                  "--top-k", "1", "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "--new-head" in err and "headwise mix --task classification" in err and not out.exists()
+    assert "--new-head" in err and not out.exists()
+    suggested = err.partition("(headwise mix ")[2].partition("), then")[0]  # runs as printed: this run's model and data
+    assert f"--model {bert_dir} --task classification --data {data}" in suggested
 
 
 def test_retime_measures_latency_again_and_keeps_the_plan_consistent(bert_plan, tokenizer):

@@ -1,19 +1,23 @@
 """docs/quickstart.md cannot rot: every command in its ``bash`` blocks (``headwise …`` and ``python …`` lines) runs,
 exactly as written, in a fresh folder, block after block (later commands read what earlier ones wrote). The SmolLM2
 and Marian blocks need their data from ``shared/`` (WikiText-2, Multi30k and the Marian model) and say so when it is
-missing; the MiniLM and classification blocks need nothing. ``HEADWISE_TOUR_TIMES=FILE`` writes each command's wall
+missing; the MiniLM and classification blocks need nothing. After each block, the commands its outputs suggest (the
+analysis verdict's ``headwise plan``, each plan's ``headwise apply``) run as printed too. ``HEADWISE_TOUR_TIMES=FILE`` writes each command's wall
 time there (how the times in the doc were measured)."""
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from shared_data import SHARED, require_shared
@@ -62,14 +66,44 @@ def test_every_tour_command_runs(index, tmp_path_factory):
         env.setdefault("HEADWISE_DATA_DIR", str(SHARED / "data"))
         env.setdefault("HEADWISE_MODELS_DIR", str(SHARED / "models"))
     times = {}
-    for command in commands:
+
+    def run(command: str) -> None:
         start = time.perf_counter()
         program = [sys.executable, "-m", "headwise"] if command.startswith("headwise ") else [sys.executable]
         done = subprocess.run([*program, *shlex.split(command)[1:]], cwd=work, env=env,
                               capture_output=True, text=True, timeout=1800)
         times[command] = round(time.perf_counter() - start, 1)
         assert done.returncode == 0, f"{command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+    for command in commands:
+        run(command)
+    for command in suggested(work, commands):  # what the tour's reports and plans suggest, run as printed
+        run(command)
     if os.environ.get("HEADWISE_TOUR_TIMES"):
         path = Path(os.environ["HEADWISE_TOUR_TIMES"])
         previous = json.loads(path.read_text()) if path.is_file() else {}
         path.write_text(json.dumps(previous | times, indent=1))
+
+
+def suggested(work: Path, commands: list[str]) -> Iterator[str]:
+    """The commands a tour block's outputs suggest, each read just before it runs: the ``headwise plan`` of each
+    analysis report's verdict, then the ``headwise apply`` of the plan it wrote (plan.json's ``command``, the one
+    plan prints), then the ``apply`` of each plan of the block; the default output folders they write
+    (headwise-plan, headwise-applied) are cleared between them."""
+    def clear() -> None:
+        for name in ("headwise-plan", "headwise-applied"):
+            shutil.rmtree(work / name, ignore_errors=True)
+
+    outs = {verb: [shlex.split(c)[shlex.split(c).index("--out") + 1] for c in commands
+                   if shlex.split(c)[1] == verb and "--out" in c] for verb in ("analyze", "plan")}
+    clear()
+    for out in outs["analyze"]:
+        page = (work / out / "report.html").read_text()
+        plans = [html.unescape(c) for c in re.findall(r"<code>(headwise plan [^<]*)</code>", page)]
+        if plans:
+            yield plans[0]
+            yield json.loads((work / "headwise-plan" / "plan.json").read_text())["command"]
+            clear()
+    for out in outs["plan"]:
+        yield json.loads((work / out / "plan.json").read_text())["command"]
+        clear()

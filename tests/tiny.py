@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import transformers as tf
 
+import headwise.runtime  # noqa: F401  (registers the "headwise" attention implementation these models are built with)
+
 VOCAB = 97
 
 

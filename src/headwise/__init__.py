@@ -3,31 +3,63 @@
 The verbs and their configs, one per method (each also has a ``headwise <verb>`` command); the packages
 (``headwise.pruning``, ``headwise.mixing``, ...) hold the rest. ``headwise.apply(model, config)`` /
 ``headwise.remove(model, method)`` run any registered method (``headwise.contract``).
+
+The names load on first use: ``import headwise`` alone (and the command line's parser, ``headwise --help``) imports
+neither torch nor transformers; the first public name used imports every package below, so that every method is
+registered before any checkpoint is read.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import HeadwiseError
 from .version import __version__, check_transformers
 
-check_transformers()  # a transformers outside the tested range is refused in one line, before any model code
+check_transformers()  # a transformers outside the tested range is refused in one line (read from its metadata)
 
-from .analysis import AnalysisConfig, HeadStats, analyze
-from .collaborative import CollaborativeConfig, compress
-from .contract import Selection, apply, remove
-from .conversion import convert_gqa, convert_latent
-from .errors import HeadwiseError
-from .tasks import evaluate_stsb, fidelity, get_task, recover
-from .io import from_pretrained, save_pretrained
-from .kvcache import KVGateConfig, KVPolicy, apply_kv_policy, kv_policy, remove_kv_policy
-from .mechanisms import apply as replace_attention
-from .mechanisms import remove as restore_attention
-from .mixing import MixingConfig, add_mixers, fold_mixing, remove_mixers, swap_heads
-from .models import load_model
-from .planning import Budget, Plan, plan
-from .pruning import (L0Config, add_l0_gates, apply_masks, prune_heads, prune_masked, remove_l0_gates,
-                      remove_masks)
-from .quantization import QuantizationConfig, quantize_attention, remove_quantization
-from .runtime import add_gates, enable, remove_gates
-from .sites import AttentionSite, find_sites, select_sites
-from .training import train_kv_gates
+# public name → the module that defines it (``headwise.X`` is ``<module>.X``; "replace_attention" and
+# "restore_attention" are headwise.mechanisms' apply and remove)
+_SOURCES: dict[str, str] = {
+    **dict.fromkeys(("AnalysisConfig", "HeadStats", "analyze"), "analysis"),
+    **dict.fromkeys(("CollaborativeConfig", "compress"), "collaborative"),
+    **dict.fromkeys(("Selection", "apply", "remove"), "contract"),
+    **dict.fromkeys(("convert_gqa", "convert_latent"), "conversion"),
+    **dict.fromkeys(("evaluate_stsb", "fidelity", "get_task", "recover"), "tasks"),
+    **dict.fromkeys(("from_pretrained", "save_pretrained"), "io"),
+    **dict.fromkeys(("KVGateConfig", "KVPolicy", "apply_kv_policy", "kv_policy", "remove_kv_policy"), "kvcache"),
+    **dict.fromkeys(("replace_attention", "restore_attention"), "mechanisms"),
+    **dict.fromkeys(("MixingConfig", "add_mixers", "fold_mixing", "remove_mixers", "swap_heads"), "mixing"),
+    "load_model": "models",
+    **dict.fromkeys(("Budget", "Plan", "plan"), "planning"),
+    **dict.fromkeys(("L0Config", "add_l0_gates", "apply_masks", "prune_heads", "prune_masked", "remove_l0_gates",
+                     "remove_masks"), "pruning"),
+    **dict.fromkeys(("QuantizationConfig", "quantize_attention", "remove_quantization"), "quantization"),
+    **dict.fromkeys(("add_gates", "enable", "remove_gates"), "runtime"),
+    **dict.fromkeys(("AttentionSite", "find_sites", "select_sites"), "sites"),
+    "train_kv_gates": "training",
+}
+_RENAMED = {"replace_attention": "apply", "restore_attention": "remove"}
+
+
+def _load_all() -> None:
+    """Import every package that defines a public name (the method registries fill as they import) and bind the
+    names on this module, so that ``__getattr__`` runs once."""
+    for name, module in _SOURCES.items():
+        globals()[name] = getattr(importlib.import_module(f".{module}", __name__), _RENAMED.get(name, name))
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _SOURCES:
+        raise AttributeError(f"module 'headwise' has no attribute {name!r}")
+    _load_all()
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SOURCES))
+
 
 __all__ = [
     "__version__", "HeadwiseError",

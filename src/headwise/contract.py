@@ -17,6 +17,7 @@ attached at sites (gates, quantizers, ...) are saved beside it by the runtime.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -115,6 +116,18 @@ class Method:
 
 
 METHODS: dict[str, Method] = {}
+
+# the packages whose import registers methods and saved op types: `import headwise` imports no torch (the CLI's
+# --help stays light), so a checkpoint reader loads them (load_methods) before it replays a journal; named as
+# strings, the registry's plug-in list, not imports of a higher layer
+METHOD_PACKAGES = ("headwise.analysis", "headwise.pruning", "headwise.collaborative", "headwise.quantization",
+                   "headwise.mixing", "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")
+
+
+def load_methods() -> None:
+    """Import every method package (``METHOD_PACKAGES``), so that every method and saved op type is registered."""
+    for package in METHOD_PACKAGES:
+        importlib.import_module(package)
 
 
 def register_method(name: str, config: type, apply: Callable[..., Any], *, example: Callable[[nn.Module], Any],

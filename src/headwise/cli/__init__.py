@@ -1,9 +1,13 @@
 """``headwise <verb>``: the command line. Errors print one line (a traceback only with --debug) and exit with 2.
 
 Each verb lives in ``headwise.cli.<verb>`` with ``register(verbs, parents)``; this module builds the parser and runs
-the chosen verb. Every number option of every verb is checked while parsing, before any work: a finite value,
-above 0 for the counts and sizes in ``POSITIVE``, not negative where the default is a number ≥ 0 (``--max-steps
--1`` keeps its meaning); ``--device`` must name a device this build of torch has and ``--dtype`` a known dtype.
+the chosen verb. Building the parser imports neither torch nor transformers (``headwise --help`` answers at once;
+tests/test_cli_help.py checks it): each verb imports its heavy code inside its run function, and every method package
+is imported (``headwise.contract.load_methods``) only once a verb is about to run.
+
+Every number option of every verb is checked while parsing, before any work: a finite value, above 0 for the counts
+and sizes in ``POSITIVE``, not negative where the default is a number ≥ 0 (``--max-steps -1`` keeps its meaning);
+``--device`` must name a device this build of torch has and ``--dtype`` a known dtype.
 """
 
 from __future__ import annotations
@@ -45,19 +49,51 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
               "--out smol-prune"),
     "quantize": ("headwise quantize --methods log --bits 3,4 --thresholds none --limit 200 --out minilm-quantize",),
     "mechanisms": ("headwise mechanisms list",),
+    "mechanisms list": ("headwise mechanisms list", "headwise mechanisms list --json"),
     "compress": ("headwise compress --dk 192 --out minilm-compress",),
     "mix": ("headwise mix --swap 'enc-self.0:0 <-> enc-self.1:1' --out minilm-mix",
             "headwise mix --task classification --data genre.csv --new-head --no-mixers --mix-epochs 1 "
             "--out cls-tuned   # fine-tune a classifier"),
     "replace": ("headwise replace local --arg window=16 --out minilm-replace",),
-    "kv-policy": ("headwise kv-policy --model smollm2-135m --kv-budget 0.5 --out smol-kv",),
+    "kv-policy": ("headwise kv-policy --kv-budget 0.5 --out smol-kv   # smollm2-135m, synthetic calibration",
+                  "headwise kv-policy --model smollm2-135m --kv-budget 0.5 --context 8192 --data my.txt "
+                  "--out smol-kv8k"),
     "convert": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
                 "headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent"),
+    "convert gqa": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
+                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --init svd --out smol-gqa3   # no data",
+                    "headwise convert gqa --model smollm2-135m --kv-heads 1 --data my.txt --uptrain-tokens 65536 "
+                    "--out smol-gqa-up"),
+    "convert latent": ("headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent",
+                       "headwise convert latent --model smollm2-135m --rank 128 --init svd --out smol-r128   # no data",
+                       "headwise convert latent --model smollm2-135m --kv-budget 0.25 --data my.txt --out smol-l25"),
+    "eval stsb": ("headwise eval stsb --limit 500", "headwise eval stsb --model DIR/model --split test"),
+    "eval lm": ("headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
+                "headwise eval lm --model smollm2-135m --data my.txt --max-length 512"),
+    "eval translation": ("headwise eval translation --model multi30k-marian-de-en --limit 100",
+                         "headwise eval translation --model DIR/model --src-file de.txt --tgt-file en.txt --beam 4"),
+    "eval classification": ("headwise eval classification --model DIR/model --data genre.csv",
+                            "headwise eval classification --model DIR/model --data glue:sst2 --limit 200"),
     "train": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",),
+    "train translation": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",
+                          "headwise train translation --out my-marian --resume   # continue an unfinished run"),
     "plan": ("headwise plan --budget heads=0.75 --out minilm-plan",
              "headwise plan --task lm --model smollm2-135m --budget kv-cache=-20% --out smol-plan"),
     "apply": ("headwise apply minilm-plan/plan.json --out minilm-applied",),
     "edit": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
+    # `headwise edit METHOD --help` (its options come from the method's config: built when the method is chosen)
+    "edit collaborative": ("headwise edit collaborative --dk 192 --out minilm-dk192",),
+    "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --init mean --out smol-gqa1",),
+    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --init svd --out smol-latent",),
+    "edit kv_policy": ("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
+                       "   # the policy.json of headwise kv-policy",),
+    "edit mechanism": ("headwise edit mechanism --mechanism local --args '{\"window\": 16}' --out minilm-local",),
+    "edit mixing": ("headwise edit mixing --out minilm-mixers",),
+    "edit gates": ("headwise edit gates --kinds enc-self --out minilm-gated",),
+    "edit masks": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
+    "edit l0": ("headwise edit l0 --target-heads 36 --out minilm-l0-gates",),
+    "edit prune_heads": ("headwise edit prune_heads --heads '{\"enc-self.0\": [0, 1]}' --out minilm-pruned",),
+    "edit quantization": ("headwise edit quantization --method log --bits 4 --out minilm-log4",),
 }
 START = """start here (docs/quickstart.md is a five-minute tour):
   headwise sites                                   # the attention sites of the default model (all-MiniLM-L6-v2)
@@ -149,10 +185,27 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"headwise: error: {where + ': ' if where else ''}{message}\n")
 
 
-def model_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None,
-                        help="hub name (org/name), local folder or a named model: minilm (default), smollm2-135m, "
-                             "multi30k-marian-de-en")
+class Alias(argparse.Action):
+    """A hidden old spelling of an option (``add_argument("--text", dest="data", action=Alias, new="--data",
+    help=argparse.SUPPRESS)``): it still works, into the new option's destination, with a one-line notice."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.new = new
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        print(f"headwise: {option_string} is now {self.new} (same meaning); {option_string} still works",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def model_args(parser: argparse.ArgumentParser, default: str | None = None) -> None:
+    """``--model`` (``default``: None is the packaged minilm) and the device and dispatch options."""
+    named = ", ".join(f"{n} (default)" if n == (default or "minilm") else n
+                      for n in ("minilm", "smollm2-135m", "multi30k-marian-de-en"))
+    parser.add_argument("--model", default=default,
+                        help=f"hub name (org/name), local folder or a named model: {named}")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
     parser.add_argument("--device-map", default=None,
@@ -184,13 +237,25 @@ def build_parser() -> argparse.ArgumentParser:
 
     for plugin in PLUGINS:
         importlib.import_module(plugin).register(verbs, [common])
-    summaries = {action.dest: action.help for action in verbs._choices_actions}
-    for name, verb in verbs.choices.items():  # each verb's --help: its one line on top, examples below
-        verb.description = verb.description or summaries.get(name)
-        if name in EXAMPLES:
-            verb.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[name])
-            verb.formatter_class = argparse.RawDescriptionHelpFormatter
+    describe(verbs)
     return parser
+
+
+def describe(commands: argparse._SubParsersAction, path: str = "") -> None:
+    """Each command's --help (verbs and their sub-commands, ``eval lm``, ``convert gqa``): its one line on top,
+    examples (``EXAMPLES``) below."""
+    summaries = {action.dest: action.help for action in commands._choices_actions}
+    for name in list(commands.choices):
+        if path == "edit":  # its method pages build their options lazily (cli.edit.MethodParsers)
+            continue
+        command, key = commands.choices[name], f"{path} {name}".strip()
+        command.description = command.description or summaries.get(name)
+        if key in EXAMPLES:
+            command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[key])
+            command.formatter_class = argparse.RawDescriptionHelpFormatter
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                describe(action, key)
 
 
 def _json_start(text: str) -> int:
@@ -226,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as exit_:  # argparse: --help (0) or a bad argument (2, its one line already printed)
         return exit_.code if isinstance(exit_.code, int) else 2
+    from ..contract import load_methods
+
+    load_methods()  # every method registered before a verb reads a checkpoint (import headwise alone is light)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # headwise shows its own progress for long work

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
+from .suggest import run_options
 from .task_options import load_for_task, load_task_model, task_args, task_from_args
 from .output import print_json, write_json
 
@@ -49,8 +51,6 @@ def register(verbs, parents) -> None:
 
 def _texts(args: argparse.Namespace) -> tuple[list[str], tuple | None, str]:
     """Texts to analyse, STS-B pairs for the gradient objective (or None), and a description of the data."""
-    from pathlib import Path
-
     from ..io import read_text
     from ..tasks import read_stsb, stsb_file
 
@@ -124,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
                 "the analysed texts' next-token loss, in the statistics pass" if inputs is None
                 else f"the task loss of {sum(len(b['input_ids']) for b in inputs)} {task.name} training examples")
     stats["task"] = args.task
+    # what the report's suggested `headwise plan` carries; a .txt of texts has no scores to plan on (STS-B dev then)
+    texts_only = args.task == "stsb" and args.data and Path(args.data).suffix == ".txt"
+    stats["run_options"] = run_options(argparse.Namespace(**{**vars(args), "data": None}) if texts_only else args)
     with atomic_dir(args.out, overwrite=args.force) as tmp:
         write_json(tmp / "stats.json", stats)
         write_report(stats, tmp)

@@ -7,7 +7,7 @@ import json
 import sys
 
 from ..errors import HeadwiseError
-from ..tasks.recovery import MODES as RECOVERY
+from .constants import RECOVERY_MODES as RECOVERY
 from . import model_args
 from .recovery_options import train_memory_arg
 from .output import print_json

@@ -2,7 +2,7 @@
 
 Writes ``OUT/model`` (plain transformers when the result allows it, else ``headwise.save_pretrained``) and
 ``OUT/conversion.json`` (opens with the verdict). Text files give calibration, evaluation and uptraining tokens
-(one file is split: the first 90% of its lines calibrate and uptrain, the last 10% evaluate); without ``--text``
+(one file is split: the first 90% of its lines calibrate and uptrain, the last 10% evaluate); without ``--data``
 the task's default data calibrates (``lm``: shared/data/wikitext-2/valid.txt; ``translation``: the calibration
 split of shared/data/multi30k).
 
@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from ..errors import HeadwiseError
+from . import Alias
 from .task_options import model_costs, run_record
 from .output import print_json, write_json
 
@@ -35,13 +36,13 @@ def register(verbs, parents) -> None:
     gqa.add_argument("--kv-heads", type=int, required=True, help="key/value heads per layer after conversion")
     gqa.add_argument("--grouping", choices=["contiguous", "similarity"], default="contiguous")
     gqa.add_argument("--init", choices=["mean", "svd", "calibrated"], default="calibrated",
-                     help="mean pooling, weight-space fit, or fit on --text (default: calibrated)")
+                     help="mean pooling, weight-space fit, or fit on --data (default: calibrated)")
     latent = kinds.add_parser("latent", parents=parents, help="low-rank latent keys/values at a KV-byte budget")
     latent.add_argument("--kv-budget", type=float, default=None, help="fraction of today's KV bytes, e.g. 0.5")
     latent.add_argument("--rank", type=int, default=None, help="latent width per token and layer (instead of --kv-budget)")
     latent.add_argument("--rope-pairs", type=int, default=0, help="rotary pairs per key/value head kept outside the latent")
     latent.add_argument("--init", choices=["svd", "calibrated"], default="calibrated",
-                        help="weight-space fit, or fit on --text (default: calibrated)")
+                        help="weight-space fit, or fit on --data (default: calibrated)")
     for sub in (gqa, latent):
         sub.add_argument("--model", default="smollm2-135m", help="decoder or encoder-decoder: name, hub name or "
                          "local folder (default: smollm2-135m)")
@@ -49,8 +50,9 @@ def register(verbs, parents) -> None:
                          "the model's own")
         sub.add_argument("--device", default="cpu", help="torch device (default: cpu)")
         sub.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32)")
-        sub.add_argument("--text", default=None, help="a .txt file: first 90%% of lines calibrate/uptrain, last 10%% "
+        sub.add_argument("--data", default=None, help="a .txt file: first 90%% of lines calibrate/uptrain, last 10%% "
                          "evaluate (default for lm: shared/data/wikitext-2/valid.txt)")
+        sub.add_argument("--text", dest="data", action=Alias, new="--data", help=argparse.SUPPRESS)
         sub.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens (default: 16384)")
         sub.add_argument("--eval-tokens", type=int, default=4096, help="evaluation tokens, 0 to skip (default: 4096)")
         sub.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (default: 1024)")
@@ -77,7 +79,7 @@ def _windows(ids, tokens: int, window: int, what: str) -> list:
 
 
 def _text_task(path: str, window: int, tokens: int | None = None):
-    """The ``lm`` task on ``--text``: its split policy (first 90% of lines calibrate and uptrain, the last 10%
+    """The ``lm`` task on ``--data``: its split policy (first 90% of lines calibrate and uptrain, the last 10%
     evaluate), its token stream and, for uptraining, its disjoint windows of ``window`` tokens."""
     from ..tasks import LanguageModeling
 
@@ -85,10 +87,10 @@ def _text_task(path: str, window: int, tokens: int | None = None):
 
     file = Path(path)
     if not file.is_file():
-        raise HeadwiseError(f"--text {path}: no such file (plain text, one paragraph a line)")
+        raise HeadwiseError(f"--data {path}: no such file (plain text, one paragraph a line)")
     lines = read_text(file).splitlines()
     if len(lines) < 10:
-        raise HeadwiseError(f"--text {path} has {len(lines)} lines; it needs at least 10 (90%/10% split)")
+        raise HeadwiseError(f"--data {path} has {len(lines)} lines; it needs at least 10 (90%/10% split)")
     return LanguageModeling(data=path, max_length=window, max_tokens=tokens)
 
 
@@ -121,9 +123,9 @@ def _uptrain(model, teacher, tokenizer, task, windows: list, args: argparse.Name
 
 def _uptrain_task(args: argparse.Namespace, calib_ids) -> tuple:
     """``(task, windows)``: the ``lm`` task whose training windows uptraining runs on (the first
-    ``--uptrain-tokens`` of ``--text``), and those windows."""
+    ``--uptrain-tokens`` of ``--data``), and those windows."""
     windows = _windows(calib_ids, args.uptrain_tokens, args.max_length, "--uptrain-tokens")
-    return _text_task(args.text, args.max_length, tokens=len(windows) * args.max_length), windows
+    return _text_task(args.data, args.max_length, tokens=len(windows) * args.max_length), windows
 
 
 def checkpoint_dir(out: str) -> Path:
@@ -155,7 +157,7 @@ def drop_incomplete_checkpoints(folder: Path) -> None:
 
 
 # what shapes an uptrained conversion (a resume must match them) and what only changes the report or the speed
-SHAPING = ("model", "task", "conversion", "dtype", "text", "calib_tokens", "max_length", "uptrain_tokens", "distill",
+SHAPING = ("model", "task", "conversion", "dtype", "data", "calib_tokens", "max_length", "uptrain_tokens", "distill",
            "lr", "kv_heads", "grouping", "init", "kv_budget", "rank", "rope_pairs")
 HARMLESS = ("eval_tokens", "device")
 OPTIONS = "options.json"  # in OUT.checkpoints: the options uptraining started with
@@ -227,7 +229,7 @@ def _task_name(args: argparse.Namespace) -> str:
 
 
 def _default_calibration(task_name: str, tokenizer, args: argparse.Namespace):
-    """Calibration batches from the task's default data when no ``--text`` is given, or one line saying how to
+    """Calibration batches from the task's default data when no ``--data`` is given, or one line saying how to
     pass data."""
     from ..tasks import LanguageModeling, Translation
 
@@ -238,7 +240,7 @@ def _default_calibration(task_name: str, tokenizer, args: argparse.Namespace):
                                                                          device=args.device)
         return None, batches
     except HeadwiseError as err:
-        fix = "pass --text FILE (calibration text)" if task_name == "lm" else "calibrate from Python with " \
+        fix = "pass --data FILE (calibration text)" if task_name == "lm" else "calibrate from Python with " \
             "model-input dicts (headwise.convert_gqa(..., calibration=batches))"
         raise HeadwiseError(f"--init calibrated needs calibration data and the default is not here ({err}); "
                             f"{fix}, or pass --init svd (weights only, no data)") from None
@@ -252,32 +254,32 @@ def run(args: argparse.Namespace) -> int:
 
     check_writable_dir(args.out, args.force)
     task_name = _task_name(args)
-    if task_name == "translation" and args.text:
-        raise HeadwiseError("for encoder-decoders the CLI calibrates on the translation task's data, not --text; "
+    if task_name == "translation" and args.data:
+        raise HeadwiseError("for encoder-decoders the CLI calibrates on the translation task's data, not --data; "
                             "calibrate from Python with model-input dicts (headwise.convert_gqa(..., "
                             "calibration=batches))")
-    if args.uptrain_tokens and (task_name != "lm" or not args.text):
-        raise HeadwiseError("--uptrain-tokens needs a decoder and --text FILE (training text)")
+    if args.uptrain_tokens and (task_name != "lm" or not args.data):
+        raise HeadwiseError("--uptrain-tokens needs a decoder and --data FILE (training text)")
     if args.resume and not args.uptrain_tokens:
         raise HeadwiseError("--resume continues uptraining; give --uptrain-tokens too")
     if args.resume:
         check_resume_options(args)  # before any work
-    text = _text_task(args.text, args.max_length) if args.text else None  # bad text fails before the model loads
+    text = _text_task(args.data, args.max_length) if args.data else None  # bad text fails before the model loads
     model, tokenizer = load_model(args.model, args.device, args.dtype or "float32", task=task_name)
     calib_batches = None
-    if args.init == "calibrated" and not args.text:
-        args.text, calib_batches = _default_calibration(task_name, tokenizer, args)
-        if args.text:
-            print(f"headwise: calibrating on {args.text} (no --text given)", file=sys.stderr)
-            text = _text_task(args.text, args.max_length)
+    if args.init == "calibrated" and not args.data:
+        args.data, calib_batches = _default_calibration(task_name, tokenizer, args)
+        if args.data:
+            print(f"headwise: calibrating on {args.data} (no --data given)", file=sys.stderr)
+            text = _text_task(args.data, args.max_length)
     calibration = evaluation = None
     if text is not None:
         calib_ids = text.token_stream(tokenizer, "train")
-        calibration = _windows(calib_ids, args.calib_tokens, args.max_length, "calibration (first 90% of --text)")
-        if args.eval_tokens > 0:  # the lm task's perplexity on the last 10% of --text, its first --eval-tokens
-            evaluation = _text_task(args.text, args.max_length, tokens=args.eval_tokens)
+        calibration = _windows(calib_ids, args.calib_tokens, args.max_length, "calibration (first 90% of --data)")
+        if args.eval_tokens > 0:  # the lm task's perplexity on the last 10% of --data, its first --eval-tokens
+            evaluation = _text_task(args.data, args.max_length, tokens=args.eval_tokens)
             _windows(evaluation.token_stream(tokenizer, "eval"), args.eval_tokens, args.max_length,
-                     "evaluation (last 10% of --text)")  # at least one window
+                     "evaluation (last 10% of --data)")  # at least one window
     calibration = calib_batches if calib_batches is not None else calibration
     teacher = None
     uptraining = _uptrain_task(args, calib_ids) if args.uptrain_tokens else None

@@ -13,9 +13,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from ..contract import METHODS, Selection, config_fields, config_to_dict
 from ..errors import HeadwiseError
-from . import model_args
+from . import EXAMPLES, model_args
 from .task_options import TASK_NAMES, load_task_model
 from .output import print_json, write_json
 
@@ -71,38 +70,94 @@ def summary_of(method) -> str:
     return text.split(". ")[0].rstrip(".") + "."
 
 
+# METHOD → its one line under `headwise edit --help` (summary_of of the registered method; written here so that
+# `headwise edit --help` imports no torch; tests/test_cli_help.py keeps the two equal)
+SUMMARIES: dict[str, str] = {
+    "collaborative": "Options of headwise.collaborative.compress.",
+    "gqa": "Options of headwise.convert_gqa.",
+    "latent": "Options of headwise.convert_latent.",
+    "kv_policy": "The cache of every (layer, KV head): policy is a KVPolicy dict (KVPolicy.to_dict()) or the path of "
+                 "a policy.json.",
+    "mechanism": "An efficient attention mechanism (a name of list_mechanisms()) with its args.",
+    "mixing": "Options of add_mixers and NuclearNormPenalty.",
+    "gates": "A learnable scale per head (HeadGate, initialised to 1) on the selected sites.",
+    "masks": "Fixed 0/1 head masks: masks is a MaskSpec ({\"enc-self.3\": [1, 0, ...]} or Voita's per-kind "
+             "{\"enc-self\": [[...], ...]}); the keys are the selection.",
+    "l0": "What add_l0_gates / L0Penalty do.",
+    "prune_heads": "Physical removal of heads: heads is {site name or path: [head indices]} (weights shrink for good).",
+    "quantization": "Options of the attention-probability quantizer attached by quantize_attention.",
+}
+
+
+class MethodParsers(dict):
+    """The ``METHOD`` sub-parsers of ``headwise edit``: each gets its options (the fields of the method's config, which
+    import torch) when it is first looked up, i.e. when the method is chosen on the command line or read by a test;
+    ``headwise edit --help`` only lists the names and summaries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.built: set[str] = set()
+
+    def __getitem__(self, name: str) -> argparse.ArgumentParser:
+        parser = super().__getitem__(name)
+        if name not in self.built:
+            self.built.add(name)
+            method_options(parser, name)
+        return parser
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+    def values(self):
+        return [self[name] for name in self]
+
+    def items(self):
+        return [(name, self[name]) for name in self]
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("edit", parents=parents, help="apply any registered method and save the model",
                          description="Apply one registered method (its options are the fields of its config;\n"
                                      "--kinds/--layers/--names select the sites) and save DIR/model with "
                                      "DIR/edit.json.\n`headwise edit METHOD --help` lists a method's options.")
     methods = p.add_subparsers(dest="method", required=True, metavar="METHOD")
-    for method in METHODS.values():
-        summary = summary_of(method)
-        q = methods.add_parser(method.name, parents=parents, help=summary, description=summary)
-        model_args(q)
-        q.add_argument("--task", choices=TASK_NAMES, default=None,
-                       help="load the model with this task's head (lm: a causal LM that generates; default: the base "
-                            "model, or the head a checkpoint was saved with)")
-        for name, kind in SELECTION_FLAGS.items():
-            q.add_argument(f"--{name}", type=_list_of(kind), default=None, metavar="A,B,...",
-                           help=f"selection: only these {name} (default: every site the method applies to)")
-        taken = {"model", "device", "dtype", "out", "force", "task"}
-        for f, hint in config_fields(method.config):
-            if f.name == "selection" or f.name in SELECTION_FLAGS:  # a config's `kinds=` is its selection's
-                continue
-            if f.name in taken:
-                raise HeadwiseError(f"method {method.name!r}: config field {f.name!r} clashes with a shared option")
-            missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-            default = _REQUIRED if missing else f.default
-            _option(q, f.name, hint, default, f"{method.config.__name__}.{f.name}")
-        q.add_argument("--out", required=True, help="output folder (DIR/model, DIR/edit.json)")
-        q.add_argument("--force", action="store_true", help="replace an existing output folder")
-        q.set_defaults(run=run, method_name=method.name)
+    methods.choices = methods._name_parser_map = MethodParsers()
+    for name, summary in SUMMARIES.items():
+        q = methods.add_parser(name, parents=parents, help=summary, description=summary)
+        q.set_defaults(run=run, method_name=name)
+
+
+def method_options(q: argparse.ArgumentParser, name: str) -> None:
+    """The options of ``headwise edit NAME``: the model, ``--task``, the selection, one per config field, ``--out``."""
+    from ..contract import METHODS, config_fields, load_methods
+
+    load_methods()
+    method = METHODS[name]
+    model_args(q)
+    q.add_argument("--task", choices=TASK_NAMES, default=None,
+                   help="load the model with this task's head (lm: a causal LM that generates; default: the base "
+                        "model, or the head a checkpoint was saved with)")
+    for flag, kind in SELECTION_FLAGS.items():
+        q.add_argument(f"--{flag}", type=_list_of(kind), default=None, metavar="A,B,...",
+                       help=f"selection: only these {flag} (default: every site the method applies to)")
+    taken = {"model", "device", "dtype", "out", "force", "task"}
+    for f, hint in config_fields(method.config):
+        if f.name == "selection" or f.name in SELECTION_FLAGS:  # a config's `kinds=` is its selection's
+            continue
+        if f.name in taken:
+            raise HeadwiseError(f"method {method.name!r}: config field {f.name!r} clashes with a shared option")
+        missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = _REQUIRED if missing else f.default
+        _option(q, f.name, hint, default, f"{method.config.__name__}.{f.name}")
+    q.add_argument("--out", required=True, help="output folder (DIR/model, DIR/edit.json)")
+    q.add_argument("--force", action="store_true", help="replace an existing output folder")
+    if f"edit {name}" in EXAMPLES:
+        q.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[f"edit {name}"])
+        q.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..contract import apply
+    from ..contract import METHODS, Selection, apply, config_fields, config_to_dict
     from ..io import atomic_dir, check_writable_dir, save_pretrained
 
     method = METHODS[args.method_name]

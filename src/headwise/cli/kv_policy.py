@@ -2,26 +2,33 @@
 so that the KV cache fits ``--kv-budget``; then tells the user what they got at ``--context`` tokens: the KV bytes the
 cache holds, peak memory and decode tokens/s beside the full cache's (``generate()`` in this process), passkey
 retrieval of both on a prompt family other than the calibration's, and the ``lm`` task's perplexity through both;
-writes policy.json, scores.json, summary.json (verdict first) and report.html."""
+writes policy.json, scores.json, summary.json (verdict first) and report.html.
+
+It needs no data folder: the default ranking calibrates on synthetic prompts, and a text (``--data``, else
+shared/data/wikitext-2/valid.txt when there is one) serves only the uses that read text (``data_uses``); without
+one, perplexity is skipped with a line saying so and the passkey check runs on the ``numbers`` family. What each input
+was used for is printed and recorded (``summary.json``: ``inputs``)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args, number
-from .task_options import TASK_NAMES, load_for_task, model_costs, run_record, task_args, task_from_args
+from .constants import PREFILL_CHUNK
 from .output import print_json, write_json
+from .task_options import load_for_task, model_costs, run_record, task_args, task_from_args
 
 
 def register(verbs, parents) -> None:
     p = verbs.add_parser("kv-policy", parents=parents,
                          help="per-KV-head cache policy (full or sink + window) for a KV-memory budget")
-    model_args(p)
-    p.add_argument("--task", default="lm", choices=TASK_NAMES,
-                   help="the task whose data calibrates and whose metric measures the policy (lm, the default, "
-                        "is the only one with a decoder-only KV cache)")
+    model_args(p, default="smollm2-135m")
+    p.add_argument("--task", default="lm", choices=("lm",),
+                   help="the task whose metric (perplexity) measures the policy: lm, the only one with a decoder-only "
+                        "KV cache")
     p.add_argument("--kv-budget", type=float, default=0.5, help="share of the full cache's bytes to keep (default 0.5)")
     p.add_argument("--context", type=int, default=2048, help="context length the budget is computed at (default 2048)")
     p.add_argument("--sink", type=int, default=4, help="sink tokens of streaming heads (default 4)")
@@ -48,8 +55,10 @@ def register(verbs, parents) -> None:
     p.add_argument("--gate-haystack", default="filler", choices=["filler", "text"],
                    help="--scores learned: haystack of repeated filler sentences (default) or the --data text")
     p.add_argument("--data", default=None,
-                   help="lm text file (default: shared/data/wikitext-2/valid.txt): the longest lines of its first "
-                        "90%% calibrate the 'outside' score, its last 10%% measure perplexity")
+                   help="lm text file (default: shared/data/wikitext-2/valid.txt when found, else none): its last 10%% "
+                        "measure perplexity and make the 'text' passkey prompts; the longest lines of its first 90%% "
+                        "calibrate --ranking combined/outside and the 'text' calibration family. Not needed by the "
+                        "default ranking (synthetic prompts); without it perplexity is skipped")
     p.add_argument("--calibration-length", type=int, default=None,
                    help="tokens per calibration prompt (default 512; with --ranking combined or outside, at least "
                         "twice sink + window)")
@@ -58,9 +67,9 @@ def register(verbs, parents) -> None:
                    help="comma-separated passkey prompt families the retrieval scores are measured on: a haystack "
                         "(filler, text: the --data text, numbers) with -chat, -raw or nothing (the tokenizer's chat "
                         "template when it has one); default filler")
-    p.add_argument("--eval-family", default="text",
+    p.add_argument("--eval-family", default=None,
                    help="prompt family of the passkey check (default text: running text from the evaluated part of "
-                        "--data, a family the default calibration never saw)")
+                        "--data, a family the default calibration never saw; numbers when there is no text)")
     p.add_argument("--eval-length", type=int, default=None,
                    help="passkey prompt length for the check (default: --context)")
     p.add_argument("--eval-keys", type=int, default=1, help="passkeys per depth (5 depths) for the check; 0: skip")
@@ -71,10 +80,10 @@ def register(verbs, parents) -> None:
                    help="tokens generated after a --context-token prompt to time decoding (default 32)")
     p.add_argument("--measure-repeats", type=int, default=1,
                    help="interleaved repeats of the full cache and the policy (medians; default 1)")
-    p.add_argument("--prefill-chunk", type=prefill_chunk_arg, default="auto",
-                   help="tokens per prefill forward of generate() under the policy (default auto: 512 on a CPU, the "
-                        "lowest peak measured there; on a GPU 1k-8k tokens or the whole prompt, by free memory; "
-                        "docs/kv-policy.md); 0: the whole prompt at once")
+    p.add_argument("--prefill-chunk", type=prefill_chunk_arg, default=PREFILL_CHUNK,
+                   help=f"tokens per prefill forward of generate() under the policy (default {PREFILL_CHUNK}: 512 on "
+                        "a CPU, the lowest peak measured there; on a GPU 1k-8k tokens or the whole prompt, by free "
+                        "memory; docs/kv-policy.md); 0: the whole prompt at once")
     p.add_argument("--no-perplexity", action="store_true", help="skip the perplexity through the cache")
     task_args(p, task="lm")  # --split, --max-length (default: --context), --stride, --max-tokens
     p.add_argument("--out", default="headwise-kv-policy",
@@ -90,15 +99,58 @@ def prefill_chunk_arg(value: str) -> int | str:
     return value if value == "auto" else number(int, positive=False)(value)
 
 
-def lm_task(args: argparse.Namespace):
-    """The ``lm`` task of the command line (windows of ``--max-length``, default ``--context`` tokens); other
-    tasks are refused: a KV policy serves a decoder-only causal LM."""
-    if args.task != "lm":
-        raise HeadwiseError(f"kv-policy sizes the KV cache of a decoder-only causal LM; --task {args.task} has no such "
-                            "cache here (use --task lm)")
+def lm_task(args: argparse.Namespace, data: str | None):
+    """The ``lm`` task of the command line on ``data`` (windows of ``--max-length``, default ``--context`` tokens);
+    its data is checked when there is some."""
     if args.max_length is None:
         args.max_length = args.context
-    return task_from_args(args, "lm")
+    args.data = data
+    return task_from_args(args, "lm", check=data is not None)
+
+
+def text_source(args: argparse.Namespace) -> str | None:
+    """The text of the run: ``--data``, else shared/data/wikitext-2/valid.txt when there is one, else None."""
+    from ..tasks.paths import shared_data
+
+    if args.data is not None:
+        return args.data
+    try:
+        return str(shared_data("wikitext-2/valid.txt", "--data FILE"))
+    except HeadwiseError:
+        return None
+
+
+PERPLEXITY = "perplexity (its last 10%)"
+PASSKEY = "the passkey check and the measured prompt ('text' family, its last 10%)"
+
+
+def data_uses(args: argparse.Namespace, families: tuple[str, ...], gates) -> dict[str, bool]:
+    """What a text is read for under these options → whether the user asked for it explicitly (a use asked for
+    needs a text; the others are skipped, or take another prompt family, without one)."""
+    uses = {}
+    if args.ranking in ("combined", "outside"):
+        uses[f"calibration of --ranking {args.ranking} (the longest lines of its first 90%)"] = True
+    if any(name.startswith("text") for name in families):
+        uses["the 'text' calibration prompts (--calibration-families)"] = True
+    if gates is not None and gates.haystack == "text":
+        uses["the learned gates' haystack (--gate-haystack text)"] = True
+    if not args.no_measure and (args.eval_family or "text").startswith("text"):
+        uses[PASSKEY] = args.eval_family is not None
+    if not args.no_perplexity:
+        uses[PERPLEXITY] = False
+    return uses
+
+
+def inputs_line(data: str | None, uses: dict[str, bool], ranking: str) -> str:
+    """One line on what the text was used for (or that there was none, and what that changed)."""
+    if data is None:
+        return "; ".join(["no text (--data) given and shared/data/wikitext-2/valid.txt not found: the ranking "
+                          "calibrates on synthetic prompts"]
+                         + (["perplexity skipped"] if PERPLEXITY in uses else [])
+                         + (["the passkey check uses the 'numbers' family"] if PASSKEY in uses else []))
+    if not uses:
+        return f"--data {data} is not used by these options (--ranking {ranking} calibrates on synthetic prompts)"
+    return f"--data {data} is used only for {'; '.join(uses)} with --ranking {ranking}"
 
 
 def calibration_texts(task, count: int = 4) -> list[str]:
@@ -162,25 +214,33 @@ def run(args: argparse.Namespace) -> int:
     from ..report.kv_policy import add_kv_policy_section
 
     check_writable_dir(args.out, args.force)
-    if args.model is None:
-        raise HeadwiseError("kv-policy needs --model (a decoder-only LM such as smollm2-135m)")
     if args.window is None:
         args.window = default_window(args.kv_budget, args.context, args.sink)
     families = tuple(PromptFamily.parse(name.strip()).name for name in args.calibration_families.split(","))
-    eval_family = PromptFamily.parse(args.eval_family)
     args.eval_length = args.eval_length or args.context
     prefill_chunk = args.prefill_chunk or None  # 0: the whole prompt
     if args.measure_new < 2 or args.measure_repeats < 1:
         raise HeadwiseError(f"--measure-new {args.measure_new} / --measure-repeats {args.measure_repeats}: decode "
                             "speed needs at least 2 new tokens and 1 repeat (or --no-measure)")
     gates = gate_config(args)
-    task = lm_task(args)  # bad data fails before the model loads
+    data, uses = text_source(args), data_uses(args, families, gates)
+    if data is None:
+        if args.eval_family is None:
+            args.eval_family = "numbers"
+        needed = [use for use, asked in uses.items() if asked]
+        if needed:
+            raise HeadwiseError(f"{needed[0]} needs a text and none was given (shared/data/wikitext-2/valid.txt was "
+                                "not found either): pass --data FILE (a UTF-8 text file)")
+        args.no_perplexity = True
+    eval_family = PromptFamily.parse(args.eval_family or "text")
+    task = lm_task(args, data)  # bad data fails before the model loads
     model, tokenizer = load_for_task(args, task)
+    print(f"headwise: {inputs_line(data, uses, args.ranking)}", file=sys.stderr)  # once the inputs are known good
     tokenizer.model_max_length = getattr(model.config, "max_position_embeddings", tokenizer.model_max_length)
     shape = model_shape(model)
     full_heads_for_budget(sum(shape), args.kv_budget, args.context, args.sink, args.window,
                           not args.fixed_window)  # fail before work
-    texts = calibration_texts(task)
+    texts = calibration_texts(task) if data is not None else None
     if gates is not None and gates.haystack == "text":  # the gates' haystack: the whole calibration part
         texts = [line for line in task.texts("calibration") if line.strip()]
     length = args.calibration_length or calibration_length(args.ranking, args.sink, args.window)
@@ -195,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
     policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
                                texts=texts, config=config, scores=learned, scaled=not args.fixed_window)
     check, measured = {}, None
-    eval_text = "\n".join(line for line in task.texts("eval") if line.strip())
+    eval_text = "\n".join(line for line in task.texts("eval") if line.strip()) if data is not None else None
     if not args.no_measure:
         measure_ids = family_prompts(tokenizer, eval_family, args.context, [0.5], 1, args.seed + 1000,
                                      eval_text)[0].ids
@@ -211,6 +271,10 @@ def run(args: argparse.Namespace) -> int:
         check["family"], check["length"] = eval_family.name, int(max(len(p.ids) for p in prompts))
     ppl = None if args.no_perplexity else perplexities(model, tokenizer, task, policy)
     fraction = policy.kv_fraction(args.context)
+    calibrated_on = (f"learned gates (haystack {gates.haystack})" if gates is not None else "none (--ranking random)"
+                     if args.ranking == "random" else f"synthetic passkey prompts ({', '.join(config.families)}) and "
+                     "repeated random tokens" + (f" + {scores.counts.get('calibration', 0)} lines of {data}"
+                                                 if args.ranking in ("combined", "outside") else ""))
     verdict = {
         "memory": f"KV cache at {args.context} tokens: {fraction:.0%} of the full cache "
                   f"({1 - fraction:.0%} saved); {policy.describe()}",
@@ -232,6 +296,9 @@ def run(args: argparse.Namespace) -> int:
                "full_heads": [list(p) for p in policy.full_heads()], "calibration": scores.counts,
                "calibration_families": list(config.families), "measured": measured, "passkey_check": check,
                "perplexity": ppl,
+               "inputs": {"data": data, "data_used_for": list(uses) if data is not None else [],
+                          "calibration": calibrated_on, "perplexity": None if ppl is None else f"the last 10% of {data}",
+                          "passkey_check": None if not check else f"{check['family']} prompts"},
                **run_record(task, None if ppl is None else ppl["full"][task.metric],
                             None if ppl is None else ppl["policy"][task.metric], None, model_costs(model), model)}
     with atomic_dir(args.out, overwrite=args.force) as tmp:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 
 from ..errors import HeadwiseError
-from ..planning.edits import METHODS
-from ..tasks.recovery import MODES as RECOVERY
+from .constants import PLAN_METHODS as METHODS
+from .constants import RECOVERY_MODES as RECOVERY
 from . import model_args
+from .suggest import LOADING, suggest
 from .task_options import load_task_model, task_args, task_from_args
 from .output import print_json, write_json
 
@@ -58,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "new_head", False):  # apply could not rebuild the random head the plan measured
         raise HeadwiseError(
             "plan --new-head would measure edits of an untrained, random classification head; train one first "
-            "(headwise mix --task classification --new-head --no-mixers --mix-epochs 1 --data FILE --out DIR), "
-            "then plan with --model DIR/model")
+            f"({suggest(['mix', '--new-head', '--no-mixers', '--mix-epochs', '1', '--out', 'cls-tuned'], args)}), "
+            "then plan with --model cls-tuned/model")
     check_writable_dir(args.out, args.force)
     task = task_from_args(args)
     model, tokenizer = load_task_model(args, task)
@@ -69,7 +71,8 @@ def run(args: argparse.Namespace) -> int:
                   recover_epochs=args.recover_epochs, allow_empty_layers=args.allow_empty_layers, methods=methods,
                   model_name=args.model or "all-MiniLM-L6-v2", progress=None, importance_batch=args.importance_batch)
     data = result.to_dict()
-    data["command"] = result.command(f"{args.out}/plan.json")  # already names the saved file: verdict keeps it
+    # already names the saved file (the verdict keeps it) and loads the model as this run did
+    data["command"] = suggest(shlex.split(result.command(f"{args.out}/plan.json"))[1:], args, LOADING[1:])
     report = Report("headwise plan", f"{data['model']} on {task.name}, budget {budget}")
     add_plan_sections(report, data)
     with atomic_dir(args.out, args.force) as tmp:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..errors import HeadwiseError
 from . import model_args
@@ -81,6 +82,19 @@ def _check_plain(args: argparse.Namespace, model) -> None:
                             f"{len(sites)} layers); e.g. --keep {' or '.join(map(str, fits))} (nothing was written)")
 
 
+def l0_warning(outcome: dict, args: argparse.Namespace) -> str | None:
+    """The line that says L0 training did not reach its target (more gates open than ``--keep``, so the cut to
+    ``--keep`` was made by gate ranking), naming the options that would help; None when it did."""
+    extra = outcome["open_heads"] - outcome["target_heads"]
+    if extra <= 0:
+        return None
+    trained = f"--max-steps {args.max_steps}" if args.max_steps > 0 else f"--epochs {args.epochs:g}"
+    return (f"L0 did not reach its target: {outcome['open_heads']} gates open after {trained} (target --keep "
+            f"{outcome['target_heads']}); the other {extra} heads were cut by gate ranking, not by training. Train "
+            f"longer (a larger --epochs or --max-steps: the penalty grows with the steps) or use --method importance "
+            "(one pass, no training)")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
     from ..io import plain_problem
@@ -123,7 +137,12 @@ def run(args: argparse.Namespace) -> int:
         by_path = {s.path: s.name for s in sites}
         removed = {by_path[p]: [h for h, m in enumerate(mask) if not m] for p, mask in steps.steps[-1].masks.items()}
     else:
-        removed = l0_prune(model, tokenizer, args.keep, task, epochs=args.epochs, max_steps=args.max_steps)
+        l0 = {}
+        removed = l0_prune(model, tokenizer, args.keep, task, epochs=args.epochs, max_steps=args.max_steps,
+                           outcome=l0)
+        l0["warning"] = l0_warning(l0, args)
+        if l0["warning"]:
+            print(f"headwise: warning: {l0['warning']}", file=sys.stderr)
         masked_only = sum(s.num_heads for s in find_sites(model)) == before["heads"] and any(removed.values())
     metric_edited = None if args.no_eval else metric(model)
     recovery = recover_after_edit(args, model, tokenizer, task, teacher)
@@ -138,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         "removed": {n: removed.get(n, []) for n in names},
         "survivors": {s.name: [0 if h in removed.get(s.name, []) else 1 for h in range(s.num_heads)] for s in sites},
         **run_record(task, metric_before, metric_edited, metric_recovered, before, model), "recovery": recovery,
-        "curve": curve,
+        "curve": curve, "l0": l0 if args.method == "l0" else None,
     }
     if args.plain:
         problem = ("query-head pruning left key/value groups with only some of their query heads (transformers' "

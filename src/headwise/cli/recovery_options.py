@@ -10,9 +10,9 @@ import copy
 from typing import Any
 
 from ..errors import HeadwiseError
+from .constants import RECOVERY_MODES as MODES
+from .constants import TRAIN_MEMORY_MODES as MEMORY_MODES
 
-from ..tasks.recovery import MODES
-from ..training.memory import MEMORY_MODES
 OFF, COPY, CACHED = "off", "copy", "cached"  # --teacher values that name no model (headwise.tasks.recovery.OFF)
 
 

@@ -58,9 +58,10 @@ def task_args(parser: argparse.ArgumentParser, task: str | None = None) -> None:
                             help="classification: start a fresh classification head (the checkpoint has none)")
 
 
-def task_from_args(args: argparse.Namespace, name: str | None = None, skip: tuple[str, ...] = ()):
+def task_from_args(args: argparse.Namespace, name: str | None = None, skip: tuple[str, ...] = (), check: bool = True):
     """The task named by ``--task`` (or ``name``) with the options given on the command line (``skip``: options
-    the verb uses for itself, e.g. analyze's ``--limit``); its data is checked before any model loads."""
+    the verb uses for itself, e.g. analyze's ``--limit``); its data is checked before any model loads (unless not
+    ``check``: a verb that reads no data, e.g. kv-policy without a text)."""
     from ..tasks import get_task
 
     name = name or args.task
@@ -69,7 +70,8 @@ def task_from_args(args: argparse.Namespace, name: str | None = None, skip: tupl
     if name == "stsb" and options.get("split") is None:
         options["split"] = "dev"
     task = get_task(name, **{k: v for k, v in options.items() if v is not None and _takes(name, k)})
-    task.check()
+    if check:
+        task.check()
     return task
 
 

@@ -7,6 +7,7 @@ import argparse
 
 from ..errors import HeadwiseError
 from .output import print_json
+from .suggest import suggest
 
 # flag → (recipe field, type, help)
 RECIPE_FLAGS = {
@@ -48,8 +49,9 @@ def cmd_train_translation(args: argparse.Namespace) -> int:
         print(f"{args.out}: {result['steps']} steps ({result['epochs']:.2f} epochs, {result['minutes']:.1f} min); "
               f"best greedy val BLEU {result['best_val_bleu']:.2f} at step {result['best_step']} "
               f"({result['val_pairs']} pairs)")
-        print(f"evaluate: headwise eval translation --model {args.out} --data-dir {result['data']['data_dir']} "
-              f"--src {args.src} --tgt {args.tgt} --beam 4")
+        print("evaluate: " + suggest(["eval", "translation", "--model", args.out, "--data-dir",
+                                      str(result["data"]["data_dir"]), "--src", args.src, "--tgt", args.tgt, "--beam",
+                                      "4"], args, ("device",)))
     return 0
 
 

@@ -31,7 +31,7 @@ from safetensors.torch import load_model, save_model
 from torch import nn
 from transformers.initialization import no_init_weights
 
-from ..contract import journal_problems, replay, upgrade_edits
+from ..contract import journal_problems, load_methods, replay, upgrade_edits
 from ..errors import HeadwiseError
 from ..runtime import enable
 from ..runtime.ops import rebuild, saved_specs
@@ -227,6 +227,7 @@ def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, ver
         state = {k: v for k, v in state.items() if k != "edits"} | {
             "version": FORMAT_VERSION, "journal": upgrade_edits(state.get("edits", []), str(path))}
     model.config.headwise = dict(state)
+    load_methods()  # every method and op type registered, whichever headwise modules the caller imported
     replay(model, state.get("journal", []), str(path))
     ops = state.get("ops", [])
     by_path = recorded_sites(model, [record["site"] for record in ops], f"{path}: an op")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from html import escape
 from pathlib import Path
 from typing import Sequence
@@ -211,12 +212,15 @@ def removable_heads(ctx: _Context, share: float = 0.25) -> tuple[str | None, lis
 
 
 def plan_command(stats: dict, heads: int) -> str:
-    """The ``headwise plan`` command for these stats' model and task at ``heads`` heads."""
-    model = str(stats.get("model") or "")
-    parts = ["headwise", "plan"] + ([] if not model or "packaged" in model else ["--model", model])
-    if stats.get("task"):
-        parts += ["--task", str(stats["task"])]
-    return " ".join(parts + ["--budget", f"heads={heads}", "--out", "headwise-plan"])
+    """The ``headwise plan`` command for the run these stats came from, at ``heads`` heads: with the options
+    ``headwise analyze`` recorded (``run_options``: model, task, data, split, lengths; ``headwise.cli.suggest``), so
+    that it runs as printed; stats without them (``headwise.analyze`` from Python) give their model and task."""
+    options = stats.get("run_options")
+    if options is None:
+        model = str(stats.get("model") or "")
+        options = ([] if not model or "packaged" in model else ["--model", model]) \
+            + (["--task", str(stats["task"])] if stats.get("task") else [])
+    return shlex.join(["headwise", "plan", *options, "--budget", f"heads={heads}", "--out", "headwise-plan"])
 
 
 def _verdict(report: Report, ctx: _Context) -> None:

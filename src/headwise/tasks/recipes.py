@@ -20,11 +20,13 @@ from .recovery import DistillationObjective, check_recovery
 def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config: L0Config | None = None,
              epochs: float = 1.0, head_learning_rate: float = 0.1, teacher: nn.Module | None = None,
              alpha: float = 0.5, temperature: float = 2.0, distance: str = "mse", progress: bool = True,
-             **train: Any) -> dict[str, list[int]]:
+             outcome: dict | None = None, **train: Any) -> dict[str, list[int]]:
     """Train L0 gates toward ``keep`` open heads while fine-tuning on the task's train split (its loss; with a
     ``teacher``, blended with distillation from it as in ``recover``), keep exactly the ``keep`` heads of largest
     ``log α``, fold their gate values and remove the rest (masked only when grouped-query sites would lose part of
-    a key/value group, see ``removable``). Returns ``{site: removed heads}``.
+    a key/value group, see ``removable``). Returns ``{site: removed heads}``; ``outcome`` (a dict, when given)
+    receives what training reached: ``open_heads`` (gates open at the end, before the cut to ``keep``),
+    ``target_heads`` and ``lambda`` (the final penalty weight).
 
     Default config: λ from 0 by dual ascent (``lambda_lr=0.01``), the target reached linearly over the first
     half of training, gates starting open (``log α = 3``)."""
@@ -49,6 +51,9 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config:
         task.train_objective(objective, tokenizer, epochs=epochs, penalties=[penalty],
                              head_learning_rate=head_learning_rate, progress=progress, **train)
         model.eval()
+    if outcome is not None:
+        open_heads = int(sum(sum(mask) for mask in l0_keep(model).values()))
+        outcome.update(open_heads=open_heads, target_heads=keep, **{"lambda": penalty.lam})
     return keep_l0_heads(model, keep, remove=removable(model, l0_keep(model, keep)))
 
 
