@@ -1,8 +1,10 @@
 """docs/quickstart.md cannot rot: every command in its ``bash`` blocks (``headwise …`` and ``python …`` lines) runs,
 exactly as written, in a fresh folder, block after block (later commands read what earlier ones wrote). The SmolLM2
 and Marian blocks need their data from ``shared/`` (WikiText-2, Multi30k and the Marian model) and say so when it is
-missing; the MiniLM and classification blocks need nothing. After each block, the commands its outputs suggest (the
-analysis verdict's ``headwise plan``, each plan's ``headwise apply``) run as printed too. ``HEADWISE_TOUR_TIMES=FILE`` writes each command's wall
+missing; the MiniLM and classification blocks need nothing. After each block, each plan's suggested ``headwise apply``
+runs as printed too, and the analysis verdict's suggested ``headwise plan`` is parsed as printed and must carry the
+analysis run's model, task and data options (running it takes plan's full default settings: the analyze → plan →
+apply chain runs verbatim on a tiny model in tests/test_cli_suggested.py). ``HEADWISE_TOUR_TIMES=FILE`` writes each command's wall
 time there (how the times in the doc were measured)."""
 
 from __future__ import annotations
@@ -77,7 +79,9 @@ def test_every_tour_command_runs(index, tmp_path_factory):
 
     for command in commands:
         run(command)
-    for command in suggested(work, commands):  # what the tour's reports and plans suggest, run as printed
+    for command in suggested_plans(work, commands):  # the analysis verdicts' plan, parsed as printed
+        check_suggested_plan(command, commands)
+    for command in suggested_applies(work, commands):  # each plan's apply, run as printed
         run(command)
     if os.environ.get("HEADWISE_TOUR_TIMES"):
         path = Path(os.environ["HEADWISE_TOUR_TIMES"])
@@ -85,25 +89,34 @@ def test_every_tour_command_runs(index, tmp_path_factory):
         path.write_text(json.dumps(previous | times, indent=1))
 
 
-def suggested(work: Path, commands: list[str]) -> Iterator[str]:
-    """The commands a tour block's outputs suggest, each read just before it runs: the ``headwise plan`` of each
-    analysis report's verdict, then the ``headwise apply`` of the plan it wrote (plan.json's ``command``, the one
-    plan prints), then the ``apply`` of each plan of the block; the default output folders they write
-    (headwise-plan, headwise-applied) are cleared between them."""
-    def clear() -> None:
-        for name in ("headwise-plan", "headwise-applied"):
-            shutil.rmtree(work / name, ignore_errors=True)
+def outputs(commands: list[str], verb: str) -> list[str]:
+    """The ``--out`` folders of the block's ``verb`` commands."""
+    return [shlex.split(c)[shlex.split(c).index("--out") + 1] for c in commands
+            if shlex.split(c)[1] == verb and "--out" in c]
 
-    outs = {verb: [shlex.split(c)[shlex.split(c).index("--out") + 1] for c in commands
-                   if shlex.split(c)[1] == verb and "--out" in c] for verb in ("analyze", "plan")}
-    clear()
-    for out in outs["analyze"]:
+
+def suggested_plans(work: Path, commands: list[str]) -> Iterator[str]:
+    """The ``headwise plan`` of each analysis report's verdict, as printed."""
+    for out in outputs(commands, "analyze"):
         page = (work / out / "report.html").read_text()
-        plans = [html.unescape(c) for c in re.findall(r"<code>(headwise plan [^<]*)</code>", page)]
-        if plans:
-            yield plans[0]
-            yield json.loads((work / "headwise-plan" / "plan.json").read_text())["command"]
-            clear()
-    for out in outs["plan"]:
+        yield from [html.unescape(c) for c in re.findall(r"<code>(headwise plan [^<]*)</code>", page)][:1]
+
+
+def check_suggested_plan(command: str, commands: list[str]) -> None:
+    """``command`` parses as the CLI parses it and carries the analysis run's model, task and data options."""
+    from headwise.cli import build_parser
+
+    suggested = vars(build_parser().parse_args(shlex.split(command)[1:]))
+    analysis = vars(build_parser().parse_args(next(shlex.split(c)[1:] for c in commands if " analyze " in c)))
+    for option in ("model", "task", "data", "limit", "max_length", "max_tokens"):
+        if analysis.get(option) is not None:
+            assert suggested.get(option) == analysis[option], f"{command} drops --{option.replace('_', '-')}"
+
+
+def suggested_applies(work: Path, commands: list[str]) -> Iterator[str]:
+    """The ``headwise apply`` of each plan of the block (plan.json's ``command``, the one plan prints), each read
+    just before it runs; the default output folder it writes (headwise-applied) is cleared between them."""
+    for out in outputs(commands, "plan"):
+        shutil.rmtree(work / "headwise-applied", ignore_errors=True)
         yield json.loads((work / out / "plan.json").read_text())["command"]
-        clear()
+    shutil.rmtree(work / "headwise-applied", ignore_errors=True)
