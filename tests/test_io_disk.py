@@ -145,7 +145,7 @@ def test_a_multi_part_output_is_complete_or_absent(tmp_path, monkeypatch):
         (Path(path) / "half").write_text("x")
         raise KeyboardInterrupt  # killed between model/ and plain/
 
-    monkeypatch.setattr(output, "export_plain", broken)
+    monkeypatch.setattr(__import__("headwise.io").io, "export_plain", broken)  # save_run imports it when called
     with pytest.raises(KeyboardInterrupt):
         output.save_run(out, model, None, "run.json", {"n": 2}, Report("t", "t"), overwrite=True, plain=True)
     assert (out / "run.json").read_text().strip() == '{\n "n": 1\n}' and (out / "plain" / "config.json").is_file()

@@ -292,6 +292,7 @@ def test_analysis_report_opens_with_a_verdict_naming_the_removable_heads():
     html = rep.sections[0].render()
     # below a quarter of the median (0.219): L2 H3 (0.01), L1 H0 (0.05), L2 H1 (0.1), least important first
     assert "3 of 12 heads look removable" in html and "L2 H3, L1 H0, L2 H1" in html
-    assert "headwise plan --model tiny-bert &lt;test&gt; --task stsb --budget heads=9" in html
+    # quoted for the shell, so that it runs as printed (cli.suggest)
+    assert "headwise plan --model &#x27;tiny-bert &lt;test&gt;&#x27; --task stsb --budget heads=9" in html
     stats["heads"] = {"importance_gradient": [[1.0] * 4] * 3}
     assert "No head stands out" in analysis_report(stats).sections[0].render()

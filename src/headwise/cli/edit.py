@@ -9,6 +9,7 @@ import collections.abc
 import dataclasses
 import json
 import re
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -94,11 +95,34 @@ class MethodParsers(dict):
     import torch) when it is first looked up, i.e. when the method is chosen on the command line or read by a test;
     ``headwise edit --help`` only lists the names and summaries."""
 
-    def __init__(self) -> None:
+    def __init__(self, methods: argparse._SubParsersAction, parents: list) -> None:
         super().__init__()
         self.built: set[str] = set()
+        self.methods, self.parents = methods, parents
+        self.adding = False
+
+    def add(self, name: str, summary: str) -> None:
+        self.adding = True  # argparse asks whether the name is taken: only by what is already here
+        try:
+            q = self.methods.add_parser(name, parents=self.parents, help=summary, description=summary)
+        finally:
+            self.adding = False
+        q.set_defaults(run=run, method_name=name)
+
+    def __contains__(self, name: object) -> bool:
+        """Also a method registered in this process beyond the built-in ones (a plugin's, a test's): it gets its
+        parser on first look."""
+        if super().__contains__(name) or self.adding:
+            return super().__contains__(name)
+        contract = sys.modules.get("headwise.contract")  # loaded by then if anything registered a method
+        if contract is None or name not in contract.METHODS:
+            return False
+        self.add(name, summary_of(contract.METHODS[name]))
+        return True
 
     def __getitem__(self, name: str) -> argparse.ArgumentParser:
+        if name not in self:
+            raise KeyError(name)
         parser = super().__getitem__(name)
         if name not in self.built:
             self.built.add(name)
@@ -121,10 +145,9 @@ def register(verbs, parents) -> None:
                                      "--kinds/--layers/--names select the sites) and save DIR/model with "
                                      "DIR/edit.json.\n`headwise edit METHOD --help` lists a method's options.")
     methods = p.add_subparsers(dest="method", required=True, metavar="METHOD")
-    methods.choices = methods._name_parser_map = MethodParsers()
+    methods.choices = methods._name_parser_map = parsers = MethodParsers(methods, parents)
     for name, summary in SUMMARIES.items():
-        q = methods.add_parser(name, parents=parents, help=summary, description=summary)
-        q.set_defaults(run=run, method_name=name)
+        parsers.add(name, summary)
 
 
 def method_options(q: argparse.ArgumentParser, name: str) -> None:
