@@ -124,16 +124,17 @@ FINGERPRINT_BYTES = 2**20  # the GGUF's first and last MiB are hashed
 
 
 def gguf_fingerprint(path: Path) -> dict[str, Any]:
-    """``size``, ``mtime_ns`` and ``sha256`` of the first and last ``FINGERPRINT_BYTES`` of a file."""
+    """``name``, ``size`` and the sha256 of the first and last ``FINGERPRINT_BYTES`` of a file: its contents, not its
+    time (a reinstalled package leaves the same GGUF with a new time, and must not convert again)."""
     import hashlib
 
-    stat = path.stat()
+    size = path.stat().st_size
     digest = hashlib.sha256()
     with path.open("rb") as f:
         digest.update(f.read(FINGERPRINT_BYTES))
-        f.seek(max(stat.st_size - FINGERPRINT_BYTES, 0))
+        f.seek(max(size - FINGERPRINT_BYTES, 0))
         digest.update(f.read(FINGERPRINT_BYTES))
-    return {"name": path.name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256_ends": digest.hexdigest()}
+    return {"name": path.name, "size": size, "sha256_ends": digest.hexdigest()}
 
 
 def conversion_source(gguf: Path | None) -> dict[str, Any]:
@@ -159,8 +160,10 @@ def stale_conversion(folder: Path, source: dict[str, Any]) -> str | None:
     for key, what in (("converter", "by"), ("transformers", "under transformers")):
         if recorded.get(key) != source[key]:
             return f"made {what} {recorded.get(key)}, not {source[key]}"
-    if "gguf" in source and recorded.get("gguf") != source["gguf"]:
-        return f"made from another {source['gguf']['name']} (size, time or contents differ)"
+    made_from = recorded.get("gguf")
+    if "gguf" in source and (not isinstance(made_from, dict)
+                             or {k: made_from.get(k) for k in source["gguf"]} != source["gguf"]):
+        return f"made from another {source['gguf']['name']} (size or contents differ)"
     return None
 
 
