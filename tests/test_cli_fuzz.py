@@ -119,6 +119,7 @@ def converted_smollm2() -> None:
 def test_a_missing_model_or_data_path_exits_2_with_one_line_and_writes_nothing(argv, value, tmp_path, monkeypatch,
                                                                               capsys):
     converted_smollm2()  # a verb's default model may be it: its one-time conversion is not the command's output
+    capsys.readouterr()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HEADWISE_DATA_DIR", str(tmp_path / "no-data"))  # nothing found by default either
     assert main(argv) == 2
