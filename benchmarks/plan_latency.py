@@ -27,6 +27,7 @@ from common import machine, update_section
 import headwise
 from headwise.planning import Plan
 from headwise.planning.costs import measure_latencies, static_costs
+from headwise.collaborative import CollaborativeConfig
 from headwise.planning.edits import Edit, apply_edit
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,7 +43,7 @@ def edit_for(plan: Plan, name: str) -> tuple[Edit, float | None]:
     prune, _, dk = name.partition("+dk-")
     if prune not in points or not dk:
         raise SystemExit(f"{name!r} is neither a point of the plan nor PRUNE+dk-F with PRUNE one of its points")
-    return Edit(prune=dict(points[prune].edit.prune), dk=float(dk)), None
+    return points[prune].edit.then(Edit((CollaborativeConfig(dk=float(dk)),))), None
 
 
 def main() -> None:

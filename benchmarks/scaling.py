@@ -16,7 +16,7 @@ memory-mapped checkpoint and the pages of the libraries' code). Verbs (the Pytho
   the backward, only its input kept), the bounded-memory mode;
 - ``kv-policy``: ``kv_policy`` (retrieval ranking, budget 0.5 at ``context``);
 - ``prune``: gradient importance of the lm loss (2 windows) then removal of a quarter of the KV groups;
-- ``plan``: ``headwise.plan`` with ``--methods prune,quantization`` (budget heads=0.75, 2 importance windows);
+- ``plan``: ``headwise.plan`` with ``--methods prune_heads,quantization`` (budget heads=0.75, 2 importance windows);
 - ``apply``: a planned removal applied to the model (``Plan.apply`` path: ``apply_edit``), then ``eval``;
 - ``recover``: a quarter of the heads masked (a reversible edit), then ``recover(..., teacher="off")``: distillation
   from the model itself with its masks switched off, 2 optimizer steps of 1 window. Its bound is 1.3 plus AdamW's
@@ -227,22 +227,23 @@ def run_verb(verb: str, model, tokenizer, context: int, text: str) -> None:
                   config=ScoreConfig(length=min(512, context), sink=4, window=max(8, context // 4)), progress=False)
     elif verb == "prune":
         from headwise.pruning.schedule import site_importance
-        from headwise.planning.proxies import head_scores, prune_edit, removal_order
-        from headwise.planning.edits import apply_edit
+        from headwise.planning.proxies import head_scores, removal_order
+        from headwise.pruning.method import removal
 
         scores = head_scores(model, tokenizer, task, "gradient", examples=2)
         order = removal_order(model, scores)
         total = sum(s.num_heads for s in headwise.find_sites(model))
-        apply_edit(model, prune_edit(order, total // 4))
+        headwise.prune_heads(model, removal(order, total // 4))
     elif verb == "plan":
         headwise.plan(model, tokenizer, task, "heads=0.75", examples=2, calibration=2, repeats=1, top_k=1,
-                      methods=("prune", "quantization"), progress=False)
+                      methods=("prune_heads", "quantization"), progress=False)
     elif verb == "apply":
         from headwise.planning.edits import Edit, apply_edit
+        from headwise.pruning.method import PruneHeadsConfig
 
         sites = headwise.find_sites(model)
         g = sites[0].group_size
-        apply_edit(model, Edit(prune={s.name: list(range(g)) for s in sites}))  # one KV group per layer
+        apply_edit(model, Edit((PruneHeadsConfig({s.name: list(range(g)) for s in sites}),)))  # one KV group a layer
         task.evaluate(model, tokenizer, progress=False)
     elif verb in ("recover", "recover-bounded"):
         import tempfile

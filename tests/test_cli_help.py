@@ -88,13 +88,13 @@ def test_the_light_copies_equal_the_library():
     from headwise.cli.edit import SUMMARIES, summary_of
     from headwise.contract import METHODS, load_methods
     from headwise.kvcache.apply import PREFILL_CHUNK
-    from headwise.planning.edits import METHODS as PLAN_METHODS
+    from headwise.planning.candidates import plannable
     from headwise.tasks.recovery import MODES
     from headwise.training.memory import MEMORY_MODES
 
     load_methods()
     assert constants.RECOVERY_MODES == MODES and constants.TRAIN_MEMORY_MODES == MEMORY_MODES
-    assert constants.PLAN_METHODS == PLAN_METHODS and constants.PREFILL_CHUNK == PREFILL_CHUNK
+    assert constants.PLAN_METHODS == tuple(m.name for m in plannable()) and constants.PREFILL_CHUNK == PREFILL_CHUNK
     assert SUMMARIES == {name: summary_of(method) for name, method in METHODS.items()}
 
 

@@ -289,7 +289,7 @@ def test_converted_models_run_on_meta():
 
 @pytest.mark.parametrize("case,match", [
     (lambda m: convert_gqa(m, kv_heads=3, init="svd"), "does not divide the 4 query heads"),
-    (lambda m: convert_gqa(m, kv_heads=0, init="svd"), "does not divide"),
+    (lambda m: convert_gqa(m, kv_heads=0, init="svd"), "kv_heads 0 must be a positive integer"),
     (lambda m: convert_gqa(m, kv_heads=1, init="calibrated"), "needs calibration"),
     (lambda m: convert_gqa(m, kv_heads=1, init="pca"), "choose 'mean'"),
     (lambda m: convert_gqa(m, kv_heads=1, grouping="random", init="svd"), "choose 'contiguous'"),

@@ -12,7 +12,8 @@ from tiny import VOCAB
 
 import headwise
 from headwise.analysis import ablation_importance, analyze, gradient_importance
-from headwise.planning.edits import Edit, edited
+from headwise.planning.edits import edited
+from plan_edits import edit as make
 
 pytest.importorskip("accelerate")
 TEXTS = random_texts(6, seed=3)
@@ -64,8 +65,7 @@ def test_analysis_of_the_dispatched_model_equals_the_whole_one(folder, tmp_path,
 
 def test_a_reversible_edit_in_place_on_the_dispatched_model_equals_the_whole_one(folder, tmp_path):
     ids = torch.arange(4, 20).view(2, 8)
-    edit = Edit(mechanism={"name": "local", "args": {"window": 3}, "sites": ["dec-self.0", "dec-self.3"]},
-                quantization={"method": "lin", "bits": 4})
+    edit = make(local=(3, ["dec-self.0", "dec-self.3"]), quantization={"method": "lin", "bits": 4})
     got = []
     for dispatched in (False, True):
         model = load(folder, tmp_path / str(dispatched), dispatched)
@@ -82,7 +82,7 @@ def test_a_reversible_edit_in_place_on_the_dispatched_model_equals_the_whole_one
 def test_an_edit_that_rewrites_offloaded_weights_is_refused(folder, tmp_path):
     model = load(folder, tmp_path, True)
     with pytest.raises(headwise.HeadwiseError, match="offloaded"):
-        with edited(model, Edit(prune={"dec-self.3": [0, 1, 2]})):
+        with edited(model, make(prune={"dec-self.3": [0, 1, 2]})):
             pass
     with pytest.raises(headwise.HeadwiseError, match="need --device-map"):
         headwise.load_model(str(folder), task="lm", max_memory={"cpu": "1GB"})

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from headwise.cli import _json_start
 from headwise.errors import HeadwiseError
 from headwise.planning import Plan
-from headwise.planning.edits import Edit
+from plan_edits import edit
 from headwise.planning.plan import Point, fingerprint
 from headwise.pruning.masks import load_masks, resolve_masks
 from headwise.sites import find_sites
@@ -201,8 +201,8 @@ def test_mask_reader(folder, bert, suffix, data):
 @pytest.fixture(scope="module")
 def plan_dict(bert):
     site = find_sites(bert)[0].name
-    points = [Point("base", "base", [], Edit(), {"score": 80.0}),
-              Point("heads-3", "single", ["prune"], Edit(prune={site: [1]}), {"score": 79.0})]
+    points = [Point("base", "base", [], edit(), {"score": 80.0}),
+              Point("heads-3", "single", ["prune_heads"], edit(prune={site: [1]}), {"score": 79.0})]
     return Plan(model="tiny", task={"name": "stsb", "options": {}, "metric": "spearman", "higher_is_better": True},
                 budget={}, settings={"recover": "none"}, points=points, proxies={}, layers={},
                 recommended="heads-3", fingerprint=fingerprint(bert)).to_dict()
@@ -231,7 +231,8 @@ def test_plan_reader(folder, bert, plan_dict, path, new, raw):
             return
         point = plan.recommended_point
         if point is not None:
-            assert all(isinstance(h, int) for heads in point.edit.prune.values() for h in heads)
+            assert all(isinstance(h, int) for c in point.edit.configs if hasattr(c, "heads")
+                       for heads in c.heads.values() for h in heads)
 
 
 # ---- the --json document finder -------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from tiny import VOCAB
 
 from headwise.errors import HeadwiseError
 from headwise.planning import Plan
-from headwise.planning.edits import Edit
+from plan_edits import edit
 from headwise.planning.plan import Point, fingerprint
 from headwise.pruning import prune_heads
 from headwise.pruning.masks import load_masks
@@ -28,8 +28,8 @@ def tiny_bert():
 
 def hand_plan(model) -> Plan:
     first = find_sites(model)[0].name
-    points = [Point("base", "base", [], Edit(), {"score": 80.0}),
-              Point("heads-7", "single", ["prune"], Edit(prune={first: [1]}), {"score": 79.0})]
+    points = [Point("base", "base", [], edit(), {"score": 80.0}),
+              Point("heads-7", "single", ["prune_heads"], edit(prune={first: [1]}), {"score": 79.0})]
     return Plan(model="tiny-bert", task={"name": "stsb", "options": {}, "metric": "spearman",
                                          "higher_is_better": True},
                 budget={}, settings={"recover": "none"}, points=points, proxies={}, layers={}, recommended="heads-7",
@@ -84,9 +84,15 @@ BAD_PLANS = [
     (lambda d: [d], "is a JSON list, not an object"),
     (lambda d: {k: v for k, v in d.items() if k != "points"}, "'points' is missing"),
     (lambda d: mutate(d, lambda x: x.update(points={})), "'points' is dict, not a list"),
-    (lambda d: mutate(d, lambda x: x["points"][1]["edit"].update(prune={"enc-self.0": "abc"})),
-     r"point 'heads-7': edit prune .* lists of head indices"),
-    (lambda d: mutate(d, lambda x: x["points"][1]["edit"].update(kv_heads="2")), "kv_heads '2' must be"),
+    (lambda d: mutate(d, lambda x: x["points"][1]["edit"][0]["config"].update(heads={"enc-self.0": "abc"})),
+     r"point 'heads-7': edit record 0: .*heads\['enc-self.0'\] is 'abc'; give a list of head indices"),
+    (lambda d: mutate(d, lambda x: x["points"][1]["edit"].append({"method": "gqa", "version": 1,
+                                                                  "config": {"kv_heads": "2"}})),
+     "edit record 1: .*kv_heads '2'"),
+    (lambda d: mutate(d, lambda x: x["points"][1]["edit"].append({"method": "nope", "version": 1, "config": {}})),
+     "edit record 1: no method 'nope'"),
+    (lambda d: mutate(d, lambda x: x["points"][1].update(edit={"prune": {}})), "edit is a dict, not a list"),
+    (lambda d: mutate(d, lambda x: x.update(schema="headwise.plan/1")), "format 1 .* re-run headwise plan"),
     (lambda d: mutate(d, lambda x: x["points"][1].pop("measured")), "point 'heads-7' has no measured"),
     (lambda d: mutate(d, lambda x: x["points"].append(7)), "a point is a int, not a mapping"),
     (lambda d: mutate(d, lambda x: x.update(recommended="nope")), "recommends 'nope', which is none"),

@@ -108,15 +108,16 @@ def test_budget_shares_and_load_by_hand():
 def test_finalists_measure_the_best_and_the_cheapest_pair_of_each_level():
     """Prediction says every collaborative pair is slower than its pruning (dk alone timed 1.0-1.2x on the whole
     model); the cheapest pair of each level is still measured, next to the best-scoring one."""
+    from headwise.contract import METHODS
     from headwise.planning.candidates import Candidate
-    from headwise.planning.edits import Edit
     from headwise.planning.search import finalists
+    from plan_edits import edit
 
     base = {"score": 90.0, "heads": 8, "latency": 1.0, "attention_params": 100, "flops": 100, "kv_bytes": 0}
-    prunes = [(Candidate(f"prune-{h}", "prune", Edit(prune={"enc-self.0": list(range(8 - h))})),
+    prunes = [(Candidate(f"prune-{h}", METHODS["prune_heads"], edit(prune={"enc-self.0": list(range(8 - h))})),
                {**base, "score": 90.0 - (8 - h), "heads": h, "latency": 0.6 + 0.05 * h,
                 "attention_params": 12.5 * h, "flops": 12.5 * h}) for h in (6, 4)]
-    others = [(Candidate(f"dk-{f:g}", "dk", Edit(dk=f)),
+    others = [(Candidate(f"dk-{f:g}", METHODS["collaborative"], edit(dk=f)),
                {**base, "score": 90.0 - (1 - f), "latency": 0.9 + 0.4 * f, "attention_params": 100 * f,
                 "flops": 100 * f})
               for f in (0.75, 0.25)]
@@ -204,17 +205,18 @@ def test_plan_measures_every_point_and_recommends_one_in_budget(request, which):
     for p in plan.points:
         if not p.on_front:
             assert any(dominates(v, vectors[p.name]) for v in vectors.values())
-    assert "prune" in {m for p in plan.points for m in p.methods}
+    assert "prune_heads" in {m for p in plan.points for m in p.methods}
 
 
 def test_llama_plan_tries_kv_merges_and_combines_them_with_removal(llama_plan):
     _, _, plan = llama_plan
     names = {p.name for p in plan.points}
-    assert "kv-1" in names and any(p.kind == "combined" and "kv_heads" in p.methods for p in plan.points)
+    assert "kv-1" in names and any(p.kind == "combined" and "gqa" in p.methods for p in plan.points)
     kv1 = next(p for p in plan.points if p.name == "kv-1")
     assert kv1.measured["kv_bytes"] * 2 == plan.base.measured["kv_bytes"]
-    removed = [p for p in plan.points if p.methods == ["prune"]]
-    assert all(len(h) % 2 == 0 for p in removed for h in p.edit.prune.values())  # whole key/value groups
+    removed = [p for p in plan.points if p.methods == ["prune_heads"]]
+    heads = [h for p in removed for h in p.edit.config("prune_heads").heads.values()]
+    assert heads and all(len(h) % 2 == 0 for h in heads)  # whole key/value groups
 
 
 @pytest.mark.parametrize("which", ["bert_plan", "llama_plan"])
@@ -253,8 +255,11 @@ def test_plan_and_apply_verbs_end_to_end(tmp_path, bert_dir, stsb_dir, capsys):
     common = ["--model", str(bert_dir), "--task", "stsb", "--data", str(stsb_dir)]
     assert main(["plan", *common, "--budget", "heads=5", "--repeats", "1", "--importance-examples", "16",
                  "--calibration-limit", "8", "--methods", "prune,dk", "--out", str(out)]) == 0
+    assert "--methods prune is now prune_heads" in capsys.readouterr().err  # plan format 1's names, one release
     data = json.loads((out / "plan.json").read_text())
-    assert data["schema"] == "headwise.plan/1" and data["recommended"] and data["front"]
+    assert data["schema"] == "headwise.plan/2" and data["recommended"] and data["front"]
+    assert data["settings"]["methods"] == ["prune_heads", "collaborative"]
+    assert all(set(r) == {"method", "version", "config"} for p in data["points"] for r in p["edit"])
     html = (out / "report.html").read_text()
     assert html.index("Verdict") < html.index("Pareto fronts") and "headwise apply" in html
     applied = tmp_path / "applied"
@@ -367,12 +372,13 @@ def test_the_verdict_names_the_edit_its_score_savings_and_command_or_says_none_f
 
 @pytest.mark.parametrize("edit", [{"dk": 16}, {"kv_heads": 1}])
 def test_calibrated_edit_without_calibration_is_refused_and_changes_nothing(edit):
-    from headwise.planning.edits import Edit, apply_edit
+    from headwise.planning.edits import apply_edit
+    from plan_edits import edit as make
 
     model = tiny_bert() if "dk" in edit else tiny_llama_lm()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(headwise.HeadwiseError, match="calibration"):
-        apply_edit(model, Edit(**edit))
+        apply_edit(model, make(**edit))
     after = model.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
@@ -390,7 +396,7 @@ def _identical(model, state, config):
 
 
 EDITS = [{"prune": {"dec-self.0": [0, 1]}}, {"kv_heads": 1}, {"dk": 0.5},
-         {"mechanism": {"name": "local", "args": {"window": 3}, "sites": ["dec-self.1"]}},
+         {"local": (3, ["dec-self.1"])},
          {"quantization": {"method": "log", "bits": 3}},
          {"prune": {"dec-self.1": [2, 3]}, "kv_heads": 1, "dk": 0.5}]
 
@@ -399,8 +405,9 @@ EDITS = [{"prune": {"dec-self.0": [0, 1]}}, {"kv_heads": 1}, {"dk": 0.5},
 def test_an_edit_in_place_equals_the_edited_copy_and_restores_the_model_exactly(fields, tokenizer):
     import copy
 
-    from headwise.planning.edits import Edit, apply_edit, edited
+    from headwise.planning.edits import apply_edit, edited
     from headwise.planning.proxies import output_error
+    from plan_edits import edit as make
 
     def outputs(model, batches):  # the full logits: the reference of output_error's chunked comparison
         with torch.no_grad():
@@ -411,7 +418,7 @@ def test_an_edit_in_place_equals_the_edited_copy_and_restores_the_model_exactly(
                for b in range(3)]
     batches = [{k: v for k, v in b.items() if k in ("input_ids", "attention_mask")} for b in batches]
     state, config, base = _state(model), model.config.to_dict(), outputs(model, batches)
-    edit = Edit(**fields)
+    edit = make(**fields)
     reference = outputs(apply_edit(copy.deepcopy(model), edit, batches), batches)  # the old way: an edited copy
     with edited(model, edit, batches) as now:
         assert all(torch.equal(a, b) for a, b in zip(outputs(model, batches), reference))
@@ -427,12 +434,13 @@ def test_an_edit_in_place_equals_the_edited_copy_and_restores_the_model_exactly(
 
 
 def test_an_error_inside_the_edit_still_restores_the_model():
-    from headwise.planning.edits import Edit, edited
+    from headwise.planning.edits import edited
+    from plan_edits import edit
 
     model = tiny_bert()
     state, config = _state(model), model.config.to_dict()
     with pytest.raises(RuntimeError, match="boom"):
-        with edited(model, Edit(prune={"enc-self.0": [1]}, quantization={"method": "log", "bits": 3})):
+        with edited(model, edit(prune={"enc-self.0": [1]}, quantization={"method": "log", "bits": 3})):
             assert sum(s.num_heads for s in headwise.find_sites(model)) == 7
             raise RuntimeError("boom")
     assert _identical(model, state, config) and sum(s.num_heads for s in headwise.find_sites(model)) == 8
@@ -457,6 +465,96 @@ def test_plan_with_recovery_restores_every_trained_weight(tokenizer, stsb_dir):
     model = tiny_bert()
     state, config = _state(model), model.config.to_dict()
     task = get_task("stsb", data=str(stsb_dir))
-    plan = headwise.plan(model, tokenizer, task, "heads=6", methods=("prune", "quantization"), recover="distill",
+    plan = headwise.plan(model, tokenizer, task, "heads=6", methods=("prune_heads", "quantization"), recover="distill",
                          recover_epochs=1, **FAST)
     assert len(plan.points) > 2 and _identical(model, state, config)
+
+
+# ---- a method added in one module is planned, applied and saved (nothing else edited) ---------------------------
+TOY_MODULE = '''
+"""A plug-in method: drop the first ``count`` heads of every selected site, with a sweep for headwise.plan."""
+from dataclasses import dataclass, field
+
+import headwise
+from headwise.contract import MethodConfig, register_method
+from headwise.sweep import Levels, Sweep
+
+
+@dataclass
+class DropFirstConfig(MethodConfig):
+    """Remove the first ``count`` heads of every selected site."""
+
+    count: int = field(default=1, metadata={"help": "heads removed at the front of each site"})
+
+
+def drop_first(model, config):
+    return headwise.prune_heads(model, {s.name: list(range(config.count)) for s in config.sites(model)})
+
+
+def levels(model, context):
+    return Levels([("drop-1", DropFirstConfig(count=1))])
+
+
+register_method("toy_drop_first", DropFirstConfig, drop_first, example=lambda model: DropFirstConfig(),
+                sweep=Sweep(levels, lambda c: f"drop the first {c.count} head(s) of each layer", order=15))
+'''
+
+
+@pytest.fixture
+def toy_plugin(tmp_path, monkeypatch):
+    """The toy method's module, written to a temporary folder and imported (registered); unregistered after."""
+    import importlib
+    import sys
+
+    from headwise.contract import METHODS
+
+    (tmp_path / "toy_plugin").mkdir()
+    (tmp_path / "toy_plugin" / "toy_headwise_method.py").write_text(TOY_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path / "toy_plugin"))
+    module = importlib.import_module("toy_headwise_method")
+    yield module
+    METHODS.pop("toy_drop_first", None)
+    sys.modules.pop("toy_headwise_method", None)
+
+
+def test_a_method_registered_in_a_plugin_module_is_planned_applied_and_reloaded(toy_plugin, tmp_path, bert_dir,
+                                                                                 stsb_dir, tokenizer, capsys):
+    model = tiny_bert()
+    task = get_task("stsb", data=str(stsb_dir))
+    planned = headwise.plan(model, tokenizer, task, "heads=7", methods=("toy_drop_first",), **FAST)
+    toy = planned.point("drop-1")
+    assert toy.methods == ["toy_drop_first"] and toy.on_front and toy.measured["heads"] == 6
+    assert planned.recommended == "drop-1"
+    assert planned.to_dict()["points"][1]["edit"] == [{"method": "toy_drop_first", "version": 1,
+                                                      "config": {"count": 1, "selection": {"kinds": None,
+                                                                                           "layers": None,
+                                                                                           "names": None}}}]
+    # combined with the built-in methods (removal levels × nothing to pair: the toy is "alone")
+    both = headwise.plan(tiny_bert(), tokenizer, task, "heads=6", methods=("prune_heads", "toy_drop_first"), **FAST)
+    assert {"drop-1", "prune-6"} <= {p.name for p in both.points}
+
+    out, applied = tmp_path / "plan", tmp_path / "applied"
+    common = ["--model", str(bert_dir), "--task", "stsb", "--data", str(stsb_dir)]
+    assert main(["plan", *common, "--budget", "heads=7", "--repeats", "1", "--importance-examples", "16",
+                 "--calibration-limit", "8", "--methods", "toy_drop_first", "--out", str(out)]) == 0
+    data = json.loads((out / "plan.json").read_text())
+    assert data["recommended"] == "drop-1" and "drop-1" in data["front"]
+    assert data["points"][1]["edit"][0]["method"] == "toy_drop_first"
+    assert "drop the first 1 head(s)" in (out / "report.html").read_text()
+    assert main(["apply", str(out / "plan.json"), "--model", str(bert_dir), "--out", str(applied), "--no-eval"]) == 0
+    capsys.readouterr()
+    reference = headwise.load_model(str(bert_dir))[0]
+    headwise.apply(reference, toy_plugin.DropFirstConfig(count=1))
+    reloaded = headwise.from_pretrained(applied / "model")
+    assert [s.num_heads for s in headwise.find_sites(reloaded)] == [3, 3]
+    ids = torch.tensor([[2, 5, 7, 9, 3]])
+    with torch.no_grad():
+        assert torch.allclose(reloaded(input_ids=ids).last_hidden_state, reference(input_ids=ids).last_hidden_state,
+                              atol=1e-6)
+
+
+def test_plan_refuses_a_method_without_a_sweep_naming_the_plannable_ones(bert_plan, tokenizer, stsb_dir):
+    model, task, _ = bert_plan
+    with pytest.raises(headwise.HeadwiseError, match="plan can try prune_heads, gqa, collaborative, mechanism, "
+                                                     "quantization"):
+        headwise.plan(model, tokenizer, task, "heads=6", methods=("masks",), **FAST)

@@ -26,6 +26,7 @@ from torch import nn
 
 from .errors import HeadwiseError
 from .sites import AttentionSite, select_sites
+from .sweep import Sweep
 
 
 def _as_tuple(value: Any, what: str, kind: type) -> tuple | None:
@@ -95,7 +96,8 @@ class Method:
     configuration, such as calibration batches); ``remove(model)`` undoes it (``None``: the method rewrites weights
     and cannot be undone in place); ``present(model)`` says whether the model carries it; ``example(model)`` is a
     small config for that model (contract test, docs); ``identity``: the example changes no output; ``meta``: it
-    applies to a model on the ``meta`` device (False for methods that fit or decompose weights)."""
+    applies to a model on the ``meta`` device (False for methods that fit or decompose weights); ``sweep``: how
+    ``headwise.plan`` tries it (``headwise.sweep``; None: not planned)."""
 
     name: str
     config: type
@@ -109,6 +111,7 @@ class Method:
     meta: bool = True
     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None
     legacy_kind: str | None = None
+    sweep: Sweep | None = None
 
     @property
     def reversible(self) -> bool:
@@ -134,9 +137,9 @@ def register_method(name: str, config: type, apply: Callable[..., Any], *, examp
                     remove: Callable[[nn.Module], Any] | None = None, present: Callable[[nn.Module], bool] | None = None,
                     version: int = 1, summary: str = "", identity: bool = False, meta: bool = True,
                     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None,
-                    legacy_kind: str | None = None) -> Method:
+                    legacy_kind: str | None = None, sweep: Sweep | None = None) -> Method:
     """Register a method once (at import of its package); returns the ``Method``. A method that records journal
-    entries gives ``replay``."""
+    entries gives ``replay``; a method ``headwise.plan`` may try gives ``sweep``."""
     if not dataclasses.is_dataclass(config):
         raise HeadwiseError(f"method {name!r}: its config {config.__name__} must be a dataclass")
     if (remove is None) != (present is None):
@@ -146,7 +149,8 @@ def register_method(name: str, config: type, apply: Callable[..., Any], *, examp
             raise HeadwiseError(f"method {name!r} with {config.__name__} clashes with the registered method "
                                 f"{other.name!r} ({other.config.__name__})")
     METHODS[name] = Method(name, config, apply, remove, present, example, version, summary or
-                           (config.__doc__ or "").strip().splitlines()[0], identity, meta, replay, legacy_kind)
+                           (config.__doc__ or "").strip().splitlines()[0], identity, meta, replay, legacy_kind,
+                           sweep)
     return METHODS[name]
 
 
@@ -203,6 +207,10 @@ def config_from_dict(record: dict[str, Any]) -> Any:
     """The config a ``config_to_dict`` record describes (validated by the config's own ``__post_init__``)."""
     if not isinstance(record, dict) or {"method", "version", "config"} - set(record):
         raise HeadwiseError(f"a method record needs 'method', 'version' and 'config', got {record!r}")
+    if not isinstance(record["method"], str) or not isinstance(record["version"], int) \
+            or isinstance(record["version"], bool) or not isinstance(record["config"], dict):
+        raise HeadwiseError(f"a method record needs a method name, an integer version and a config mapping, got "
+                            f"{record!r}")
     m = method_of(record["method"])
     if record["version"] > m.version:
         raise HeadwiseError(f"the {m.name} record is version {record['version']}, newer than this headwise "
@@ -212,9 +220,12 @@ def config_from_dict(record: dict[str, Any]) -> Any:
     if unknown:
         raise HeadwiseError(f"the {m.name} record has unknown fields {unknown}; known: {sorted(names)}")
     values = dict(record["config"])
-    if isinstance(values.get("selection"), dict):
-        values["selection"] = Selection(**values["selection"])
-    return m.config(**values)
+    try:
+        if isinstance(values.get("selection"), dict):
+            values["selection"] = Selection(**values["selection"])
+        return m.config(**values)
+    except (TypeError, ValueError, AttributeError) as err:  # a field of the wrong type that __post_init__ met
+        raise HeadwiseError(f"the {m.name} record's config {record['config']!r} is not valid: {err}") from None
 
 
 def config_fields(config: type) -> list[tuple[dataclasses.Field, Any]]:

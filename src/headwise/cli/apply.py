@@ -58,9 +58,7 @@ def run(args: argparse.Namespace) -> int:
     if mode == "distill":  # a reversible edit distils from the model with its ops off; others from the unedited
         import copy        # model's recorded outputs (lm) or a copy
 
-        from ..planning.edits import REVERSIBLE
-
-        teacher = "off" if point.edit.methods and set(point.edit.methods) <= set(REVERSIBLE) else \
+        teacher = "off" if point.edit.reversible else \
             CachedTeacher.record(model, tokenizer, task, max_steps=args.recover_max_steps) if task.name == "lm" \
             else copy.deepcopy(model)
     def metric() -> float | None:
@@ -74,12 +72,12 @@ def run(args: argparse.Namespace) -> int:
                 max_steps=args.recover_max_steps, limit=teacher.limit if isinstance(teacher, CachedTeacher) else None,
                 memory=args.train_memory)
     after = metric() if mode != "none" else edited
-    summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.to_dict(),
+    summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.records(),
                "describe": point.edit.describe(), "recover": mode,
                **run_record(task, before, edited, after if mode != "none" else None, costs, model),
                "planned": point.measured["score"],
                "saves": savings(point.to_dict(), plan.base.to_dict())}
-    native = not point.edit.mechanism and not point.edit.quantization and plain_problem(model) is None
+    native = point.edit.weights_only and plain_problem(model) is None
     report = Report("headwise apply", f"{plan.model}: {point.edit.describe()}")
     shown = {k: "—" if v is None else f"{v:.2f}" for k, v in (("before", before), ("after", after))}
     section = report.add_section(

@@ -3,5 +3,8 @@ building the parser stays light (``headwise --help``). tests/test_cli_help.py ch
 
 RECOVERY_MODES = ("distill", "finetune", "none")  # headwise.tasks.recovery.MODES
 TRAIN_MEMORY_MODES = ("auto", "keep", "bounded")  # headwise.training.memory.MEMORY_MODES
-PLAN_METHODS = ("prune", "kv_heads", "dk", "mechanism", "quantization")  # headwise.planning.edits.METHODS
+# the built-in methods with a sweep (headwise.planning.candidates.plannable()), and the names plan format 1 gave
+# three of them (still accepted by --methods for one release)
+PLAN_METHODS = ("prune_heads", "gqa", "collaborative", "mechanism", "quantization")
+PLAN_METHOD_RENAMES = {"prune": "prune_heads", "kv_heads": "gqa", "dk": "collaborative"}
 PREFILL_CHUNK = "auto"  # headwise.kvcache.apply.PREFILL_CHUNK

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import sys
 
 from ..errors import HeadwiseError
-from .constants import PLAN_METHODS as METHODS
+from .constants import PLAN_METHODS as METHODS, PLAN_METHOD_RENAMES
 from .constants import RECOVERY_MODES as RECOVERY
 from . import model_args
 from .suggest import LOADING, suggest
@@ -21,8 +22,9 @@ def register(verbs, parents) -> None:
     p.add_argument("--budget", required=True,
                    help="limits, comma-separated: heads=N|fraction, latency=0.75x, params=-20%% (attention "
                         "parameters), kv-cache=-50%% (decoders), flops=-30%%")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"methods to combine (default: all of {','.join(METHODS)})")
+    p.add_argument("--methods", default=None,
+                   help=f"registered methods to try and combine, comma-separated (default: every method with a "
+                        f"sweep: {','.join(METHODS)}, and any a plugin registers)")
     p.add_argument("--ranking", choices=("gradient", "l0"), default="gradient",
                    help="how heads are ranked for removal: gradient importance of the task loss, or L0 gates "
                         "trained on a copy (default: gradient)")
@@ -46,6 +48,15 @@ def register(verbs, parents) -> None:
     p.set_defaults(run=run)
 
 
+def _method_name(text: str) -> str:
+    """A registered method's name; the names of plan format 1 still work for one release, with a notice."""
+    name = text.strip().replace("-", "_")
+    if name in PLAN_METHOD_RENAMES:
+        print(f"headwise: --methods {name} is now {PLAN_METHOD_RENAMES[name]} (the registered method's name); "
+              f"{name} still works", file=sys.stderr)
+    return PLAN_METHOD_RENAMES.get(name, name)
+
+
 def run(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir
     from ..planning import Budget, plan
@@ -53,10 +64,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report.plan import add_plan_sections, verdict
 
     budget = Budget.parse(args.budget)  # a bad budget fails before anything loads
-    methods = tuple(m.strip().replace("-", "_") for m in args.methods.split(",") if m.strip())
-    bad = [m for m in methods if m not in METHODS]
-    if bad or not methods:
-        raise HeadwiseError(f"--methods {args.methods!r}: use some of {','.join(METHODS)}")
+    methods = None if args.methods is None else tuple(_method_name(m) for m in args.methods.split(",") if m.strip())
     if getattr(args, "new_head", False):  # apply could not rebuild the random head the plan measured
         raise HeadwiseError(
             "plan --new-head would measure edits of an untrained, random classification head; train one first "

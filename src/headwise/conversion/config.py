@@ -32,6 +32,8 @@ class GQAConfig(MethodConfig):
     ridge: float = 1e-4
 
     def __post_init__(self) -> None:
+        if not isinstance(self.kv_heads, int) or isinstance(self.kv_heads, bool) or self.kv_heads < 1:
+            raise HeadwiseError(f"kv_heads {self.kv_heads!r} must be a positive integer")
         self.whole_model("convert_gqa (every decoder self-attention)")
 
 

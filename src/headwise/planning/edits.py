@@ -1,151 +1,120 @@
-"""One combined edit, as data: which heads go, how many key/value heads stay, the collaborative width, an
-efficient mechanism on some layers, attention-probability quantization; the function that performs it; and
-``edited``, which performs it in place for a block and restores the model exactly afterwards (no model copy).
-
-The order is fixed: remove heads → merge key/value heads (``convert_gqa``) → collaborative heads
-(``compress``) → mechanism → quantization. Everything that needs data uses the calibration batches given.
+"""One combined edit, as data: registered method configs (``headwise.contract``), applied in their sweeps'
+``order`` (heads removed → KV heads merged → collaborative heads → mechanism → quantization for the built-in
+methods); the function that performs it; and ``edited``, which performs it in place for a block and restores the
+model exactly afterwards (no model copy). A plan.json stores an edit as its method records
+(``{"method", "version", "config"}``, ``contract.config_to_dict``), replayed through ``headwise.apply``.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from ..collaborative import compress
-from ..conversion import convert_gqa
+from ..contract import apply, config_from_dict, config_to_dict, method_of
 from ..errors import HeadwiseError
-from ..mechanisms import apply as replace_attention
-from ..pruning import prune_heads
-from ..quantization import quantize_attention
 from ..sites import find_sites
 
-METHODS = ("prune", "kv_heads", "dk", "mechanism", "quantization")
-LABELS = {"prune": "remove heads", "kv_heads": "merge KV heads", "dk": "collaborative heads",
-          "mechanism": "efficient mechanism", "quantization": "quantized attention"}
+LAST = 1_000  # where a method without a sweep goes in a combined edit: after every planned one
 
 
-@dataclass
+def _order(config: Any) -> int:
+    sweep = method_of(config).sweep
+    return LAST if sweep is None else sweep.order
+
+
+@dataclass(frozen=True)
 class Edit:
-    """``prune``: ``{site name: [removed query heads]}``; ``kv_heads``: key/value heads per decoder layer after
-    ``convert_gqa``; ``dk``: collaborative query/key width (a count, or a share ``0 < dk < 1`` of each site's
-    heads × head_dim left after pruning); ``mechanism``: ``{"name", "args", "sites"}``;
-    ``quantization``: ``QuantizationConfig`` fields. Empty / ``None`` fields do nothing."""
+    """Method configs applied together, in their sweeps' order (one config per method); ``Edit()`` does nothing."""
 
-    prune: dict[str, list[int]] = field(default_factory=dict)
-    kv_heads: int | None = None
-    dk: int | float | None = None
-    mechanism: dict[str, Any] | None = None
-    quantization: dict[str, Any] | None = None
+    configs: tuple[Any, ...] = ()
+
+    def __post_init__(self) -> None:
+        configs = tuple(sorted(self.configs, key=_order))  # a stable sort: equal orders keep the given order
+        names = [method_of(c).name for c in configs]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise HeadwiseError(f"an edit takes one config per method; {', '.join(twice)} given twice")
+        object.__setattr__(self, "configs", configs)
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The methods this edit uses, in application order."""
-        return tuple(m for m in METHODS if getattr(self, m) and (m != "prune" or any(self.prune.values())))
+        """The registered names of its methods, in application order."""
+        return tuple(method_of(c).name for c in self.configs)
 
     @property
-    def removed(self) -> int:
-        return sum(len(h) for h in self.prune.values())
+    def weights_only(self) -> bool:
+        """Whether every method rewrites weights (nothing attached: plain transformers can hold the result)."""
+        return not any(method_of(c).reversible for c in self.configs)
+
+    @property
+    def reversible(self) -> bool:
+        """Whether it edits something and only attaches ops (every method removable: no tensor is rewritten)."""
+        return bool(self.configs) and all(method_of(c).reversible for c in self.configs)
+
+    def config(self, method: str) -> Any:
+        """The config of ``method`` in this edit, or None."""
+        return next((c for c in self.configs if method_of(c).name == method), None)
+
+    def then(self, other: "Edit") -> "Edit":
+        """This edit and ``other``'s methods together."""
+        return Edit(self.configs + other.configs)
 
     def describe(self) -> str:
-        """``remove 36 heads + collaborative heads dk=192``."""
+        """``remove 36 heads + collaborative heads dk=50% of the heads' width``."""
         parts = []
-        if self.removed:
-            parts.append(f"remove {self.removed} heads")
-        if self.kv_heads:
-            parts.append(f"{self.kv_heads} KV heads per layer")
-        if self.dk:
-            parts.append(f"collaborative heads dk={100 * self.dk:g}% of the heads' width" if isinstance(self.dk, float)
-                         else f"collaborative heads dk={self.dk}")
-        if self.mechanism:
-            args = ",".join(f"{k}={v}" for k, v in self.mechanism.get("args", {}).items())
-            parts.append(f"{self.mechanism['name']}({args}) on {len(self.mechanism['sites'])} layers")
-        if self.quantization:
-            q = self.quantization
-            parts.append(f"attention {q.get('method')} {q.get('bits')}b" if q.get("method", "none") != "none"
-                         else f"attention threshold {q.get('threshold')}")
+        for c in self.configs:
+            sweep = method_of(c).sweep
+            parts.append(sweep.describe(c) if sweep else method_of(c).name)
         return " + ".join(parts) or "no edit"
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def needs_calibration(self) -> bool:
+        return any(method_of(c).sweep and method_of(c).sweep.calibrated for c in self.configs)
+
+    def records(self) -> list[dict[str, Any]]:
+        """The method records of a plan.json, in application order."""
+        return [config_to_dict(c) for c in self.configs]
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Edit":
-        """The edit a plan.json records; refuses fields of the wrong type (a head list ``"abc"``, a width
-        ``"x"``) with one line naming the field."""
-        if not isinstance(data, dict):
-            raise HeadwiseError(f"edit is a {type(data).__name__}, not a mapping of {', '.join(METHODS)}")
-        unknown = set(data) - set(METHODS)
-        if unknown:
-            raise HeadwiseError(f"edit has unknown fields {sorted(map(str, unknown))}; known: {', '.join(METHODS)}")
-        prune = data.get("prune") or {}
-        if not isinstance(prune, dict) or not all(
-                isinstance(heads, list) and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                                for h in heads) for heads in prune.values()):
-            raise HeadwiseError(f"edit prune {prune!r} must map site names to lists of head indices (integers ≥ 0)")
-        kv_heads, dk = data.get("kv_heads"), data.get("dk")
-        if kv_heads is not None and (not isinstance(kv_heads, int) or isinstance(kv_heads, bool) or kv_heads < 1):
-            raise HeadwiseError(f"edit kv_heads {kv_heads!r} must be a positive integer or null")
-        if dk is not None and (not isinstance(dk, (int, float)) or isinstance(dk, bool) or not 0 < dk < math.inf):
-            raise HeadwiseError(f"edit dk {dk!r} must be a positive width, a share 0 < dk < 1, or null")
-        mechanism = data.get("mechanism")
-        if mechanism is not None and not (isinstance(mechanism, dict) and isinstance(mechanism.get("name"), str)
-                                          and isinstance(mechanism.get("args"), dict)
-                                          and isinstance(mechanism.get("sites"), list)):
-            raise HeadwiseError(f"edit mechanism {mechanism!r} must be {{\"name\": str, \"args\": {{...}}, "
-                                "\"sites\": [...]}} or null")
-        if data.get("quantization") is not None and not isinstance(data["quantization"], dict):
-            raise HeadwiseError(f"edit quantization {data['quantization']!r} must be a mapping of its options or null")
-        return cls(**{k: v for k, v in data.items() if v is not None or k != "prune"})
-
-    def needs_calibration(self) -> bool:
-        return bool(self.kv_heads or self.dk)
-
-    def per_site(self, model: nn.Module) -> dict[str, dict[str, Any]]:
-        """``{site name: the choices that touch it}`` on the unedited ``model``."""
-        out = {}
-        for s in find_sites(model):
-            mech = self.mechanism if self.mechanism and s.name in self.mechanism["sites"] else None
-            out[s.name] = {"heads": s.num_heads, "removed": sorted(self.prune.get(s.name, [])),
-                           "kv_heads": self.kv_heads if self.kv_heads and s.causal else None, "dk": self.dk,
-                           "mechanism": None if mech is None else {"name": mech["name"], "args": mech["args"]},
-                           "quantization": self.quantization}
-        return out
+    def from_records(cls, records: Any) -> "Edit":
+        """The edit of a plan.json's records; a record that is not a valid method record is refused with one
+        line naming it."""
+        if not isinstance(records, list):
+            raise HeadwiseError(f"edit is a {type(records).__name__}, not a list of method records "
+                                "({\"method\", \"version\", \"config\"})")
+        configs = []
+        for i, record in enumerate(records):
+            try:
+                configs.append(config_from_dict(record))
+            except HeadwiseError as err:
+                raise HeadwiseError(f"edit record {i}: {err}") from None
+        return cls(tuple(configs))
 
 
 def apply_edit(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, torch.Tensor]] | None = None,
-               allow_empty_layers: bool = False, progress: bool | None = False) -> nn.Module:
-    """Perform ``edit`` on ``model`` in place (see the module docstring for the order); returns the model.
-    ``calibration``: model-input batches for the calibrated KV merge and the collaborative objective; an edit
-    that uses either is refused without them (the plan measured the calibrated forms)."""
-    offloaded = [s.name for s in find_sites(model) if set(edit.methods) - set(REVERSIBLE)
+               progress: bool | None = False) -> nn.Module:
+    """Perform ``edit`` on ``model`` in place, each config through ``headwise.apply``; returns the model.
+    ``calibration``: model-input batches for the calibrated methods (``Sweep.calibrated``: the KV merge and the
+    collaborative objective); an edit that uses one is refused without them (the plan measured the calibrated
+    forms)."""
+    offloaded = [s.name for s in find_sites(model) if not edit.reversible and edit.configs
                  and any(p.device.type == "meta" for p in s.module.parameters())]
     if offloaded:
         raise HeadwiseError(f"edit '{edit.describe()}' rewrites attention weights that are offloaded (on the meta "
                             f"device, e.g. {offloaded[0]}): load the model with a --max-memory that keeps the "
                             "attention weights on a device, or without --device-map")
     if edit.needs_calibration() and not calibration:
-        raise HeadwiseError(f"edit '{edit.describe()}' merges KV heads or compresses to collaborative heads, which "
-                            "are calibrated: pass calibration batches (Plan.apply builds them from the tokenizer)")
-    if edit.prune and any(edit.prune.values()):
-        prune_heads(model, {k: v for k, v in edit.prune.items() if v}, allow_empty_layers=allow_empty_layers)
-    if edit.kv_heads:
-        convert_gqa(model, kv_heads=edit.kv_heads, init="calibrated", calibration=calibration, progress=progress)
-    if edit.dk:
-        compress(model, dk=edit.dk, calibration=calibration, progress=progress)
-    if edit.mechanism:
-        replace_attention(model, edit.mechanism["name"], sites=edit.mechanism["sites"], **edit.mechanism["args"])
-    if edit.quantization:
-        quantize_attention(model, **edit.quantization)
+        raise HeadwiseError(f"edit '{edit.describe()}' has calibrated methods (their fits read calibration data): "
+                            "pass calibration batches (Plan.apply builds them from the tokenizer)")
+    for config in edit.configs:
+        sweep = method_of(config).sweep
+        inputs = {"calibration": calibration, "progress": progress} if sweep and sweep.calibrated else {}
+        apply(model, config, **inputs)
     return model
-
-
-REVERSIBLE = ("mechanism", "quantization")  # methods that only attach ops: nothing of the model's is rewritten
 
 
 def _configs(config: Any) -> list[Any]:
@@ -240,16 +209,16 @@ class EditedModel:
 
 @contextmanager
 def edited(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, torch.Tensor]] | None = None,
-           allow_empty_layers: bool = False, progress: bool | None = False) -> Iterator[EditedModel]:
+           progress: bool | None = False) -> Iterator[EditedModel]:
     """Perform ``edit`` on ``model`` in place for the block and restore it exactly afterwards (every tensor,
     module and config value as before; also after an error). Only the attention modules are copied — with their
-    tensors when the edit rewrites weights (removal, KV merge, collaborative heads), sharing them when it only
-    attaches ops (mechanism, quantization) — so the extra memory is at most one copy of the attention
+    tensors when the edit rewrites weights (removal, KV merge, collaborative heads), sharing them when every
+    method only attaches ops (``Edit.reversible``: mechanism, quantization) — so the extra memory is at most one copy of the attention
     weights, never a copy of the model."""
-    state = EditedModel(model, share_tensors=set(edit.methods) <= set(REVERSIBLE))
+    state = EditedModel(model, share_tensors=edit.reversible or not edit.configs)
     state._install(state.copies)
     try:
-        apply_edit(model, edit, calibration, allow_empty_layers, progress)
+        apply_edit(model, edit, calibration, progress)
         yield state
     finally:
         state.restore()

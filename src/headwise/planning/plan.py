@@ -32,22 +32,23 @@ from ..sites import find_sites
 from ..tasks import Task, get_task, recover
 from ..tasks.recovery import MODES
 from .budget import Budget
-from .candidates import (Candidate, dk_candidates, kv_candidates, mechanism_candidates, prune_candidates,
-                         quantization_candidates)
+from ..sweep import SweepContext
+from .candidates import Candidate, candidates, plannable
 from .costs import measure_latency, sequence_length, static_costs
 from .edits import Edit, apply_edit, edited
 from .pareto import COST_AXES, front
 from .proxies import head_scores, outputs, relative_error, removal_order
 from .search import finalists
 
-SCHEMA = "headwise.plan/1"
+SCHEMA = "headwise.plan/2"  # 2: an edit is a list of method records (1: five fixed fields)
 
 
 @dataclass
 class Point:
     """One measured edit. ``measured``: ``score`` (the task's main metric), ``metrics`` (all of them) and the
     costs (``heads``, ``kv_heads``, ``attention_params``, ``flops``, ``kv_bytes``, ``latency`` ratio,
-    ``latency_ms``); ``predicted``: the same keys as predicted before measuring (combinations only)."""
+    ``latency_ms``); ``predicted``: the same keys as predicted before measuring (combinations only);
+    ``methods``: the registered names of the edit's methods."""
 
     name: str
     kind: str  # "base", "single" or "combined"
@@ -62,7 +63,7 @@ class Point:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["edit"] = self.edit.to_dict()
+        out["edit"] = self.edit.records()
         out["describe"] = self.edit.describe()
         return out
 
@@ -86,7 +87,7 @@ class Point:
             raise HeadwiseError(f"{where}: needs a name, a kind ({', '.join(kinds)}), a methods list and a "
                                 "measured mapping with a numeric score")
         try:
-            edit = Edit.from_dict(d["edit"])
+            edit = Edit.from_records(d["edit"])
         except HeadwiseError as err:
             raise HeadwiseError(f"{where}: {err}") from None
         return cls(**{**{k: v for k, v in d.items() if k != "describe"}, "edit": edit})
@@ -167,7 +168,7 @@ class Plan:
             if tokenizer is None:
                 raise HeadwiseError(f"point {self.point(point).name} uses calibrated edits; pass the tokenizer")
             calibration = self.calibration(tokenizer, task, next(model.parameters()).device)
-        return apply_edit(model, edit, calibration, self.settings.get("allow_empty_layers", False), progress)
+        return apply_edit(model, edit, calibration, progress)
 
     def check_model(self, model: nn.Module) -> str | None:
         """Refuse a model other than the one the plan was made on (site shapes and current heads differ, e.g. its
@@ -202,8 +203,7 @@ class Plan:
         for p in progress_bar(edits, desc="re-time", **bar):
             if p.edit.needs_calibration() and calibration is None:
                 calibration = self.calibration(tokenizer, task, device)
-            with edited(model, p.edit, calibration if p.edit.needs_calibration() else None,
-                        self.settings.get("allow_empty_layers", False)) as state:
+            with edited(model, p.edit, calibration if p.edit.needs_calibration() else None) as state:
                 measured[p.name] = measure_latency(model, state.original, timing, repeats)
         base_ms = measure_latency(model, model, timing, repeats)[1]
         for p in self.points:
@@ -229,6 +229,9 @@ class Plan:
         if not isinstance(d, dict):
             raise HeadwiseError(f"the plan is a JSON {type(d).__name__}, not an object; pass the plan.json written by "
                                 "headwise plan")
+        if d.get("schema") == "headwise.plan/1":
+            raise HeadwiseError(f"this plan is format 1 (headwise.plan/1, its edits five fixed fields); this "
+                                f"headwise reads {SCHEMA} (edits of method records): re-run headwise plan")
         if d.get("schema") != SCHEMA:
             raise HeadwiseError(f"plan schema {d.get('schema')!r} is not {SCHEMA!r}; re-run headwise plan")
         for key, kind in (("model", str), ("task", dict), ("budget", dict), ("settings", dict), ("points", list),
@@ -315,7 +318,8 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
          methods: tuple[str, ...] | None = None, model_name: str | None = None,
          progress: bool | None = None, importance_batch: int = 8) -> Plan:
     """Search edits of ``model`` (unchanged) for ``task`` under ``budget`` and measure them; see the module
-    docstring. ``methods`` restricts the methods tried (``edits.METHODS``); ``recover`` recovers every measured
+    docstring. ``methods`` restricts the methods tried (names of registered methods with a sweep, see
+    ``candidates.plannable``; default: all of them); ``recover`` recovers every measured
     edit first (costly); ``repeats``: latency repeats per point; ``importance_batch``: examples per backward
     of the gradient ranking (lower it to lower the plan's peak memory)."""
     task = get_task(task) if isinstance(task, str) else task
@@ -329,7 +333,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     model.eval()
     device = next(model.parameters()).device
     sign = 1.0 if task.higher_is_better else -1.0
-    allowed = set(methods or ("prune", "kv_heads", "dk", "mechanism", "quantization"))
+    tried = plannable(methods)
 
     calib = task.calibration_inputs(tokenizer, limit=calibration, batch_size=min(16, calibration), device=device)
     shape_size = getattr(task, "batch_size", None) or 1
@@ -346,7 +350,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
         """``(output error on the probe, measured score and costs)`` of ``edit``, applied in place; the model
         is restored exactly afterwards; ``seconds``: what measuring it cost (edit, evaluation, timing)."""
         start = time.perf_counter()
-        with edited(model, edit, calib if edit.needs_calibration() else None, allow_empty_layers) as state:
+        with edited(model, edit, calib if edit.needs_calibration() else None) as state:
             try:
                 proxy = relative_error(reference, outputs(model, probe))
                 recover_model(model, tokenizer, task, pristine, recover, recover_epochs)
@@ -373,24 +377,15 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     scores = head_scores(model, tokenizer, task, ranking, examples, budget.head_count(total), progress=progress,
                          batch_size=importance_batch)
     order = removal_order(model, scores, allow_empty_layers)
-    singles: list[Candidate] = []
-    if "prune" in allowed:
-        singles += prune_candidates(model, order, budget.head_count(total))
-    if "kv_heads" in allowed:
-        kv, why = kv_candidates(model)
-        singles += kv
-        if why:
-            skipped["kv_heads"] = why
-    if "dk" in allowed:
-        singles += dk_candidates(model)
-    mech_errors: dict[str, float] = {}
-    if "mechanism" in allowed:
-        mechs, mech_errors, why = mechanism_candidates(model, length, probe, reference, progress)
-        singles += mechs
-        if why:
-            skipped["mechanism"] = why
-    if "quantization" in allowed:
-        singles += quantization_candidates()
+
+    def probe_error(configs: list[Any]) -> float:
+        with edited(model, Edit(tuple(configs)), calib):
+            return relative_error(reference, outputs(model, probe))
+
+    context = SweepContext(order, budget.head_count(total), length, allow_empty_layers, probe_error, progress)
+    found = candidates(model, context, tried, recover)
+    singles: list[Candidate] = found.singles
+    skipped.update(found.skipped)
 
     points = [base]
     bar = progress_bar(singles, desc="measure single methods", unit="edit",
@@ -399,18 +394,18 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
         try:
             cand.proxy, measured = measure(cand.edit)
         except HeadwiseError as err:
-            skipped.setdefault(cand.method, f"{cand.name}: {err}")
+            skipped.setdefault(cand.method.name, f"{cand.name}: {err}")
             bar.set_postfix_str(f"last {cand.name} skipped", refresh=False)
             continue
         bar.set_postfix_str(f"last {cand.name} {measured['seconds']:.0f}s", refresh=False)  # which edits cost
         points.append(Point(cand.name, "single", list(cand.edit.methods), cand.edit, measured, proxy=cand.proxy))
 
-    # combinations: heads removed × another method, predicted, then the best inside the budget measured
+    # combinations: heads removed × a method of role "pair", predicted, then the best inside the budget measured
     by_name = {c.name: c for c in singles}
-    prunes = [(by_name[p.name], p.measured) for p in points if p.kind == "single" and p.methods == ["prune"]]
-    others = [(by_name[p.name], p.measured) for p in points
-              if p.kind == "single" and p.methods and p.methods[0] in ("kv_heads", "dk", "mechanism")]
-    chosen = finalists(prunes, others, base.measured, budget, sign, top_k, valid=lambda e: _sensible(model, e))
+    measured = [(by_name[p.name], p.measured) for p in points if p.kind == "single"]
+    prunes = [(c, m) for c, m in measured if c.method.sweep.role == "heads"]
+    others = [(c, m) for c, m in measured if c.method.sweep.role == "pair"]
+    chosen = finalists(prunes, others, base.measured, budget, sign, top_k)
     bar = progress_bar(chosen, desc="measure combined plans", unit="edit",
                        disable=None if progress is None else not progress)
     for name, parts, edit, pred in bar:
@@ -424,16 +419,16 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
         points.append(Point(name, "combined", list(edit.methods), edit, measured, predicted=pred, parts=parts))
 
     recommended = _finish(points, budget, base, sign)
-    layers = _layers(model, scores, mech_errors)
+    layers = _layers(model, scores, found.site_proxies)
     settings = {"ranking": ranking, "importance_examples": examples, "importance_batch": importance_batch,
                 "top_k": top_k, "latency_repeats": repeats,
                 "calibration": calibration, "recover": recover, "recover_epochs": recover_epochs,
                 "allow_empty_layers": allow_empty_layers, "sequence_length": length,
                 "timing_batch": list(timing["input_ids"].shape), "device": str(device),
-                "evaluated_on": _subsample(task), "methods": sorted(allowed)}
+                "evaluated_on": _subsample(task), "methods": [m.name for m in tried]}
     return Plan(model=model_name or getattr(model, "name_or_path", "") or type(model).__name__, task=task_spec(task),
                 budget=budget.to_dict(), settings=settings, points=points,
-                proxies={"head_scores": scores, "removal_order": order, "mechanism_errors": mech_errors},
+                proxies={"head_scores": scores, "removal_order": order, "site_proxies": found.site_proxies},
                 layers=layers, recommended=recommended, skipped=skipped, fingerprint=fingerprint(model))
 
 
@@ -451,19 +446,12 @@ def _finish(points: list[Point], budget: Budget, base: Point, sign: float) -> st
     return max(fitting, key=lambda p: sign * p.measured["score"]).name
 
 
-def _sensible(model: nn.Module, edit: Edit) -> bool:
-    """Whether a combination means what it says: a collaborative width below what every pruned site needs for
-    its exact form (a larger one is cut to the exact form, the same point as a smaller ``dk``); a share of each
-    site's width always is."""
-    if not edit.dk or isinstance(edit.dk, float):
-        return True
-    exact = max((s.num_heads - len(edit.prune.get(s.name, []))) * s.head_dim for s in find_sites(model))
-    return edit.dk < exact
-
-
-def _layers(model: nn.Module, scores: dict[str, list[float]], mech_errors: dict[str, float]) -> dict[str, Any]:
+def _layers(model: nn.Module, scores: dict[str, list[float]], site_proxies: dict[str, dict[str, float]]
+            ) -> dict[str, Any]:
+    """Per site: heads, key/value heads, importance per head, and each sweep's per-site proxy (``{label: value}``)."""
     return {s.name: {"heads": s.num_heads, "kv_heads": s.num_kv_heads, "importance": scores.get(s.name),
-                     "mechanism_error": mech_errors.get(s.name)} for s in find_sites(model)}
+                     "proxies": {label: values[s.name] for label, values in site_proxies.items() if s.name in values}}
+            for s in find_sites(model)}
 
 
 def _subsample(task: Task) -> str:

@@ -95,18 +95,6 @@ def removal_order(model: nn.Module, scores: dict[str, list[float]], allow_empty_
     return order
 
 
-def prune_edit(order: Sequence[tuple[str, list[int]]], remove: int) -> Edit:
-    """The edit removing at least ``remove`` query heads, following ``order``."""
-    prune: dict[str, list[int]] = {}
-    gone = 0
-    for name, heads in order:
-        if gone >= remove:
-            break
-        prune.setdefault(name, []).extend(heads)
-        gone += len(heads)
-    return Edit(prune={k: sorted(v) for k, v in prune.items()})
-
-
 @dataclass
 class Outputs:
     """A model's outputs on calibration batches (float32), kept small: for a model whose logits are exactly

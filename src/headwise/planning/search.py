@@ -1,11 +1,10 @@
-"""Combined plans from measured single methods: every pair (heads removed) × (another method's level) is
-predicted — score drops add, cost ratios multiply — and the best predicted pairs inside the budget become
+"""Combined plans from measured single methods: every pair (heads removed: a level of a sweep of role ``"heads"``)
+× (a level of a method of role ``"pair"``) is predicted — score drops add, cost ratios multiply — and the best predicted pairs inside the budget become
 finalists that are then measured."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from .budget import Budget
 from .candidates import Candidate
@@ -15,8 +14,8 @@ RATIO_AXES = ("attention_params", "flops", "kv_bytes", "latency")
 
 
 def combine(first: Edit, second: Edit) -> Edit:
-    """``first`` (heads removed) with ``second``'s other method."""
-    return replace(second, prune=dict(first.prune))
+    """``first`` (heads removed) with ``second``'s method."""
+    return first.then(second)
 
 
 def predict(base: dict[str, Any], a: dict[str, Any], b: dict[str, Any], sign: float) -> dict[str, Any]:
@@ -34,10 +33,9 @@ def predict(base: dict[str, Any], a: dict[str, Any], b: dict[str, Any], sign: fl
 
 
 def finalists(prunes: Sequence[tuple[Candidate, dict]], others: Sequence[tuple[Candidate, dict]],
-              base: dict[str, Any], budget: Budget, sign: float, top_k: int,
-              valid: Callable[[Edit], bool] = lambda edit: True
+              base: dict[str, Any], budget: Budget, sign: float, top_k: int
               ) -> list[tuple[str, list[str], Edit, dict[str, Any]]]:
-    """What to measure among the pairs ``valid`` accepts: the ``top_k`` of best predicted score whose predicted
+    """What to measure among the pairs: the ``top_k`` of best predicted score whose predicted
     costs meet ``budget`` (if none does, the ``top_k`` least over budget), then, for each level of heads removed,
     its best predicted pair and its cheapest one (least predicted share of the budget), so the combined curve spans
     the front and a pair whose second method costs less on the pruned model than alone (a collaborative width is
@@ -47,8 +45,6 @@ def finalists(prunes: Sequence[tuple[Candidate, dict]], others: Sequence[tuple[C
     for p, pm in prunes:
         for o, om in others:
             edit = combine(p.edit, o.edit)
-            if not valid(edit):
-                continue
             pred = predict(base, pm, om, sign)
             over = budget.violations(pred, base)
             pairs.append((len(over), -pred["goodness"], f"{p.name}+{o.name}", [p.name, o.name], edit, pred,

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 from torch import nn
 
@@ -14,6 +14,7 @@ from ..errors import HeadwiseError
 from ..runtime.gates import add_gates, gates_of, remove_gates
 from ..runtime.ops import attached
 from ..sites import find_sites
+from ..sweep import Levels, Sweep, SweepContext
 from .l0 import GATE_NAME, L0Config, add_l0_gates, remove_l0_gates
 from .masks import apply_masks, remove_masks
 from .surgery import EDIT_KIND, prune_heads, replay_prune_heads
@@ -47,7 +48,15 @@ class PruneHeadsConfig(MethodConfig):
     def __post_init__(self) -> None:
         if not isinstance(self.heads, dict) or not self.heads:
             raise HeadwiseError("heads is empty: give {site: [head indices]}, e.g. {'enc-self.0': [3]}")
+        bad = next((k for k, v in self.heads.items() if not isinstance(v, list) or not all(
+            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in v)), None)
+        if bad is not None:
+            raise HeadwiseError(f"heads[{bad!r}] is {self.heads[bad]!r}; give a list of head indices (integers ≥ 0)")
         self.whole_model("prune_heads (its keys select the sites)")
+
+    @property
+    def removed(self) -> int:
+        return sum(len(h) for h in self.heads.values())
 
 
 def _first(model: nn.Module):
@@ -58,6 +67,44 @@ def _first_group(model: nn.Module) -> dict[str, list[int]]:
     """The first site's first query head, or its first key/value group under GQA."""
     site = _first(model)
     return {site.name: list(range(site.num_heads // site.num_kv_heads))}
+
+
+PRUNE_FRACTIONS = (0.0625, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75)  # of the model's heads, removed
+
+
+def removal(order: Sequence[Sequence[Any]], remove: int) -> dict[str, list[int]]:
+    """``{site name: [heads]}`` removing at least ``remove`` query heads, following ``order`` (units
+    ``[site name, [heads]]``, least important first)."""
+    heads: dict[str, list[int]] = {}
+    gone = 0
+    for name, unit in order:
+        if gone >= remove:
+            break
+        heads.setdefault(name, []).extend(unit)
+        gone += len(unit)
+    return {k: sorted(v) for k, v in heads.items()}
+
+
+def removal_levels(model: nn.Module, context: SweepContext) -> Levels:
+    """Heads removed at fixed fractions of the model's heads (and at the budget's head count), by the plan's
+    removal order; levels that remove the same number of heads (whole key/value groups) are given once."""
+    total = sum(s.num_heads for s in find_sites(model))
+    most = sum(len(unit) for _, unit in context.removal_order)
+    wanted = {round(f * total) for f in PRUNE_FRACTIONS}
+    if context.budget_heads is not None:
+        wanted.add(total - context.budget_heads)
+    levels, seen = [], set()
+    for remove in sorted(w for w in wanted if 0 < w <= most):
+        config = PruneHeadsConfig(removal(context.removal_order, remove), context.allow_empty_layers)
+        if config.removed not in seen:
+            seen.add(config.removed)
+            levels.append((f"prune-{total - config.removed}", config))
+    return Levels(levels)
+
+
+def _removed_at(config: PruneHeadsConfig, site: str) -> str | None:
+    heads = config.heads.get(site)
+    return f"removes {', '.join(map(str, heads))}" if heads else None
 
 
 register_method(
@@ -73,4 +120,6 @@ register_method(
     example=lambda model: L0Config(init=10.0), identity=True)
 register_method(
     "prune_heads", PruneHeadsConfig, lambda model, c: prune_heads(model, c.heads, c.allow_empty_layers),
-    example=lambda model: PruneHeadsConfig(_first_group(model)), replay=replay_prune_heads, legacy_kind=EDIT_KIND)
+    example=lambda model: PruneHeadsConfig(_first_group(model)), replay=replay_prune_heads, legacy_kind=EDIT_KIND,
+    sweep=Sweep(removal_levels, lambda c: f"remove {c.removed} heads", order=10, role="heads", at_site=_removed_at,
+                label="remove heads"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..contract import METHODS, config_from_dict, method_of
 from ..planning import Budget
 from ..planning.pareto import front
 from . import svg
@@ -91,19 +92,21 @@ def add_plan_sections(report: Report, plan: dict[str, Any]) -> None:
                      "yes" if p["meets_budget"] else "", "yes" if p["on_front"] else ""])
     table.table(rows, ["point", "kind", "edit", metric, "predicted", "heads", "params ×", "FLOPs ×", "KV ×",
                        "latency ×", "output error", "in budget", "front"])
-    layers = report.add_section("Per layer", "Head importance (the ranking that orders removals), the heads the "
-                                             "recommended plan removes, and other choices per layer.")
+    layers = report.add_section("Per layer", "Head importance (the ranking that orders removals), what the "
+                                             "recommended plan does at each layer, and the per-layer proxies the "
+                                             "methods measured to choose their levels.")
     rec = next((p for p in points if p["name"] == plan["recommended"]), None)
+    configs = [config_from_dict(r) for r in rec["edit"]] if rec else []
+    labels = sorted({label for layer in plan["layers"].values() for label in layer.get("proxies", {})})
     rows = []
     for name, layer in plan["layers"].items():
-        removed = rec["edit"]["prune"].get(name, []) if rec else []
-        mech = rec["edit"].get("mechanism") if rec else None
-        rows.append([name, layer["heads"], layer["kv_heads"], ", ".join(str(h) for h in removed) or "—",
+        here = [method_of(c).sweep.at_site(c, name) for c in configs if method_of(c).sweep and
+                method_of(c).sweep.at_site]
+        proxies = layer.get("proxies", {})
+        rows.append([name, layer["heads"], layer["kv_heads"], "; ".join(h for h in here if h) or "—",
                      " ".join(f"{x:.2f}" for x in (layer["importance"] or [])),
-                     "" if layer.get("mechanism_error") is None else f"{layer['mechanism_error']:.3g}",
-                     mech["name"] if mech and name in mech["sites"] else ""])
-    layers.table(rows, ["layer", "heads", "KV heads", "removed (recommended)", "importance per head",
-                        "local-window error", "mechanism (recommended)"])
+                     *("" if proxies.get(label) is None else f"{proxies[label]:.3g}" for label in labels)])
+    layers.table(rows, ["layer", "heads", "KV heads", "recommended edit here", "importance per head", *labels])
     if plan.get("skipped"):
         report.add_section("Not tried", "\n".join(f"- **{k}**: {v}" for k, v in plan["skipped"].items()))
 
@@ -113,7 +116,7 @@ def _series(points: list[dict], key: str, higher_is_better: bool) -> dict[str, t
     base = next(p for p in points if p["kind"] == "base")
     for p in points:
         if p["kind"] == "single":
-            groups.setdefault(p["methods"][0], []).append(p)
+            groups.setdefault(_label(p["methods"][0]), []).append(p)
     series = {}
     for method, ps in groups.items():
         ps = sorted(ps + [base], key=lambda p: p["measured"][key])
@@ -126,3 +129,9 @@ def _series(points: list[dict], key: str, higher_is_better: bool) -> dict[str, t
                 key=lambda p: p["measured"][key])
     series["front (all measured)"] = ([p["measured"][key] for p in on], [p["measured"]["score"] for p in on])
     return series
+
+
+def _label(method: str) -> str:
+    """A method's name in plots: its sweep's label, else its registered name."""
+    sweep = METHODS[method].sweep if method in METHODS else None
+    return sweep.label if sweep and sweep.label else method
