@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 # Lowest first. A module belongs to the longest prefix that names it; "headwise" alone is the package __init__.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("headwise.errors", "headwise.version", "headwise.compat", "headwise.batching", "headwise.allocator",
-              "headwise.io.files", "headwise.io.manifest", "headwise.progress")),
+              "headwise.io.files", "headwise.io.manifest", "headwise.progress", "headwise.sweep")),
     ("sites", ("headwise.sites",)),
     ("runtime", ("headwise.runtime",)),
     # one-call save/reload and model loading rebuild the runtime's ops on a fresh model
