@@ -558,3 +558,22 @@ def test_plan_refuses_a_method_without_a_sweep_naming_the_plannable_ones(bert_pl
     with pytest.raises(headwise.HeadwiseError, match="plan can try prune_heads, gqa, collaborative, mechanism, "
                                                      "quantization"):
         headwise.plan(model, tokenizer, task, "heads=6", methods=("masks",), **FAST)
+
+
+def test_a_sweep_that_trains_is_skipped_without_recovery_and_asked_for_levels_with_it():
+    from headwise.contract import Method
+    from headwise.planning.candidates import candidates
+    from headwise.pruning.method import GateConfig
+    from headwise.sweep import Levels, Sweep, SweepContext
+
+    asked = []
+    sweep = Sweep(lambda model, context: asked.append(model) or Levels([("gated", GateConfig())]), lambda c: "gated",
+                  order=60, trains=True)
+    method = Method("toy_trained", GateConfig, None, None, None, lambda m: GateConfig(), sweep=sweep)
+    context = SweepContext([], None, 8.0, False, lambda configs: 0.0)
+    skipped = candidates("model", context, [method], recover="none")
+    assert skipped.singles == [] and "recover" in skipped.skipped["toy_trained"] and asked == []
+    found = candidates("model", context, [method], recover="distill")
+    assert [c.name for c in found.singles] == ["gated"] and asked == ["model"]
+    with pytest.raises(headwise.HeadwiseError, match="sweep role"):
+        Sweep(lambda m, c: Levels(), str, order=1, role="twice")

@@ -59,5 +59,10 @@ def candidates(model: nn.Module, context: SweepContext, methods: list[Method], r
             out.skipped[method.name] = levels.why_none
         if levels.site_proxy:
             out.site_proxies[levels.proxy_label or method.name] = dict(levels.site_proxy)
+        taken = {c.name for c in out.singles}
+        clash = [name for name, _ in levels.configs if name in taken or name == "base"]
+        if clash:
+            raise HeadwiseError(f"the {method.name} sweep names a level {clash[0]!r}, a name already taken in this "
+                                "plan; point names must be unique")
         out.singles += [Candidate(name, method, Edit((config,))) for name, config in levels.configs]
     return out

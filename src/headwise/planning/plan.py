@@ -402,9 +402,9 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
 
     # combinations: heads removed × a method of role "pair", predicted, then the best inside the budget measured
     by_name = {c.name: c for c in singles}
-    measured = [(by_name[p.name], p.measured) for p in points if p.kind == "single"]
-    prunes = [(c, m) for c, m in measured if c.method.sweep.role == "heads"]
-    others = [(c, m) for c, m in measured if c.method.sweep.role == "pair"]
+    singles_measured = [(by_name[p.name], p.measured) for p in points if p.kind == "single"]
+    prunes = [(c, m) for c, m in singles_measured if c.method.sweep.role == "heads"]
+    others = [(c, m) for c, m in singles_measured if c.method.sweep.role == "pair"]
     chosen = finalists(prunes, others, base.measured, budget, sign, top_k)
     bar = progress_bar(chosen, desc="measure combined plans", unit="edit",
                        disable=None if progress is None else not progress)
