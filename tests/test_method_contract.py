@@ -21,7 +21,7 @@ import headwise
 from headwise import HeadwiseError
 from headwise.cli import main
 from headwise.contract import (METHODS, MethodConfig, Selection, config_from_dict, config_to_dict, method_of,
-                               register_method)
+                               register_method, with_keywords)
 from headwise.runtime import HeadOp, attach, detach_all, enable
 from headwise.runtime.ops import attached
 from headwise.sites import find_sites
@@ -140,6 +140,7 @@ def test_every_method_applies_on_meta_or_refuses_in_one_line(name):
 def test_config_and_keyword_conflicts_raise():
     from headwise.collaborative import CollaborativeConfig
     from headwise.conversion import GQAConfig, LatentConfig
+    from headwise.quantization import SweepConfig, sweep
 
     model = tiny_model("llama")
     with pytest.raises(HeadwiseError, match="kv_heads=1 conflicts"):
@@ -150,11 +151,28 @@ def test_config_and_keyword_conflicts_raise():
         headwise.quantize_attention(model, headwise.QuantizationConfig(bits=3), bits=2)
     with pytest.raises(HeadwiseError, match="dk=8 conflicts"):
         headwise.compress(tiny_model("bert"), dk=8, config=CollaborativeConfig(dk=16))
-    with pytest.raises(HeadwiseError, match="conflicts with selection.kinds"):
+    with pytest.raises(HeadwiseError, match=r"kinds=\['enc-self'\] conflicts with the Selection"):
         headwise.L0Config(kinds=["enc-self"], selection=Selection(kinds=["dec-self"]))
+    with pytest.raises(HeadwiseError, match="batch_size=8 conflicts with the AnalysisConfig"):
+        headwise.analyze(model, None, ["a text"], headwise.AnalysisConfig(batch_size=4), batch_size=8)
+    with pytest.raises(HeadwiseError, match="tolerance=0.02 conflicts with the SweepConfig"):
+        sweep(model, SweepConfig(tolerance=0.05), metric=lambda m: 1.0, tolerance=0.02)
     # agreeing values are fine, and the keyword-only form still works
     headwise.quantize_attention(model, headwise.QuantizationConfig(method="log3"), method="linear_slog_clamped_midval")
     assert headwise.L0Config(kinds=["dec-self"]).selection.kinds == ("dec-self",)
+    assert headwise.L0Config(kinds=["dec-self"], selection=Selection(kinds=["dec-self"])).kinds == ("dec-self",)
+
+
+def test_with_keywords_builds_fills_or_refuses():
+    from headwise.quantization import SweepConfig
+
+    assert with_keywords(Selection, None, kinds=["enc-self"], layers=None) == Selection(kinds=("enc-self",))
+    given = Selection(layers=[1])
+    assert with_keywords(Selection, given) is given
+    assert with_keywords(Selection, given, kinds=["enc-self"], layers=[1]) == Selection(["enc-self"], [1])  # fills
+    assert with_keywords(SweepConfig, SweepConfig(tolerance=0.05), tolerance=0.05).tolerance == 0.05
+    with pytest.raises(HeadwiseError, match=r"^layers=\[2\] conflicts with the Selection \(layers=\(1,\)\); give one"):
+        with_keywords(Selection, given, layers=[2])
 
 
 def test_every_remove_verb_raises_on_nothing_attached():

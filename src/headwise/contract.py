@@ -61,6 +61,24 @@ class Selection:
         return select_sites(model, self.kinds, layers=self.layers, names=self.names)
 
 
+def with_keywords(cls: type, config: Any, **keywords: Any) -> Any:
+    """The one way a verb takes both a config and keywords for its fields (``None`` = not given): a ``cls`` built
+    from the keywords when ``config`` is None; else ``config`` with the keywords filling its ``None`` fields. A
+    keyword that differs from a field the config sets raises (one line naming each clash), never silently wins."""
+    given = {k: v for k, v in keywords.items() if v is not None}
+    if config is None:
+        return cls(**given)
+    if not given:
+        return config
+    merged = dataclasses.replace(config, **given)  # normalised by the config's own __post_init__
+    clash = [k for k in given if getattr(config, k) is not None and getattr(merged, k) != getattr(config, k)]
+    if clash:
+        raise HeadwiseError(f"{', '.join(f'{k}={given[k]!r}' for k in clash)} conflicts with the "
+                            f"{type(config).__name__} ({', '.join(f'{k}={getattr(config, k)!r}' for k in clash)}); "
+                            "give one of them")
+    return merged
+
+
 @dataclass
 class MethodConfig:
     """Base of every method config: a dataclass validated in ``__post_init__``, with a keyword-only ``selection``."""
@@ -73,14 +91,8 @@ class MethodConfig:
 
     def merge_kinds(self, kinds: Sequence[str] | None) -> tuple[str, ...] | None:
         """For configs that also take ``kinds=`` (a shorthand for ``selection.kinds``): one value, or a conflict."""
-        if kinds is None:
-            return self.selection.kinds
-        kinds = _as_tuple(kinds, "kinds", str)
-        if self.selection.kinds is not None and self.selection.kinds != kinds:
-            raise HeadwiseError(f"kinds={list(kinds)} conflicts with selection.kinds={list(self.selection.kinds)}; "
-                                "give one of them")
-        self.selection = dataclasses.replace(self.selection, kinds=kinds)
-        return kinds
+        self.selection = with_keywords(Selection, self.selection, kinds=kinds)
+        return self.selection.kinds
 
     def whole_model(self, method: str) -> None:
         """Refuse a selection for a method that edits every site it can (no silent widening)."""

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..contract import record
+from ..contract import record, with_keywords
 from ..progress import progress_bar
 from ..runtime.ops import ops_of
 from ..sites import AttentionSite, family_layout, find_sites, supported_families
@@ -178,9 +178,7 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
 
 
 def _prepare(model, dk, config, calibration, tokenizer, progress, moments):
-    if config is not None and dk is not None and dk != config.dk:
-        raise HeadwiseError(f"dk={dk} conflicts with config.dk={config.dk}; give one of them")
-    config = config or CollaborativeConfig(dk=dk)
+    config = with_keywords(CollaborativeConfig, config, dk=dk)
     sites = config.sites(model)
     check_compressible(model, sites, config.dk)
     if calibration is not None and moments is None:
