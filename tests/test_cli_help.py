@@ -90,7 +90,7 @@ def test_the_light_copies_equal_the_library():
     from headwise.kvcache.apply import PREFILL_CHUNK
     from headwise.planning.edits import METHODS as PLAN_METHODS
     from headwise.tasks.recovery import MODES
-    from headwise.training.memory import MEMORY_MODES
+    from headwise.trainer.memory import MEMORY_MODES
 
     load_methods()
     assert constants.RECOVERY_MODES == MODES and constants.TRAIN_MEMORY_MODES == MEMORY_MODES

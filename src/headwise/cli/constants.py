@@ -2,6 +2,6 @@
 building the parser stays light (``headwise --help``). tests/test_cli_help.py checks each against the library's own."""
 
 RECOVERY_MODES = ("distill", "finetune", "none")  # headwise.tasks.recovery.MODES
-TRAIN_MEMORY_MODES = ("auto", "keep", "bounded")  # headwise.training.memory.MEMORY_MODES
+TRAIN_MEMORY_MODES = ("auto", "keep", "bounded")  # headwise.trainer.memory.MEMORY_MODES
 PLAN_METHODS = ("prune", "kv_heads", "dk", "mechanism", "quantization")  # headwise.planning.edits.METHODS
 PREFILL_CHUNK = "auto"  # headwise.kvcache.apply.PREFILL_CHUNK
