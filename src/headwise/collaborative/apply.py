@@ -14,7 +14,7 @@ from ..errors import HeadwiseError
 from ..contract import record, with_keywords
 from ..progress import progress_bar
 from ..runtime.ops import ops_of
-from ..sites import AttentionSite, family_layout, find_sites, supported_families
+from ..sites import AttentionSite, family_layout, recorded_sites, supported_families
 from .calibration import input_moments
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
@@ -237,8 +237,6 @@ def tradeoff(
 
 def replay_collaborative(model: nn.Module, entry: dict) -> None:
     """Make the sites a journal entry lists collaborative (``state["dk"]``: ``{site path: shared width}``)."""
-    by_path = {s.path: s for s in find_sites(model)}
+    by_path = recorded_sites(model, entry["state"]["dk"], "the checkpoint's collaborative entry")
     for path, rank in entry["state"]["dk"].items():
-        if path not in by_path:
-            raise HeadwiseError(f"checkpoint makes {path!r} collaborative, but the model has no such site")
         install(by_path[path], int(rank))
