@@ -171,6 +171,8 @@ def test_with_keywords_builds_fills_or_refuses():
     assert with_keywords(Selection, given) is given
     assert with_keywords(Selection, given, kinds=["enc-self"], layers=[1]) == Selection(["enc-self"], [1])  # fills
     assert with_keywords(SweepConfig, SweepConfig(tolerance=0.05), tolerance=0.05).tolerance == 0.05
+    with pytest.raises(HeadwiseError, match="^give dk= or a CollaborativeConfig$"):
+        with_keywords(headwise.CollaborativeConfig, None, dk=None)
     with pytest.raises(HeadwiseError, match=r"^layers=\[2\] conflicts with the Selection \(layers=\(1,\)\); give one"):
         with_keywords(Selection, given, layers=[2])
 

@@ -67,6 +67,10 @@ def with_keywords(cls: type, config: Any, **keywords: Any) -> Any:
     keyword that differs from a field the config sets raises (one line naming each clash), never silently wins."""
     given = {k: v for k, v in keywords.items() if v is not None}
     if config is None:
+        needed = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in given
+                  and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        if needed:
+            raise HeadwiseError(f"give {', '.join(f'{k}=' for k in needed)} or a {cls.__name__}")
         return cls(**given)
     if not given:
         return config
