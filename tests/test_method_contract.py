@@ -295,3 +295,17 @@ def test_every_method_saved_folder_loads_right_in_plain_transformers_or_refuses_
             out = plain(**stored["inputs"]).last_hidden_state
         assert torch.allclose(out[real], stored["out"][real], atol=1e-5), f"{folder} loads silently different"
     assert refused and len(refused) < len(saved)  # both kinds occur: sealed edits and plain-expressible ones
+
+
+def test_a_renamed_method_still_reads_its_old_name():
+    old = {"method": "mechanism", "version": 1, "config": {"mechanism": "local", "args": {"window": 2}}}
+    config = config_from_dict(old)
+    assert type(config).__name__ == "ReplaceConfig" and method_of("mechanism").name == "replace"
+    assert config_to_dict(config)["method"] == "replace"
+    with pytest.raises(HeadwiseError, match="taken by the registered method 'replace'"):
+        register_method("other", _Other, lambda model, c: None, example=lambda model: _Other(), aliases=("mechanism",))
+
+
+@dataclass
+class _Other(MethodConfig):
+    """A config whose registration is refused (an alias already taken)."""

@@ -111,7 +111,8 @@ class Method:
     configuration, such as calibration batches); ``remove(model)`` undoes it (``None``: the method rewrites weights
     and cannot be undone in place); ``present(model)`` says whether the model carries it; ``example(model)`` is a
     small config for that model (contract test, docs); ``identity``: the example changes no output; ``meta``: it
-    applies to a model on the ``meta`` device (False for methods that fit or decompose weights)."""
+    applies to a model on the ``meta`` device (False for methods that fit or decompose weights); ``aliases``: former
+    names, which saved records and ``headwise edit`` still resolve."""
 
     name: str
     config: type
@@ -125,6 +126,7 @@ class Method:
     meta: bool = True
     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None
     legacy_kind: str | None = None
+    aliases: tuple[str, ...] = ()
 
     @property
     def reversible(self) -> bool:
@@ -150,7 +152,7 @@ def register_method(name: str, config: type, apply: Callable[..., Any], *, examp
                     remove: Callable[[nn.Module], Any] | None = None, present: Callable[[nn.Module], bool] | None = None,
                     version: int = 1, summary: str = "", identity: bool = False, meta: bool = True,
                     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None,
-                    legacy_kind: str | None = None) -> Method:
+                    legacy_kind: str | None = None, aliases: Sequence[str] = ()) -> Method:
     """Register a method once (at import of its package); returns the ``Method``. A method that records journal
     entries gives ``replay``."""
     if not dataclasses.is_dataclass(config):
@@ -161,15 +163,19 @@ def register_method(name: str, config: type, apply: Callable[..., Any], *, examp
         if (other.name == name) != (other.config is config):
             raise HeadwiseError(f"method {name!r} with {config.__name__} clashes with the registered method "
                                 f"{other.name!r} ({other.config.__name__})")
+        if other.name != name and {name, *aliases} & {other.name, *other.aliases}:
+            raise HeadwiseError(f"method {name!r}: its name or an alias ({', '.join(aliases)}) is taken by the "
+                                f"registered method {other.name!r}")
     METHODS[name] = Method(name, config, apply, remove, present, example, version, summary or
-                           (config.__doc__ or "").strip().splitlines()[0], identity, meta, replay, legacy_kind)
+                           (config.__doc__ or "").strip().splitlines()[0], identity, meta, replay, legacy_kind,
+                           tuple(aliases))
     return METHODS[name]
 
 
 def method_of(what: "str | type | Any") -> Method:
     """The method of a name, a config class or a config."""
     for method in METHODS.values():
-        if what == method.name or what is method.config or type(what) is method.config:
+        if what == method.name or what in method.aliases or what is method.config or type(what) is method.config:
             return method
     label = what if isinstance(what, str) else getattr(what, "__name__", type(what).__name__)
     raise HeadwiseError(f"no method {label!r}; registered: {', '.join(sorted(METHODS))}")
@@ -313,7 +319,7 @@ def replay(model: nn.Module, entries: Sequence[dict[str, Any]], where: str) -> N
         if not isinstance(entry, dict) or {"method", "version", "state"} - set(entry):
             raise HeadwiseError(f"{where}: a journal entry needs 'method', 'version', 'config' and 'state', "
                                 f"got {entry!r}")
-        m = next((m for m in METHODS.values() if m.name == entry["method"]), None)
+        m = next((m for m in METHODS.values() if entry["method"] in (m.name, *m.aliases)), None)
         if m is None or m.replay is None:
             raise HeadwiseError(f"{where} needs method {entry['method']!r}, unknown to this headwise version (known: "
                                 f"{', '.join(sorted(n for n, m in METHODS.items() if m.replay))}); upgrade headwise "

@@ -1,5 +1,7 @@
-"""Attention replacement under the method contract: ``headwise.apply(model, ReplaceConfig("performer",
-{"features": 64}))`` runs a mechanism at the selected sites with the pretrained q/k/v/o weights."""
+"""Attention replacement under the method contract, one name throughout: the method ``replace`` (formerly
+``mechanism``, still read), ``ReplaceConfig``, ``headwise.replace_attention`` / ``restore_attention`` and the
+``headwise replace`` verb. ``headwise.apply(model, ReplaceConfig("performer", {"features": 64}))`` runs a mechanism
+at the selected sites with the pretrained q/k/v/o weights."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ class ReplaceConfig(MethodConfig):
         get_mechanism(self.mechanism)  # an unknown name raises, listing the known ones
 
 
-register_method("mechanism", ReplaceConfig,
+register_method("replace", ReplaceConfig,
                 lambda model, c: apply(model, c.mechanism, sites=c.sites(model), **c.args),
                 remove=remove, present=lambda model: bool(mechanisms_of(model)),
-                example=lambda model: ReplaceConfig("softmax"), identity=True)
+                example=lambda model: ReplaceConfig("softmax"), identity=True, aliases=("mechanism",))
