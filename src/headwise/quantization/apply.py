@@ -24,8 +24,8 @@ def quantize_attention(model: nn.Module, config: QuantizationConfig | None = Non
                        sites: "list[AttentionSite | str] | None" = None, name: str = NAME,
                        **options: Any) -> dict[str, AttentionQuantizer]:
     """Attach an :class:`AttentionQuantizer` to every site (or ``sites``), replacing one of the same ``name``,
-    and select the ``headwise`` attention implementation. ``options``: ``config`` fields
-    (``method=``, ``bits=``, ``threshold=`` ...; one that conflicts with ``config`` raises). Returns ``{site.path: op}``; undo with
+    and select the ``headwise`` attention implementation. ``options``: ``config`` fields (``method=``, ``bits=``,
+    ``threshold=`` ...; one that conflicts with ``config`` raises). Returns ``{site.path: op}``; undo with
     :func:`remove_quantization`. ``headwise.save_pretrained`` saves the ops with the model."""
     cfg = with_keywords(QuantizationConfig, config, **options)
     if sites is not None and not cfg.selection.everything:

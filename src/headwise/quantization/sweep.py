@@ -20,7 +20,7 @@ from ..runtime import eval_mode, using_headwise
 from ..sites import find_sites
 from .apply import measuring, quantize_attention, remove_quantization
 from .config import METHOD_NAMES, NONE, QuantizationConfig
-from .functional import METHODS
+from .functional import QUANTIZERS
 
 Metric = Callable[[nn.Module], float]
 DEFAULT_BITS: tuple[int, ...] = tuple(range(1, 9))
@@ -42,7 +42,7 @@ class SweepConfig:
     - ``distinct_calls``: calls per site whose distinct output values are counted (``torch.unique`` is slow).
     """
 
-    methods: tuple[str, ...] = tuple(METHODS)
+    methods: tuple[str, ...] = tuple(QUANTIZERS)
     bits: tuple[int, ...] = DEFAULT_BITS
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     base: QuantizationConfig = field(default_factory=QuantizationConfig)
