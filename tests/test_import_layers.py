@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Lowest first. A module belongs to the longest prefix that names it; "headwise" alone is the package __init__.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("headwise.errors", "headwise.version", "headwise.compat", "headwise.batching", "headwise.allocator",
+    ("core", ("headwise.errors", "headwise.keywords", "headwise.version", "headwise.compat", "headwise.batching", "headwise.allocator",
               "headwise.io.files", "headwise.io.manifest", "headwise.progress")),
     ("sites", ("headwise.sites",)),
     ("runtime", ("headwise.runtime",)),

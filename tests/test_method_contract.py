@@ -309,3 +309,32 @@ def test_a_renamed_method_still_reads_its_old_name():
 @dataclass
 class _Other(MethodConfig):
     """A config whose registration is refused (an alias already taken)."""
+
+
+def test_verbs_take_a_selection_and_their_former_keywords_warn_then_convert():
+    model = tiny_model("bert")
+    first, second = (s.name for s in find_sites(model))
+    assert list(headwise.add_gates(model, selection=Selection(layers=[1]))) == [find_sites(model)[1].path]
+    for verb, call, undo in [
+        ("add_gates", lambda **kw: headwise.add_gates(model, **kw), headwise.remove_gates),
+        ("replace_attention", lambda **kw: headwise.replace_attention(model, "linear", **kw), headwise.restore_attention),
+        ("quantize_attention", lambda **kw: headwise.quantize_attention(model, **kw), headwise.remove_quantization),
+    ]:
+        with pytest.warns(FutureWarning, match=rf"^{verb}\(sites=\) is deprecated; pass selection=Selection"):
+            assert len(call(sites=[first])) == 1
+        undo(model)
+        with pytest.warns(FutureWarning), pytest.raises(HeadwiseError, match="conflicts with the Selection"):
+            call(sites=[first], selection=Selection(names=[second]))
+        with pytest.warns(FutureWarning):  # agreeing: one selection
+            assert len(call(sites=[first], selection=Selection(names=[first]))) == 1
+        undo(model)
+    with pytest.warns(FutureWarning, match=r"add_gates\(kinds=, layers=\)"):
+        assert len(headwise.add_gates(model, kinds=["enc-self"], layers=[0])) == 1
+    with pytest.warns(FutureWarning, match=r"replace_attention\(kinds=\)"):
+        assert len(headwise.replace_attention(model, "linear", kinds=["enc-self"])) == 2
+    with pytest.warns(FutureWarning, match=r"restore_attention\(sites=\)"):
+        headwise.restore_attention(model, [first])
+    headwise.restore_attention(model, selection=Selection(names=[second]))
+    with pytest.raises(HeadwiseError, match="conflicts with the QuantizationConfig"), pytest.warns(FutureWarning):
+        headwise.quantize_attention(model, headwise.QuantizationConfig(selection=Selection(names=[second])),
+                                    sites=[first])

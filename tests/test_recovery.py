@@ -287,7 +287,8 @@ def test_l0_with_distillation_keeps_the_target(tmp_path, tokenizer):
 
 # ---- the teacher without a copy: the student with its reversible edit switched off ------------------------------
 def _reversible_edits(model):
-    headwise.replace_attention(model, "local", sites=[headwise.find_sites(model)[0].name], window=2)
+    headwise.replace_attention(model, "local", selection=headwise.Selection(names=[headwise.find_sites(model)[0].name]),
+                               window=2)
     headwise.quantize_attention(model, method="lin", bits=4)
 
 

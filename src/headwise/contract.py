@@ -25,62 +25,8 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 from .errors import HeadwiseError
-from .sites import AttentionSite, select_sites
-
-
-def _as_tuple(value: Any, what: str, kind: type) -> tuple | None:
-    if value is None:
-        return None
-    items = (value,) if isinstance(value, (str, int)) else tuple(value)
-    bad = [v for v in items if not isinstance(v, kind) or isinstance(v, bool)]
-    if bad:
-        raise HeadwiseError(f"selection {what} must be {kind.__name__}s, got {bad[0]!r}")
-    return items
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which attention sites a method edits (``select_sites``): ``kinds`` (``"enc-self"``, ``"dec-self"``,
-    ``"dec-enc"``), ``layers`` (indices) and ``names`` (site names such as ``enc-self.3`` or module paths);
-    ``None`` does not filter. Unknown kinds, layers or names raise when the selection meets a model."""
-
-    kinds: tuple[str, ...] | None = None
-    layers: tuple[int, ...] | None = None
-    names: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kinds", _as_tuple(self.kinds, "kinds", str))
-        object.__setattr__(self, "layers", _as_tuple(self.layers, "layers", int))
-        object.__setattr__(self, "names", _as_tuple(self.names, "names", str))
-
-    @property
-    def everything(self) -> bool:
-        return self.kinds is None and self.layers is None and self.names is None
-
-    def sites(self, model: nn.Module) -> list[AttentionSite]:
-        return select_sites(model, self.kinds, layers=self.layers, names=self.names)
-
-
-def with_keywords(cls: type, config: Any, **keywords: Any) -> Any:
-    """The one way a verb takes both a config and keywords for its fields (``None`` = not given): a ``cls`` built
-    from the keywords when ``config`` is None; else ``config`` with the keywords filling its ``None`` fields. A
-    keyword that differs from a field the config sets raises (one line naming each clash), never silently wins."""
-    given = {k: v for k, v in keywords.items() if v is not None}
-    if config is None:
-        needed = [f.name for f in dataclasses.fields(cls) if f.init and f.name not in given
-                  and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-        if needed:
-            raise HeadwiseError(f"give {', '.join(f'{k}=' for k in needed)} or a {cls.__name__}")
-        return cls(**given)
-    if not given:
-        return config
-    merged = dataclasses.replace(config, **given)  # normalised by the config's own __post_init__
-    clash = [k for k in given if getattr(config, k) is not None and getattr(merged, k) != getattr(config, k)]
-    if clash:
-        raise HeadwiseError(f"{', '.join(f'{k}={given[k]!r}' for k in clash)} conflicts with the "
-                            f"{type(config).__name__} ({', '.join(f'{k}={getattr(config, k)!r}' for k in clash)}); "
-                            "give one of them")
-    return merged
+from .keywords import with_keywords
+from .sites import AttentionSite, Selection
 
 
 @dataclass

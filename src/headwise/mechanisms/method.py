@@ -25,6 +25,6 @@ class ReplaceConfig(MethodConfig):
 
 
 register_method("replace", ReplaceConfig,
-                lambda model, c: apply(model, c.mechanism, sites=c.sites(model), **c.args),
+                lambda model, c: apply(model, c.mechanism, selection=c.selection, **c.args),
                 remove=remove, present=lambda model: bool(mechanisms_of(model)),
                 example=lambda model: ReplaceConfig("softmax"), identity=True, aliases=("mechanism",))

@@ -61,7 +61,7 @@ def _first_group(model: nn.Module) -> dict[str, list[int]]:
 
 
 register_method(
-    "gates", GateConfig, lambda model, c: add_gates(model, c.sites(model)), remove=remove_gates,
+    "gates", GateConfig, lambda model, c: add_gates(model, selection=c.selection), remove=remove_gates,
     present=lambda model: bool(gates_of(model)), example=lambda model: GateConfig(), identity=True)
 register_method(
     "masks", MaskConfig, lambda model, c: apply_masks(model, c.masks), remove=remove_masks,

@@ -13,7 +13,7 @@ from ..contract import with_keywords
 from ..errors import HeadwiseError
 from ..runtime import attach, detach_all, enable
 from ..runtime.ops import attached
-from ..sites import AttentionSite, select_sites
+from ..sites import AttentionSite, selection_of
 from .config import QuantizationConfig
 from .layer import DISTINCT_CAP, AttentionQuantizer, QuantMeter
 
@@ -23,14 +23,15 @@ NAME = "spiqa"
 def quantize_attention(model: nn.Module, config: QuantizationConfig | None = None, *,
                        sites: "list[AttentionSite | str] | None" = None, name: str = NAME,
                        **options: Any) -> dict[str, AttentionQuantizer]:
-    """Attach an :class:`AttentionQuantizer` to every site (or ``sites``), replacing one of the same ``name``,
-    and select the ``headwise`` attention implementation. ``options``: ``config`` fields (``method=``, ``bits=``,
-    ``threshold=`` ...; one that conflicts with ``config`` raises). Returns ``{site.path: op}``; undo with
+    """Attach an :class:`AttentionQuantizer` to every site of the selection (all by default), replacing one of the
+    same ``name``, and select the ``headwise`` attention implementation. ``options``: ``config`` fields
+    (``method=``, ``bits=``, ``threshold=``, ``selection=`` ...; one that conflicts with ``config`` raises);
+    ``sites``: the former spelling of the selection (deprecated). Returns ``{site.path: op}``; undo with
     :func:`remove_quantization`. ``headwise.save_pretrained`` saves the ops with the model."""
+    if sites is not None:  # the former spelling of the selection (deprecated)
+        options["selection"] = selection_of("quantize_attention", options.get("selection"), sites=sites)
     cfg = with_keywords(QuantizationConfig, config, **options)
-    if sites is not None and not cfg.selection.everything:
-        raise HeadwiseError("give the sites either as sites= or in config.selection, not both")
-    chosen = select_sites(model, names=sites) if sites is not None else cfg.sites(model)
+    chosen = cfg.sites(model)
     ops = {s.path: attach(s, "prob", name, AttentionQuantizer(**cfg.to_dict()), replace=True) for s in chosen}
     enable(model)
     return ops
