@@ -23,14 +23,14 @@ import tempfile
 from pathlib import Path
 
 import common
-from headwise.quantization.functional import METHODS
+from headwise.quantization.functional import QUANTIZERS
 
 OUT = common.RESULTS / "mt_spiqa.json"
 CHUNKS = {
     "thresholds": ["--methods", "none", "--thresholds", "1e-4,1e-3,3e-3,0.01,0.02,0.03,0.05,0.1,0.2"],
-    "linear": ["--methods", ",".join(m for m in METHODS if m.startswith("linear")), "--bits", "2..4",
+    "linear": ["--methods", ",".join(m for m in QUANTIZERS if m.startswith("linear")), "--bits", "2..4",
                "--thresholds", "none"],
-    "other": ["--methods", ",".join(m for m in METHODS if not m.startswith("linear")), "--bits", "2..4",
+    "other": ["--methods", ",".join(m for m in QUANTIZERS if not m.startswith("linear")), "--bits", "2..4",
               "--thresholds", "none"],
 }
 

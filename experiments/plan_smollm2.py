@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=4096)
     parser.add_argument("--examples", type=int, default=16, help="train windows for gradient importance")
     parser.add_argument("--calibration", type=int, default=8, help="calibration windows (KV merge, proxies)")
-    parser.add_argument("--methods", default="prune_heads,gqa,collaborative,mechanism,quantization")
+    parser.add_argument("--methods", default="prune_heads,gqa,collaborative,replace,quantization")
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--timing-only", action="store_true")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import common
 import headwise
-from headwise.quantization.functional import METHODS
+from headwise.quantization.functional import QUANTIZERS
 from headwise.quantization.sweep import SweepConfig, sweep
 from headwise.tasks import LanguageModeling
 
@@ -79,7 +79,7 @@ def main() -> None:
         print(table(results))
         return
 
-    methods = tuple(METHODS) if args.methods == "all" else parse_list(args.methods, str)
+    methods = tuple(QUANTIZERS) if args.methods == "all" else parse_list(args.methods, str)
     config = SweepConfig(methods=methods, bits=parse_list(args.bits, int),
                          thresholds=parse_list(args.thresholds, float), distinct_calls=args.distinct_calls)
     done = {r["label"] for r in results["rows"]} if results else set()

@@ -11,7 +11,7 @@ from headwise.analysis import ablation_importance, analyze, gradient_importance
 from headwise.analysis.rows import rows_of
 from headwise.errors import HeadwiseError
 from headwise.runtime import add_gates, detach
-from headwise.sites import find_sites
+from headwise.sites import Selection, find_sites
 from test_analysis_support import loud_model, padded, pooled_unit, random_texts, run_eager, site_calls, word_tokenizer
 
 TEXTS = random_texts(5, seed=7)
@@ -157,7 +157,7 @@ def test_ablation_sweep_equals_one_run_per_head_gate(family, method):
     base = _embeddings(model, tokenizer, TEXTS)
     ref = torch.zeros(2, 4, dtype=torch.float64)
     for r, site in enumerate(find_sites(model)):
-        gate = add_gates(model, [site], name="reference")[site.path]
+        gate = add_gates(model, name="reference", selection=Selection(names=[site.name]))[site.path]
         for h in range(4):
             with torch.no_grad():
                 gate.weight.fill_(1.0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -85,17 +86,18 @@ def test_building_the_parser_and_every_help_page_imports_no_torch():
 def test_the_light_copies_equal_the_library():
     """What the parser shows without importing torch is what the library defines."""
     from headwise.cli import constants
-    from headwise.cli.edit import SUMMARIES, summary_of
+    from headwise.cli.edit import HIDDEN, SUMMARIES, summary_of
     from headwise.contract import METHODS, load_methods
     from headwise.kvcache.apply import PREFILL_CHUNK
     from headwise.planning.candidates import plannable
     from headwise.tasks.recovery import MODES
-    from headwise.training.memory import MEMORY_MODES
+    from headwise.trainer.memory import MEMORY_MODES
 
     load_methods()
     assert constants.RECOVERY_MODES == MODES and constants.TRAIN_MEMORY_MODES == MEMORY_MODES
     assert constants.PLAN_METHODS == tuple(m.name for m in plannable()) and constants.PREFILL_CHUNK == PREFILL_CHUNK
     assert SUMMARIES == {name: summary_of(method) for name, method in METHODS.items()}
+    assert HIDDEN == {alias: m.name for m in METHODS.values() for alias in m.aliases}
 
 
 def test_edit_method_pages_get_their_options_when_chosen(capsys):
@@ -103,7 +105,10 @@ def test_edit_method_pages_get_their_options_when_chosen(capsys):
     assert "--masks JSON|@FILE" in capsys.readouterr().out
     assert main(["edit", "--help"]) == 0
     page = capsys.readouterr().out
-    assert all(name in page for name in ("masks", "prune_heads", "kv_policy"))
+    assert all(name in page for name in ("masks", "prune_heads", "kv_policy", "replace"))
+    assert not re.search(r"^ +mechanism ", page, re.M)  # the former name of replace: hidden, still accepted
+    assert main(["edit", "mechanism", "--help"]) == 0
+    assert "--mechanism" in capsys.readouterr().out
 
 
 def test_convert_takes_data_and_keeps_text_as_a_hidden_alias(capsys):

@@ -210,3 +210,12 @@ def test_compress_a_rotary_gqa_lm_with_task_calibration(llama_dir, tmp_path, cap
     ppl = LanguageModeling(data=str(llama_dir / "text.txt"), max_length=32).evaluate(model, tokenizer, progress=False)
     assert round(ppl["perplexity"], 2) == pytest.approx(result["metric_edited"], abs=0.01)
     assert all(s.module.mixing.shape == (6, dk) for s in find_sites(model))
+
+
+def test_metric_label_names_the_split_evaluated():
+    from headwise.cli.task_options import metric_label
+    from headwise.tasks import get_task
+
+    assert metric_label(get_task("stsb", split="test")) == "STS-B test Spearman ×100"
+    assert metric_label(get_task("stsb", split="dev")) == "STS-B dev Spearman ×100"
+    assert metric_label(get_task("lm")) == "lm perplexity" and metric_label(None) is None

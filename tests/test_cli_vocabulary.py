@@ -38,7 +38,7 @@ VOCABULARY: dict[str, str] = {
     "--teacher": "where distillation's teacher comes from", "--temperature": "distillation: softening of logits "
     "(under headwise edit l0: L0Config.temperature)", "--alpha": "distillation: weight of the teacher term",
     "--distance": "distillation: distance of outputs", "--distill": "distillation shorthand",
-    "--train-memory": "recovery training's memory: keep, bounded or auto (training.memory)",
+    "--train-memory": "recovery training's memory: keep, bounded or auto (trainer.memory)",
     # methods (the same config field as under headwise edit METHOD)
     "--kinds": "attention kinds selected", "--dk": "collaborative width", "--init": "the method's initialisation",
     "--iterations": "ALS sweeps", "--kv-heads": "key/value heads after GQA conversion",

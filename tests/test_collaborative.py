@@ -230,7 +230,8 @@ def _fingerprint(model):
 def test_bad_dk_leaves_the_model_untouched(bad):
     model = tiny_model("bert")
     state, types = _fingerprint(model)
-    with pytest.raises(HeadwiseError, match="dk must be a positive integer"):
+    with pytest.raises(HeadwiseError, match="dk must be a positive integer" if bad is not None else
+                       "^give dk= or a CollaborativeConfig$"):
         compress(model, dk=bad)
     assert [type(m) for m in model.modules()] == types
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())

@@ -13,7 +13,7 @@ from tiny import tiny_inputs, tiny_model
 from headwise.collaborative import compress
 from headwise.mixing import add_mixers
 from headwise.pruning import L0Config, add_l0_gates, apply_masks
-from headwise.quantization import METHODS, AttentionQuantizer, QuantizationConfig, quantize_attention
+from headwise.quantization import QUANTIZERS, AttentionQuantizer, QuantizationConfig, quantize_attention
 from headwise.runtime import HardConcreteGate, HeadGate, HeadMask, RowGate, add_gates, add_observer
 from headwise.runtime.attention import headwise_attention
 from headwise.sites import find_sites
@@ -58,16 +58,16 @@ EDITS = {
     "mixer": _mixers,
     "collaborative": lambda m: compress(m, dk=6),
     **{f"quantize-{name}": (lambda name: lambda m: quantize_attention(m, method=name, bits=8, threshold=1e-3))(name)
-       for name in METHODS},
+       for name in QUANTIZERS},
 }
 # Data-dependent quantizers (equal-population bins, binarization at the mean) move values across bins when the
 # probabilities themselves move by a rounding step: whole-model outputs are not comparable across dtypes, so they
 # are compared on identical (rounded) inputs in test_each_quantizer_alone_follows_the_input_dtype.
-DATA_DEPENDENT = {f"quantize-{name}" for name, method in METHODS.items() if method.data_dependent}
+DATA_DEPENDENT = {f"quantize-{name}" for name, method in QUANTIZERS.items() if method.data_dependent}
 # Equal-population bins select the valid values by boolean indexing (torch.nonzero) and count them on the host: a
 # data-dependent shape the meta device cannot compute (CUDA can). The meta tests assert exactly that failure, so
 # the day they become shape-static this set must shrink.
-META_DATA_DEPENDENT_SHAPES = {f"quantize-{name}" for name in METHODS if name.startswith("uniform_")}
+META_DATA_DEPENDENT_SHAPES = {f"quantize-{name}" for name in QUANTIZERS if name.startswith("uniform_")}
 META_FAILURE = r"nonzero|item\(\) cannot be called on meta"
 CASES = [(family, edit) for family in ("bert", "llama") for edit in EDITS]
 
@@ -119,7 +119,7 @@ def test_meta_device(family, edit):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", list(QUANTIZERS))
 def test_each_quantizer_alone_follows_the_input_dtype(method, dtype):
     """Same rounded probabilities in: the op computed in ``dtype`` equals the op on their float32 copy up to the
     output's rounding (no precision lost inside), and it runs on ``meta``."""

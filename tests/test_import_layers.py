@@ -13,8 +13,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 # Lowest first. A module belongs to the longest prefix that names it; "headwise" alone is the package __init__.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("headwise.errors", "headwise.version", "headwise.compat", "headwise.batching", "headwise.allocator",
-              "headwise.io.files", "headwise.io.manifest", "headwise.progress", "headwise.sweep")),
+    ("core", ("headwise.errors", "headwise.keywords", "headwise.version", "headwise.compat", "headwise.batching",
+              "headwise.allocator", "headwise.io.files", "headwise.io.manifest", "headwise.progress", "headwise.sweep")),
     ("sites", ("headwise.sites",)),
     ("runtime", ("headwise.runtime",)),
     # one-call save/reload and model loading rebuild the runtime's ops on a fresh model
@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("methods", ("headwise.analysis", "headwise.pruning", "headwise.collaborative", "headwise.quantization",
                  "headwise.mixing", "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")),
     # the Trainer with head penalties (and its update in the backward), which tasks train through
-    ("trainer", ("headwise.training.trainer", "headwise.training.backward_step", "headwise.training.memory")),
+    ("trainer", ("headwise.trainer",)),
     ("tasks", ("headwise.tasks",)),
     ("training", ("headwise.training",)),  # recipes over tasks (STS-B, translation from scratch, KV gates)
     ("planning", ("headwise.planning",)),
@@ -139,8 +139,26 @@ def test_methods_may_not_use_each_other_unlisted():
     assert layer_of("headwise.io.files")[0] == "core" and layer_of("headwise.io.checkpoint")[0] == "persistence"
 
 
+def package_imports() -> dict[str, set[str]]:
+    """``{package: the other headwise packages its modules import}`` (top-level and lazy imports alike)."""
+    out: dict[str, set[str]] = {}
+    for module, path in modules().items():
+        package = layer_of(module)[1]
+        out.setdefault(package, set()).update(layer_of(t)[1] for t, _ in imports(module, path))
+        out[package].discard(package)
+    return out
+
+
+def test_no_two_packages_import_each_other():
+    used = package_imports()
+    both = sorted((a, b) for a in used for b in used[a] if a < b and a in used.get(b, ()))
+    assert both == [], "packages importing each other (move the shared part down): " + str(both)
+
+
 def test_tasks_train_through_the_trainer_not_the_recipes():
     """The Trainer sits below the tasks; the recipes (STS-B, translation, KV gates) sit above them: no cycle."""
     assert RANK["trainer"] < RANK["tasks"] < RANK["training"] < RANK["planning"]
-    assert layer_of("headwise.training.trainer")[0] == "trainer"
+    assert layer_of("headwise.trainer.memory") == ("trainer", "headwise.trainer")
     assert layer_of("headwise.training.stsb")[0] == "training"
+    used = package_imports()
+    assert "headwise.training" not in used["headwise.tasks"] | used["headwise.trainer"]

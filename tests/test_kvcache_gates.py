@@ -236,3 +236,9 @@ def test_kv_policy_command_with_learned_scores(tmp_path, capsys):
                          (["--gate-length", "10"], "gate length")):
         assert main(args[:-1] + [str(tmp_path / "bad")] + extra) == 2
         assert match in capsys.readouterr().err and not (tmp_path / "bad").exists()
+
+
+def test_a_training_argument_the_config_sets_raises():
+    with pytest.raises(HeadwiseError, match=r"max_steps= \(KVGateConfig.steps\), seed= \(KVGateConfig.seed\) is "
+                                            "set by the config"):
+        train_kv_gates(tiny_model("llama"), None, GATES, max_steps=3, seed=1)

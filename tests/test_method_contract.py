@@ -21,7 +21,7 @@ import headwise
 from headwise import HeadwiseError
 from headwise.cli import main
 from headwise.contract import (METHODS, MethodConfig, Selection, config_from_dict, config_to_dict, method_of,
-                               register_method)
+                               register_method, with_keywords)
 from headwise.runtime import HeadOp, attach, detach_all, enable
 from headwise.runtime.ops import attached
 from headwise.sites import find_sites
@@ -140,6 +140,7 @@ def test_every_method_applies_on_meta_or_refuses_in_one_line(name):
 def test_config_and_keyword_conflicts_raise():
     from headwise.collaborative import CollaborativeConfig
     from headwise.conversion import GQAConfig, LatentConfig
+    from headwise.quantization import SweepConfig, sweep
 
     model = tiny_model("llama")
     with pytest.raises(HeadwiseError, match="kv_heads=1 conflicts"):
@@ -150,11 +151,30 @@ def test_config_and_keyword_conflicts_raise():
         headwise.quantize_attention(model, headwise.QuantizationConfig(bits=3), bits=2)
     with pytest.raises(HeadwiseError, match="dk=8 conflicts"):
         headwise.compress(tiny_model("bert"), dk=8, config=CollaborativeConfig(dk=16))
-    with pytest.raises(HeadwiseError, match="conflicts with selection.kinds"):
+    with pytest.raises(HeadwiseError, match=r"kinds=\['enc-self'\] conflicts with the Selection"):
         headwise.L0Config(kinds=["enc-self"], selection=Selection(kinds=["dec-self"]))
+    with pytest.raises(HeadwiseError, match="batch_size=8 conflicts with the AnalysisConfig"):
+        headwise.analyze(model, None, ["a text"], headwise.AnalysisConfig(batch_size=4), batch_size=8)
+    with pytest.raises(HeadwiseError, match="tolerance=0.02 conflicts with the SweepConfig"):
+        sweep(model, SweepConfig(tolerance=0.05), metric=lambda m: 1.0, tolerance=0.02)
     # agreeing values are fine, and the keyword-only form still works
     headwise.quantize_attention(model, headwise.QuantizationConfig(method="log3"), method="linear_slog_clamped_midval")
     assert headwise.L0Config(kinds=["dec-self"]).selection.kinds == ("dec-self",)
+    assert headwise.L0Config(kinds=["dec-self"], selection=Selection(kinds=["dec-self"])).kinds == ("dec-self",)
+
+
+def test_with_keywords_builds_fills_or_refuses():
+    from headwise.quantization import SweepConfig
+
+    assert with_keywords(Selection, None, kinds=["enc-self"], layers=None) == Selection(kinds=("enc-self",))
+    given = Selection(layers=[1])
+    assert with_keywords(Selection, given) is given
+    assert with_keywords(Selection, given, kinds=["enc-self"], layers=[1]) == Selection(["enc-self"], [1])  # fills
+    assert with_keywords(SweepConfig, SweepConfig(tolerance=0.05), tolerance=0.05).tolerance == 0.05
+    with pytest.raises(HeadwiseError, match="^give dk= or a CollaborativeConfig$"):
+        with_keywords(headwise.CollaborativeConfig, None, dk=None)
+    with pytest.raises(HeadwiseError, match=r"^layers=\[2\] conflicts with the Selection \(layers=\(1,\)\); give one"):
+        with_keywords(Selection, given, layers=[2])
 
 
 def test_every_remove_verb_raises_on_nothing_attached():
@@ -275,3 +295,46 @@ def test_every_method_saved_folder_loads_right_in_plain_transformers_or_refuses_
             out = plain(**stored["inputs"]).last_hidden_state
         assert torch.allclose(out[real], stored["out"][real], atol=1e-5), f"{folder} loads silently different"
     assert refused and len(refused) < len(saved)  # both kinds occur: sealed edits and plain-expressible ones
+
+
+def test_a_renamed_method_still_reads_its_old_name():
+    old = {"method": "mechanism", "version": 1, "config": {"mechanism": "local", "args": {"window": 2}}}
+    config = config_from_dict(old)
+    assert type(config).__name__ == "ReplaceConfig" and method_of("mechanism").name == "replace"
+    assert config_to_dict(config)["method"] == "replace"
+    with pytest.raises(HeadwiseError, match="taken by the registered method 'replace'"):
+        register_method("other", _Other, lambda model, c: None, example=lambda model: _Other(), aliases=("mechanism",))
+
+
+@dataclass
+class _Other(MethodConfig):
+    """A config whose registration is refused (an alias already taken)."""
+
+
+def test_verbs_take_a_selection_and_their_former_keywords_warn_then_convert():
+    model = tiny_model("bert")
+    first, second = (s.name for s in find_sites(model))
+    assert list(headwise.add_gates(model, selection=Selection(layers=[1]))) == [find_sites(model)[1].path]
+    for verb, call, undo in [
+        ("add_gates", lambda **kw: headwise.add_gates(model, **kw), headwise.remove_gates),
+        ("replace_attention", lambda **kw: headwise.replace_attention(model, "linear", **kw), headwise.restore_attention),
+        ("quantize_attention", lambda **kw: headwise.quantize_attention(model, **kw), headwise.remove_quantization),
+    ]:
+        with pytest.warns(FutureWarning, match=rf"^{verb}\(sites=\) is deprecated; pass selection=Selection"):
+            assert len(call(sites=[first])) == 1
+        undo(model)
+        with pytest.warns(FutureWarning), pytest.raises(HeadwiseError, match="conflicts with the Selection"):
+            call(sites=[first], selection=Selection(names=[second]))
+        with pytest.warns(FutureWarning):  # agreeing: one selection
+            assert len(call(sites=[first], selection=Selection(names=[first]))) == 1
+        undo(model)
+    with pytest.warns(FutureWarning, match=r"add_gates\(kinds=, layers=\)"):
+        assert len(headwise.add_gates(model, kinds=["enc-self"], layers=[0])) == 1
+    with pytest.warns(FutureWarning, match=r"replace_attention\(kinds=\)"):
+        assert len(headwise.replace_attention(model, "linear", kinds=["enc-self"])) == 2
+    with pytest.warns(FutureWarning, match=r"restore_attention\(sites=\)"):
+        headwise.restore_attention(model, [first])
+    headwise.restore_attention(model, selection=Selection(names=[second]))
+    with pytest.raises(HeadwiseError, match="conflicts with the QuantizationConfig"), pytest.warns(FutureWarning):
+        headwise.quantize_attention(model, headwise.QuantizationConfig(selection=Selection(names=[second])),
+                                    sites=[first])

@@ -11,7 +11,7 @@ from torch.utils.data import Dataset
 from headwise.mixing import (MixingConfig, NuclearNormPenalty, SwapSchedule, add_mixers, fold_mixing, mixers_of)
 from headwise.runtime import enable
 from headwise.tasks import TaskObjective, get_task
-from headwise.training import HeadwiseTrainer
+from headwise.trainer import HeadwiseTrainer
 
 
 def _args(tmp_path, steps, **kw):

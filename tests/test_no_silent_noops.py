@@ -11,7 +11,7 @@ import torch
 from test_analysis_support import loud_model
 from tiny import tiny_inputs, tiny_model
 
-from headwise import HeadwiseError
+from headwise import HeadwiseError, Selection
 from headwise.collaborative import compress
 from headwise.mixing import MixingConfig, add_mixers
 from headwise.pruning import L0Config, add_l0_gates, apply_masks
@@ -97,5 +97,5 @@ def test_select_sites_by_kind_layer_and_name():
     with pytest.raises(HeadwiseError, match="no attention site serves layer 7"):
         select_sites(model, layers=[7])
     with pytest.raises(HeadwiseError, match="no attention site 'nope'"):
-        add_gates(model, ["nope"])
+        add_gates(model, selection=Selection(names=["nope"]))
     assert "headwise" not in dict(model.named_modules()).get(sites[0].path).__dict__["_modules"]  # nothing attached

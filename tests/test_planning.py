@@ -555,7 +555,7 @@ def test_a_method_registered_in_a_plugin_module_is_planned_applied_and_reloaded(
 
 def test_plan_refuses_a_method_without_a_sweep_naming_the_plannable_ones(bert_plan, tokenizer, stsb_dir):
     model, task, _ = bert_plan
-    with pytest.raises(headwise.HeadwiseError, match="plan can try prune_heads, gqa, collaborative, mechanism, "
+    with pytest.raises(headwise.HeadwiseError, match="plan can try prune_heads, gqa, collaborative, replace, "
                                                      "quantization"):
         headwise.plan(model, tokenizer, task, "heads=6", methods=("masks",), **FAST)
 

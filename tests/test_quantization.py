@@ -13,7 +13,7 @@ from tiny import tiny_inputs, tiny_model
 import headwise
 from headwise.cli import main
 from headwise.quantization import (
-    METHODS, AttentionQuantizer, QuantizationConfig, measuring, prune, quantize_attention,
+    QUANTIZERS, AttentionQuantizer, QuantizationConfig, measuring, prune, quantize_attention,
     quantizers_of, remove_quantization, sweep,
 )
 from headwise.quantization import functional as F
@@ -25,7 +25,7 @@ GRID = torch.cat([torch.tensor([0.0, 1.0]), torch.linspace(0, 1, 100_001), torch
 
 
 def levels(method, bits, **opts):
-    return sorted(METHODS[method].fn(GRID, bits, **opts).unique().tolist())
+    return sorted(QUANTIZERS[method].fn(GRID, bits, **opts).unique().tolist())
 
 
 def close(got, want, rel=2e-4):
@@ -65,9 +65,9 @@ def test_exact_one_reference_and_clamp():
     assert math.isclose(F.linear_slog_midval(one, 3, top_edge="clamp").item(), 0.2371, rel_tol=1e-3)
     a = torch.tensor([0.0, 0.2, 0.3, 0.5, 1.0])
     for name in ("uniform_slinear_clamped_mean", "uniform_slog_clamped_mean", "uniform_slog_mean"):
-        ref, clamp = METHODS[name].fn(a, 2), METHODS[name].fn(a, 2, top_edge="clamp")
+        ref, clamp = QUANTIZERS[name].fn(a, 2), QUANTIZERS[name].fn(a, 2, top_edge="clamp")
         assert ref[-1] == 0 and clamp[-1] == clamp.max() > 0
-    for name, method in METHODS.items():  # 0 stays 0 everywhere except uniform_slog_mean (next test)
+    for name, method in QUANTIZERS.items():  # 0 stays 0 everywhere except uniform_slog_mean (next test)
         if name != "uniform_slog_mean":
             assert method.fn(torch.tensor([0.0, 0.3]), 3)[0] == 0, name
 
@@ -211,13 +211,13 @@ def np_reference(name, a, b):
     raise KeyError(name)
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", list(QUANTIZERS))
 def test_matches_literal_transliteration_on_attention_like_values(name):
     g = torch.Generator().manual_seed(0)
     a = (torch.randn(2, 3, 9, 9, generator=g) * 3).softmax(-1)
     a[0, 0, 0] = torch.tensor([1.0] + [0.0] * 8)  # exact 0 and 1 are part of real attention maps
     for bits in (1, 2, 3, 5, 8):
-        got = METHODS[name].fn(a, bits).double().numpy()
+        got = QUANTIZERS[name].fn(a, bits).double().numpy()
         want = np_reference(name, a.double().numpy(), bits)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-9, err_msg=f"{name} {bits} bits")
 
@@ -241,7 +241,7 @@ def test_padding_is_zero_and_does_not_move_any_bin(side):
     scores = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(1)) * 3
     probs = scores.softmax(-1)
     big, keep, real = _padded(scores, 3, side)
-    for name in METHODS:
+    for name in QUANTIZERS:
         for scope in ("tensor", "example"):
             op = AttentionQuantizer(method=name, bits=3, threshold=0.01, scope=scope)
             out = op(big, keep)
@@ -258,7 +258,7 @@ def test_scope_example_is_independent_of_the_batch():
         assert not torch.equal(tensor_op(a, None)[1:2], tensor_op(a[1:2], None)), name
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+@pytest.mark.parametrize("name", list(QUANTIZERS))
 def test_all_equal_rows_stay_equal_and_finite(name):
     for bits in (1, 3, 16):
         for a in (torch.full((2, 2, 4, 4), 0.25), torch.full((1, 1, 3, 8), 1 / 8)):

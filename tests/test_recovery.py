@@ -287,7 +287,8 @@ def test_l0_with_distillation_keeps_the_target(tmp_path, tokenizer):
 
 # ---- the teacher without a copy: the student with its reversible edit switched off ------------------------------
 def _reversible_edits(model):
-    headwise.replace_attention(model, "local", sites=[headwise.find_sites(model)[0].name], window=2)
+    headwise.replace_attention(model, "local", selection=headwise.Selection(names=[headwise.find_sites(model)[0].name]),
+                               window=2)
     headwise.quantize_attention(model, method="lin", bits=4)
 
 
@@ -369,7 +370,7 @@ def test_backward_step_matches_the_optimizer_step_with_tied_weights_and_a_schedu
     """AdamW run in the backward (one parameter at a time, gradients freed) gives bit for bit the weights of AdamW
     stepped after the backward, a tied weight and a learning-rate schedule included; removing it restores a plain
     optimizer."""
-    from headwise.training.backward_step import step_in_backward
+    from headwise.trainer.backward_step import step_in_backward
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(11, 6), torch.nn.Tanh(), torch.nn.Linear(6, 11))
@@ -396,7 +397,7 @@ def test_backward_step_matches_the_optimizer_step_with_tied_weights_and_a_schedu
 
 
 def test_bounded_recovery_trains_like_the_kept_one_and_refuses_what_it_cannot_do(tmp_path, tokenizer):
-    from headwise.training.memory import is_recomputing
+    from headwise.trainer.memory import is_recomputing
 
     task, model = lm_case(tmp_path, tokenizer)
     headwise.apply_masks(model, {s.name: [1.0, 0.0, 1.0, 1.0] for s in headwise.find_sites(model)})
@@ -423,7 +424,7 @@ def test_bounded_recovery_trains_like_the_kept_one_and_refuses_what_it_cannot_do
 
 def test_auto_training_memory_bounds_it_when_gradients_and_optimizer_state_would_not_fit(monkeypatch):
     from headwise.analysis import activations
-    from headwise.training.memory import choose_memory
+    from headwise.trainer.memory import choose_memory
 
     model = torch.nn.Linear(100, 100)  # 40,400 bytes trained: 121,200 for gradients and AdamW's two moments
     monkeypatch.setattr(activations, "available_bytes", lambda device: 242_400)

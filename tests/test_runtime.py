@@ -4,7 +4,7 @@ import transformers as tf
 from tiny import CAUSAL, FAMILIES, VOCAB, tiny_inputs, tiny_model
 
 from headwise.runtime import HeadGate, add_gates, add_observer, detach, enable
-from headwise.sites import find_sites
+from headwise.sites import Selection, find_sites
 
 
 def _hidden(model, inputs, **kw):
@@ -79,7 +79,7 @@ def test_gqa_gates_act_per_query_head():
     """With 4 query heads over 2 kv heads, zeroing query head 1 leaves head 0 (same kv group) untouched."""
     model = tiny_model("llama", "headwise")
     site = find_sites(model)[0]
-    gate = add_gates(model, [site])[site.path]
+    gate = add_gates(model, selection=Selection(names=[site.name]))[site.path]
     captured = {}
     model.layers[0].self_attn.o_proj.register_forward_pre_hook(lambda m, a: captured.__setitem__("z", a[0].clone()))
     inputs, _ = tiny_inputs("llama")
@@ -112,7 +112,7 @@ def test_greedy_generation_with_cache_unchanged_by_unit_gates(family):
 def test_detach_removes_the_container_when_empty():
     model = tiny_model("bert")
     site = find_sites(model)[0]
-    add_gates(model, [site])
+    add_gates(model, selection=Selection(names=[site.name]))
     assert hasattr(site.module, "headwise")
     detach(site, "gate")
     assert not hasattr(site.module, "headwise")

@@ -111,3 +111,16 @@ def test_each_family_layout_names_real_attributes(family):
         projections = [layout.fused_qkv] if layout.fused_qkv else [layout.query, layout.key]
         assert all(isinstance(getattr(module, p), torch.nn.Module) for p in projections)
         assert layout.position_bias == hasattr(module, "compute_bias")
+
+
+def test_one_lookup_by_name_or_path():
+    from headwise.sites import select_sites, site_by_path, site_table
+
+    model = tiny_model("bert")
+    sites = find_sites(model)
+    table = site_table(sites)
+    assert all(table[s.name] is s and table[s.path] is s for s in sites)
+    assert site_by_path(model, sites[1].name).path == site_by_path(model, sites[1].path).path == sites[1].path
+    assert [s.path for s in select_sites(model, names=[sites[1].name, sites[1].path])] == [sites[1].path]
+    with pytest.raises(headwise.HeadwiseError, match="No attention site 'enc-self.99'"):
+        site_by_path(model, "enc-self.99")

@@ -25,41 +25,9 @@ from typing import Any, Callable, Sequence
 from torch import nn
 
 from .errors import HeadwiseError
-from .sites import AttentionSite, select_sites
+from .keywords import with_keywords
+from .sites import AttentionSite, Selection
 from .sweep import Sweep
-
-
-def _as_tuple(value: Any, what: str, kind: type) -> tuple | None:
-    if value is None:
-        return None
-    items = (value,) if isinstance(value, (str, int)) else tuple(value)
-    bad = [v for v in items if not isinstance(v, kind) or isinstance(v, bool)]
-    if bad:
-        raise HeadwiseError(f"selection {what} must be {kind.__name__}s, got {bad[0]!r}")
-    return items
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which attention sites a method edits (``select_sites``): ``kinds`` (``"enc-self"``, ``"dec-self"``,
-    ``"dec-enc"``), ``layers`` (indices) and ``names`` (site names such as ``enc-self.3`` or module paths);
-    ``None`` does not filter. Unknown kinds, layers or names raise when the selection meets a model."""
-
-    kinds: tuple[str, ...] | None = None
-    layers: tuple[int, ...] | None = None
-    names: tuple[str, ...] | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "kinds", _as_tuple(self.kinds, "kinds", str))
-        object.__setattr__(self, "layers", _as_tuple(self.layers, "layers", int))
-        object.__setattr__(self, "names", _as_tuple(self.names, "names", str))
-
-    @property
-    def everything(self) -> bool:
-        return self.kinds is None and self.layers is None and self.names is None
-
-    def sites(self, model: nn.Module) -> list[AttentionSite]:
-        return select_sites(model, self.kinds, layers=self.layers, names=self.names)
 
 
 @dataclass
@@ -74,14 +42,8 @@ class MethodConfig:
 
     def merge_kinds(self, kinds: Sequence[str] | None) -> tuple[str, ...] | None:
         """For configs that also take ``kinds=`` (a shorthand for ``selection.kinds``): one value, or a conflict."""
-        if kinds is None:
-            return self.selection.kinds
-        kinds = _as_tuple(kinds, "kinds", str)
-        if self.selection.kinds is not None and self.selection.kinds != kinds:
-            raise HeadwiseError(f"kinds={list(kinds)} conflicts with selection.kinds={list(self.selection.kinds)}; "
-                                "give one of them")
-        self.selection = dataclasses.replace(self.selection, kinds=kinds)
-        return kinds
+        self.selection = with_keywords(Selection, self.selection, kinds=kinds)
+        return self.selection.kinds
 
     def whole_model(self, method: str) -> None:
         """Refuse a selection for a method that edits every site it can (no silent widening)."""
@@ -97,7 +59,8 @@ class Method:
     and cannot be undone in place); ``present(model)`` says whether the model carries it; ``example(model)`` is a
     small config for that model (contract test, docs); ``identity``: the example changes no output; ``meta``: it
     applies to a model on the ``meta`` device (False for methods that fit or decompose weights); ``sweep``: how
-    ``headwise.plan`` tries it (``headwise.sweep``; None: not planned)."""
+    ``headwise.plan`` tries it (``headwise.sweep``; None: not planned); ``aliases``: former names, which saved
+    records and ``headwise edit`` still resolve."""
 
     name: str
     config: type
@@ -112,6 +75,7 @@ class Method:
     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None
     legacy_kind: str | None = None
     sweep: Sweep | None = None
+    aliases: tuple[str, ...] = ()
 
     @property
     def reversible(self) -> bool:
@@ -137,7 +101,8 @@ def register_method(name: str, config: type, apply: Callable[..., Any], *, examp
                     remove: Callable[[nn.Module], Any] | None = None, present: Callable[[nn.Module], bool] | None = None,
                     version: int = 1, summary: str = "", identity: bool = False, meta: bool = True,
                     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None,
-                    legacy_kind: str | None = None, sweep: Sweep | None = None) -> Method:
+                    legacy_kind: str | None = None, sweep: Sweep | None = None, aliases: Sequence[str] = ()
+                    ) -> Method:
     """Register a method once (at import of its package); returns the ``Method``. A method that records journal
     entries gives ``replay``; a method ``headwise.plan`` may try gives ``sweep``."""
     if not dataclasses.is_dataclass(config):
@@ -148,16 +113,19 @@ def register_method(name: str, config: type, apply: Callable[..., Any], *, examp
         if (other.name == name) != (other.config is config):
             raise HeadwiseError(f"method {name!r} with {config.__name__} clashes with the registered method "
                                 f"{other.name!r} ({other.config.__name__})")
+        if other.name != name and {name, *aliases} & {other.name, *other.aliases}:
+            raise HeadwiseError(f"method {name!r}: its name or an alias ({', '.join(aliases)}) is taken by the "
+                                f"registered method {other.name!r}")
     METHODS[name] = Method(name, config, apply, remove, present, example, version, summary or
                            (config.__doc__ or "").strip().splitlines()[0], identity, meta, replay, legacy_kind,
-                           sweep)
+                           sweep, tuple(aliases))
     return METHODS[name]
 
 
 def method_of(what: "str | type | Any") -> Method:
     """The method of a name, a config class or a config."""
     for method in METHODS.values():
-        if what == method.name or what is method.config or type(what) is method.config:
+        if what == method.name or what in method.aliases or what is method.config or type(what) is method.config:
             return method
     label = what if isinstance(what, str) else getattr(what, "__name__", type(what).__name__)
     raise HeadwiseError(f"no method {label!r}; registered: {', '.join(sorted(METHODS))}")
@@ -308,7 +276,7 @@ def replay(model: nn.Module, entries: Sequence[dict[str, Any]], where: str) -> N
         if not isinstance(entry, dict) or {"method", "version", "state"} - set(entry):
             raise HeadwiseError(f"{where}: a journal entry needs 'method', 'version', 'config' and 'state', "
                                 f"got {entry!r}")
-        m = next((m for m in METHODS.values() if m.name == entry["method"]), None)
+        m = next((m for m in METHODS.values() if entry["method"] in (m.name, *m.aliases)), None)
         if m is None or m.replay is None:
             raise HeadwiseError(f"{where} needs method {entry['method']!r}, unknown to this headwise version (known: "
                                 f"{', '.join(sorted(n for n, m in METHODS.items() if m.replay))}); upgrade headwise "

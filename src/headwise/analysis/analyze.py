@@ -5,12 +5,12 @@ from __future__ import annotations
 import inspect
 import time
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import nn
 
+from ..contract import with_keywords
 from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
@@ -98,8 +98,8 @@ def analyze(
     """Per-head statistics of ``model`` over ``texts`` (encoders and causal decoders; base models).
 
     ``config``/``options``: ``AnalysisConfig`` fields (``batch_size=32``, ``max_length=None``, ``thresholds``,
-    ``examples=3``, ``importance=("gradient", "ablation")``, ...); options override the config. ``pairs``
-    ``(first, second, scores)``: train-objective data for gradient importance (STS-B objective instead of the
+    ``examples=3``, ``importance=("gradient", "ablation")``, ...); an option that conflicts with ``config`` raises.
+    ``pairs`` ``(first, second, scores)``: train-objective data for gradient importance (STS-B objective instead of the
     label-free default); ``loss_inputs`` (ready batches) with ``loss_fn(model, batch) -> [B]``: any other
     objective, e.g. a task's loss on its batches (not sharded across processes). Under ``torch.distributed`` process ``r`` of ``n`` takes ``texts[r::n]`` (and pairs
     alike) and the accumulators are summed over processes, so every process returns the same statistics.
@@ -116,7 +116,7 @@ def analyze(
             f"analyze runs one text input, but {type(model).__name__} is an encoder-decoder: analyse its encoder "
             "with analyze(model.get_encoder(), ...), and every kind (enc-self, dec-self, dec-enc) with "
             "headwise.analysis.head_roles(model, batches)")
-    cfg = replace(config or AnalysisConfig(), **options) if options else (config or AnalysisConfig())
+    cfg = with_keywords(AnalysisConfig, config, **options)
     texts = list(texts)
     if not texts:
         raise HeadwiseError("no texts to analyse")

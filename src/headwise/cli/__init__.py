@@ -87,7 +87,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --init svd --out smol-latent",),
     "edit kv_policy": ("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
                        "   # the policy.json of headwise kv-policy",),
-    "edit mechanism": ("headwise edit mechanism --mechanism local --args '{\"window\": 16}' --out minilm-local",),
+    "edit replace": ("headwise edit replace --mechanism local --args '{\"window\": 16}' --out minilm-local",),
     "edit mixing": ("headwise edit mixing --out minilm-mixers",),
     "edit gates": ("headwise edit gates --kinds enc-self --out minilm-gated",),
     "edit masks": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),

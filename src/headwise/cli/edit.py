@@ -79,7 +79,6 @@ SUMMARIES: dict[str, str] = {
     "latent": "Options of headwise.convert_latent.",
     "kv_policy": "The cache of every (layer, KV head): policy is a KVPolicy dict (KVPolicy.to_dict()) or the path of "
                  "a policy.json.",
-    "mechanism": "An efficient attention mechanism (a name of list_mechanisms()) with its args.",
     "mixing": "Options of add_mixers and NuclearNormPenalty.",
     "gates": "A learnable scale per head (HeadGate, initialised to 1) on the selected sites.",
     "masks": "Fixed 0/1 head masks: masks is a MaskSpec ({\"enc-self.3\": [1, 0, ...]} or Voita's per-kind "
@@ -87,7 +86,9 @@ SUMMARIES: dict[str, str] = {
     "l0": "What add_l0_gates / L0Penalty do.",
     "prune_heads": "Physical removal of heads: heads is {site name or path: [head indices]} (weights shrink for good).",
     "quantization": "Options of the attention-probability quantizer attached by quantize_attention.",
+    "replace": "An efficient attention mechanism (a name of list_mechanisms()) with its args.",
 }
+HIDDEN = {"mechanism": "replace"}  # former method names (their registered aliases), accepted but not listed
 
 
 class MethodParsers(dict):
@@ -101,10 +102,11 @@ class MethodParsers(dict):
         self.methods, self.parents = methods, parents
         self.adding = False
 
-    def add(self, name: str, summary: str) -> None:
+    def add(self, name: str, summary: str, hidden: bool = False) -> None:
         self.adding = True  # argparse asks whether the name is taken: only by what is already here
         try:
-            q = self.methods.add_parser(name, parents=self.parents, help=summary, description=summary)
+            q = self.methods.add_parser(name, parents=self.parents, description=summary,
+                                        **({} if hidden else {"help": summary}))
         finally:
             self.adding = False
         q.set_defaults(run=run, method_name=name)
@@ -148,14 +150,16 @@ def register(verbs, parents) -> None:
     methods.choices = methods._name_parser_map = parsers = MethodParsers(methods, parents)
     for name, summary in SUMMARIES.items():
         parsers.add(name, summary)
+    for old, name in HIDDEN.items():
+        parsers.add(old, SUMMARIES[name], hidden=True)
 
 
 def method_options(q: argparse.ArgumentParser, name: str) -> None:
     """The options of ``headwise edit NAME``: the model, ``--task``, the selection, one per config field, ``--out``."""
-    from ..contract import METHODS, config_fields, load_methods
+    from ..contract import config_fields, load_methods, method_of
 
     load_methods()
-    method = METHODS[name]
+    method = method_of(name)
     model_args(q)
     q.add_argument("--task", choices=TASK_NAMES, default=None,
                    help="load the model with this task's head (lm: a causal LM that generates; default: the base "
@@ -180,10 +184,10 @@ def method_options(q: argparse.ArgumentParser, name: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..contract import METHODS, Selection, apply, config_fields, config_to_dict
+    from ..contract import Selection, apply, config_fields, config_to_dict, method_of
     from ..io import atomic_dir, check_writable_dir, save_pretrained
 
-    method = METHODS[args.method_name]
+    method = method_of(args.method_name)
     values = {f.name: getattr(args, f.name) for f, _ in config_fields(method.config)
               if f.name != "selection" and f.name not in SELECTION_FLAGS and hasattr(args, f.name)}
     selection = Selection(**{k: getattr(args, k) for k in SELECTION_FLAGS})

@@ -11,14 +11,14 @@ from .recovery_options import recover_after_edit, recovery_args, recovery_mode, 
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from .output import print_json
 
-METHODS = ("l0", "importance", "mask")
+PRUNE_METHODS = ("l0", "importance", "mask")
 UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
 
 
 def register(verbs, parents) -> None:
     p = verbs.add_parser("prune", parents=parents, help="remove attention heads (L0 gates, importance or a mask)")
     model_args(p)
-    p.add_argument("--method", choices=METHODS, default="l0", help="how to choose the heads (default: l0)")
+    p.add_argument("--method", choices=PRUNE_METHODS, default="l0", help="how to choose the heads (default: l0)")
     p.add_argument("--keep", type=int, default=None, help="number of query heads to keep (l0, importance)")
     p.add_argument("--unit", choices=UNITS, default="query",
                    help="importance: mask single query heads, or whole key/value groups (kv-group: shrinks a "

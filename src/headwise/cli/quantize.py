@@ -35,11 +35,11 @@ def parse_floats(text: str, flag: str) -> tuple[float, ...]:
 
 
 def parse_methods(text: str) -> tuple[str, ...]:
-    from ..quantization.functional import METHODS
+    from ..quantization.functional import QUANTIZERS
 
     if text.strip() == "none":
         return ()  # the threshold sweep alone
-    return tuple(METHODS) if text.strip() in ("all", "") else tuple(m.strip() for m in text.split(",") if m.strip())
+    return tuple(QUANTIZERS) if text.strip() in ("all", "") else tuple(m.strip() for m in text.split(",") if m.strip())
 
 
 def chosen_setting(result: dict, method: str | None) -> dict | None:

@@ -41,7 +41,7 @@ def recovery_args(parser: argparse.ArgumentParser) -> None:
 
 
 def train_memory_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--train-memory keep|bounded|auto`` (``headwise.training.memory``), for every verb that trains."""
+    """``--train-memory keep|bounded|auto`` (``headwise.trainer.memory``), for every verb that trains."""
     parser.add_argument("--train-memory", choices=MEMORY_MODES, default="keep",
                         help="keep (default): activations and gradients kept for the step; bounded: blocks recomputed "
                              "in the backward and each weight updated as soon as its gradient is complete (no "

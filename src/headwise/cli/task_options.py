@@ -167,7 +167,8 @@ def run_record(task, before: float | None, edited: float | None, recovered: floa
 
 
 def metric_label(task) -> str | None:
-    """How reports name the task's main metric (``STS-B dev Spearman ×100`` for STS-B, as before)."""
+    """How reports name the task's main metric: ``STS-B <split> Spearman ×100`` for STS-B (the split evaluated),
+    else ``<task> <metric>``."""
     if task is None:
         return None
-    return "STS-B dev Spearman ×100" if task.name == "stsb" else f"{task.name} {task.metric}"
+    return f"STS-B {task.split} Spearman ×100" if task.name == "stsb" else f"{task.name} {task.metric}"

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..contract import record
+from ..contract import record, with_keywords
 from ..progress import progress_bar
 from ..runtime.ops import ops_of
-from ..sites import AttentionSite, family_layout, find_sites, supported_families
+from ..sites import AttentionSite, family_layout, recorded_sites, supported_families
 from .calibration import input_moments
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
@@ -178,9 +178,7 @@ def _decompose_sites(sites: list[AttentionSite], config: CollaborativeConfig, mo
 
 
 def _prepare(model, dk, config, calibration, tokenizer, progress, moments):
-    if config is not None and dk is not None and dk != config.dk:
-        raise HeadwiseError(f"dk={dk} conflicts with config.dk={config.dk}; give one of them")
-    config = config or CollaborativeConfig(dk=dk)
+    config = with_keywords(CollaborativeConfig, config, dk=dk)
     sites = config.sites(model)
     check_compressible(model, sites, config.dk)
     if calibration is not None and moments is None:
@@ -239,8 +237,6 @@ def tradeoff(
 
 def replay_collaborative(model: nn.Module, entry: dict) -> None:
     """Make the sites a journal entry lists collaborative (``state["dk"]``: ``{site path: shared width}``)."""
-    by_path = {s.path: s for s in find_sites(model)}
+    by_path = recorded_sites(model, entry["state"]["dk"], "the checkpoint's collaborative entry")
     for path, rank in entry["state"]["dk"].items():
-        if path not in by_path:
-            raise HeadwiseError(f"checkpoint makes {path!r} collaborative, but the model has no such site")
         install(by_path[path], int(rank))

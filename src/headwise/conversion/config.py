@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from ..contract import MethodConfig
 from ..errors import HeadwiseError
@@ -56,15 +56,3 @@ class LatentConfig(MethodConfig):
     def __post_init__(self) -> None:
         self.whole_model("convert_latent (every decoder self-attention)")
 
-
-def from_keywords(cls: type, config: Any, **keywords: Any) -> Any:
-    """``config``, or a ``cls`` built from the keywords a verb was given (``None`` = not given); both at once
-    must agree (a keyword that differs from the config raises instead of one silently winning)."""
-    given = {k: v for k, v in keywords.items() if v is not None}
-    if config is None:
-        return cls(**given)
-    clash = [k for k, v in given.items() if getattr(config, k) != v]
-    if clash:
-        raise HeadwiseError(f"{', '.join(f'{k}={given[k]!r}' for k in clash)} conflicts with the config "
-                            f"({', '.join(f'{k}={getattr(config, k)!r}' for k in clash)}); give one of them")
-    return config

@@ -15,12 +15,12 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..contract import record
+from ..contract import record, with_keywords
 from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
 from .calibration import input_moments
 from .checks import check_calibration, convertible_sites, kv_heads_in_config
-from .config import GQAConfig, from_keywords
+from .config import GQAConfig
 from .grouping import balanced_groups, contiguous_groups, similarity
 from .merge import Merged, merge_group
 from .weights import SiteWeights, linear_from_rows, write_heads
@@ -92,7 +92,7 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | N
     """
     if config is None and kv_heads is None:
         raise HeadwiseError("convert_gqa needs kv_heads (key/value heads per layer after conversion) or a GQAConfig")
-    config = from_keywords(GQAConfig, config, kv_heads=kv_heads, grouping=grouping, init=init, ridge=ridge)
+    config = with_keywords(GQAConfig, config, kv_heads=kv_heads, grouping=grouping, init=init, ridge=ridge)
     sites = _check(model, config)
     check_calibration(config.init, calibration if moments is None else moments, config.grouping)
     if moments is None:

@@ -22,13 +22,13 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..contract import record
+from ..contract import record, with_keywords
 from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
 from .cache import use_latent_cache
 from .calibration import input_moments
 from .checks import check_calibration, convertible_sites
-from .config import LatentConfig, from_keywords
+from .config import LatentConfig
 from .fit import regress, shared_rows
 from .layer import LatentProjection
 from .merge import energy
@@ -129,7 +129,7 @@ def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int |
 
     ``kv_budget``: fraction of today's cached values per token (``rank = budget·2·G·d − 2·G·rope_pairs``), or
     ``rank`` directly. Validated and fitted before the model changes; recorded for ``headwise.from_pretrained``."""
-    config = from_keywords(LatentConfig, config, kv_budget=kv_budget, rank=rank, rope_pairs=rope_pairs, init=init,
+    config = with_keywords(LatentConfig, config, kv_budget=kv_budget, rank=rank, rope_pairs=rope_pairs, init=init,
                            ridge=ridge)
     sites = _check(model, config)
     check_calibration(config.init, calibration if moments is None else moments)

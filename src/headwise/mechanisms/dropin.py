@@ -19,7 +19,7 @@ from transformers.integrations.sdpa_attention import repeat_kv
 from ..errors import HeadwiseError
 from ..runtime import enable
 from ..runtime.ops import HeadOp, attach, attached, detach
-from ..sites import AttentionSite, select_sites
+from ..sites import AttentionSite, Selection, selection_of
 from .base import Mechanism, get_mechanism
 from .factory import build_core
 
@@ -87,17 +87,19 @@ class SiteMechanism(HeadOp):
 
 
 def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | None = None, replace: bool = False,
-          kinds: Sequence[str] | None = None, **args: Any) -> dict[str, SiteMechanism]:
-    """Run mechanism ``name`` (with ``args``) at every site of ``model`` (or the given sites: objects, names such as
-    ``enc-self.3`` or paths; and/or every site of the given ``kinds``, through ``select_sites``), reusing the pretrained q/k/v/o weights. Selects
-    the ``headwise`` implementation. Returns ``{site.path: op}``; ``op.core`` is the mechanism.
+          kinds: Sequence[str] | None = None, *, selection: Selection | None = None,
+          **args: Any) -> dict[str, SiteMechanism]:
+    """Run mechanism ``name`` (with ``args``) at every site of ``selection`` (all by default), reusing the
+    pretrained q/k/v/o weights (``headwise.replace_attention``). Selects the ``headwise`` implementation. Returns
+    ``{site.path: op}``; ``op.core`` is the mechanism. ``sites`` / ``kinds``: the former spellings of the selection
+    (deprecated).
     """
     cls = get_mechanism(name)
-    chosen = select_sites(model, kinds, names=None if sites is None else list(sites))
+    chosen = selection_of("replace_attention", selection, sites=sites, kinds=kinds).sites(model)
     for site in chosen:
         if site.kind == "dec-enc":
             raise HeadwiseError(f"{site.name} is cross-attention (queries from the decoder, keys from the encoder); "
-                                f"mechanism {name!r} runs in self-attention sites only: pass sites=[...] without it")
+                                f"mechanism {name!r} runs in self-attention sites only: select the sites without it")
         if site.positions == "relative":
             raise HeadwiseError(f"{site.name}: {site.family} adds a relative position bias to its attention scores, "
                                 f"which mechanism {name!r} cannot add; mechanisms need absolute or rotary positions")
@@ -109,10 +111,12 @@ def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | No
     return ops
 
 
-def remove(model: nn.Module, sites: Iterable[AttentionSite | str] | None = None, missing_ok: bool = False) -> None:
-    """Detach the mechanism from every (or the given) site: softmax attention again. Raises when none of them
-    runs a mechanism, unless ``missing_ok``."""
-    chosen = select_sites(model, names=None if sites is None else list(sites))
+def remove(model: nn.Module, sites: Iterable[AttentionSite | str] | None = None, missing_ok: bool = False, *,
+           selection: Selection | None = None) -> None:
+    """Detach the mechanism from every site of ``selection`` (all by default): softmax attention again
+    (``headwise.restore_attention``). Raises when none of them runs a mechanism, unless ``missing_ok``. ``sites``:
+    the former spelling of the selection (deprecated)."""
+    chosen = selection_of("restore_attention", selection, sites=sites).sites(model)
     if not missing_ok and not any(s.path in mechanisms_of(model) for s in chosen):
         raise HeadwiseError(f"no mechanism is attached to {', '.join(s.name for s in chosen)}; nothing to remove "
                             "(missing_ok=True to allow)")

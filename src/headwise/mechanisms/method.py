@@ -1,6 +1,8 @@
-"""Attention replacement under the method contract: ``headwise.apply(model, ReplaceConfig("performer",
-{"features": 64}))`` runs a mechanism at the selected sites with the pretrained q/k/v/o weights. ``headwise.plan``
-tries a sliding local window on the layers it disturbs least."""
+"""Attention replacement under the method contract, one name throughout: the method ``replace`` (formerly
+``mechanism``, still read), ``ReplaceConfig``, ``headwise.replace_attention`` / ``restore_attention`` and the
+``headwise replace`` verb. ``headwise.apply(model, ReplaceConfig("performer", {"features": 64}))`` runs a mechanism
+at the selected sites with the pretrained q/k/v/o weights. ``headwise.plan`` tries a sliding local window on the
+layers it disturbs least."""
 
 from __future__ import annotations
 
@@ -69,9 +71,10 @@ def _at_site(config: ReplaceConfig, site: str) -> str | None:
     return config.mechanism if names is None or site in names else None
 
 
-register_method("mechanism", ReplaceConfig,
-                lambda model, c: apply(model, c.mechanism, sites=c.sites(model), **c.args),
+register_method("replace", ReplaceConfig,
+                lambda model, c: apply(model, c.mechanism, selection=c.selection, **c.args),
                 remove=remove, present=lambda model: bool(mechanisms_of(model)),
                 example=lambda model: ReplaceConfig("softmax"), identity=True,
                 sweep=Sweep(window_levels, describe, order=40, role="pair", at_site=_at_site,
-                            label="efficient mechanism"))
+                            label="efficient mechanism"),
+                aliases=("mechanism",))

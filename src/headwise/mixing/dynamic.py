@@ -32,7 +32,7 @@ from ..errors import HeadwiseError
 from ..sites import AttentionSite, select_sites
 from .swap import HeadSwap, swap_heads, undo_swaps
 
-METHODS = ("hard", "soft", "random")
+SWAP_METHODS = ("hard", "soft", "random")
 Metric = Callable[[nn.Module, list[AttentionSite]], torch.Tensor]
 
 
@@ -59,8 +59,8 @@ class DynamicSwapConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise HeadwiseError(f"unknown dynamic swap method {self.method!r}; use one of {', '.join(METHODS)}")
+        if self.method not in SWAP_METHODS:
+            raise HeadwiseError(f"unknown dynamic swap method {self.method!r}; use one of {', '.join(SWAP_METHODS)}")
         if self.soft_rank not in ("first", "both"):
             raise HeadwiseError(f"soft_rank is 'first' (MHR code) or 'both' (paper), not {self.soft_rank!r}")
         if min(self.start, self.frequency, self.max_switches, self.soft_heads) < 1 or self.rest < 0:

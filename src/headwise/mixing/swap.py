@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, find_sites, site_table
 
 
 @dataclass(frozen=True)
@@ -42,17 +42,10 @@ class HeadSwap:
         return f"{self.a}:{self.a_head} <-> {self.b}:{self.b_head}"
 
 
-def _site_table(model: nn.Module) -> dict[str, AttentionSite]:
-    sites = find_sites(model)
-    table = {s.path: s for s in sites}
-    table.update({s.name: s for s in sites})
-    return table
-
-
 def resolve(model: nn.Module, swaps: Iterable[HeadSwap | str]) -> list[tuple[AttentionSite, int, AttentionSite, int]]:
     """Check every swap against ``model``; returns ``(site_a, head_a, site_b, head_b)`` tuples. Nothing changes."""
-    table = _site_table(model)
-    names = ", ".join(s.name for s in find_sites(model))
+    sites = find_sites(model)
+    table, names = site_table(sites), ", ".join(s.name for s in sites)
     plan = []
     for swap in swaps:
         swap = HeadSwap.parse(swap) if isinstance(swap, str) else swap

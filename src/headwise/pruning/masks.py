@@ -24,7 +24,7 @@ from ..io.files import read_text
 from ..runtime.attention import enable
 from ..runtime.gates import HeadMask
 from ..runtime.ops import attach, detach_all, ops_of
-from ..sites import AttentionSite, find_sites
+from ..sites import AttentionSite, find_sites, site_table
 
 MaskSpec = Mapping[Any, Sequence]
 
@@ -43,7 +43,7 @@ def _as_row(site: AttentionSite, values: Sequence, where: str) -> list[float]:
 def resolve_masks(model: nn.Module, spec: MaskSpec) -> dict[str, list[float]]:
     """``{site path: [0/1] * H}`` for a ``MaskSpec``; validates shapes, values and names, changes nothing."""
     sites = find_sites(model)
-    by_key = {s.path: s for s in sites} | {s.name: s for s in sites}
+    by_key = site_table(sites)
     kinds: dict[str, list[tuple[int, AttentionSite]]] = {}
     for s in sites:
         for layer in s.layers:

@@ -108,7 +108,7 @@ def _removed_at(config: PruneHeadsConfig, site: str) -> str | None:
 
 
 register_method(
-    "gates", GateConfig, lambda model, c: add_gates(model, c.sites(model)), remove=remove_gates,
+    "gates", GateConfig, lambda model, c: add_gates(model, selection=c.selection), remove=remove_gates,
     present=lambda model: bool(gates_of(model)), example=lambda model: GateConfig(), identity=True)
 register_method(
     "masks", MaskConfig, lambda model, c: apply_masks(model, c.masks), remove=remove_masks,

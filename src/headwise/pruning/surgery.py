@@ -22,7 +22,7 @@ from ..errors import HeadwiseError
 from ..contract import record
 from ..runtime.attention import BIAS_HEADS
 from ..runtime.ops import SLOTS, ops_of
-from ..sites import AttentionSite, HeadProjection, find_sites, recorded_sites
+from ..sites import AttentionSite, HeadProjection, find_sites, recorded_sites, site_table
 
 EDIT_KIND = "prune_heads"  # its format-1 edit kind
 
@@ -130,14 +130,14 @@ def _prune_site(model: nn.Module, site: AttentionSite, keep: list[int], keep_kv:
 
 
 def _resolve(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[int]]) -> dict[str, list[int]]:
-    sites = {s.path: s for s in find_sites(model)}
-    by_name = {s.name: s.path for s in sites.values()}
+    sites = find_sites(model)
+    table = site_table(sites)
     plan = {}
     for key, hs in heads.items():
-        path = key.path if isinstance(key, AttentionSite) else by_name.get(key, key)
-        if path not in sites:
-            raise HeadwiseError(f"no attention site {key!r}; sites: {', '.join(by_name)}")
-        plan[path] = sorted(int(h) for h in hs)
+        site = table.get(key.path if isinstance(key, AttentionSite) else key)
+        if site is None:
+            raise HeadwiseError(f"no attention site {key!r}; sites: {', '.join(s.name for s in sites)}")
+        plan[site.path] = sorted(int(h) for h in hs)
     return plan
 
 

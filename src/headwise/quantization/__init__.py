@@ -5,7 +5,7 @@
 >>> m.sparsity, m.distinct                                                    # share of zeros, values used
 >>> result = sweep(model, metric=get_task("stsb").metric_fn(tokenizer), methods=["linear_slog"], bits=range(1, 9))
 
-Methods (``METHODS``; pure functions in :mod:`.functional`): ``linear_slinear``, ``linear_slinear_midval``,
+Methods (``QUANTIZERS``; pure functions in :mod:`.functional`): ``linear_slinear``, ``linear_slinear_midval``,
 ``linear_slinear_clamped``, ``linear_slinear_clamped_midval``, ``linear_slog``, ``linear_slog_midval``,
 ``linear_slog_clamped_midval``, ``uniform_slinear_clamped_mean``, ``uniform_slog_clamped_mean``,
 ``uniform_slog_mean``, ``binarization``; ``"none"`` prunes only. Options: :class:`QuantizationConfig`.
@@ -14,13 +14,22 @@ Methods (``METHODS``; pure functions in :mod:`.functional`): ``linear_slinear``,
 from . import functional
 from .apply import NAME, Measurement, measuring, quantize_attention, quantizers_of, remove_quantization
 from .config import ALIASES, METHOD_NAMES, QuantizationConfig
-from .functional import METHODS, prune
+from .functional import QUANTIZERS, prune
 from .layer import AttentionQuantizer, population, transform
 from .sweep import SweepConfig, SweepResult, sweep
 
 from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
 __all__ = [
     "functional", "NAME", "Measurement", "measuring", "quantize_attention", "quantizers_of", "remove_quantization",
-    "ALIASES", "METHOD_NAMES", "QuantizationConfig", "METHODS", "prune", "AttentionQuantizer", "population", "transform",
-    "SweepConfig", "SweepResult", "sweep",
+    "ALIASES", "METHOD_NAMES", "QuantizationConfig", "QUANTIZERS", "prune", "AttentionQuantizer", "population",
+    "transform", "SweepConfig", "SweepResult", "sweep",
 ]
+
+
+def __getattr__(name: str):
+    if name == "METHODS":  # its name before 0.2: one release of warning, then gone
+        import warnings
+
+        warnings.warn("headwise.quantization.METHODS is now QUANTIZERS", FutureWarning, stacklevel=2)
+        return QUANTIZERS
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

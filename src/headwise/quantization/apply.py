@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
 from torch import nn
 
+from ..contract import with_keywords
 from ..errors import HeadwiseError
 from ..runtime import attach, detach_all, enable
 from ..runtime.ops import attached
-from ..sites import AttentionSite, select_sites
+from ..sites import AttentionSite, selection_of
 from .config import QuantizationConfig
 from .layer import DISTINCT_CAP, AttentionQuantizer, QuantMeter
 
@@ -22,20 +23,15 @@ NAME = "spiqa"
 def quantize_attention(model: nn.Module, config: QuantizationConfig | None = None, *,
                        sites: "list[AttentionSite | str] | None" = None, name: str = NAME,
                        **options: Any) -> dict[str, AttentionQuantizer]:
-    """Attach an :class:`AttentionQuantizer` to every site (or ``sites``), replacing one of the same ``name``,
-    and select the ``headwise`` attention implementation. ``options`` override ``config`` fields
-    (``method=``, ``bits=``, ``threshold=`` ...). Returns ``{site.path: op}``; undo with
+    """Attach an :class:`AttentionQuantizer` to every site of the selection (all by default), replacing one of the
+    same ``name``, and select the ``headwise`` attention implementation. ``options``: ``config`` fields
+    (``method=``, ``bits=``, ``threshold=``, ``selection=`` ...; one that conflicts with ``config`` raises);
+    ``sites``: the former spelling of the selection (deprecated). Returns ``{site.path: op}``; undo with
     :func:`remove_quantization`. ``headwise.save_pretrained`` saves the ops with the model."""
-    if config is not None:
-        merged = replace(config, **options)
-        clash = [k for k in options if getattr(merged, k) != getattr(config, k)]
-        if clash:
-            raise HeadwiseError(f"{', '.join(f'{k}={options[k]!r}' for k in clash)} conflicts with the config "
-                                f"({', '.join(f'{k}={getattr(config, k)!r}' for k in clash)}); give one of them")
-        if sites is not None and not config.selection.everything:
-            raise HeadwiseError("give the sites either as sites= or in config.selection, not both")
-    cfg = replace(config, **options) if config is not None else QuantizationConfig(**options)  # a private copy
-    chosen = select_sites(model, names=sites) if sites is not None else cfg.sites(model)
+    if sites is not None:  # the former spelling of the selection (deprecated)
+        options["selection"] = selection_of("quantize_attention", options.get("selection"), sites=sites)
+    cfg = with_keywords(QuantizationConfig, config, **options)
+    chosen = cfg.sites(model)
     ops = {s.path: attach(s, "prob", name, AttentionQuantizer(**cfg.to_dict()), replace=True) for s in chosen}
     enable(model)
     return ops

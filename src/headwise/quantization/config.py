@@ -7,10 +7,10 @@ from typing import Any
 
 from ..contract import MethodConfig
 from ..errors import HeadwiseError
-from .functional import FLOOR, METHODS
+from .functional import FLOOR, QUANTIZERS
 
 NONE = "none"  # threshold pruning only
-METHOD_NAMES: tuple[str, ...] = (*METHODS, NONE)
+METHOD_NAMES: tuple[str, ...] = (*QUANTIZERS, NONE)
 # Short names next to SPIQA's; a trailing number sets the bits ("log3" = linear_slog_clamped_midval, 3 bits).
 ALIASES: dict[str, str] = {"log": "linear_slog_clamped_midval", "lin": "linear_slinear_clamped_midval",
                            "ulog": "uniform_slog_mean", "ulin": "uniform_slinear_clamped_mean",
@@ -38,7 +38,7 @@ class QuantizationConfig(MethodConfig):
     renormalisation (if ``renormalize``), then the quantizer ``method`` with ``bits``; keys that may not be attended
     (padding, causal mask) stay exactly 0.
 
-    - ``method``: a name of ``METHODS`` (SPIQA's quantizers, README order) or ``"none"`` (pruning only), or a short
+    - ``method``: a name of ``QUANTIZERS`` (SPIQA's quantizers, README order) or ``"none"`` (pruning only), or a short
       name of ``ALIASES`` with optional bits (``"log3"``, ``"bin"``); stored as the SPIQA name. Default: the one
       hard-wired in the published code, 3-bit log scale with pruning below 1e-3.
     - ``bits``: 1..16 (ignored by ``binarization``).
@@ -84,7 +84,7 @@ class QuantizationConfig(MethodConfig):
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise HeadwiseError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if self.scope == "row" and self.method in METHODS and METHODS[self.method].data_dependent \
+        if self.scope == "row" and self.method in QUANTIZERS and QUANTIZERS[self.method].data_dependent \
                 and self.method != "binarization":
             raise HeadwiseError(f"scope='row' applies to binarization only; use 'tensor' or 'example' for "
                                 f"{self.method}")

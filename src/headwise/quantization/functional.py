@@ -223,7 +223,7 @@ def binarization(a: torch.Tensor, bits: int = 1, *, valid: torch.Tensor | None =
 
 
 @dataclass(frozen=True)
-class Method:
+class Quantizer:
     """A quantizer and what it is: its scale, the value it assigns, whether it prunes, which options it takes."""
 
     fn: Callable[..., torch.Tensor]
@@ -234,19 +234,19 @@ class Method:
     data_dependent: bool = False
 
 
-METHODS: dict[str, Method] = {
-    "linear_slinear": Method(linear_slinear, "linear", "closest edge", False),
-    "linear_slinear_midval": Method(linear_slinear_midval, "linear", "midpoint", False, ("top_edge",)),
-    "linear_slinear_clamped": Method(linear_slinear_clamped, "linear", "closest edge", True, ("floor",)),
-    "linear_slinear_clamped_midval": Method(linear_slinear_clamped_midval, "linear", "midpoint", True,
+QUANTIZERS: dict[str, Quantizer] = {
+    "linear_slinear": Quantizer(linear_slinear, "linear", "closest edge", False),
+    "linear_slinear_midval": Quantizer(linear_slinear_midval, "linear", "midpoint", False, ("top_edge",)),
+    "linear_slinear_clamped": Quantizer(linear_slinear_clamped, "linear", "closest edge", True, ("floor",)),
+    "linear_slinear_clamped_midval": Quantizer(linear_slinear_clamped_midval, "linear", "midpoint", True,
                                             ("floor", "top_edge")),
-    "linear_slog": Method(linear_slog, "log", "closest edge", False, ("floor",)),
-    "linear_slog_midval": Method(linear_slog_midval, "log", "midpoint", False, ("top_edge",)),
-    "linear_slog_clamped_midval": Method(linear_slog_clamped_midval, "log", "midpoint", True, ("floor",)),
-    "uniform_slinear_clamped_mean": Method(uniform_slinear_clamped_mean, "linear", "bin midpoint (mean: option)",
+    "linear_slog": Quantizer(linear_slog, "log", "closest edge", False, ("floor",)),
+    "linear_slog_midval": Quantizer(linear_slog_midval, "log", "midpoint", False, ("top_edge",)),
+    "linear_slog_clamped_midval": Quantizer(linear_slog_clamped_midval, "log", "midpoint", True, ("floor",)),
+    "uniform_slinear_clamped_mean": Quantizer(uniform_slinear_clamped_mean, "linear", "bin midpoint (mean: option)",
                                            True, ("floor", "top_edge", "bin_value"), True),
-    "uniform_slog_clamped_mean": Method(uniform_slog_clamped_mean, "log", "bin mean", True,
+    "uniform_slog_clamped_mean": Quantizer(uniform_slog_clamped_mean, "log", "bin mean", True,
                                         ("floor", "top_edge"), True),
-    "uniform_slog_mean": Method(uniform_slog_mean, "log", "bin mean", False, ("top_edge", "zeros"), True),
-    "binarization": Method(binarization, "binary", "1/n", True, ("floor", "scope"), True),
+    "uniform_slog_mean": Quantizer(uniform_slog_mean, "log", "bin mean", False, ("top_edge", "zeros"), True),
+    "binarization": Quantizer(binarization, "binary", "1/n", True, ("floor", "scope"), True),
 }

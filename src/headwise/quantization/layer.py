@@ -8,7 +8,7 @@ import torch
 
 from ..runtime import HeadOp
 from .config import NONE, QuantizationConfig
-from .functional import METHODS, prune
+from .functional import QUANTIZERS, prune
 
 DISTINCT_CAP = 1 << 17  # stop collecting the union of output values beyond this many
 
@@ -36,7 +36,7 @@ def transform(probs: torch.Tensor, config: QuantizationConfig, valid: torch.Tens
             a = a / a.sum(-1, keepdim=True).clamp(min=torch.finfo(a.dtype).tiny)
     if config.method == NONE:
         return a
-    method = METHODS[config.method]
+    method = QUANTIZERS[config.method]
     options = {name: getattr(config, name) for name in method.options}
     if not method.data_dependent:
         return method.fn(a, config.bits, **options)

@@ -13,13 +13,14 @@ from typing import Any, Callable
 
 from torch import nn
 
+from ..contract import with_keywords
 from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from ..sites import find_sites
 from .apply import measuring, quantize_attention, remove_quantization
 from .config import METHOD_NAMES, NONE, QuantizationConfig
-from .functional import METHODS
+from .functional import QUANTIZERS
 
 Metric = Callable[[nn.Module], float]
 DEFAULT_BITS: tuple[int, ...] = tuple(range(1, 9))
@@ -41,7 +42,7 @@ class SweepConfig:
     - ``distinct_calls``: calls per site whose distinct output values are counted (``torch.unique`` is slow).
     """
 
-    methods: tuple[str, ...] = tuple(METHODS)
+    methods: tuple[str, ...] = tuple(QUANTIZERS)
     bits: tuple[int, ...] = DEFAULT_BITS
     thresholds: tuple[float, ...] = DEFAULT_THRESHOLDS
     base: QuantizationConfig = field(default_factory=QuantizationConfig)
@@ -123,10 +124,10 @@ def sweep(model: nn.Module, config: SweepConfig | None = None, *, metric: Metric
 
     ``metric(model) -> float``, higher is better (a task's ``metric_fn``, e.g.
     ``headwise.tasks.get_task("stsb").metric_fn(tokenizer)`` for STS-B dev Spearman ×100).
-    ``options`` override ``SweepConfig`` fields. The model runs in eval mode with the ``headwise``
-    implementation; the sweep's quantizers are detached afterwards, also on error.
+    ``options``: ``SweepConfig`` fields (one that conflicts with ``config`` raises). The model runs in eval mode
+    with the ``headwise`` implementation; the sweep's quantizers are detached afterwards, also on error.
     """
-    cfg = replace(config or SweepConfig(), **options) if options else (config or SweepConfig())
+    cfg = with_keywords(SweepConfig, config, **options)
     if metric is None:
         raise HeadwiseError("sweep needs metric=fn(model) -> float (higher is better), e.g. "
                             "headwise.tasks.get_task('stsb').metric_fn(tokenizer)")

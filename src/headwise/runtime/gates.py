@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ..sites import AttentionSite, select_sites
+from ..sites import AttentionSite, Selection, selection_of
 from .attention import enable
 from .ops import HeadOp, attach, attached, detach_all
 
@@ -133,10 +133,12 @@ class RowGate(Gate):
 
 
 def add_gates(model: nn.Module, sites: "list[AttentionSite | str] | None" = None, name: str = "gate", *,
-              kinds: list[str] | None = None, layers: list[int] | None = None) -> dict[str, HeadGate]:
-    """Attach a ``HeadGate`` to each selected site (``select_sites``: all by default) and select the ``headwise``
-    implementation; returns ``{site.path: gate}``."""
-    chosen = select_sites(model, kinds, layers=layers, names=sites)
+              selection: Selection | None = None, kinds: list[str] | None = None,
+              layers: list[int] | None = None) -> dict[str, HeadGate]:
+    """Attach a ``HeadGate`` to each site of ``selection`` (all by default) and select the ``headwise``
+    implementation; returns ``{site.path: gate}``. ``sites`` / ``kinds`` / ``layers``: the former spellings of
+    the selection (deprecated)."""
+    chosen = selection_of("add_gates", selection, sites=sites, kinds=kinds, layers=layers).sites(model)
     gates = {s.path: attach(s, "output", name, HeadGate(s.num_heads)) for s in chosen}
     enable(model)
     return gates

@@ -60,13 +60,19 @@ def find_sites(model: nn.Module) -> list[AttentionSite]:
     return sorted(sites, key=lambda s: (_KIND_ORDER[s.kind], s.layer))
 
 
+def site_table(sites: Iterable[AttentionSite]) -> dict[str, AttentionSite]:
+    """``{module path: site} | {name: site}`` (names such as ``enc-self.3``): the one lookup of a site by either."""
+    sites = list(sites)
+    return {s.path: s for s in sites} | {s.name: s for s in sites}
+
+
 def site_by_path(model: nn.Module, path: str) -> AttentionSite:
-    """The site whose module is at ``path`` (raises with the valid paths otherwise)."""
+    """The site whose module is at ``path``, or whose name is ``path`` (raises with the valid names otherwise)."""
     sites = find_sites(model)
-    for site in sites:
-        if site.path == path or site.name == path:
-            return site
-    raise HeadwiseError(f"No attention site {path!r}. Sites: {', '.join(s.name for s in sites)}")
+    site = site_table(sites).get(path)
+    if site is None:
+        raise HeadwiseError(f"No attention site {path!r}. Sites: {', '.join(s.name for s in sites)}")
+    return site
 
 
 def recorded_sites(model: nn.Module, paths: Iterable[str], what: str) -> dict[str, AttentionSite]:
@@ -102,12 +108,13 @@ def select_sites(model: nn.Module, kinds: Sequence[str] | None = None, *, layers
         sites = [s for s in sites if set(s.layers) & set(layers)]
     if names is not None:
         keys = [n.path if isinstance(n, AttentionSite) else str(n) for n in names]
-        known = {s.path for s in sites} | {s.name for s in sites}
-        missing = [k for k in keys if k not in known]
+        table = site_table(sites)
+        missing = [k for k in keys if k not in table]
         if missing:
             raise HeadwiseError(f"no attention site {missing[0]!r} among the selected ones: "
                                 f"{', '.join(s.name for s in sites)}")
-        sites = [s for s in sites if s.path in keys or s.name in keys]
+        chosen = {table[k].path for k in keys}
+        sites = [s for s in sites if s.path in chosen]
     if not sites:
         raise HeadwiseError(f"the selection (kinds={kinds}, layers={layers}, names={names}) holds no attention site")
     return sites

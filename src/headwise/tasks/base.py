@@ -145,13 +145,13 @@ class Task:
 
         ``output_dir``: keep checkpoints there (every ``save_steps``; default: a temporary folder, no checkpoints);
         ``resume``: continue from its last checkpoint; ``memory``: ``"keep"``, ``"bounded"`` (blocks recomputed,
-        each parameter updated in the backward, no global-norm clipping) or ``"auto"`` (``training.memory``).
+        each parameter updated in the backward, no global-norm clipping) or ``"auto"`` (``trainer.memory``).
         ``training_args``: any other ``TrainingArguments``."""
         from transformers import TrainingArguments, set_seed
         from transformers.trainer_utils import get_last_checkpoint
 
-        from ..training.memory import choose_memory, recomputed_blocks
-        from ..training.trainer import HeadwiseTrainer
+        from ..trainer.memory import choose_memory, recomputed_blocks
+        from ..trainer.trainer import HeadwiseTrainer
 
         model = getattr(objective, "model", objective)
         bounded = choose_memory(memory, model) == "bounded"

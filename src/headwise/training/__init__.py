@@ -5,7 +5,7 @@ from .stsb import finetune_stsb
 from .seq2seq import HeadwiseSeq2SeqTrainer, TranslationDataset, train_translation
 from .kv_gates import train_kv_gates
 from .token_batches import token_batches
-from .trainer import HeadwiseTrainer, Penalty, PenaltyTraining, is_head_parameter
+from ..trainer import HeadwiseTrainer, Penalty, PenaltyTraining, is_head_parameter
 from .translation_model import TranslationRecipe, train_translation_model
 
 __all__ = ["HeadwiseTrainer", "HeadwiseSeq2SeqTrainer", "Penalty", "PenaltyTraining", "is_head_parameter",

@@ -20,11 +20,12 @@ from torch import nn
 from torch.utils.data import Dataset
 from transformers import TrainingArguments
 
+from ..errors import HeadwiseError
 from ..kvcache import KVGateConfig, LearnedGates, add_kv_gates, remove_kv_gates
 from ..kvcache.config import model_shape
 from ..kvcache.learn import bypassed, frozen, gate_prompts, last_hidden
 from ..tasks.distillation import embedding_distillation
-from .trainer import HeadwiseTrainer
+from ..trainer import HeadwiseTrainer
 
 
 class GatePrompts(Dataset):
@@ -91,14 +92,22 @@ class GateL1:
         return {"mean_alpha": self.alpha().detach().float().mean().item()}
 
 
+# TrainingArguments the config sets (TrainingArguments name → KVGateConfig field): not overridable by keyword
+CONFIG_ARGS = {"max_steps": "steps", "learning_rate": "lr", "seed": "seed"}
+
+
 def train_kv_gates(model: nn.Module, tokenizer: Any, config: KVGateConfig | None = None,
                    texts: list[str] | None = None, progress: bool = True, **training_args: Any) -> LearnedGates:
     """Train one gate per KV head of a decoder-only ``model`` with ``HeadwiseTrainer`` (``config.steps`` updates
-    at ``config.lr``, Adam without weight decay, constant rate, no clipping; ``training_args`` override
-    ``TrainingArguments``) and return ``α [layers, KV heads]``. The gates come off afterwards; the model is left as
-    it was. Under ``torchrun`` every rank returns the same ``α``."""
+    at ``config.lr``, Adam without weight decay, constant rate, no clipping; ``training_args``: other
+    ``TrainingArguments``, one the config sets raises) and return ``α [layers, KV heads]``. The gates come off
+    afterwards; the model is left as it was. Under ``torchrun`` every rank returns the same ``α``."""
     config = config or KVGateConfig()
     config.check()
+    owned = [f"{arg}= (KVGateConfig.{field})" for arg, field in CONFIG_ARGS.items() if arg in training_args]
+    if owned:
+        raise HeadwiseError(f"train_kv_gates: {', '.join(owned)} is set by the config; give it there, not as a "
+                            "training argument")
     model_shape(model)
     with frozen(model), tempfile.TemporaryDirectory(prefix="headwise-kv-gates-") as tmp:
         gates = add_kv_gates(model, config.sink, config.window, config.init)

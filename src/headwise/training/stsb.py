@@ -11,7 +11,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from ..tasks import ensure_encoder, get_task
-from .trainer import Penalty
+from ..trainer import Penalty
 
 
 def finetune_stsb(
