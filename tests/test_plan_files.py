@@ -132,3 +132,21 @@ def test_malformed_yaml_masks_give_one_line(tmp_path, text, message):
     with pytest.raises(HeadwiseError, match=message) as err:
         load_masks(path)
     assert "\n" not in str(err.value)
+
+
+def test_a_plan_naming_any_method_loads_in_a_fresh_process_that_imported_only_the_planner(tmp_path):
+    """Reading a record registers every built-in method first (``contract.load_methods``): a plan that names
+    ``collaborative`` loads though nothing imported headwise.collaborative."""
+    import subprocess
+    import sys
+
+    data = hand_plan(tiny_bert()).to_dict()
+    data["points"][1]["edit"].append({"method": "collaborative", "version": 1,
+                                      "config": {"dk": 0.5, "selection": {"kinds": None, "layers": None,
+                                                                          "names": None}}})
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    code = ("from headwise.planning import Plan; import sys; "
+            "print(Plan.load(sys.argv[1]).point('heads-7').edit.describe())")
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plan.json")], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "remove 1 heads + collaborative heads dk=50% of the heads' width"

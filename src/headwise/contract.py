@@ -179,6 +179,7 @@ def config_from_dict(record: dict[str, Any]) -> Any:
             or isinstance(record["version"], bool) or not isinstance(record["config"], dict):
         raise HeadwiseError(f"a method record needs a method name, an integer version and a config mapping, got "
                             f"{record!r}")
+    load_methods()  # a record may name any built-in method, whichever packages the caller imported
     m = method_of(record["method"])
     if record["version"] > m.version:
         raise HeadwiseError(f"the {m.name} record is version {record['version']}, newer than this headwise "
