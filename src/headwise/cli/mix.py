@@ -34,7 +34,8 @@ def register(verbs, parents) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
-    from ..mixing import MixingConfig, NuclearNormPenalty, add_mixers, alpha_table, fold_mixing, resolve, swap_heads
+    from ..mixing import (MixingConfig, NuclearNormPenalty, NuclearNormTraining, add_mixers, alpha_table, fold_mixing,
+                          resolve, swap_heads)
     from ..report import Report
     from ..report.mixing import add_mixing_section
     from .output import save_run
@@ -64,9 +65,8 @@ def run(args: argparse.Namespace) -> int:
     if args.mix_epochs and args.no_mixers:
         task.finetune(model, tokenizer, epochs=args.mix_epochs)
     elif args.mix_epochs:
-        config = MixingConfig(gamma=args.gamma)
-        add_mixers(model, config)
-        term = NuclearNormPenalty(model, config)
+        add_mixers(model, MixingConfig())
+        term = NuclearNormPenalty(model, NuclearNormTraining(gamma=args.gamma))
         task.finetune(model, tokenizer, epochs=args.mix_epochs, penalties=[term], callbacks=[term])
         alphas = alpha_table(model)
         add_mixing_section(report, {"alphas": alphas})

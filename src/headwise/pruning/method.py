@@ -70,7 +70,7 @@ register_method(
 register_method(
     "l0", L0Config, lambda model, c: add_l0_gates(model, c), remove=remove_l0_gates,
     present=lambda model: bool(attached(model, "output", GATE_NAME)),
-    example=lambda model: L0Config(init=10.0), identity=True)
+    example=lambda model: L0Config(init=10.0), identity=True, version=2)  # 2: training settings moved to L0Training
 register_method(
     "prune_heads", PruneHeadsConfig, lambda model, c: prune_heads(model, c.heads, c.allow_empty_layers),
     example=lambda model: PruneHeadsConfig(_first_group(model)), replay=replay_prune_heads, legacy_kind=EDIT_KIND)
