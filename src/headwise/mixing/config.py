@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Sequence
+from typing import ClassVar, Literal, Sequence, get_args
 
 from ..contract import MethodConfig
 from ..errors import HeadwiseError
 from ..sites import KINDS
 
-DIRECTIONS = ("grow", "shrink")
-FORMS = ("radius", "seed")
+Direction, Form = Literal["grow", "shrink"], Literal["radius", "seed"]
+DIRECTIONS, FORMS = get_args(Direction), get_args(Form)
 
 
 @dataclass
@@ -44,9 +44,9 @@ class NuclearNormTraining:
     radius: float = field(default=1e-2, metadata={
         "help": "Δr: the growth per optimizer update the term asks for (form radius), or the constant offset of "
                 "the seed's loss (form seed)"})
-    direction: Literal["grow", "shrink"] = field(default="grow", metadata={
+    direction: Direction = field(default="grow", metadata={
         "help": "grow pushes nuclear norms up (MHR); shrink pushes them down (a low-rank prior)"})
-    form: Literal["radius", "seed"] = field(default="radius", metadata={
+    form: Form = field(default="radius", metadata={
         "help": "radius: relu(Δr − s·(‖α‖_* − ‖α‖_*^prev)); seed: the reference code's Δr + s·(sg‖α‖_* − ‖α‖_*)"})
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ exactly ``target_heads`` heads, those with the largest ``log α``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Sequence
+from typing import ClassVar, Literal, Sequence, get_args
 
 import torch
 from torch import nn
@@ -28,7 +28,8 @@ from ..runtime.ops import attach, attached, detach_all
 from ..sites import find_sites
 from ..runtime.hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
 
-REDUCTIONS = ("sum", "mean_over_modules")
+Reduction = Literal["sum", "mean_over_modules"]
+REDUCTIONS = get_args(Reduction)
 GATE_NAME = "l0"
 
 
@@ -57,7 +58,7 @@ class L0Training:
     """How the L0 gates train (``L0Penalty``): the coefficient λ, its reduction and its dual-ascent target."""
 
     lam: float = field(default=0.1, metadata={"help": "L0 coefficient λ (the start value with target_heads)"})
-    reduction: Literal["sum", "mean_over_modules"] = field(default="sum", metadata={
+    reduction: Reduction = field(default="sum", metadata={
         "help": "sum of the open probabilities over every gated head (the paper) or divided by the gated modules "
                 "(the reference code)"})
     target_heads: int | None = field(default=None, metadata={

@@ -29,7 +29,9 @@ class MaskConfig(MethodConfig):
     """Fixed 0/1 head masks: ``masks`` is a ``MaskSpec`` (``{"enc-self.3": [1, 0, ...]}`` or Voita's per-kind
     ``{"enc-self": [[...], ...]}``); the keys are the selection."""
 
-    masks: dict[str, Any] = field(default_factory=dict)
+    masks: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "0/1 mask per head, by site ({\"enc-self.3\": [1, 0, ...]}) or per kind, one row per layer "
+                "({\"enc-self\": [[...], ...]})"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.masks, dict) or not self.masks:
@@ -41,8 +43,10 @@ class MaskConfig(MethodConfig):
 class PruneHeadsConfig(MethodConfig):
     """Physical removal of heads: ``heads`` is ``{site name or path: [head indices]}`` (weights shrink for good)."""
 
-    heads: dict[str, list[int]] = field(default_factory=dict)
-    allow_empty_layers: bool = False
+    heads: dict[str, list[int]] = field(default_factory=dict, metadata={
+        "help": "heads to remove, {site name or path: [head indices]}, e.g. {\"enc-self.0\": [0, 1]}"})
+    allow_empty_layers: bool = field(default=False, metadata={
+        "help": "allow removing every head of a layer (its attention sublayer then only adds its output bias)"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.heads, dict) or not self.heads:
