@@ -7,6 +7,7 @@ import sys
 
 from ..errors import HeadwiseError
 from . import model_args
+from .options import add, output_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from .output import print_json
@@ -26,17 +27,15 @@ def register(verbs, parents) -> None:
     p.add_argument("--mask", default=None, help="JSON/YAML file of 0/1 head masks (method mask)")
     p.add_argument("--iterative", action="store_true", help="importance: recompute importance after each step")
     p.add_argument("--step", type=int, default=None, help="importance: heads masked per step (default: 10%%)")
-    p.add_argument("--epochs", type=float, default=1.0, help="l0: epochs of joint training on the task's train split")
-    p.add_argument("--max-steps", type=int, default=-1, help="l0: stop joint training after N steps (quick trials)")
-    p.add_argument("--importance-examples", type=int, default=256,
-                   help="importance: training examples for gradient importance (default: 256)")
-    p.add_argument("--allow-empty-layers", action="store_true",
-                   help="allow removing every head of a layer (its attention sublayer then only adds its bias)")
-    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
+    g = p.add_argument_group("training (l0: the gates, jointly with the model, on the task's train split)")
+    add(g, "--epochs", default=1.0)
+    add(g, "--max-steps", default=-1)
+    add(p, "--importance-examples", default=256)
+    add(p, "--allow-empty-layers", default=False)
+    add(p, "--no-eval")
     p.add_argument("--plain", action="store_true",
                    help="also save DIR/plain, a checkpoint plain transformers loads (Llama family, uniform heads)")
-    p.add_argument("--out", default="headwise-pruned", help="output folder: model/, pruning.json, report.html")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    output_args(p, "headwise-pruned", "model/, pruning.json, report.html")
     recovery_args(p)
     task_args(p)
     p.set_defaults(run=run)
