@@ -47,7 +47,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "prune": ("headwise prune --method importance --keep 54 --out minilm-prune",
               "headwise prune --task lm --model smollm2-135m --method importance --unit kv-group --keep 216 "
               "--out smol-prune"),
-    "quantize": ("headwise quantize --methods log --bits 3,4 --thresholds none --limit 200 --out minilm-quantize",),
+    "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 --out minilm-quantize",),
     "mechanisms": ("headwise mechanisms list",),
     "mechanisms list": ("headwise mechanisms list", "headwise mechanisms list --json"),
     "compress": ("headwise compress --dk 192 --out minilm-compress",),
@@ -61,11 +61,11 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "convert": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
                 "headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent"),
     "convert gqa": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
-                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --init svd --out smol-gqa3   # no data",
+                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --gqa-init svd --out smol-gqa3   # no data",
                     "headwise convert gqa --model smollm2-135m --kv-heads 1 --data my.txt --uptrain-tokens 65536 "
                     "--out smol-gqa-up"),
     "convert latent": ("headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent",
-                       "headwise convert latent --model smollm2-135m --rank 128 --init svd --out smol-r128   # no data",
+                       "headwise convert latent --model smollm2-135m --rank 128 --latent-init svd --out smol-r128   # no data",
                        "headwise convert latent --model smollm2-135m --kv-budget 0.25 --data my.txt --out smol-l25"),
     "eval stsb": ("headwise eval stsb --limit 500", "headwise eval stsb --model DIR/model --split test"),
     "eval lm": ("headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
@@ -83,8 +83,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "edit": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
     # `headwise edit METHOD --help` (its options come from the method's config: built when the method is chosen)
     "edit collaborative": ("headwise edit collaborative --dk 192 --out minilm-dk192",),
-    "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --init mean --out smol-gqa1",),
-    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --init svd --out smol-latent",),
+    "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --gqa-init mean --out smol-gqa1",),
+    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --latent-init svd --out smol-latent",),
     "edit kv_policy": ("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
                        "   # the policy.json of headwise kv-policy",),
     "edit mechanism": ("headwise edit mechanism --mechanism local --args '{\"window\": 16}' --out minilm-local",),
@@ -93,7 +93,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "edit masks": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
     "edit l0": ("headwise edit l0 --gate-init 3 --out minilm-l0-gates   # gates open; headwise prune trains them",),
     "edit prune_heads": ("headwise edit prune_heads --heads '{\"enc-self.0\": [0, 1]}' --out minilm-pruned",),
-    "edit quantization": ("headwise edit quantization --method log --bits 4 --out minilm-log4",),
+    "edit quantization": ("headwise edit quantization --quantizer log --bits 4 --out minilm-log4",),
 }
 START = """start here (docs/quickstart.md is a five-minute tour):
   headwise sites                                   # the attention sites of the default model (all-MiniLM-L6-v2)

@@ -242,8 +242,9 @@ def _default_calibration(task_name: str, tokenizer, args: argparse.Namespace):
     except HeadwiseError as err:
         fix = "pass --data FILE (calibration text)" if task_name == "lm" else "calibrate from Python with " \
             "model-input dicts (headwise.convert_gqa(..., calibration=batches))"
-        raise HeadwiseError(f"--init calibrated needs calibration data and the default is not here ({err}); "
-                            f"{fix}, or pass --init svd (weights only, no data)") from None
+        flag = f"--{args.conversion}-init"
+        raise HeadwiseError(f"{flag} calibrated needs calibration data and the default is not here ({err}); "
+                            f"{fix}, or pass {flag} svd (weights only, no data)") from None
 
 
 def run(args: argparse.Namespace) -> int:
