@@ -68,6 +68,8 @@ def test_a_use_that_needs_text_refuses_without_one(no_shared, capsys, option):
 
 def test_help_names_a_decoder_and_only_the_lm_task(capsys):
     assert main(["kv-policy", "--help"]) == 0
-    page = capsys.readouterr().out
-    assert "smollm2-135m (default)" in page and "minilm (default)" not in page and "{lm}" in page
+    page = " ".join(capsys.readouterr().out.split())
+    assert "(default: smollm2-135m)" in page and "(default: minilm)" not in page
+    assert "(default: lm, the only task kv-policy measures" in page
     assert main(["kv-policy", "--task", "stsb", "--out", "x"]) == 2
+    assert "kv-policy measures a decoder-only KV cache, on the lm task only" in capsys.readouterr().err

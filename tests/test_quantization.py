@@ -369,8 +369,8 @@ def quantized(tmp_path_factory):
     import io
 
     out = tmp_path_factory.mktemp("quantize") / "q"
-    argv = ["quantize", "--limit", "24", "--quantizers", "linear_slog_clamped_midval,binarization", "--bit-widths", "2..3",
-            "--thresholds", "0.05", "--out", str(out)]
+    argv = ["quantize", "--limit", "24", "--quantizers", "linear_slog_clamped_midval,binarization",
+            "--bit-widths", "2..3", "--thresholds", "0.05", "--out", str(out)]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(argv) == 0

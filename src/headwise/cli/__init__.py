@@ -47,7 +47,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "prune": ("headwise prune --method importance --keep 54 --out minilm-prune",
               "headwise prune --task lm --model smollm2-135m --method importance --unit kv-group --keep 216 "
               "--out smol-prune"),
-    "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 --out minilm-quantize",),
+    "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 "
+                 "--out minilm-quantize",),
     "mechanisms": ("headwise mechanisms list",),
     "mechanisms list": ("headwise mechanisms list", "headwise mechanisms list --json"),
     "compress": ("headwise compress --dk 192 --out minilm-compress",),
@@ -65,7 +66,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                     "headwise convert gqa --model smollm2-135m --kv-heads 1 --data my.txt --uptrain-tokens 65536 "
                     "--out smol-gqa-up"),
     "convert latent": ("headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent",
-                       "headwise convert latent --model smollm2-135m --rank 128 --latent-init svd --out smol-r128   # no data",
+                       "headwise convert latent --model smollm2-135m --rank 128 --latent-init svd --out smol-r128"
+                       "   # no data",
                        "headwise convert latent --model smollm2-135m --kv-budget 0.25 --data my.txt --out smol-l25"),
     "eval stsb": ("headwise eval stsb --limit 500", "headwise eval stsb --model DIR/model --split test"),
     "eval lm": ("headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",

@@ -55,8 +55,8 @@ def register(verbs, parents) -> None:
         sub.set_defaults(run=run)
 
 
-DATA = """--data, a .txt file: the first 90% of its lines calibrate and uptrain, the last 10% evaluate; --resume continues
-uptraining from the last complete checkpoint in OUT.checkpoints."""
+DATA = """--data, a .txt file: the first 90% of its lines calibrate and uptrain, the last 10% evaluate;
+--resume continues uptraining from the last complete checkpoint in OUT.checkpoints."""
 
 
 def _method_options(parser: argparse.ArgumentParser, name: str) -> None:

@@ -117,7 +117,8 @@ def method_options(q: argparse.ArgumentParser, name: str) -> None:
     for flag in SELECTION_FLAGS:
         add(g, f"--{flag}", default=None)
     taken = {"model", "device", "dtype", "out", "force", "task"}
-    fields = [f.name for f, _ in config_fields(method.config) if f.name != "selection" and f.name not in SELECTION_FLAGS]
+    fields = [f.name for f, _ in config_fields(method.config)
+              if f.name != "selection" and f.name not in SELECTION_FLAGS]
     clash = sorted(taken & set(fields))  # a config's `kinds=` is its selection's
     if clash:
         raise HeadwiseError(f"method {method.name!r}: config field {clash[0]!r} clashes with a shared option")

@@ -237,7 +237,8 @@ def config_options(parser: Any, config: type, names: typing.Iterable[str] | None
             kinds = {k: v for k, v in vars(action).items() if k in ("type", "choices")}
             alias(parser, old, flag, name, default=argparse.SUPPRESS, **kinds)
     for name, home in getattr(config, "MOVED", {}).items():  # how the method trains: not what is attached
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, action=Moved, home=home, help=argparse.SUPPRESS)
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, action=Moved, home=home,
+                            default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 class Moved(argparse.Action):
