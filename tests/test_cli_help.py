@@ -65,7 +65,7 @@ def test_every_sub_command_page_has_its_summary_and_examples_that_parse(verb, na
 
 
 # pages whose method options are a config's fields (Parser.later): built on the page's first use, importing torch
-CONFIG_PAGES = {("quantize",), ("compress",), ("mix",), ("convert", "gqa"), ("convert", "latent")}
+CONFIG_PAGES = {("prune",), ("quantize",), ("compress",), ("mix",), ("convert", "gqa"), ("convert", "latent")}
 
 
 def test_building_the_parser_and_every_help_page_imports_no_torch():

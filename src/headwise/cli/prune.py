@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from ..errors import HeadwiseError
 from . import model_args
-from .options import add, output_args
+from .options import add, config_options, output_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from .output import print_json
 
 METHODS = ("l0", "importance", "mask")
 UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
+
+
+L0_TRAINING = ("lam", "reduction", "lambda_lr", "target_warmup")  # the L0Training fields prune takes (--keep: the target)
+
+
+def _l0_options(parser: argparse.ArgumentParser) -> None:
+    """How the L0 gates train: fields of ``L0Training`` (unset: ``tasks.recipes.l0_training``)."""
+    from ..pruning import L0Training
+
+    config_options(parser.add_argument_group("l0 training (L0Training; default: λ from 0 by dual ascent toward "
+                                             "--keep over the first half of training)"), L0Training, L0_TRAINING)
 
 
 def register(verbs, parents) -> None:
@@ -30,6 +42,7 @@ def register(verbs, parents) -> None:
     g = p.add_argument_group("training (l0: the gates, jointly with the model, on the task's train split)")
     add(g, "--epochs", default=1.0)
     add(g, "--max-steps", default=-1)
+    p.later(_l0_options)
     add(p, "--importance-examples", default=256)
     add(p, "--allow-empty-layers", default=False)
     add(p, "--no-eval")
@@ -102,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from .output import save_run
     from ..report.pruning import add_pruning_section
     from ..sites import find_sites
-    from ..tasks.recipes import importance_prune, l0_prune, removable
+    from ..tasks.recipes import importance_prune, l0_prune, l0_training, removable
 
     _check(args)
     check_writable_dir(args.out, args.force)
@@ -137,8 +150,12 @@ def run(args: argparse.Namespace) -> int:
         removed = {by_path[p]: [h for h, m in enumerate(mask) if not m] for p, mask in steps.steps[-1].masks.items()}
     else:
         l0 = {}
-        removed = l0_prune(model, tokenizer, args.keep, task, epochs=args.epochs, max_steps=args.max_steps,
-                           outcome=l0)
+        given = {name: getattr(args, name) for name in L0_TRAINING if hasattr(args, name)}
+        training = dataclasses.replace(l0_training(tokenizer, args.keep, task, args.epochs, max_steps=args.max_steps),
+                                       **given)
+        removed = l0_prune(model, tokenizer, args.keep, task, training=training, epochs=args.epochs,
+                           max_steps=args.max_steps, outcome=l0)
+        l0["training"] = dataclasses.asdict(training)
         l0["warning"] = l0_warning(l0, args)
         if l0["warning"]:
             print(f"headwise: warning: {l0['warning']}", file=sys.stderr)

@@ -17,6 +17,17 @@ from .base import Task
 from .recovery import DistillationObjective, check_recovery
 
 
+def l0_training(tokenizer: Any, keep: int, task: Task, epochs: float = 1.0, **train: Any) -> L0Training:
+    """How ``l0_prune`` trains the gates by default: λ from 0 by dual ascent (``lambda_lr=0.01``) toward ``keep``
+    open heads, the target reached linearly over the first half of the training ``train`` describes."""
+    steps = train.get("max_steps", -1)
+    if steps is None or steps <= 0:
+        batch = train.get("batch_size") or task.train_defaults["batch_size"]
+        examples = len(task.examples(tokenizer, "train").head(train.get("limit")))
+        steps = math.ceil(math.ceil(examples / batch) * epochs / train.get("gradient_accumulation_steps", 1))
+    return L0Training(lam=0.0, target_heads=keep, lambda_lr=0.01, target_warmup=steps // 2)
+
+
 def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config: L0Config | None = None,
              training: L0Training | None = None, epochs: float = 1.0, head_learning_rate: float = 0.1,
              teacher: nn.Module | None = None,
@@ -29,15 +40,8 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config:
     receives what training reached: ``open_heads`` (gates open at the end, before the cut to ``keep``),
     ``target_heads`` and ``lambda`` (the final penalty weight).
 
-    Defaults: gates starting open (``config``: ``log α = 3``); λ from 0 by dual ascent (``training``:
-    ``lambda_lr=0.01``), the target reached linearly over the first half of training."""
-    if training is None:
-        steps = train.get("max_steps", -1)
-        if steps is None or steps <= 0:
-            batch = train.get("batch_size") or task.train_defaults["batch_size"]
-            examples = len(task.examples(tokenizer, "train").head(train.get("limit")))
-            steps = math.ceil(math.ceil(examples / batch) * epochs / train.get("gradient_accumulation_steps", 1))
-        training = L0Training(lam=0.0, target_heads=keep, lambda_lr=0.01, target_warmup=steps // 2)
+    Defaults: gates starting open (``config``: ``log α = 3``); ``training``: ``l0_training``."""
+    training = training or l0_training(tokenizer, keep, task, epochs, **train)
     if training.target_heads != keep:
         raise HeadwiseError(f"training.target_heads ({training.target_heads}) differs from keep ({keep})")
     add_l0_gates(model, config or L0Config(init=3.0))
