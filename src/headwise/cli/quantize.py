@@ -81,7 +81,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if args.save_model and row is None:
         raise HeadwiseError(f"no setting of {args.save_method or 'any quantizer'} stayed within "
                             f"{100 * args.tolerance:g}% of the baseline: nothing to save (raise --tolerance or "
-                            "widen --bits)")
+                            "widen --bit-widths)")
     if row is not None:
         quantize_attention(model, next(s for s in config.settings() if s.label == row["label"]))
         result["saved_setting"] = row["label"]
