@@ -10,7 +10,7 @@ import sys
 
 from ..errors import HeadwiseError
 from . import EXAMPLES, model_args
-from .options import add, config_options
+from .options import add, config_options, output_args
 from .task_options import load_task_model
 from .output import print_json, write_json
 
@@ -117,15 +117,14 @@ def method_options(q: argparse.ArgumentParser, name: str) -> None:
     for flag in SELECTION_FLAGS:
         add(g, f"--{flag}", default=None)
     taken = {"model", "device", "dtype", "out", "force", "task"}
-    fields = [f.name for f, _ in config_fields(method.config)
+    fields = [f.name for f, _ in config_fields(method.config)  # a config's `kinds=` is its selection's
               if f.name != "selection" and f.name not in SELECTION_FLAGS]
-    clash = sorted(taken & set(fields))  # a config's `kinds=` is its selection's
+    clash = sorted(taken & set(fields))
     if clash:
         raise HeadwiseError(f"method {method.name!r}: config field {clash[0]!r} clashes with a shared option")
     config_options(q.add_argument_group(f"{method.config.__name__} (what is attached and recorded)"), method.config,
                    fields)
-    add(q, "--out", required=True)
-    add(q, "--force")
+    output_args(q, None, "model/ and edit.json")
     if f"edit {name}" in EXAMPLES:
         q.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[f"edit {name}"])
 
