@@ -3,7 +3,9 @@
 Each verb lives in ``headwise.cli.<verb>`` with ``register(verbs, parents)``; this module builds the parser and runs
 the chosen verb. Building the parser imports neither torch nor transformers (``headwise --help`` answers at once;
 tests/test_cli_help.py checks it): each verb imports its heavy code inside its run function, and every method package
-is imported (``headwise.contract.load_methods``) only once a verb is about to run.
+is imported (``headwise.contract.load_methods``) only once a verb is about to run. Shared options and the options
+generated from config fields come from ``headwise.cli.options`` (one meaning per flag); a verb whose options are a
+config's fields adds them with ``Parser.later``, on its first parse or --help (that page imports the config).
 
 Every number option of every verb is checked while parsing, before any work: a finite value, above 0 for the counts
 and sizes in ``POSITIVE``, not negative where the default is a number ≥ 0 (``--max-steps -1`` keeps its meaning);
@@ -62,7 +64,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "convert": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
                 "headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent"),
     "convert gqa": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
-                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --gqa-init svd --out smol-gqa3   # no data",
+                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --gqa-init svd --out smol-gqa3"
+                    "   # no data",
                     "headwise convert gqa --model smollm2-135m --kv-heads 1 --data my.txt --uptrain-tokens 65536 "
                     "--out smol-gqa-up"),
     "convert latent": ("headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent",
@@ -86,7 +89,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     # `headwise edit METHOD --help` (its options come from the method's config: built when the method is chosen)
     "edit collaborative": ("headwise edit collaborative --dk 192 --out minilm-dk192",),
     "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --gqa-init mean --out smol-gqa1",),
-    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --latent-init svd --out smol-latent",),
+    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --latent-init svd "
+                    "--out smol-latent",),
     "edit kv_policy": ("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
                        "   # the policy.json of headwise kv-policy",),
     "edit mechanism": ("headwise edit mechanism --mechanism local --args '{\"window\": 16}' --out minilm-local",),
@@ -190,6 +194,7 @@ class Parser(argparse.ArgumentParser):
         self.pending: list[Callable[[argparse.ArgumentParser], None]] = []
 
     def later(self, build: Callable[[argparse.ArgumentParser], None]) -> None:
+        """Add options with ``build(parser)`` on the command's first parse or --help."""
         self.pending.append(build)
 
     def complete(self) -> "Parser":
