@@ -21,7 +21,7 @@ import torch
 import transformers as tf
 from torch.utils.data import Dataset
 
-from headwise.mixing import MixingConfig, NuclearNormPenalty, add_mixers, alpha_table, fold_mixing
+from headwise.mixing import MixingConfig, NuclearNormPenalty, NuclearNormTraining, add_mixers, alpha_table, fold_mixing
 from headwise.runtime import enable
 from headwise.trainer import HeadwiseTrainer
 
@@ -83,9 +83,9 @@ def run(arm: str, seed: int, steps: int, gamma: float) -> dict:
     penalties = []
     if arm != "baseline":
         direction = "shrink" if arm == "mix-shrink" else "grow"
-        config = MixingConfig(gamma=0.0 if arm == "mix" else gamma, direction=direction, radius=1e-2)
-        add_mixers(model, config)
-        penalties = [NuclearNormPenalty(model, config)]
+        add_mixers(model, MixingConfig())
+        training = NuclearNormTraining(gamma=0.0 if arm == "mix" else gamma, direction=direction, radius=1e-2)
+        penalties = [NuclearNormPenalty(model, training)]
     args = tf.TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hw-gpt2-"), per_device_train_batch_size=32,
                                 max_steps=steps, learning_rate=3e-3, warmup_steps=0.05, weight_decay=0.01,
                                 report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True, seed=seed,

@@ -25,8 +25,8 @@ import torch
 
 import headwise
 from headwise.tasks import read_stsb
-from headwise.mixing import (DynamicSwap, DynamicSwapConfig, MixingConfig, NuclearNormPenalty, SwapSchedule,
-                             add_mixers, alpha_table, fold_mixing, head_distances)
+from headwise.mixing import (DynamicSwap, DynamicSwapConfig, MixingConfig, NuclearNormPenalty, NuclearNormTraining,
+                             SwapSchedule, add_mixers, alpha_table, fold_mixing, head_distances)
 from headwise.report import Report
 from headwise.report.mixing import add_mixing_section
 from headwise.training import finetune_stsb
@@ -44,9 +44,8 @@ def run_arm(name: str, steps: int, gamma: float, texts: list[str]) -> dict:
     out: dict = {"name": name}
     penalties, callbacks = [], []
     if name.startswith("mix"):
-        config = MixingConfig(gamma=gamma, direction=name.split("-")[1], radius=1e-2, start=0.0)
-        add_mixers(model, config)
-        term = NuclearNormPenalty(model, config)
+        add_mixers(model, MixingConfig())
+        term = NuclearNormPenalty(model, NuclearNormTraining(gamma=gamma, direction=name.split("-")[1], radius=1e-2))
         penalties, callbacks = [term], [term]
         out["nuclear_before"] = {n: a["nuclear_norm"] for n, a in alpha_table(model).items()}
     elif name == "swap-manual":

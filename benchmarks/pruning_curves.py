@@ -142,13 +142,13 @@ heads kept, the layer × head grid of survivors). In Python:
 
 ```python
 import headwise
-from headwise.pruning import L0Config, L0Penalty, add_l0_gates, l0_keep
+from headwise.pruning import L0Config, L0Penalty, L0Training, add_l0_gates, l0_keep
 from headwise.training import finetune_stsb
 
 model, tokenizer = headwise.load_model()
-config = L0Config(target_heads=36, lam=0.0, lambda_lr=0.05, init=3.0)  # or a fixed lam=0.1, reduction="mean_over_modules"
-add_l0_gates(model, config)
-finetune_stsb(model, tokenizer, penalties=[L0Penalty(model, config)], head_learning_rate=0.1)
+add_l0_gates(model, L0Config(init=3.0))                         # the gates (what is attached)
+training = L0Training(target_heads=36, lam=0.0, lambda_lr=0.05)  # or a fixed lam=0.1, reduction="mean_over_modules"
+finetune_stsb(model, tokenizer, penalties=[L0Penalty(model, training)], head_learning_rate=0.1)
 headwise.apply_masks(model, l0_keep(model, keep=36))   # exactly 36 heads
 headwise.prune_masked(model)                            # remove closed heads, fold the open gates' values
 ```

@@ -41,9 +41,9 @@ from headwise.tasks import (ParallelCorpus, SyntheticGrammar, build_synthetic_co
                                  train_tokenizer)
 from headwise.tasks.corpus import token_alignment
 from headwise.io import atomic_write_text
-from headwise.mixing import (MixingConfig, NuclearNormPenalty, SwapSchedule, add_mixers, alpha_table, fold_mixing,
-                             swap_heads, undo_swaps)
-from headwise.pruning import L0Config, L0Penalty, add_l0_gates, apply_masks, keep_l0_heads, l0_gates
+from headwise.mixing import (MixingConfig, NuclearNormPenalty, NuclearNormTraining, SwapSchedule, add_mixers,
+                             alpha_table, fold_mixing, swap_heads, undo_swaps)
+from headwise.pruning import L0Config, L0Penalty, L0Training, add_l0_gates, apply_masks, keep_l0_heads, l0_gates
 from headwise.sites import find_sites
 from headwise.training import train_translation
 
@@ -182,9 +182,9 @@ class Experiment:
         total = sum(s.num_heads for s in find_sites(model))
         keep = max(1, round(total * fraction))
         steps = self.args.l0_steps
-        config = L0Config(lam=0.0, target_heads=keep, lambda_lr=0.01, target_warmup=steps // 2, init=3.0)
-        add_l0_gates(model, config)
-        penalty, trace = L0Penalty(model, config), GateTrace(model, every=max(1, steps // 20))
+        add_l0_gates(model, L0Config(init=3.0))
+        training = L0Training(lam=0.0, target_heads=keep, lambda_lr=0.01, target_warmup=steps // 2)
+        penalty, trace = L0Penalty(model, training), GateTrace(model, every=max(1, steps // 20))
         self.train(model, steps, penalties=[penalty], callbacks=[trace], head_learning_rate=0.1)
         gated_bleu = self.bleu(model)
         names = [s.name for s in find_sites(model)]
@@ -232,9 +232,8 @@ class Experiment:
 
     def mix(self) -> dict:
         model = self.baseline_model()
-        config = MixingConfig(gamma=self.args.gamma, direction="grow", radius=1e-2, start=0.0)
-        add_mixers(model, config)
-        term = NuclearNormPenalty(model, config)
+        add_mixers(model, MixingConfig())
+        term = NuclearNormPenalty(model, NuclearNormTraining(gamma=self.args.gamma, direction="grow", radius=1e-2))
         self.train(model, self.args.arm_steps, penalties=[term], callbacks=[term], head_learning_rate=1e-2)
         norms: dict[str, list[float]] = {}
         for name, entry in alpha_table(model).items():

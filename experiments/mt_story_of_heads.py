@@ -27,7 +27,7 @@ from transformers import TrainerCallback
 
 import common
 import headwise
-from headwise.pruning import L0Config, L0Penalty, add_l0_gates, keep_l0_heads, l0_gates
+from headwise.pruning import L0Config, L0Penalty, L0Training, add_l0_gates, keep_l0_heads, l0_gates
 from headwise.sites import find_sites
 from headwise.tasks import get_task
 
@@ -110,10 +110,9 @@ def main() -> None:
             results[phase] = {"bleu": bleu(model, tok)}
         elif phase.startswith("l0-"):
             keep = int(phase[3:])
-            config = L0Config(lam=0.0, target_heads=keep, lambda_lr=args.lambda_lr, target_warmup=args.steps // 2,
-                              init=3.0)
-            add_l0_gates(model, config)
-            penalty, trace = L0Penalty(model, config), GateTrace(model, 5)
+            add_l0_gates(model, L0Config(init=3.0))
+            training = L0Training(lam=0.0, target_heads=keep, lambda_lr=args.lambda_lr, target_warmup=args.steps // 2)
+            penalty, trace = L0Penalty(model, training), GateTrace(model, 5)
             task.finetune(model, tok, penalties=[penalty], head_learning_rate=args.head_lr, callbacks=[trace],
                           **train)
             trace.record(args.steps)

@@ -19,10 +19,10 @@ REQUIRED = {"--kv-heads": "1", "--budget": "heads=50%", "--dk": "8", "plan": "pl
 
 
 def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
-    """``(verb path, parser)`` of every runnable (sub)command."""
+    """``(verb path, parser)`` of every runnable (sub)command, its ``later`` options added."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
-        yield path, parser
+        yield path, parser.complete()
     for action in subs:
         for name, sub in action.choices.items():
             yield from leaves(sub, (*path, name))

@@ -49,7 +49,7 @@ def test_data_the_ranking_does_not_read_is_reported(no_shared, capsys):
     data = str(no_shared / "calib.txt")
     assert main(args + ["--no-measure", "--data", data, "--out", "out"]) == 0
     err = capsys.readouterr().err
-    assert f"--data {data} is used only for perplexity (its last 10%) with --ranking retrieval" in err
+    assert f"--data {data} is used only for perplexity (its last 10%) with --kv-ranking retrieval" in err
     summary = json.loads((no_shared / "out" / "summary.json").read_text())
     assert summary["inputs"]["data_used_for"] == ["perplexity (its last 10%)"]
     assert summary["inputs"]["perplexity"] == f"the last 10% of {data}" and summary["perplexity"] is not None
@@ -57,7 +57,7 @@ def test_data_the_ranking_does_not_read_is_reported(no_shared, capsys):
     assert f"--data {data} is not used by these options" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option", [["--ranking", "outside"], ["--calibration-families", "text"],
+@pytest.mark.parametrize("option", [["--kv-ranking", "outside"], ["--calibration-families", "text"],
                                     ["--eval-family", "text"]])
 def test_a_use_that_needs_text_refuses_without_one(no_shared, capsys, option):
     assert main(base_args(no_shared) + option + ["--out", "out"]) == 2
@@ -68,6 +68,8 @@ def test_a_use_that_needs_text_refuses_without_one(no_shared, capsys, option):
 
 def test_help_names_a_decoder_and_only_the_lm_task(capsys):
     assert main(["kv-policy", "--help"]) == 0
-    page = capsys.readouterr().out
-    assert "smollm2-135m (default)" in page and "minilm (default)" not in page and "{lm}" in page
+    page = " ".join(capsys.readouterr().out.split())
+    assert "(default: smollm2-135m)" in page and "(default: minilm)" not in page
+    assert "(default: lm, the only task kv-policy measures" in page
     assert main(["kv-policy", "--task", "stsb", "--out", "x"]) == 2
+    assert "kv-policy measures a decoder-only KV cache, on the lm task only" in capsys.readouterr().err

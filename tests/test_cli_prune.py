@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import headwise
-from headwise.cli import main
+from headwise.cli import build_parser, main
 from headwise.sites import find_sites
 
 ALL = [1] * 12
@@ -52,6 +52,8 @@ def test_prune_l0_runs_end_to_end_and_says_when_it_missed_its_target(tmp_path, c
     assert l0["target_heads"] == 60 and l0["open_heads"] > 60 and l0["lambda"] >= 0
     assert "--max-steps 2" in l0["warning"] and "--epochs" in l0["warning"] and "--method importance" in l0["warning"]
     assert f"warning: {l0['warning']}" in capsys.readouterr().err
+    assert l0["training"] == {"lam": 0.0, "reduction": "sum", "target_heads": 60, "lambda_lr": 0.01,
+                              "target_warmup": 1}  # tasks.recipes.l0_training: half of the 2 steps
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -81,3 +83,9 @@ def test_bad_mask_and_existing_output(tmp_path, capsys):
     (out / "keep.txt").write_text("mine")
     assert main(["prune", "--method", "mask", "--mask", _mask(tmp_path, [ALL] * 6), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+
+
+def test_prune_l0_takes_how_the_gates_train():
+    """L0Training's fields are prune's options; left out, tasks.recipes.l0_training decides."""
+    args = build_parser().parse_args(["prune", "--keep", "36", "--lambda-lr", "0.5", "--reduction", "mean_over_modules"])
+    assert (args.lambda_lr, args.reduction) == (0.5, "mean_over_modules") and not hasattr(args, "lam")

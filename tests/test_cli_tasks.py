@@ -138,8 +138,8 @@ def test_bad_input_fails_before_loading_and_writes_nothing(tmp_path, capsys, arg
 def test_quantize_with_the_lm_task_scores_negative_perplexity(llama_dir, tmp_path, capsys):
     out = tmp_path / "q"
     assert main(["quantize", "--task", "lm", "--model", str(llama_dir / "model"), "--data",
-                 str(llama_dir / "text.txt"), "--max-length", "32", "--methods", "linear_slog", "--bits", "2,8",
-                 "--thresholds", "none", "--out", str(out), "--json"]) == 0
+                 str(llama_dir / "text.txt"), "--max-length", "32", "--quantizers", "linear_slog",
+                 "--bit-widths", "2,8", "--thresholds", "none", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     model, tokenizer = headwise.load_model(str(llama_dir / "model"), task="lm")
     ppl = LanguageModeling(data=str(llama_dir / "text.txt"), max_length=32).evaluate(model, tokenizer)["perplexity"]

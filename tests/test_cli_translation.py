@@ -90,7 +90,7 @@ def test_mix_no_mixers_fine_tunes_the_swapped_model_as_it_is(marian_dir, tmp_pat
 
 def test_quantize_methods_none_sweeps_only_thresholds(marian_dir, tmp_path, capsys):
     argv = ["quantize", "--task", "translation", "--model", str(marian_dir / "model"), "--data-dir", str(marian_dir),
-            "--max-length", "32", "--max-new-tokens", "8", "--methods", "none", "--thresholds", "0.01,0.2", "--json",
+            "--max-length", "32", "--max-new-tokens", "8", "--quantizers", "none", "--thresholds", "0.01,0.2", "--json",
             "--out", str(tmp_path / "q")]
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

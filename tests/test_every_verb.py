@@ -102,7 +102,7 @@ def verb_argv(verb: str, task: str) -> list[str]:
             return ["mix", "--mix-epochs", "0.2"]
         return ["mix", "--swap", f"{SITE[task]}.0:0 <-> {SITE[task]}.1:1"]
     if verb == "quantize":
-        return ["quantize", "--methods", "log", "--bits", "3,4", "--thresholds", "none", "--tolerance", "0.99",
+        return ["quantize", "--quantizers", "log", "--bit-widths", "3,4", "--thresholds", "none", "--tolerance", "0.99",
                 "--save-model"]
     raise KeyError(verb)
 

@@ -129,7 +129,7 @@ def test_convert_reads_a_headwise_checkpoint_with_its_edits(llama_dir, tmp_path)
     apply_masks(model, {"dec-self": [[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]]})
     prune_masked(model)
     headwise.save_pretrained(model, tmp_path / "pruned", tokenizer=tok)
-    assert main(["convert", "latent", "--model", str(tmp_path / "pruned"), "--rank", "8", "--init", "svd",
+    assert main(["convert", "latent", "--model", str(tmp_path / "pruned"), "--rank", "8", "--latent-init", "svd",
                  "--eval-tokens", "0", "--out", str(tmp_path / "c")]) == 0
     reference = headwise.from_pretrained(tmp_path / "pruned")
     headwise.convert_latent(reference, rank=8, init="svd")
@@ -142,7 +142,7 @@ def test_convert_refuses_a_checkpoint_whose_ops_it_cannot_keep(llama_dir, tmp_pa
         gate.weight.data.uniform_(0, 1)
     headwise.save_pretrained(model, tmp_path / "gated", tokenizer=tok)
     out = tmp_path / "c"
-    assert main(["convert", "gqa", "--model", str(tmp_path / "gated"), "--kv-heads", "1", "--init", "mean",
+    assert main(["convert", "gqa", "--model", str(tmp_path / "gated"), "--kv-heads", "1", "--gqa-init", "mean",
                  "--eval-tokens", "0", "--out", str(out)]) == 2
     one_line_error(capsys, "carries headwise ops")
     assert not out.exists()
@@ -398,7 +398,7 @@ def test_convert_takes_a_task_and_calibrates_on_its_default_data(llama_dir, tmp_
 def test_convert_keeps_the_last_complete_checkpoint_and_resumes_from_it(llama_dir, tmp_path, capsys):
     out = tmp_path / "c"
     checkpoints = tmp_path / "c.checkpoints"
-    common = ["convert", "gqa", "--model", str(llama_dir / "model"), "--kv-heads", "1", "--init", "mean",
+    common = ["convert", "gqa", "--model", str(llama_dir / "model"), "--kv-heads", "1", "--gqa-init", "mean",
               "--data", str(llama_dir / "text.txt"), "--max-length", "16", "--eval-tokens", "0",
               "--uptrain-tokens", "128", "--out", str(out)]
     assert main(common) == 0

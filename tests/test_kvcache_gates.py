@@ -232,7 +232,7 @@ def test_kv_policy_command_with_learned_scores(tmp_path, capsys):
     assert "gate alpha" in (tmp_path / "out" / "report.html").read_text()
     assert main(args + ["--gate-haystack", "text", "--gate-steps", "1", "--force"]) == 0  # haystack: --data text
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["gates"]["haystack"] == "text"
-    for extra, match in ((["--gate-steps", "0"], "steps"), (["--ranking", "retrieval"], "drop --ranking"),
+    for extra, match in ((["--gate-steps", "0"], "steps"), (["--kv-ranking", "retrieval"], "drop --kv-ranking"),
                          (["--gate-length", "10"], "gate length")):
         assert main(args[:-1] + [str(tmp_path / "bad")] + extra) == 2
         assert match in capsys.readouterr().err and not (tmp_path / "bad").exists()

@@ -20,8 +20,8 @@ from tiny import tiny_inputs, tiny_model
 import headwise
 from headwise import HeadwiseError
 from headwise.cli import main
-from headwise.contract import (METHODS, MethodConfig, Selection, config_from_dict, config_to_dict, method_of,
-                               register_method, with_keywords)
+from headwise.contract import (METHODS, MethodConfig, Selection, config_fields, config_from_dict, config_to_dict,
+                               method_of, register_method, with_keywords)
 from headwise.runtime import HeadOp, attach, detach_all, enable
 from headwise.runtime.ops import attached
 from headwise.sites import find_sites
@@ -175,6 +175,28 @@ def test_with_keywords_builds_fills_or_refuses():
         with_keywords(headwise.CollaborativeConfig, None, dk=None)
     with pytest.raises(HeadwiseError, match=r"^layers=\[2\] conflicts with the Selection \(layers=\(1,\)\); give one"):
         with_keywords(Selection, given, layers=[2])
+
+
+@pytest.mark.parametrize("record,kept", [
+    ({"method": "l0", "version": 1, "config": {"lam": 0.5, "target_heads": 36, "init": 3.0}}, {"init": 3.0}),
+    ({"method": "mixing", "version": 1, "config": {"gamma": 1.0, "form": "seed", "kinds": ["enc-self"]}},
+     {"kinds": ("enc-self",)}),
+])
+def test_an_older_record_with_training_settings_loads_with_a_notice(record, kept, capsys):
+    config = config_from_dict(record)
+    assert all(getattr(config, k) == v for k, v in kept.items())
+    notice = capsys.readouterr().err.strip().splitlines()
+    assert len(notice) == 1 and "training settings" in notice[0] and "Training now" in notice[0]
+
+
+def test_configs_hold_only_what_is_attached_and_every_field_has_help():
+    for method in METHODS.values():
+        for f, _ in config_fields(method.config):
+            assert f.name == "selection" or f.metadata.get("help"), f"{method.config.__name__}.{f.name} has no help"
+    for name in ("lam", "reduction", "target_heads", "lambda_lr", "target_warmup"):
+        assert name not in {f.name for f, _ in config_fields(headwise.L0Config)}
+    for name in ("gamma", "ratios", "start", "radius", "direction", "form"):
+        assert name not in {f.name for f, _ in config_fields(headwise.MixingConfig)}
 
 
 def test_every_remove_verb_raises_on_nothing_attached():

@@ -7,9 +7,9 @@ import torch
 
 import headwise
 from headwise.errors import HeadwiseError
-from headwise.mixing import (DynamicSwap, DynamicSwapConfig, HeadMixer, HeadSwap, MixingConfig, NuclearNormPenalty,
-                             SwapSchedule, add_mixers, alpha_table, choose_swaps, fold_mixing, mixers_of, pairwise,
-                             swap_heads, undo_swaps)
+from headwise.mixing import (DynamicSwap, DynamicSwapConfig, HeadMixer, HeadSwap, NuclearNormPenalty,
+                             NuclearNormTraining, SwapSchedule, add_mixers, alpha_table, choose_swaps, fold_mixing,
+                             mixers_of, pairwise, swap_heads, undo_swaps)
 from headwise.runtime import add_gates
 from headwise.sites import find_sites
 from tiny import tiny_inputs, tiny_model
@@ -170,8 +170,7 @@ def test_nuclear_norm_seed_form_value_and_gradient():
     model = tiny_model("bert")
     add_mixers(model)
     _random_alphas(model)
-    config = MixingConfig(gamma=3.0, radius=0.25, form="seed", ratios={"enc-self": 0.5})
-    term = NuclearNormPenalty(model, config)
+    term = NuclearNormPenalty(model, NuclearNormTraining(gamma=3.0, radius=0.25, form="seed", ratios={"enc-self": 0.5}))
     loss = term(model)
     torch.testing.assert_close(loss, torch.tensor(3.0 * 0.5 * 0.25 * 2))  # value: γ r Δr per module
     loss.backward()
@@ -183,7 +182,7 @@ def test_nuclear_norm_seed_form_value_and_gradient():
 def test_nuclear_norm_radius_form_is_a_hinge_on_the_last_update():
     model = tiny_model("bert")
     add_mixers(model)
-    term = NuclearNormPenalty(model, MixingConfig(gamma=1.0, radius=0.1))
+    term = NuclearNormPenalty(model, NuclearNormTraining(gamma=1.0, radius=0.1))
     assert abs(float(term(model).detach()) - 0.2) < 1e-6  # no growth yet: Δr per module
     with torch.no_grad():
         for m in (m for _, m in mixers_of(model)):
@@ -198,7 +197,7 @@ def test_nuclear_norm_radius_form_is_a_hinge_on_the_last_update():
 def test_start_fraction_freezes_alphas():
     model = tiny_model("bert")
     add_mixers(model)
-    term = NuclearNormPenalty(model, MixingConfig(gamma=1.0, start=0.5))
+    term = NuclearNormPenalty(model, NuclearNormTraining(gamma=1.0, start=0.5))
     assert not term.active and all(m.frozen for m in (m for _, m in mixers_of(model)))
     assert float(term(model).detach()) == 0.0
     state = type("S", (), {"max_steps": 10, "global_step": 0})()

@@ -8,7 +8,8 @@ import transformers as tf
 from tiny import RandomPairs
 from torch.utils.data import Dataset
 
-from headwise.mixing import (MixingConfig, NuclearNormPenalty, SwapSchedule, add_mixers, fold_mixing, mixers_of)
+from headwise.mixing import (MixingConfig, NuclearNormPenalty, NuclearNormTraining, SwapSchedule, add_mixers,
+                             fold_mixing, mixers_of)
 from headwise.runtime import enable
 from headwise.tasks import TaskObjective, get_task
 from headwise.trainer import HeadwiseTrainer
@@ -32,10 +33,10 @@ def _nuclear(model):
     return sum(float(m.nuclear_norm().detach()) for _, m in mixers_of(model))
 
 
-def _train_mixing(tmp_path, config, steps=8, callbacks=()):
+def _train_mixing(tmp_path, training, steps=8, callbacks=()):
     encoder = _encoder()
-    add_mixers(encoder, config)
-    term = NuclearNormPenalty(encoder, config)
+    add_mixers(encoder, MixingConfig())
+    term = NuclearNormPenalty(encoder, training)
     trainer = HeadwiseTrainer(model=TaskObjective(get_task("stsb"), encoder), args=_args(tmp_path, steps),
                               train_dataset=RandomPairs(16),
                               penalties=[term], callbacks=[term, *callbacks], head_learning_rate=1e-2)
@@ -45,10 +46,10 @@ def _train_mixing(tmp_path, config, steps=8, callbacks=()):
 
 def test_nuclear_norm_moves_the_asked_way_and_waits_for_start(tmp_path):
     start = 8.0  # two identity 4×4 alphas
-    shrunk, _ = _train_mixing(tmp_path, MixingConfig(gamma=1.0, direction="shrink", form="seed"))
-    grown, _ = _train_mixing(tmp_path, MixingConfig(gamma=1.0, direction="grow", radius=0.05))
+    shrunk, _ = _train_mixing(tmp_path, NuclearNormTraining(gamma=1.0, direction="shrink", form="seed"))
+    grown, _ = _train_mixing(tmp_path, NuclearNormTraining(gamma=1.0, direction="grow", radius=0.05))
     assert _nuclear(shrunk) < start - 0.2 < start + 0.2 < _nuclear(grown)
-    late, term = _train_mixing(tmp_path, MixingConfig(gamma=1.0, start=1.0), steps=2)  # start never reached
+    late, term = _train_mixing(tmp_path, NuclearNormTraining(gamma=1.0, start=1.0), steps=2)  # start never reached
     assert not term.active
     for _, m in mixers_of(late):
         assert torch.equal(m.alpha.detach(), torch.eye(4))
@@ -105,9 +106,8 @@ def test_mixing_trains_a_causal_lm_and_folds(tmp_path):
     cfg = tf.GPT2Config(vocab_size=len(WORDS), n_embd=64, n_layer=2, n_head=4, n_positions=16,
                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
     model = enable(tf.GPT2LMHeadModel(cfg))
-    config = MixingConfig(gamma=0.01, direction="grow")
-    add_mixers(model, config)
-    term = NuclearNormPenalty(model, config)
+    add_mixers(model, MixingConfig())
+    term = NuclearNormPenalty(model, NuclearNormTraining(gamma=0.01, direction="grow"))
     held_out = corpus(64, seed=1)
     before = perplexity(model, held_out)
     args = _args(tmp_path, 150, learning_rate=3e-3)

@@ -6,7 +6,7 @@ import torch
 from tiny import tiny_inputs, tiny_model
 
 import headwise
-from headwise.pruning import (HardConcreteGate, L0Config, L0Penalty, add_l0_gates, apply_masks, gate_table,
+from headwise.pruning import (HardConcreteGate, L0Config, L0Penalty, L0Training, add_l0_gates, apply_masks, gate_table,
                               l0_keep, load_masks, prune_masked)
 from headwise.runtime import add_gates
 from headwise.sites import find_sites
@@ -56,12 +56,12 @@ def test_penalty_reductions_and_target_mode():
     model = tiny_model("bert")
     add_l0_gates(model, L0Config(init=0.0))
     p_open = 1 / (1 + math.exp(-0.33 * math.log(11)))
-    total = L0Penalty(model, L0Config(lam=0.5))(model).item()
+    total = L0Penalty(model, L0Training(lam=0.5))(model).item()
     assert total == pytest.approx(0.5 * 8 * p_open, rel=1e-5)  # 2 sites x 4 heads
-    mean = L0Penalty(model, L0Config(lam=0.5, reduction="mean_over_modules"))(model).item()
+    mean = L0Penalty(model, L0Training(lam=0.5, reduction="mean_over_modules"))(model).item()
     assert mean == pytest.approx(total / 2, rel=1e-5)
 
-    penalty = L0Penalty(model, L0Config(lam=0.0, target_heads=2, lambda_lr=1.0))
+    penalty = L0Penalty(model, L0Training(lam=0.0, target_heads=2, lambda_lr=1.0))
     penalty.step()
     assert penalty.lam == pytest.approx((8 * p_open - 2) / 8, rel=1e-5)  # raised while too many heads are open
     with torch.no_grad():
@@ -72,7 +72,7 @@ def test_penalty_reductions_and_target_mode():
     assert penalty.lam == 0.0  # relaxed once under target, never negative
     assert penalty.metrics()["l0_open_heads"] == 0
 
-    ramp = L0Penalty(model, L0Config(lam=0.0, target_heads=2, target_warmup=4))
+    ramp = L0Penalty(model, L0Training(lam=0.0, target_heads=2, target_warmup=4))
     assert ramp.target() == 8.0
     ramp.step(), ramp.step()
     assert ramp.target() == 5.0 and ramp.metrics()["l0_target"] == 5.0
@@ -80,16 +80,28 @@ def test_penalty_reductions_and_target_mode():
     assert ramp.target() == 2.0
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(lam=-0.1), "λ must be ≥ 0"), (dict(reduction="mean"), "unknown reduction"),
-    (dict(kinds=["dec-enc"]), "kinds: enc-self"), (dict(target_heads=9), "exceeds"),
-])
-def test_l0_bad_input_leaves_the_model_untouched(kwargs, message):
+def test_l0_bad_input_leaves_the_model_untouched():
     model = tiny_model("bert")
     state = _state(model)
-    with pytest.raises(headwise.HeadwiseError, match=message):
-        add_l0_gates(model, L0Config(**kwargs))
+    with pytest.raises(headwise.HeadwiseError, match="kinds: enc-self"):
+        add_l0_gates(model, L0Config(kinds=["dec-enc"]))
     assert _same_state(model, state)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(lam=-0.1), "λ must be ≥ 0"), (dict(reduction="mean"), "unknown reduction"),
+    (dict(target_heads=0), "target_heads must be ≥ 1"), (dict(lambda_lr=0), "lambda_lr must be > 0"),
+])
+def test_l0_training_refuses_bad_settings(kwargs, message):
+    with pytest.raises(headwise.HeadwiseError, match=message):
+        L0Training(**kwargs)
+
+
+def test_l0_penalty_refuses_a_target_beyond_the_gated_heads():
+    model = tiny_model("bert")
+    add_l0_gates(model, L0Config(init=0.0))
+    with pytest.raises(headwise.HeadwiseError, match="exceeds the 8 gated heads"):
+        L0Penalty(model, L0Training(target_heads=9))
 
 
 def test_l0_keep_picks_the_largest_log_alpha():

@@ -287,8 +287,8 @@ def test_bad_options_are_clear_errors(options, message):
 
 
 def test_cli_bad_input_fails_before_loading_anything(tmp_path, capsys):
-    for argv, message in [(["--bits", "0..3"], "from 1 to 16"), (["--bits", "x"], "range such as 1..8"),
-                          (["--methods", "linear_slog,foo"], "valid: linear_slinear"),
+    for argv, message in [(["--bit-widths", "0..3"], "from 1 to 16"), (["--bit-widths", "x"], "range such as 1..8"),
+                          (["--quantizers", "linear_slog,foo"], "valid: linear_slinear"),
                           (["--threshold", "1"], r"[0, 1)"), (["--thresholds", "0.1,2"], r"[0, 1)")]:
         assert main(["quantize", *argv, "--out", str(tmp_path / "x")]) == 2
         assert message in capsys.readouterr().err
@@ -369,8 +369,8 @@ def quantized(tmp_path_factory):
     import io
 
     out = tmp_path_factory.mktemp("quantize") / "q"
-    argv = ["quantize", "--limit", "24", "--methods", "linear_slog_clamped_midval,binarization", "--bits", "2..3",
-            "--thresholds", "0.05", "--out", str(out)]
+    argv = ["quantize", "--limit", "24", "--quantizers", "linear_slog_clamped_midval,binarization",
+            "--bit-widths", "2..3", "--thresholds", "0.05", "--out", str(out)]
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         assert main(argv) == 0

@@ -9,7 +9,7 @@ from headwise import HeadwiseError, add_gates, enable
 from headwise.tasks import BleuMetric, ParallelCorpus, SyntheticGrammar, corpus_bleu, read_corpus, write_corpus
 from headwise.tasks.corpus import (ADJ_SUFFIX, DETERMINERS, OBJECT_PARTICLE, VERB_SUFFIX, Phrase, Sentence,
                                              token_alignment, train_tokenizer)
-from headwise.pruning import L0Config, L0Penalty, add_l0_gates, l0_gates
+from headwise.pruning import L0Config, L0Penalty, L0Training, add_l0_gates, l0_gates
 from headwise.sites import find_sites
 from headwise.training import HeadwiseSeq2SeqTrainer, TranslationDataset, train_translation
 
@@ -158,9 +158,8 @@ def _trainer(tmp_path, model, tok, corpus, penalties=(), batch=8, accumulation=1
 def test_penalty_is_added_to_the_seq2seq_loss_exactly(tmp_path, data):
     corpus, tok = data
     model = _tiny(tok)
-    config = L0Config(lam=0.05, kinds=["dec-enc"])
-    add_l0_gates(model, config)
-    penalty = L0Penalty(model, config)
+    add_l0_gates(model, L0Config(kinds=["dec-enc"]))
+    penalty = L0Penalty(model, L0Training(lam=0.05))
     batch = tf.DataCollatorForSeq2Seq(tok, model=model)([TranslationDataset(corpus, tok)[i] for i in range(4)])
     model.eval()  # deterministic gates (eval) and no dropout: both losses see the same forward
     torch.manual_seed(0)
@@ -174,11 +173,10 @@ def test_penalty_is_added_to_the_seq2seq_loss_exactly(tmp_path, data):
 def test_l0_on_one_kind_trains_and_steps_the_dual_ascent(tmp_path, data):
     corpus, tok = data
     model = _tiny(tok)
-    config = L0Config(lam=0.0, target_heads=2, lambda_lr=0.5, kinds=["dec-enc"])
-    gates = add_l0_gates(model, config)
+    gates = add_l0_gates(model, L0Config(kinds=["dec-enc"]))
     assert {s.kind for s in find_sites(model) if s.path in gates} == {"dec-enc"}
     before = {p: g.log_alpha.detach().clone() for p, g in gates.items()}
-    penalty = L0Penalty(model, config)
+    penalty = L0Penalty(model, L0Training(lam=0.0, target_heads=2, lambda_lr=0.5))
     trainer = train_translation(model, tok, corpus, max_steps=3, batch_size=8, learning_rate=1e-3, penalties=[penalty],
                                 head_learning_rate=0.1, progress=False, logging_steps=1, use_cpu=True)
     assert penalty.steps == 3 and penalty.lam > 0  # 8 expected open heads > target 2: λ rose

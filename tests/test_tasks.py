@@ -228,7 +228,7 @@ def test_task_tables_of_the_lower_layers_match_the_tasks():
     from headwise.tasks import TASKS
 
     assert TASK_HEADS == {name: cls.head for name, cls in TASKS.items()} and set(TASK_NAMES) == set(TASKS)
-    for _, (option, _) in OPTIONS.items():
+    for option in OPTIONS.values():
         assert set(USED_BY[option]) == {n for n, cls in TASKS.items() if option in {f.name for f in fields(cls)}}
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -185,10 +186,15 @@ def config_from_dict(record: dict[str, Any]) -> Any:
         raise HeadwiseError(f"the {m.name} record is version {record['version']}, newer than this headwise "
                             f"(version {m.version}); upgrade headwise")
     names = {f.name for f in dataclasses.fields(m.config) if f.init}
-    unknown = sorted(set(record["config"]) - names)
+    values = dict(record["config"])
+    moved = sorted(set(values) & set(getattr(m.config, "MOVED", {})))
+    if moved:  # an older record held how the method was trained: not what is attached, so it is set aside
+        print(f"headwise: the {m.name} record (version {record['version']}) holds training settings {moved}; they "
+              f"belong to {m.config.MOVED[moved[0]]} now and are not part of the config", file=sys.stderr)
+        values = {k: v for k, v in values.items() if k not in moved}
+    unknown = sorted(set(values) - names)
     if unknown:
         raise HeadwiseError(f"the {m.name} record has unknown fields {unknown}; known: {sorted(names)}")
-    values = dict(record["config"])
     try:
         if isinstance(values.get("selection"), dict):
             values["selection"] = Selection(**values["selection"])

@@ -3,7 +3,9 @@
 Each verb lives in ``headwise.cli.<verb>`` with ``register(verbs, parents)``; this module builds the parser and runs
 the chosen verb. Building the parser imports neither torch nor transformers (``headwise --help`` answers at once;
 tests/test_cli_help.py checks it): each verb imports its heavy code inside its run function, and every method package
-is imported (``headwise.contract.load_methods``) only once a verb is about to run.
+is imported (``headwise.contract.load_methods``) only once a verb is about to run. Shared options and the options
+generated from config fields come from ``headwise.cli.options`` (one meaning per flag); a verb whose options are a
+config's fields adds them with ``Parser.later``, on its first parse or --help (that page imports the config).
 
 Every number option of every verb is checked while parsing, before any work: a finite value, above 0 for the counts
 and sizes in ``POSITIVE``, not negative where the default is a number ≥ 0 (``--max-steps -1`` keeps its meaning);
@@ -47,7 +49,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "prune": ("headwise prune --method importance --keep 54 --out minilm-prune",
               "headwise prune --task lm --model smollm2-135m --method importance --unit kv-group --keep 216 "
               "--out smol-prune"),
-    "quantize": ("headwise quantize --methods log --bits 3,4 --thresholds none --limit 200 --out minilm-quantize",),
+    "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 "
+                 "--out minilm-quantize",),
     "mechanisms": ("headwise mechanisms list",),
     "mechanisms list": ("headwise mechanisms list", "headwise mechanisms list --json"),
     "compress": ("headwise compress --dk 192 --out minilm-compress",),
@@ -61,11 +64,13 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "convert": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
                 "headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent"),
     "convert gqa": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
-                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --init svd --out smol-gqa3   # no data",
+                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --gqa-init svd --out smol-gqa3"
+                    "   # no data",
                     "headwise convert gqa --model smollm2-135m --kv-heads 1 --data my.txt --uptrain-tokens 65536 "
                     "--out smol-gqa-up"),
     "convert latent": ("headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent",
-                       "headwise convert latent --model smollm2-135m --rank 128 --init svd --out smol-r128   # no data",
+                       "headwise convert latent --model smollm2-135m --rank 128 --latent-init svd --out smol-r128"
+                       "   # no data",
                        "headwise convert latent --model smollm2-135m --kv-budget 0.25 --data my.txt --out smol-l25"),
     "eval stsb": ("headwise eval stsb --limit 500", "headwise eval stsb --model DIR/model --split test"),
     "eval lm": ("headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
@@ -83,17 +88,18 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "edit": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
     # `headwise edit METHOD --help` (its options come from the method's config: built when the method is chosen)
     "edit collaborative": ("headwise edit collaborative --dk 192 --out minilm-dk192",),
-    "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --init mean --out smol-gqa1",),
-    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --init svd --out smol-latent",),
+    "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --gqa-init mean --out smol-gqa1",),
+    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --latent-init svd "
+                    "--out smol-latent",),
     "edit kv_policy": ("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
                        "   # the policy.json of headwise kv-policy",),
     "edit replace": ("headwise edit replace --mechanism local --args '{\"window\": 16}' --out minilm-local",),
     "edit mixing": ("headwise edit mixing --out minilm-mixers",),
     "edit gates": ("headwise edit gates --kinds enc-self --out minilm-gated",),
     "edit masks": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
-    "edit l0": ("headwise edit l0 --target-heads 36 --out minilm-l0-gates",),
+    "edit l0": ("headwise edit l0 --gate-init 3 --out minilm-l0-gates   # gates open; headwise prune trains them",),
     "edit prune_heads": ("headwise edit prune_heads --heads '{\"enc-self.0\": [0, 1]}' --out minilm-pruned",),
-    "edit quantization": ("headwise edit quantization --method log --bits 4 --out minilm-log4",),
+    "edit quantization": ("headwise edit quantization --quantizer log --bits 4 --out minilm-log4",),
 }
 START = """start here (docs/quickstart.md is a five-minute tour):
   headwise sites                                   # the attention sites of the default model (all-MiniLM-L6-v2)
@@ -167,9 +173,43 @@ def checked(names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and examples as written; an option's default (``action.shown``, set by ``options.add``)
+    after its help: one help text per flag, each command's own default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        shown = getattr(action, "shown", None)
+        text = action.help or ""
+        return text if shown is None else f"{text} (default: {shown.replace('%', '%%')})"
+
+
 class Parser(argparse.ArgumentParser):
-    """``argparse`` with one-line errors (``headwise: error: …``, exit 2) and checked numbers and devices (in
-    argument groups too)."""
+    """``argparse`` with one-line errors (``headwise: error: …``, exit 2), checked numbers and devices (in
+    argument groups too), and options added ``later`` (those generated from a config, which imports torch: built
+    on the command's first parse or --help, so that building the parser stays light)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.pending: list[Callable[[argparse.ArgumentParser], None]] = []
+
+    def later(self, build: Callable[[argparse.ArgumentParser], None]) -> None:
+        """Add options with ``build(parser)`` on the command's first parse or --help."""
+        self.pending.append(build)
+
+    def complete(self) -> "Parser":
+        """Add the options left for ``later``; returns the parser."""
+        while self.pending:
+            self.pending.pop(0)(self)
+        return self
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self.complete()
+        return super().parse_known_args(args, namespace)
+
+    def format_help(self) -> str:
+        self.complete()
+        return super().format_help()
 
     def add_argument(self, *names: Any, **kwargs: Any) -> argparse.Action:
         return super().add_argument(*names, **checked(names, kwargs))
@@ -200,24 +240,21 @@ class Alias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def model_args(parser: argparse.ArgumentParser, default: str | None = None) -> None:
-    """``--model`` (``default``: None is the packaged minilm) and the device and dispatch options."""
-    named = ", ".join(f"{n} (default)" if n == (default or "minilm") else n
-                      for n in ("minilm", "smollm2-135m", "multi30k-marian-de-en"))
-    parser.add_argument("--model", default=default,
-                        help=f"hub name (org/name), local folder or a named model: {named}")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda, cuda:1 (default: cpu)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
-    parser.add_argument("--device-map", default=None,
-                        help="Accelerate dispatch for models larger than one device: auto, balanced, sequential "
-                             "(replaces --device; transformers checkpoints only)")
-    parser.add_argument("--max-memory", default=None,
-                        help="with --device-map: memory per device, e.g. cpu=8GiB or 0=20GiB,cpu=30GiB")
-    parser.add_argument("--offload-folder", default=None,
-                        help="with --device-map: folder for the weights that fit nowhere (disk offload)")
-    parser.add_argument("--verify", action="store_true", default=None,
-                        help="check the sha256 of every file of a folder headwise wrote, whatever its size (by "
-                             "default: sizes always, hashes below 2 GiB)")
+def model_args(parser: argparse.ArgumentParser, default: str | None = None, dispatch: bool = True,
+               dtype: str = "the checkpoint's") -> None:
+    """The model and device group: ``--model`` (``default``: None is the packaged minilm), ``--device``,
+    ``--dtype`` (``dtype``: what its default means) and, with ``dispatch``, Accelerate's dispatch options and
+    ``--verify``."""
+    from .options import add
+
+    g = parser.add_argument_group("model and device")
+    add(g, "--model", default=default, shown=default or "minilm")
+    add(g, "--device", default="cpu")
+    add(g, "--dtype", default=None, shown=dtype)
+    if dispatch:
+        for flag in ("--device-map", "--max-memory", "--offload-folder"):
+            add(g, flag, default=None)
+        add(g, "--verify", default=None)
 
 
 def global_flags(parser: argparse.ArgumentParser, default: object) -> None:
@@ -231,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     common = Parser(add_help=False)
     global_flags(common, argparse.SUPPRESS)
     parser = Parser(prog="headwise", description="Find, measure and edit the attention heads of transformers models.",
-                    epilog=START, formatter_class=argparse.RawDescriptionHelpFormatter)
+                    epilog=START)
     global_flags(parser, False)
     verbs = parser.add_subparsers(dest="verb", required=True, metavar="VERB")
 
@@ -252,7 +289,6 @@ def describe(commands: argparse._SubParsersAction, path: str = "") -> None:
         command.description = command.description or summaries.get(name)
         if key in EXAMPLES:
             command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[key])
-            command.formatter_class = argparse.RawDescriptionHelpFormatter
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
                 describe(action, key)

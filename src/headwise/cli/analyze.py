@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
+from .options import add
 from .suggest import run_options
 from .task_options import load_for_task, load_task_model, task_args, task_from_args
 from .output import print_json, write_json
@@ -20,12 +21,11 @@ def register(verbs, parents) -> None:
     p = verbs.add_parser("analyze", parents=parents,
                          help="per-head statistics and importance, as report.html + stats.json")
     model_args(p)
-    p.add_argument("--data", default=None,
-                   help="STS-B .tsv file or folder (default: shared/data/stsb), or a .txt file, one text a line")
-    p.add_argument("--split", default=None, help="STS-B split (default: dev); other tasks: their evaluated split")
-    p.add_argument("--limit", type=int, default=None, help="analyse only the first N texts")
-    p.add_argument("--out", default="headwise-report", help="output folder (default: headwise-report)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    add(p, "--data", default=None, shown="the task's own")
+    add(p, "--split", default=None, shown="the task's evaluated split")
+    add(p, "--limit", default=None)
+    add(p, "--out", default="headwise-report")
+    add(p, "--force")
     p.add_argument("--importance", default=None,
                    help="comma-separated: gradient, ablation; or none (default: gradient, one backward pass per "
                         "batch; ablation costs one pass per head over --ablation-texts; translation: gradient of the "
@@ -39,12 +39,9 @@ def register(verbs, parents) -> None:
     p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept (default: 3)")
     p.add_argument("--example-tokens", type=int, default=64,
                    help="each kept sentence's maps cover its first N tokens (default: 64)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--max-length", type=int, default=None)
-    p.add_argument("--importance-examples", type=int, default=None,
-                   help="classification and translation: training examples for gradient importance (default: "
-                        f"{IMPORTANCE_EXAMPLES}); lm takes the gradient of the analysed texts' own next-token loss in "
-                        "the statistics pass (--limit), stsb of the analysed pairs")
+    add(p, "--batch-size", default=32)
+    add(p, "--max-length", default=None, shown="1024 for lm, 128 otherwise")
+    add(p, "--importance-examples", default=None, shown=str(IMPORTANCE_EXAMPLES))
     task_args(p)
     p.set_defaults(run=run)
 

@@ -7,8 +7,8 @@ import json
 import sys
 
 from ..errors import HeadwiseError
-from .constants import RECOVERY_MODES as RECOVERY
 from . import model_args
+from .options import add, alias, output_args
 from .recovery_options import train_memory_arg
 from .output import print_json
 
@@ -20,14 +20,14 @@ def register(verbs, parents) -> None:
     p.add_argument("plan", help="the plan.json written by headwise plan")
     model_args(p)
     p.add_argument("--point", default=None, help="apply this point of the plan (default: the recommended one)")
-    p.add_argument("--recover", choices=RECOVERY, default=None,
-                   help="recovery after the edit (default: what the plan used, else none)")
-    p.add_argument("--recover-epochs", type=float, default=1.0, help="epochs of recovery (default: 1)")
-    p.add_argument("--recover-max-steps", type=int, default=-1, help="stop recovery after N steps")
-    train_memory_arg(p)
-    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
-    p.add_argument("--out", default="headwise-applied", help="output folder: model/, apply.json, report.html")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    g = p.add_argument_group("recovery after the edit")
+    add(g, "--recover", default=None, shown="what the plan used, else none")
+    add(g, "--recover-epochs", default=1.0)
+    add(g, "--recover-steps", default=-1)
+    alias(g, "--recover-max-steps", "--recover-steps", "recover_steps", type=int)
+    train_memory_arg(g)
+    add(p, "--no-eval")
+    output_args(p, "headwise-applied", "model/, apply.json, report.html")
     p.set_defaults(run=run)
 
 
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         import copy        # model's recorded outputs (lm) or a copy
 
         teacher = "off" if point.edit.reversible else \
-            CachedTeacher.record(model, tokenizer, task, max_steps=args.recover_max_steps) if task.name == "lm" \
+            CachedTeacher.record(model, tokenizer, task, max_steps=args.recover_steps) if task.name == "lm" \
             else copy.deepcopy(model)
     def metric() -> float | None:
         return None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     edited = metric()
     if mode != "none":
         recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.recover_epochs,
-                max_steps=args.recover_max_steps, limit=teacher.limit if isinstance(teacher, CachedTeacher) else None,
+                max_steps=args.recover_steps, limit=teacher.limit if isinstance(teacher, CachedTeacher) else None,
                 memory=args.train_memory)
     after = metric() if mode != "none" else edited
     summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.records(),

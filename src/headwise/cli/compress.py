@@ -9,34 +9,34 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
+from .options import add, config_options, output_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from .output import print_json
+
+
+def _collaborative_options(parser: argparse.ArgumentParser) -> None:
+    """The fields of ``CollaborativeConfig`` the verb takes (T5: --kinds enc-self,dec-self)."""
+    from ..collaborative import CollaborativeConfig
+
+    config_options(parser.add_argument_group("collaborative heads (CollaborativeConfig)"), CollaborativeConfig,
+                   ("dk", "kinds", "iterations", "init"), keep_defaults=True)
 
 
 def register(verbs, parents) -> None:
     p = verbs.add_parser("compress", parents=parents,
                          help="collaborative heads: share one query/key projection of width --dk across heads")
     model_args(p)
-    p.add_argument("--dk", required=True,
-                   help="shared query/key width (heads × head_dim is exact), or a fraction 0 < dk < 1 of each "
-                        "layer's heads × head_dim (e.g. 0.25 after uneven pruning)")
+    p.later(_collaborative_options)
     p.add_argument("--calibration", default=None,
                    help="STS-B .tsv file or folder, a .txt file (one text a line), or 'task' (the task's "
                         "calibration split): minimise the attention-score error on these inputs instead of the weight "
                         "error")
-    p.add_argument("--calibration-limit", type=int, default=2000, help="calibration texts used, a seeded random sample when the file holds more (default: 2000)")
-    p.add_argument("--kinds", default=None,
-                   help="convert only these attention kinds, comma-separated (an encoder-decoder: enc-self, dec-self, dec-enc; "
-                        "T5 converts enc-self,dec-self only)")
-    p.add_argument("--iterations", type=int, default=20, help="ALS sweeps after the closed-form start (default: 20)")
-    p.add_argument("--init", choices=["auto", "block", "hosvd"], default="auto",
-                   help="closed-form start (default: auto = block with --calibration, hosvd without)")
+    add(p, "--calibration-limit", default=2000)
     p.add_argument("--curve", default="auto",
                    help="comma-separated dk values for the report's trade-off curve, 'auto' or 'none'")
-    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
-    p.add_argument("--out", default="headwise-compressed", help="output folder: model/, compression.json, report.html")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    add(p, "--no-eval")
+    output_args(p, "headwise-compressed", "model/, compression.json, report.html")
     recovery_args(p)
     task_args(p)
     p.set_defaults(run=run)
@@ -110,9 +110,8 @@ def run(args: argparse.Namespace) -> int:
     task = task_from_args(args) if evaluate or recovering or from_task else None
     # the head of --task also without evaluation; calibration texts need the tokenizer
     model, tokenizer = load_task_model(args, task, need_tokenizer=bool(texts))
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
-    config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations, kinds=kinds)
-    sites = select_sites(model, kinds)
+    config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations, kinds=args.kinds)
+    sites = select_sites(model, args.kinds)
     check_compressible(model, sites, args.dk)
     calibration = task.calibration_inputs(tokenizer, limit=args.calibration_limit, batch_size=config.batch_size) \
         if from_task else texts

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from ..errors import HeadwiseError
-from . import Alias
+from . import model_args
+from .options import add, alias, config_options, output_args
 from .task_options import model_costs, run_record
 from .output import print_json, write_json
 
@@ -32,41 +33,40 @@ CONVERTIBLE_TASKS = ("lm", "translation")
 def register(verbs, parents) -> None:
     p = verbs.add_parser("convert", parents=parents, help="shrink the KV cache: grouped-query or latent keys/values")
     kinds = p.add_subparsers(dest="conversion", required=True, metavar="KIND")
-    gqa = kinds.add_parser("gqa", parents=parents, help="merge key/value heads into --kv-heads shared ones")
-    gqa.add_argument("--kv-heads", type=int, required=True, help="key/value heads per layer after conversion")
-    gqa.add_argument("--grouping", choices=["contiguous", "similarity"], default="contiguous")
-    gqa.add_argument("--init", choices=["mean", "svd", "calibrated"], default="calibrated",
-                     help="mean pooling, weight-space fit, or fit on --data (default: calibrated)")
-    latent = kinds.add_parser("latent", parents=parents, help="low-rank latent keys/values at a KV-byte budget")
-    latent.add_argument("--kv-budget", type=float, default=None, help="fraction of today's KV bytes, e.g. 0.5")
-    latent.add_argument("--rank", type=int, default=None, help="latent width per token and layer (instead of --kv-budget)")
-    latent.add_argument("--rope-pairs", type=int, default=0, help="rotary pairs per key/value head kept outside the latent")
-    latent.add_argument("--init", choices=["svd", "calibrated"], default="calibrated",
-                        help="weight-space fit, or fit on --data (default: calibrated)")
-    for sub in (gqa, latent):
-        sub.add_argument("--model", default="smollm2-135m", help="decoder or encoder-decoder: name, hub name or "
-                         "local folder (default: smollm2-135m)")
-        sub.add_argument("--task", default=None, help="lm (decoders) or translation (encoder-decoders); default: "
-                         "the model's own")
-        sub.add_argument("--device", default="cpu", help="torch device (default: cpu)")
-        sub.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: float32)")
-        sub.add_argument("--data", default=None, help="a .txt file: first 90%% of lines calibrate/uptrain, last 10%% "
-                         "evaluate (default for lm: shared/data/wikitext-2/valid.txt)")
-        sub.add_argument("--text", dest="data", action=Alias, new="--data", help=argparse.SUPPRESS)
+    for name, summary in (("gqa", "merge key/value heads into --kv-heads shared ones"),
+                          ("latent", "low-rank latent keys/values at a KV-byte budget")):
+        sub = kinds.add_parser(name, parents=parents, help=summary, description=f"{summary}\n\n" + DATA)
+        sub.later(lambda parser, name=name: _method_options(parser, name))
+        model_args(sub, default="smollm2-135m", dispatch=False, dtype="float32")
+        add(sub, "--task", default=None, shown="the model's own: lm (decoders) or translation (encoder-decoders)")
+        add(sub, "--data", default=None, shown="lm: shared/data/wikitext-2/valid.txt")
+        alias(sub, "--text", "--data", "data")
         sub.add_argument("--calib-tokens", type=int, default=16384, help="calibration tokens (default: 16384)")
         sub.add_argument("--eval-tokens", type=int, default=4096, help="evaluation tokens, 0 to skip (default: 4096)")
-        sub.add_argument("--max-length", type=int, default=1024, help="tokens per sequence (default: 1024)")
+        add(sub, "--max-length", default=1024)
         sub.add_argument("--uptrain-tokens", type=int, default=0, help="tokens of next-token uptraining (default: 0)")
         sub.add_argument("--distill", type=float, default=0.0, help="weight W of the KL to the original model's "
                          "predictions: (loss + W·KL) / (1 + W), headwise.recover with alpha W / (1 + W)")
-        sub.add_argument("--lr", type=float, default=1e-4, help="uptraining learning rate (default: 1e-4)")
-        sub.add_argument("--resume", action="store_true", help="resume uptraining from the last complete checkpoint "
-                         "in OUT.checkpoints")
+        add(sub, "--lr", default=1e-4)
+        add(sub, "--resume")
         sub.add_argument("--keep-checkpoints", action="store_true", help="keep OUT.checkpoints after uptraining "
                          "(default: removed once the model is saved)")
-        sub.add_argument("--out", required=True, help="output folder: model/ and conversion.json")
-        sub.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+        output_args(sub, None, "model/ and conversion.json")
         sub.set_defaults(run=run)
+
+
+DATA = """--data, a .txt file: the first 90% of its lines calibrate and uptrain, the last 10% evaluate;
+--resume continues uptraining from the last complete checkpoint in OUT.checkpoints."""
+
+
+def _method_options(parser: argparse.ArgumentParser, name: str) -> None:
+    """The fields of the conversion's config (``GQAConfig`` or ``LatentConfig``) the verb takes."""
+    from ..conversion import GQAConfig, LatentConfig
+
+    config, fields = {"gqa": (GQAConfig, ("kv_heads", "grouping", "init")),
+                      "latent": (LatentConfig, ("kv_budget", "rank", "rope_pairs", "init"))}[name]
+    config_options(parser.add_argument_group(f"the conversion ({config.__name__})"), config, fields,
+                   keep_defaults=True)
 
 
 def _windows(ids, tokens: int, window: int, what: str) -> list:
@@ -242,8 +242,9 @@ def _default_calibration(task_name: str, tokenizer, args: argparse.Namespace):
     except HeadwiseError as err:
         fix = "pass --data FILE (calibration text)" if task_name == "lm" else "calibrate from Python with " \
             "model-input dicts (headwise.convert_gqa(..., calibration=batches))"
-        raise HeadwiseError(f"--init calibrated needs calibration data and the default is not here ({err}); "
-                            f"{fix}, or pass --init svd (weights only, no data)") from None
+        flag = f"--{args.conversion}-init"
+        raise HeadwiseError(f"{flag} calibrated needs calibration data and the default is not here ({err}); "
+                            f"{fix}, or pass {flag} svd (weights only, no data)") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,62 +5,16 @@ of its config. ``--kinds/--layers/--names`` are the selection of every method; t
 from __future__ import annotations
 
 import argparse
-import collections.abc
-import dataclasses
-import json
 import re
 import sys
-import typing
-from pathlib import Path
-from typing import Any
 
 from ..errors import HeadwiseError
 from . import EXAMPLES, model_args
-from .task_options import TASK_NAMES, load_task_model
+from .options import add, config_options, output_args
+from .task_options import load_task_model
 from .output import print_json, write_json
 
-SELECTION_FLAGS = {"kinds": str, "layers": int, "names": str}
-_REQUIRED = object()  # a config field without a default: a required option
-
-
-def _list_of(kind: type):
-    def parse(text: str) -> list:
-        try:
-            return [kind(part) for part in text.split(",") if part]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
-    return parse
-
-
-def _json_value(text: str) -> Any:
-    """A JSON value, or ``@FILE`` holding one."""
-    try:
-        return json.loads(Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise argparse.ArgumentTypeError(f"expected JSON or @FILE with JSON, got {text!r} ({err})") from None
-
-
-def _option(parser: argparse.ArgumentParser, name: str, hint: Any, default: Any, doc: str) -> None:
-    """One ``--name`` for a config field of type ``hint``."""
-    flag = "--" + name.replace("_", "-")
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) is typing.Union or type(hint).__name__ == "UnionType":
-        inner = [a for a in args if a is not type(None)]
-        hint = inner[0] if len(inner) == 1 else Any
-        args = typing.get_args(hint)
-    required = default is _REQUIRED
-    common = dict(required=required, default=None if required else argparse.SUPPRESS, help=doc)
-    if hint is bool:
-        parser.add_argument(flag, action=argparse.BooleanOptionalAction, **common)
-    elif typing.get_origin(hint) is typing.Literal:
-        parser.add_argument(flag, choices=list(args), **common)
-    elif hint in (int, float, str):
-        parser.add_argument(flag, type=hint, metavar=hint.__name__.upper(), **common)
-    elif typing.get_origin(hint) in (tuple, list, collections.abc.Sequence):
-        parser.add_argument(flag, type=_list_of(args[0] if args and args[0] in (int, float, str) else str),
-                            metavar="A,B,...", **common)
-    else:
-        parser.add_argument(flag, type=_json_value, metavar="JSON|@FILE", **common)
+SELECTION_FLAGS = ("kinds", "layers", "names")
 
 
 def summary_of(method) -> str:
@@ -79,11 +33,11 @@ SUMMARIES: dict[str, str] = {
     "latent": "Options of headwise.convert_latent.",
     "kv_policy": "The cache of every (layer, KV head): policy is a KVPolicy dict (KVPolicy.to_dict()) or the path of "
                  "a policy.json.",
-    "mixing": "Options of add_mixers and NuclearNormPenalty.",
+    "mixing": "Where add_mixers attaches alpha mixers (how they train: NuclearNormTraining).",
     "gates": "A learnable scale per head (HeadGate, initialised to 1) on the selected sites.",
     "masks": "Fixed 0/1 head masks: masks is a MaskSpec ({\"enc-self.3\": [1, 0, ...]} or Voita's per-kind "
              "{\"enc-self\": [[...], ...]}); the keys are the selection.",
-    "l0": "What add_l0_gates / L0Penalty do.",
+    "l0": "What add_l0_gates attaches: a Hard-Concrete gate per head (how they train: L0Training).",
     "prune_heads": "Physical removal of heads: heads is {site name or path: [head indices]} (weights shrink for good).",
     "quantization": "Options of the attention-probability quantizer attached by quantize_attention.",
     "replace": "An efficient attention mechanism (a name of list_mechanisms()) with its args.",
@@ -155,32 +109,28 @@ def register(verbs, parents) -> None:
 
 
 def method_options(q: argparse.ArgumentParser, name: str) -> None:
-    """The options of ``headwise edit NAME``: the model, ``--task``, the selection, one per config field, ``--out``."""
+    """The options of ``headwise edit NAME``: the model, ``--task``, the selection, one per config field
+    (``options.config_options``), ``--out``."""
     from ..contract import config_fields, load_methods, method_of
 
     load_methods()
     method = method_of(name)
     model_args(q)
-    q.add_argument("--task", choices=TASK_NAMES, default=None,
-                   help="load the model with this task's head (lm: a causal LM that generates; default: the base "
-                        "model, or the head a checkpoint was saved with)")
-    for flag, kind in SELECTION_FLAGS.items():
-        q.add_argument(f"--{flag}", type=_list_of(kind), default=None, metavar="A,B,...",
-                       help=f"selection: only these {flag} (default: every site the method applies to)")
+    add(q, "--task", default=None, shown="the base model, or the head a checkpoint was saved with")
+    g = q.add_argument_group("selection (default: every site the method applies to)")
+    for flag in SELECTION_FLAGS:
+        add(g, f"--{flag}", default=None)
     taken = {"model", "device", "dtype", "out", "force", "task"}
-    for f, hint in config_fields(method.config):
-        if f.name == "selection" or f.name in SELECTION_FLAGS:  # a config's `kinds=` is its selection's
-            continue
-        if f.name in taken:
-            raise HeadwiseError(f"method {method.name!r}: config field {f.name!r} clashes with a shared option")
-        missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        default = _REQUIRED if missing else f.default
-        _option(q, f.name, hint, default, f"{method.config.__name__}.{f.name}")
-    q.add_argument("--out", required=True, help="output folder (DIR/model, DIR/edit.json)")
-    q.add_argument("--force", action="store_true", help="replace an existing output folder")
+    fields = [f.name for f, _ in config_fields(method.config)  # a config's `kinds=` is its selection's
+              if f.name != "selection" and f.name not in SELECTION_FLAGS]
+    clash = sorted(taken & set(fields))
+    if clash:
+        raise HeadwiseError(f"method {method.name!r}: config field {clash[0]!r} clashes with a shared option")
+    config_options(q.add_argument_group(f"{method.config.__name__} (what is attached and recorded)"), method.config,
+                   fields)
+    output_args(q, None, "model/ and edit.json")
     if f"edit {name}" in EXAMPLES:
         q.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[f"edit {name}"])
-        q.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,6 +11,7 @@ import argparse
 from contextlib import nullcontext
 
 from . import model_args
+from .options import add
 from .task_options import load_for_task, metric_line, task_args, task_from_args
 from .output import print_json
 
@@ -24,10 +25,10 @@ def register(verbs, parents) -> None:
     tasks = evaluate.add_subparsers(dest="task", required=True, metavar="TASK")
     stsb = tasks.add_parser("stsb", parents=parents, help="STS Benchmark Spearman (mean pooling, cosine)")
     model_args(stsb)
-    stsb.add_argument("--split", default="dev", choices=["train", "dev", "test"])
-    stsb.add_argument("--data", default=None, help="the STS-B .tsv file or its folder (default: shared/data/stsb)")
-    stsb.add_argument("--batch-size", type=int, default=64)
-    stsb.add_argument("--limit", type=int, default=None, help="score only the first N pairs (a quick look)")
+    add(stsb, "--split", default="dev")
+    add(stsb, "--data", default=None, shown="shared/data/stsb")
+    add(stsb, "--batch-size", default=64)
+    add(stsb, "--limit", default=None)
     stsb.set_defaults(run=run_stsb)
     for name, text in HELP.items():
         sub = tasks.add_parser(name, parents=parents, help=text)

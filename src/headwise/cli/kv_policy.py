@@ -17,19 +17,23 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args, number
+from .options import add, alias, output_args
 from .constants import PREFILL_CHUNK
 from .output import print_json, write_json
 from .task_options import load_for_task, model_costs, run_record, task_args, task_from_args
 
 
+DATA = """--data, an lm text file (default: shared/data/wikitext-2/valid.txt when found): its last 10% measure
+perplexity and make the 'text' passkey prompts; the longest lines of its first 90% calibrate --kv-ranking
+combined/outside and the 'text' calibration family. The default ranking needs none (synthetic prompts); without
+a text, perplexity is skipped."""
+
+
 def register(verbs, parents) -> None:
-    p = verbs.add_parser("kv-policy", parents=parents,
-                         help="per-KV-head cache policy (full or sink + window) for a KV-memory budget")
+    summary = "per-KV-head cache policy (full or sink + window) for a KV-memory budget"
+    p = verbs.add_parser("kv-policy", parents=parents, help=summary, description=f"{summary}\n\n" + DATA)
     model_args(p, default="smollm2-135m")
-    p.add_argument("--task", default="lm", choices=("lm",),
-                   help="the task whose metric (perplexity) measures the policy: lm, the only one with a decoder-only "
-                        "KV cache")
-    p.add_argument("--kv-budget", type=float, default=0.5, help="share of the full cache's bytes to keep (default 0.5)")
+    add(p, "--kv-budget", default=0.5)
     p.add_argument("--context", type=int, default=2048, help="context length the budget is computed at (default 2048)")
     p.add_argument("--sink", type=int, default=4, help="sink tokens of streaming heads (default 4)")
     p.add_argument("--window", type=int, default=None,
@@ -38,10 +42,11 @@ def register(verbs, parents) -> None:
     p.add_argument("--fixed-window", action="store_true",
                    help="keep --window fixed at every length (default: the window scales with the sequence and "
                         "reaches --window at --context, so the budget holds at every length up to it)")
-    p.add_argument("--ranking", default=None,
+    p.add_argument("--kv-ranking", dest="ranking", default=None,
                    help="retrieval, combined, copy, induction, echo, outside or random (default retrieval; combined "
                         "and outside calibrate on prompts of at least twice sink + window); --scores learned ranks "
                         "by the learned gates")
+    alias(p, "--ranking", "--kv-ranking", "ranking")
     p.add_argument("--scores", default="training-free", choices=["training-free", "learned"],
                    help="training-free head scores (one forward per calibration prompt, the default) or learned: a "
                         "DuoAttention-style gate per KV head trained on synthetic passkey prompts, model frozen")
@@ -54,15 +59,10 @@ def register(verbs, parents) -> None:
                         "(answer, the default) or on every position (all)")
     p.add_argument("--gate-haystack", default="filler", choices=["filler", "text"],
                    help="--scores learned: haystack of repeated filler sentences (default) or the --data text")
-    p.add_argument("--data", default=None,
-                   help="lm text file (default: shared/data/wikitext-2/valid.txt when found, else none): its last 10%% "
-                        "measure perplexity and make the 'text' passkey prompts; the longest lines of its first 90%% "
-                        "calibrate --ranking combined/outside and the 'text' calibration family. Not needed by the "
-                        "default ranking (synthetic prompts); without it perplexity is skipped")
     p.add_argument("--calibration-length", type=int, default=None,
-                   help="tokens per calibration prompt (default 512; with --ranking combined or outside, at least "
+                   help="tokens per calibration prompt (default 512; with --kv-ranking combined or outside, at least "
                         "twice sink + window)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic calibration prompts")
+    add(p, "--seed", default=0)
     p.add_argument("--calibration-families", default="filler",
                    help="comma-separated passkey prompt families the retrieval scores are measured on: a haystack "
                         "(filler, text: the --data text, numbers) with -chat, -raw or nothing (the tokenizer's chat "
@@ -85,12 +85,11 @@ def register(verbs, parents) -> None:
                         "a CPU, the lowest peak measured there; on a GPU 1k-8k tokens or the whole prompt, by free "
                         "memory; docs/kv-policy.md); 0: the whole prompt at once")
     p.add_argument("--no-perplexity", action="store_true", help="skip the perplexity through the cache")
-    task_args(p, task="lm")  # --split, --max-length (default: --context), --stride, --max-tokens
-    p.add_argument("--out", default="headwise-kv-policy",
-                   help="output folder: policy.json, scores.json, summary.json, report.html (and model/)")
-    p.add_argument("--save-model", action="store_true",
-                   help="also write OUT/model: the model with the policy on (headwise.from_pretrained reloads it)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    add(p, "--task", default="lm", shown="lm, the only task kv-policy measures (perplexity through the cache)")
+    task_args(p, task="lm")  # --data, --split, --max-length (default: --context), --stride, --max-tokens
+    output_args(p, "headwise-kv-policy", "policy.json, scores.json, summary.json, report.html and, with --save-model, "
+                "model/")
+    add(p, "--save-model")
     p.set_defaults(run=run)
 
 
@@ -129,7 +128,7 @@ def data_uses(args: argparse.Namespace, families: tuple[str, ...], gates) -> dic
     needs a text; the others are skipped, or take another prompt family, without one)."""
     uses = {}
     if args.ranking in ("combined", "outside"):
-        uses[f"calibration of --ranking {args.ranking} (the longest lines of its first 90%)"] = True
+        uses[f"calibration of --kv-ranking {args.ranking} (the longest lines of its first 90%)"] = True
     if any(name.startswith("text") for name in families):
         uses["the 'text' calibration prompts (--calibration-families)"] = True
     if gates is not None and gates.haystack == "text":
@@ -149,8 +148,8 @@ def inputs_line(data: str | None, uses: dict[str, bool], ranking: str) -> str:
                          + (["perplexity skipped"] if PERPLEXITY in uses else [])
                          + (["the passkey check uses the 'numbers' family"] if PASSKEY in uses else []))
     if not uses:
-        return f"--data {data} is not used by these options (--ranking {ranking} calibrates on synthetic prompts)"
-    return f"--data {data} is used only for {'; '.join(uses)} with --ranking {ranking}"
+        return f"--data {data} is not used by these options (--kv-ranking {ranking} calibrates on synthetic prompts)"
+    return f"--data {data} is used only for {'; '.join(uses)} with --kv-ranking {ranking}"
 
 
 def calibration_texts(task, count: int = 4) -> list[str]:
@@ -194,7 +193,7 @@ def gate_config(args: argparse.Namespace):
         args.ranking = args.ranking or "retrieval"
         return None
     if args.ranking not in (None, "learned"):
-        raise HeadwiseError(f"--scores learned ranks by the learned gates; drop --ranking {args.ranking}")
+        raise HeadwiseError(f"--scores learned ranks by the learned gates; drop --kv-ranking {args.ranking}")
     args.ranking = "learned"
     config = KVGateConfig(steps=args.gate_steps, lr=args.gate_lr, l1=args.gate_l1, length=args.gate_length,
                           sink=args.sink, window=args.window, region=args.gate_region, haystack=args.gate_haystack,
@@ -213,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
     from ..report import Report
     from ..report.kv_policy import add_kv_policy_section
 
+    if args.task != "lm":
+        raise HeadwiseError(f"--task {args.task}: kv-policy measures a decoder-only KV cache, on the lm task only")
     check_writable_dir(args.out, args.force)
     if args.window is None:
         args.window = default_window(args.kv_budget, args.context, args.sink)
@@ -271,7 +272,7 @@ def run(args: argparse.Namespace) -> int:
         check["family"], check["length"] = eval_family.name, int(max(len(p.ids) for p in prompts))
     ppl = None if args.no_perplexity else perplexities(model, tokenizer, task, policy)
     fraction = policy.kv_fraction(args.context)
-    calibrated_on = (f"learned gates (haystack {gates.haystack})" if gates is not None else "none (--ranking random)"
+    calibrated_on = (f"learned gates (haystack {gates.haystack})" if gates is not None else "none (--kv-ranking random)"
                      if args.ranking == "random" else f"synthetic passkey prompts ({', '.join(config.families)}) and "
                      "repeated random tokens" + (f" + {scores.counts.get('calibration', 0)} lines of {data}"
                                                  if args.ranking in ("combined", "outside") else ""))

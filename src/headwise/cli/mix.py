@@ -4,12 +4,22 @@ a saved model, mixing.json and a report."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from ..errors import HeadwiseError
 from . import model_args
+from .options import add, config_options, output_args
 from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
                            task_metric)
 from .output import print_json
+
+
+def _training_options(parser: argparse.ArgumentParser) -> None:
+    """How the mixers train: the fields of ``NuclearNormTraining`` (γ 1 here: the verb's mixers are meant to move)."""
+    from ..mixing import NuclearNormTraining
+
+    config_options(parser.add_argument_group("training of the mixers (NuclearNormTraining)"), NuclearNormTraining,
+                   defaults={"gamma": 1.0}, keep_defaults=True)
 
 
 def register(verbs, parents) -> None:
@@ -21,20 +31,20 @@ def register(verbs, parents) -> None:
     p.add_argument("--mix-epochs", type=float, default=0.0,
                    help="epochs of fine-tuning on the task with alpha mixers on every site, folded afterwards "
                         "(default: 0)")
-    p.add_argument("--gamma", type=float, default=1.0, help="nuclear-norm coefficient while fine-tuning (default: 1)")
+    p.later(_training_options)
     p.add_argument("--no-mixers", action="store_true",
                    help="fine-tune without alpha mixers: the swapped model trains as it is (MHR's static swap), or, "
                         "with no --swap, a plain fine-tune with the same updates (the control)")
-    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
-    p.add_argument("--out", default="headwise-mixed", help="output folder: model/, mixing.json, report.html")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    add(p, "--no-eval")
+    output_args(p, "headwise-mixed", "model/, mixing.json, report.html")
     task_args(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
-    from ..mixing import MixingConfig, NuclearNormPenalty, add_mixers, alpha_table, fold_mixing, resolve, swap_heads
+    from ..mixing import (MixingConfig, NuclearNormPenalty, NuclearNormTraining, add_mixers, alpha_table, fold_mixing,
+                          resolve, swap_heads)
     from ..report import Report
     from ..report.mixing import add_mixing_section
     from .output import save_run
@@ -64,9 +74,10 @@ def run(args: argparse.Namespace) -> int:
     if args.mix_epochs and args.no_mixers:
         task.finetune(model, tokenizer, epochs=args.mix_epochs)
     elif args.mix_epochs:
-        config = MixingConfig(gamma=args.gamma)
-        add_mixers(model, config)
-        term = NuclearNormPenalty(model, config)
+        add_mixers(model, MixingConfig())
+        fields = dataclasses.fields(NuclearNormTraining)
+        training = NuclearNormTraining(**{f.name: getattr(args, f.name) for f in fields})
+        term = NuclearNormPenalty(model, training)
         task.finetune(model, tokenizer, epochs=args.mix_epochs, penalties=[term], callbacks=[term])
         alphas = alpha_table(model)
         add_mixing_section(report, {"alphas": alphas})

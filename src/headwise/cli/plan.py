@@ -8,8 +8,8 @@ import sys
 
 from ..errors import HeadwiseError
 from .constants import PLAN_METHODS as METHODS, PLAN_METHOD_RENAMES
-from .constants import RECOVERY_MODES as RECOVERY
 from . import model_args
+from .options import add, output_args
 from .suggest import LOADING, suggest
 from .task_options import load_task_model, task_args, task_from_args
 from .output import print_json, write_json
@@ -28,22 +28,19 @@ def register(verbs, parents) -> None:
     p.add_argument("--ranking", choices=("gradient", "l0"), default="gradient",
                    help="how heads are ranked for removal: gradient importance of the task loss, or L0 gates "
                         "trained on a copy (default: gradient)")
-    p.add_argument("--importance-examples", type=int, default=256, help="training examples for the ranking")
+    add(p, "--importance-examples", default=256)
     p.add_argument("--importance-batch", type=int, default=8,
                    help="examples per backward of the gradient ranking (default: 8; lower it to lower peak memory)")
-    p.add_argument("--calibration-limit", type=int, default=64,
-                   help="calibration examples (collaborative and KV fits, output-error proxies; default: 64)")
+    add(p, "--calibration-limit", default=64)  # collaborative and KV fits, output-error proxies
     p.add_argument("--top-k", type=int, default=3,
                    help="combined plans measured: the K best predicted, plus the best and the cheapest pair of each "
                         "level of heads removed (default: 3)")
     p.add_argument("--repeats", type=int, default=7, help="latency repeats per point (default: 7)")
-    p.add_argument("--recover", choices=RECOVERY, default="none",
-                   help="recover every measured edit before scoring it (costly; default: none)")
-    p.add_argument("--recover-epochs", type=float, default=1.0, help="epochs of recovery per edit")
-    p.add_argument("--allow-empty-layers", action="store_true",
-                   help="allow removing every head of a layer (fewer heads than layers)")
-    p.add_argument("--out", default="headwise-plan", help="output folder: plan.json, report.html")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    g = p.add_argument_group("recovery of every measured edit before it is scored (costly)")
+    add(g, "--recover", default="none")
+    add(g, "--recover-epochs", default=1.0)
+    add(p, "--allow-empty-layers", default=False)
+    output_args(p, "headwise-plan", "plan.json, report.html")
     task_args(p)
     p.set_defaults(run=run)
 

@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from ..errors import HeadwiseError
 from . import model_args
+from .options import add, config_options, output_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from .output import print_json
 
 PRUNE_METHODS = ("l0", "importance", "mask")
 UNITS = ("query", "kv-group")  # headwise.pruning.schedule.UNITS
+
+
+L0_TRAINING = ("lam", "reduction", "lambda_lr", "target_warmup")  # the L0Training fields prune takes (--keep: the target)
+
+
+def _l0_options(parser: argparse.ArgumentParser) -> None:
+    """How the L0 gates train: fields of ``L0Training`` (unset: ``tasks.recipes.l0_training``)."""
+    from ..pruning import L0Training
+
+    config_options(parser.add_argument_group("l0 training (L0Training; default: λ from 0 by dual ascent toward "
+                                             "--keep over the first half of training)"), L0Training, L0_TRAINING)
 
 
 def register(verbs, parents) -> None:
@@ -26,17 +39,16 @@ def register(verbs, parents) -> None:
     p.add_argument("--mask", default=None, help="JSON/YAML file of 0/1 head masks (method mask)")
     p.add_argument("--iterative", action="store_true", help="importance: recompute importance after each step")
     p.add_argument("--step", type=int, default=None, help="importance: heads masked per step (default: 10%%)")
-    p.add_argument("--epochs", type=float, default=1.0, help="l0: epochs of joint training on the task's train split")
-    p.add_argument("--max-steps", type=int, default=-1, help="l0: stop joint training after N steps (quick trials)")
-    p.add_argument("--importance-examples", type=int, default=256,
-                   help="importance: training examples for gradient importance (default: 256)")
-    p.add_argument("--allow-empty-layers", action="store_true",
-                   help="allow removing every head of a layer (its attention sublayer then only adds its bias)")
-    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
+    g = p.add_argument_group("training (l0: the gates, jointly with the model, on the task's train split)")
+    add(g, "--epochs", default=1.0)
+    add(g, "--max-steps", default=-1)
+    p.later(_l0_options)
+    add(p, "--importance-examples", default=256)
+    add(p, "--allow-empty-layers", default=False)
+    add(p, "--no-eval")
     p.add_argument("--plain", action="store_true",
                    help="also save DIR/plain, a checkpoint plain transformers loads (Llama family, uniform heads)")
-    p.add_argument("--out", default="headwise-pruned", help="output folder: model/, pruning.json, report.html")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    output_args(p, "headwise-pruned", "model/, pruning.json, report.html")
     recovery_args(p)
     task_args(p)
     p.set_defaults(run=run)
@@ -103,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from .output import save_run
     from ..report.pruning import add_pruning_section
     from ..sites import find_sites
-    from ..tasks.recipes import importance_prune, l0_prune, removable
+    from ..tasks.recipes import importance_prune, l0_prune, l0_training, removable
 
     _check(args)
     check_writable_dir(args.out, args.force)
@@ -138,8 +150,12 @@ def run(args: argparse.Namespace) -> int:
         removed = {by_path[p]: [h for h, m in enumerate(mask) if not m] for p, mask in steps.steps[-1].masks.items()}
     else:
         l0 = {}
-        removed = l0_prune(model, tokenizer, args.keep, task, epochs=args.epochs, max_steps=args.max_steps,
-                           outcome=l0)
+        given = {name: getattr(args, name) for name in L0_TRAINING if hasattr(args, name)}
+        training = dataclasses.replace(l0_training(tokenizer, args.keep, task, args.epochs, max_steps=args.max_steps),
+                                       **given)
+        removed = l0_prune(model, tokenizer, args.keep, task, training=training, epochs=args.epochs,
+                           max_steps=args.max_steps, outcome=l0)
+        l0["training"] = dataclasses.asdict(training)
         l0["warning"] = l0_warning(l0, args)
         if l0["warning"]:
             print(f"headwise: warning: {l0['warning']}", file=sys.stderr)

@@ -7,6 +7,7 @@ import argparse
 from ..errors import HeadwiseError
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from . import model_args
+from .options import add, alias, config_options, output_args
 from .output import print_json, write_json
 
 
@@ -18,12 +19,12 @@ def parse_bits(text: str) -> tuple[int, ...]:
             lo, _, hi = part.partition("..")
             out += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
     except ValueError:
-        raise HeadwiseError(f"--bits {text!r}: give a range such as 1..8 or a list such as 2,3,8") from None
+        raise HeadwiseError(f"--bit-widths {text!r}: give a range such as 1..8 or a list such as 2,3,8") from None
     if not out:
-        raise HeadwiseError("--bits is empty; give e.g. 1..8")
+        raise HeadwiseError("--bit-widths is empty; give e.g. 1..8")
     bad = [b for b in out if not 1 <= b <= 16]
     if bad:
-        raise HeadwiseError(f"--bits {text!r}: bits must be from 1 to 16, got {bad[0]}")
+        raise HeadwiseError(f"--bit-widths {text!r}: bits must be from 1 to 16, got {bad[0]}")
     return tuple(dict.fromkeys(out))
 
 
@@ -64,7 +65,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if args.limit is not None and args.limit < 1:
         raise HeadwiseError(f"--limit must be at least 1, got {args.limit}")
     if args.save_method is not None and args.save_method not in config.methods:
-        raise HeadwiseError(f"--save-method {args.save_method} is not among the swept --methods "
+        raise HeadwiseError(f"--save-method {args.save_method} is not among the swept --quantizers "
                             f"({', '.join(config.methods) or 'none'})")
     check_writable_dir(args.out, args.force)  # before any slow work
     task = task_from_args(args)  # bad data fails before the model loads
@@ -80,7 +81,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     if args.save_model and row is None:
         raise HeadwiseError(f"no setting of {args.save_method or 'any quantizer'} stayed within "
                             f"{100 * args.tolerance:g}% of the baseline: nothing to save (raise --tolerance or "
-                            "widen --bits)")
+                            "widen --bit-widths)")
     if row is not None:
         quantize_attention(model, next(s for s in config.settings() if s.label == row["label"]))
         result["saved_setting"] = row["label"]
@@ -108,36 +109,35 @@ def cmd_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantizer_options(parser: argparse.ArgumentParser) -> None:
+    """What every quantizer of the sweep does besides its method and bits: the fields of ``QuantizationConfig``."""
+    from ..quantization import QuantizationConfig
+
+    config_options(parser.add_argument_group("every quantizer (QuantizationConfig)"), QuantizationConfig,
+                   ("threshold", "renormalize", "floor", "top_edge", "scope", "zeros", "bin_value"),
+                   keep_defaults=True)
+
+
 def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     p = verbs.add_parser("quantize", parents=parents,
                          help="sweep attention-probability quantization and thresholds (SPIQA) on the task: "
                               "report.html + results.json")
     model_args(p)
-    p.add_argument("--methods", default="all",
+    g = p.add_argument_group("the sweep")
+    g.add_argument("--quantizers", dest="methods", default="all",
                    help="comma-separated quantizers, all (default), or none (only the --thresholds sweep); see "
                         "docs/quantization.md")
-    p.add_argument("--bits", default="1..8", help="bit widths: a range 1..8 (default) or a list 2,3,8 (1 to 16)")
-    p.add_argument("--thresholds", default="1e-4,1e-3,3e-3,0.01,0.02,0.03,0.05,0.1,0.2",
+    alias(g, "--methods", "--quantizers", "methods")
+    g.add_argument("--bit-widths", dest="bits", default="1..8",
+                   help="bit widths swept: a range 1..8 (default) or a list 2,3,8 (1 to 16)")
+    alias(g, "--bits", "--bit-widths", "bits")
+    g.add_argument("--thresholds", default="1e-4,1e-3,3e-3,0.01,0.02,0.03,0.05,0.1,0.2",
                    help="pruning-only thresholds in [0, 1), comma-separated, or none")
-    p.add_argument("--threshold", type=float, default=0.0,
-                   help="pruning threshold applied before every quantizer (default 0: none)")
-    p.add_argument("--renormalize", action="store_true", help="renormalise rows after pruning (off in the seed)")
-    p.add_argument("--floor", type=float, default=1e-3, help="pruning floor of the quantizers with pruning")
-    p.add_argument("--top-edge", default="reference", choices=["reference", "clamp"],
-                   help="inputs of exactly 1.0: as published (reference) or the top level (clamp)")
-    p.add_argument("--scope", default="tensor", choices=["tensor", "example", "row"],
-                   help="population of data-dependent bins: the layer's batch (tensor, published), each example; "
-                        "row: binarization per row")
-    p.add_argument("--zeros", default="reference", choices=["reference", "keep"],
-                   help="uniform_slog_mean: exact zeros take the lowest level (reference) or stay 0 (keep)")
-    p.add_argument("--bin-value", default="reference", choices=["reference", "mean"],
-                   help="uniform_slinear_clamped_mean: bin midpoints (reference) or bin means")
-    p.add_argument("--tolerance", type=float, default=0.01, help="relative metric drop allowed (default 0.01)")
-    p.add_argument("--out", default="headwise-quantization", help="output folder (default: headwise-quantization)")
-    p.add_argument("--save-model", action="store_true",
-                   help="also write OUT/model: the model with the setting of fewest bits within --tolerance")
+    g.add_argument("--tolerance", type=float, default=0.01, help="relative metric drop allowed (default 0.01)")
+    p.later(_quantizer_options)  # every quantizer of the sweep: QuantizationConfig's fields
+    output_args(p, "headwise-quantization", "report.html, results.json and, with --save-model, model/")
+    add(p, "--save-model")
     p.add_argument("--save-method", default=None, metavar="METHOD",
                    help="--save-model: take the fewest-bits setting of this quantizer (default: of any)")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
     task_args(p)
     p.set_defaults(run=cmd_quantize)

@@ -10,19 +10,18 @@ import copy
 from typing import Any
 
 from ..errors import HeadwiseError
-from .constants import RECOVERY_MODES as MODES
 from .constants import TRAIN_MEMORY_MODES as MEMORY_MODES
+from .options import add
 
 OFF, COPY, CACHED = "off", "copy", "cached"  # --teacher values that name no model (headwise.tasks.recovery.OFF)
 
 
 def recovery_args(parser: argparse.ArgumentParser) -> None:
+    """The recovery group of the verbs that edit a model."""
     g = parser.add_argument_group("recovery after the edit")
-    g.add_argument("--recover", choices=MODES, default=None,
-                   help="distill: fine-tune on the task with distillation from the unedited model (or --teacher); "
-                        "finetune: the task loss only; none (default): keep the edited model as it is")
-    g.add_argument("--recover-epochs", type=float, default=1.0, help="epochs of recovery (default: 1)")
-    g.add_argument("--recover-steps", type=int, default=-1, help="stop recovery after N steps (quick trials)")
+    add(g, "--recover", default=None, shown="none")
+    add(g, "--recover-epochs", default=1.0)
+    add(g, "--recover-steps", default=-1)
     g.add_argument("--finetune", type=float, default=0.0, metavar="EPOCHS",
                    help="shorthand for --recover finetune --recover-epochs EPOCHS")
     g.add_argument("--teacher", default=None,

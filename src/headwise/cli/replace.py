@@ -8,6 +8,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
+from .options import add, output_args
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
                            task_metric)
@@ -21,10 +22,9 @@ def register(verbs, parents) -> None:
     p.add_argument("mechanism", help="mechanism name, e.g. performer, nystrom, local")
     p.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
                    help="a mechanism argument (repeatable), e.g. --arg window=32")
-    p.add_argument("--kinds", default=None, help="comma-separated attention kinds (default: every site)")
-    p.add_argument("--no-eval", action="store_true", help="skip the evaluations before and after")
-    p.add_argument("--out", default="headwise-replaced", help="output folder: model/, replace.json, report.html")
-    p.add_argument("--force", action="store_true", help="replace a non-empty output folder")
+    add(p, "--kinds", default=None)
+    add(p, "--no-eval")
+    output_args(p, "headwise-replaced", "model/, replace.json, report.html")
     recovery_args(p)
     task_args(p)
     p.set_defaults(run=run)
@@ -67,13 +67,12 @@ def run(args: argparse.Namespace) -> int:
     task = task_from_args(args) if evaluate or recovering else None  # bad data fails before the model loads
     model, tokenizer = load_task_model(args, task)
     teacher = teacher_for(args, model, tokenizer, task, reversible=True)
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else None
 
     def metric() -> float | None:
         return task_metric(task, model, tokenizer) if evaluate else None
 
     before, costs = metric(), model_costs(model)
-    ops = apply(model, args.mechanism, selection=Selection(kinds=kinds), **mechanism_args)
+    ops = apply(model, args.mechanism, selection=Selection(kinds=args.kinds), **mechanism_args)
     edited = metric()
     recovery = recover_after_edit(args, model, tokenizer, task, teacher)
     result = {"model": args.model or "all-MiniLM-L6-v2", "mechanism": args.mechanism, "args": mechanism_args,

@@ -5,31 +5,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-TASK_NAMES = ("stsb", "lm", "translation", "classification")
+from .options import TASK_NAMES, add
 
-# flag → (task option, help); a verb that already defines a flag keeps its own
-OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
-    "--data": ("data", {"help": "stsb: the .tsv file or folder; lm: a text file or a datasets name "
-                                "(name:config); classification: a csv/tsv/jsonl file, a folder, or glue:<task>"}),
-    "--split": ("split", {"help": "evaluated split (stsb: dev; lm: eval = last 10%% of lines, train, all; "
-                                  "translation: test_2016_flickr)"}),
-    "--max-length": ("max_length", {"type": int, "help": "tokens per window (lm) or per text (default: 1024 for "
-                                                         "lm, 128 otherwise)"}),
-    "--stride": ("stride", {"type": int, "help": "lm: tokens between window starts (default: --max-length)"}),
-    "--max-tokens": ("max_tokens", {"type": int, "help": "lm: evaluate only the first N tokens"}),
-    "--data-dir": ("data_dir", {"help": "translation: folder of {split}.{lang}[.gz] files (default: "
-                                        "shared/data/multi30k)"}),
-    "--src": ("src", {"help": "translation: source language suffix (default: de)"}),
-    "--tgt": ("tgt", {"help": "translation: target language suffix (default: en)"}),
-    "--src-file": ("src_file", {"help": "translation: source sentences, one a line (with --tgt-file)"}),
-    "--tgt-file": ("tgt_file", {"help": "translation: reference sentences, aligned with --src-file"}),
-    "--beam": ("beam", {"type": int, "help": "translation: beams (default 1: greedy)"}),
-    "--max-new-tokens": ("max_new_tokens", {"type": int, "help": "translation: longest output (default 96)"}),
-    "--text-column": ("text_column", {"help": "classification: text column (default: text)"}),
-    "--pair-column": ("pair_column", {"help": "classification: second-text column (default: pair, if present)"}),
-    "--label-column": ("label_column", {"help": "classification: label column (default: label)"}),
-    "--limit": ("limit", {"type": int, "help": "evaluate only the first N examples (quick looks)"}),
-    "--batch-size": ("batch_size", {"type": int, "help": "examples per forward pass"}),
+# the task options: flag → the task field it sets (help and type: options.SHARED)
+OPTIONS: dict[str, str] = {
+    "--data": "data", "--split": "split", "--max-length": "max_length", "--stride": "stride",
+    "--max-tokens": "max_tokens", "--data-dir": "data_dir", "--src": "src", "--tgt": "tgt", "--src-file": "src_file",
+    "--tgt-file": "tgt_file", "--beam": "beam", "--max-new-tokens": "max_new_tokens", "--text-column": "text_column",
+    "--pair-column": "pair_column", "--label-column": "label_column", "--limit": "limit", "--batch-size": "batch_size",
 }
 
 
@@ -44,18 +27,18 @@ USED_BY: dict[str, tuple[str, ...]] = {
 }
 
 
-def task_args(parser: argparse.ArgumentParser, task: str | None = None) -> None:
-    """Add ``--task`` and every task option the verb lacks; with ``task`` (``eval <task>``, where the task is the
-    sub-command) only that task's options."""
+def task_args(parser: argparse.ArgumentParser, task: str | None = None, default: str = "stsb",
+              shown: str | None = None) -> None:
+    """The task group: ``--task`` (``default``) and every task option the verb lacks; with ``task`` (``eval
+    <task>``, where the task is the sub-command) only that task's options."""
+    g = parser.add_argument_group("task and data")
     if task is None:
-        parser.add_argument("--task", default="stsb", choices=TASK_NAMES,
-                            help="what the model is evaluated and trained on (default: stsb)")
-    for flag, (option, kwargs) in OPTIONS.items():
+        add(g, "--task", default=default, shown=shown)
+    for flag, option in OPTIONS.items():
         if flag not in parser._option_string_actions and (task is None or task in USED_BY[option]):
-            parser.add_argument(flag, default=None, **kwargs)
+            add(g, flag, default=None)
     if task in (None, "classification"):
-        parser.add_argument("--new-head", action="store_true",
-                            help="classification: start a fresh classification head (the checkpoint has none)")
+        add(g, "--new-head")
 
 
 def task_from_args(args: argparse.Namespace, name: str | None = None, skip: tuple[str, ...] = (), check: bool = True):
@@ -65,7 +48,7 @@ def task_from_args(args: argparse.Namespace, name: str | None = None, skip: tupl
     from ..tasks import get_task
 
     name = name or args.task
-    options = {option: getattr(args, flag[2:].replace("-", "_"), None) for flag, (option, _) in OPTIONS.items()
+    options = {option: getattr(args, flag[2:].replace("-", "_"), None) for flag, option in OPTIONS.items()
                if option not in skip}
     if name == "stsb" and options.get("split") is None:
         options["split"] = "dev"

@@ -6,25 +6,26 @@ from __future__ import annotations
 import argparse
 
 from ..errors import HeadwiseError
+from .options import add, output_args
 from .output import print_json
 from .suggest import suggest
 
-# flag → (recipe field, type, help)
+# flag → (recipe field, type, help); type None: a shared option (options.SHARED)
 RECIPE_FLAGS = {
     "--minutes": ("minutes", float, "wall-clock budget in minutes, evaluations included (default 90)"),
-    "--epochs": ("epochs", int, "stop after this many epochs"),
-    "--max-steps": ("max_steps", int, "stop after this many updates"),
+    "--epochs": ("epochs", None, None),
+    "--max-steps": ("max_steps", None, None),
     "--vocab-size": ("vocab_size", int, "BPE vocabulary shared by both languages (default 8000)"),
     "--d-model": ("d_model", int, "model width (default 256)"),
     "--num-layers": ("layers", int, "encoder and decoder layers (default 3)"),
     "--num-heads": ("heads", int, "attention heads per module (default 8)"),
     "--ffn": ("ffn", int, "feed-forward width (default 1024)"),
-    "--lr": ("learning_rate", float, "peak learning rate (default 1e-3)"),
+    "--lr": ("learning_rate", None, None),
     "--warmup": ("warmup", int, "linear warm-up steps before inverse square-root decay (default 800)"),
     "--batch-tokens": ("max_tokens", int, "padded source-or-target tokens per batch (default 4096)"),
     "--val-size": ("val_size", int, "validation pairs for greedy BLEU (default 500)"),
     "--eval-every": ("eval_every", int, "evaluate every N steps (default: every epoch)"),
-    "--seed": ("seed", int, "seed of initialisation, batches and dropout (default 1)"),
+    "--seed": ("seed", None, None),
 }
 
 
@@ -60,18 +61,20 @@ def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     tasks = train.add_subparsers(dest="task", required=True, metavar="TASK")
     p = tasks.add_parser("translation", parents=parents,
                          help="tokenizer + Marian encoder-decoder from scratch on a parallel corpus")
-    p.add_argument("--data-dir", default=None,
-                   help="folder of {split}.{lang}[.gz] files (default: shared/data/multi30k)")
-    p.add_argument("--src", default="de", help="source language suffix (default: de)")
-    p.add_argument("--tgt", default="en", help="target language suffix (default: en)")
+    add(p, "--data-dir", default=None)
+    add(p, "--src", default="de")
+    add(p, "--tgt", default="en")
     p.add_argument("--train-split", default="train", help="training split (default: train)")
     p.add_argument("--val-split", default="val", help="split for model selection (default: val)")
-    p.add_argument("--max-length", type=int, default=128, help="tokens kept per sentence (default 128)")
-    p.add_argument("--out", required=True, help="output folder: the model, its tokenizer, checkpoint, result")
+    add(p, "--max-length", default=128)
+    output_args(p, None, "the model, its tokenizer, the checkpoint and the result")
+    g = p.add_argument_group("training (default: the recipe's)")
     for flag, (_, kind, text) in RECIPE_FLAGS.items():
-        p.add_argument(flag, type=kind, default=None, help=text)
-    p.add_argument("--no-time-limit", action="store_true", help="no --minutes budget (give --epochs/--max-steps)")
-    p.add_argument("--device", default="cpu", help="torch device, e.g. cpu, cuda (default: cpu)")
-    p.add_argument("--resume", action="store_true", help="continue the unfinished training in --out")
-    p.add_argument("--force", action="store_true", help="delete --out and start over")
+        if kind is None:
+            add(g, flag, default=None)
+        else:
+            g.add_argument(flag, type=kind, default=None, help=text)
+    g.add_argument("--no-time-limit", action="store_true", help="no --minutes budget (give --epochs/--max-steps)")
+    add(p, "--device", default="cpu")
+    add(g, "--resume")
     p.set_defaults(run=cmd_train_translation)

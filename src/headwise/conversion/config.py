@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from ..contract import MethodConfig
 from ..errors import HeadwiseError
@@ -16,20 +16,20 @@ Init = Literal["mean", "svd", "calibrated"]
 class GQAConfig(MethodConfig):
     """Options of :func:`headwise.convert_gqa`.
 
-    ``kv_heads``: key/value heads per layer after conversion (must divide the query heads).
-    ``grouping``: ``"contiguous"`` (query heads ``[j·g, (j+1)·g)`` share key/value head ``j``) or ``"similarity"``
-    (query heads whose keys and values are most alike share one; the query heads and output-projection columns
-    are permuted so each group is contiguous, which does not change the function).
-    ``init``: ``"mean"`` (average the keys/values of a group, GQA paper), ``"svd"`` (best shared projection in
-    weight space, compensated in q/o) or ``"calibrated"`` (the same fit on the input statistics of a
-    calibration set, weighted by the query energy per rotary frequency and by the output projection).
-    ``ridge``: regularises input covariances, relative to their mean eigenvalue.
+    ``"similarity"`` grouping permutes the query heads and output-projection columns so each group is contiguous,
+    which does not change the function. ``"calibrated"`` weighs the fit by the query energy per rotary frequency
+    and by the output projection.
     """
 
-    kv_heads: int
-    grouping: Grouping = "contiguous"
-    init: Init = "calibrated"
-    ridge: float = 1e-4
+    kv_heads: int = field(metadata={"help": "key/value heads per layer after conversion (must divide the query heads)"})
+    grouping: Grouping = field(default="contiguous", metadata={
+        "help": "which query heads share a key/value head: contiguous ranges, or those whose keys and values are "
+                "most alike (similarity)"})
+    init: Init = field(default="calibrated", metadata={
+        "help": "mean: average the keys/values of a group (GQA paper); svd: best shared projection in weight space; "
+                "calibrated: the same fit on the input statistics of calibration data"})
+    ridge: float = field(default=1e-4, metadata={
+        "help": "regularisation of the input covariances, relative to their mean eigenvalue"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.kv_heads, int) or isinstance(self.kv_heads, bool) or self.kv_heads < 1:
@@ -41,17 +41,19 @@ class GQAConfig(MethodConfig):
 class LatentConfig(MethodConfig):
     """Options of :func:`headwise.convert_latent`.
 
-    Give exactly one of ``kv_budget`` (fraction of today's key/value cache bytes, ``0 < b ≤ 1``) or ``rank``
-    (width of the cached latent per token and layer). ``rope_pairs``: rotary frequency pairs per key/value head
-    kept outside the latent (cached as they are); the rest of the keys and all values share one latent.
-    ``init``: ``"svd"`` (weight space) or ``"calibrated"`` (input statistics of a calibration set).
+    Give exactly one of ``kv_budget`` or ``rank``; the keys outside ``rope_pairs`` and all values share one latent.
     """
 
-    kv_budget: float | None = None
-    rank: int | None = None
-    rope_pairs: int = 0
-    init: Literal["svd", "calibrated"] = "calibrated"
-    ridge: float = 1e-4
+    kv_budget: float | None = field(default=None, metadata={
+        "help": "share of today's key/value cache bytes to keep, 0 < b ≤ 1 (or give rank)"})
+    rank: int | None = field(default=None, metadata={
+        "help": "width of the cached latent per token and layer (instead of kv_budget)"})
+    rope_pairs: int = field(default=0, metadata={
+        "help": "rotary frequency pairs per key/value head kept outside the latent (cached as they are)"})
+    init: Literal["svd", "calibrated"] = field(default="calibrated", metadata={
+        "help": "svd: fit in weight space; calibrated: fit on the input statistics of calibration data"})
+    ridge: float = field(default=1e-4, metadata={
+        "help": "regularisation of the input covariances, relative to their mean eigenvalue"})
 
     def __post_init__(self) -> None:
         self.whole_model("convert_latent (every decoder self-attention)")

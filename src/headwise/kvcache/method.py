@@ -18,7 +18,8 @@ class KVPolicyConfig(MethodConfig):
     """The cache of every (layer, KV head): ``policy`` is a ``KVPolicy`` dict (``KVPolicy.to_dict()``) or the path
     of a ``policy.json``."""
 
-    policy: dict[str, Any] | str = field(default_factory=dict)
+    policy: dict[str, Any] | str = field(default_factory=dict, metadata={
+        "help": "a KVPolicy dict (KVPolicy.to_dict()) or the path of a policy.json (headwise kv-policy writes one)"})
 
     def __post_init__(self) -> None:
         if isinstance(self.policy, KVPolicy):

@@ -27,8 +27,10 @@ MIN_WINDOW = 16  # a local window is tried when sequences hold at least 4 window
 class ReplaceConfig(MethodConfig):
     """An efficient attention ``mechanism`` (a name of ``list_mechanisms()``) with its ``args``."""
 
-    mechanism: str = "softmax"
-    args: dict[str, Any] = field(default_factory=dict)
+    mechanism: str = field(default="softmax", metadata={
+        "help": "an efficient attention mechanism: a name of headwise mechanisms list"})
+    args: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "the mechanism's arguments, e.g. {\"window\": 16} (headwise mechanisms list shows each one's)"})
 
     def __post_init__(self) -> None:
         get_mechanism(self.mechanism)  # an unknown name raises, listing the known ones

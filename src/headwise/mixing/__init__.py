@@ -1,15 +1,14 @@
 """Head mixing and swapping (MHR, Azov & Landau): alpha matrices with a nuclear-norm term, head swaps (manual
 schedules and dynamic methods) as Trainer callbacks, head distances before/after mixing, and folding.
 
->>> config = MixingConfig(gamma=1.0, start=0.3)
->>> add_mixers(model, config)                                  # identity alphas: outputs unchanged
->>> term = NuclearNormPenalty(model, config)                   # a training penalty and a callback
+>>> add_mixers(model, MixingConfig())                          # identity alphas: outputs unchanged
+>>> term = NuclearNormPenalty(model, NuclearNormTraining(gamma=1.0, start=0.3))  # a penalty and a callback
 >>> finetune_stsb(model, tok, penalties=[term], callbacks=[term, SwapSchedule(model, "swaps.json")])
 >>> fold_mixing(model)                                         # a plain model again
 """
 
 from .alpha import MIXER_NAME, HeadMixer, add_mixers, alpha_table, mixers_of, remove_mixers
-from .config import MixingConfig
+from .config import MixingConfig, NuclearNormTraining
 from .distances import head_distances, pairwise, save_json
 from .dynamic import DynamicSwap, DynamicSwapConfig, analysis_metric, choose_swaps
 from .fold import fold_mixing
@@ -19,7 +18,8 @@ from .swap import HeadSwap, resolve, swap_heads, undo_swaps
 
 from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
 __all__ = [
-    "MixingConfig", "HeadMixer", "MIXER_NAME", "add_mixers", "mixers_of", "remove_mixers", "alpha_table", "NuclearNormPenalty",
+    "MixingConfig", "NuclearNormTraining", "HeadMixer", "MIXER_NAME", "add_mixers", "mixers_of", "remove_mixers",
+    "alpha_table", "NuclearNormPenalty",
     "HeadSwap", "swap_heads", "undo_swaps", "resolve", "SwapSchedule", "parse_swap", "read_schedule",
     "DynamicSwap", "DynamicSwapConfig", "choose_swaps", "analysis_metric", "head_distances", "pairwise",
     "save_json", "fold_mixing",

@@ -9,4 +9,5 @@ from .fold import EDIT_KIND, replay_fold
 
 register_method("mixing", MixingConfig, lambda model, c: add_mixers(model, c), remove=remove_mixers,
                 present=lambda model: bool(mixers_of(model)), example=lambda model: MixingConfig(), identity=True,
-                replay=replay_fold, legacy_kind=EDIT_KIND)
+                replay=replay_fold, legacy_kind=EDIT_KIND,
+                version=2)  # 2: training settings moved to NuclearNormTraining

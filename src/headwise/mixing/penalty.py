@@ -23,23 +23,23 @@ from transformers import TrainerCallback
 
 from ..errors import HeadwiseError
 from .alpha import mixers_of
-from .config import MixingConfig
+from .config import NuclearNormTraining
 
 
 class NuclearNormPenalty(TrainerCallback):
-    """``penalty(model) -> γ Σ r_τ ℓ_m`` over the model's mixers; freezes them until ``config.start``."""
+    """``penalty(model) -> γ Σ r_τ ℓ_m`` over the model's mixers; freezes them until ``training.start``."""
 
-    def __init__(self, model: nn.Module, config: MixingConfig) -> None:
+    def __init__(self, model: nn.Module, training: NuclearNormTraining | None = None) -> None:
         found = mixers_of(model)
         if not found:
             raise HeadwiseError("the model has no alpha mixers; call headwise.mixing.add_mixers(model, config) first")
-        self.config = config
+        self.training = training = training or NuclearNormTraining()
         self.mixers = [m for _, m in found]
         self.kinds = [s.kind for s, _ in found]
-        self.ratios = [config.ratio(k) for k in self.kinds]
+        self.ratios = [training.ratio(k) for k in self.kinds]
         self.previous: list[float] | None = None
         self.active = False
-        self.set_active(config.start <= 0.0)
+        self.set_active(training.start <= 0.0)
 
     def set_active(self, active: bool) -> None:
         """Thaw (or freeze) the mixers and switch the term on (or off); the norms now are the first ``n^prev``."""
@@ -55,20 +55,20 @@ class NuclearNormPenalty(TrainerCallback):
 
     def terms(self) -> list[torch.Tensor]:
         """``ℓ_m`` per mixer (see the module docstring)."""
-        s, dr = self.config.sign, self.config.radius
+        s, dr = self.training.sign, self.training.radius
         out = []
         for i, m in enumerate(self.mixers):
             n = m.nuclear_norm()
-            if self.config.form == "seed":
+            if self.training.form == "seed":
                 out.append(dr + s * (n.detach() - n))
             else:
                 out.append(torch.relu(dr - s * (n - self.previous[i])))
         return out
 
     def __call__(self, model: nn.Module | None = None) -> torch.Tensor:
-        if not self.active or self.config.gamma == 0:
+        if not self.active or self.training.gamma == 0:
             return torch.zeros((), device=self.mixers[0].alpha.device)
-        return self.config.gamma * sum(r * t for r, t in zip(self.ratios, self.terms()))
+        return self.training.gamma * sum(r * t for r, t in zip(self.ratios, self.terms()))
 
     def step(self) -> None:
         if self.active:
@@ -92,4 +92,4 @@ class NuclearNormPenalty(TrainerCallback):
             self.set_active(True)
 
     def _due(self, step: int) -> bool:
-        return step / self.total >= self.config.start
+        return step / self.total >= self.training.start

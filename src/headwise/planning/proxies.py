@@ -16,7 +16,7 @@ from torch import nn
 
 from ..analysis.importance import gradient_importance
 from ..errors import HeadwiseError
-from ..pruning import L0Config, L0Penalty, add_l0_gates, l0_gates, remove_l0_gates
+from ..pruning import L0Config, L0Penalty, L0Training, add_l0_gates, l0_gates, remove_l0_gates
 from ..pruning.schedule import site_importance
 from ..runtime import using_headwise
 from ..sites import find_sites
@@ -53,8 +53,7 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
     total = sum(s.num_heads for s in find_sites(model))
     batch = task.train_defaults["batch_size"]
     steps = math.ceil(len(task.examples(tokenizer, "train").head(examples)) / batch * epochs)
-    config = L0Config(lam=0.0, target_heads=keep or total // 2, lambda_lr=0.01, target_warmup=max(1, steps // 2),
-                      init=3.0)
+    training = L0Training(lam=0.0, target_heads=keep or total // 2, lambda_lr=0.01, target_warmup=max(1, steps // 2))
     trainable = {n: p.requires_grad for n, p in model.named_parameters()}
     was_training = model.training
     stack = ExitStack()  # the attention implementation comes back last
@@ -62,8 +61,8 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Task, ranking: str = "gr
         for p in model.parameters():
             p.requires_grad_(False)
         stack.enter_context(using_headwise(model))
-        add_l0_gates(model, config)
-        task.finetune(model, tokenizer, epochs=epochs, limit=examples, penalties=[L0Penalty(model, config)],
+        add_l0_gates(model, L0Config(init=3.0))
+        task.finetune(model, tokenizer, epochs=epochs, limit=examples, penalties=[L0Penalty(model, training)],
                       head_learning_rate=0.1, progress=bool(progress))
         return {names[p]: [float(x) for x in g.log_alpha.detach().cpu()] for p, g in l0_gates(model).items()}
     finally:

@@ -1,5 +1,7 @@
 """L0 head pruning (Voita et al.): Hard-Concrete gates on chosen sites and the expected-L0 penalty.
 
+``L0Config`` is what is attached (the gates); ``L0Training`` how they train.
+
 ``L_C = Σ_h P_open(h)``; ``reduction="sum"`` is the paper's form (sum over every gated head),
 ``"mean_over_modules"`` divides by the number of gated modules, as the reference code does (so its λ values,
 e.g. 0.1, transfer). With ``target_heads`` the coefficient is not fixed: after every optimizer step it follows
@@ -13,8 +15,8 @@ exactly ``target_heads`` heads, those with the largest ``log α``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal, Sequence, get_args
 
 import torch
 from torch import nn
@@ -26,28 +28,46 @@ from ..runtime.ops import attach, attached, detach_all
 from ..sites import find_sites
 from ..runtime.hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
 
-REDUCTIONS = ("sum", "mean_over_modules")
+Reduction = Literal["sum", "mean_over_modules"]
+REDUCTIONS = get_args(Reduction)
 GATE_NAME = "l0"
 
 
 @dataclass
 class L0Config(MethodConfig):
-    """What ``add_l0_gates`` / ``L0Penalty`` do. ``kinds``: restrict gates to these attention kinds (Voita's
-    ``concrete_heads``); ``None`` gates every site."""
+    """What ``add_l0_gates`` attaches: a Hard-Concrete gate per head (how they train: ``L0Training``)."""
 
-    lam: float = 0.1
-    reduction: str = "sum"
-    target_heads: int | None = None
-    lambda_lr: float = 0.01
-    target_warmup: int = 0
-    kinds: Sequence[str] | None = None
-    temperature: float = TEMPERATURE
-    stretch: tuple[float, float] = STRETCH
-    eps: float = EPS
-    init: str | float = "voita"
+    MOVED: ClassVar[dict[str, str]] = dict.fromkeys(
+        ("lam", "reduction", "target_heads", "lambda_lr", "target_warmup"), "L0Training")
+
+    kinds: Sequence[str] | None = field(default=None, metadata={
+        "help": "gate only these attention kinds (Voita's concrete_heads; default: every site)"})
+    temperature: float = field(default=TEMPERATURE, metadata={"help": "Hard-Concrete temperature β of the gates"})
+    stretch: tuple[float, float] = field(default=STRETCH, metadata={
+        "help": "Hard-Concrete stretch interval (l, r) of the gates, l < 0 < 1 < r"})
+    eps: float = field(default=EPS, metadata={"help": "clamp of the gates' uniform noise away from 0 and 1"})
+    init: str | float = field(default="voita", metadata={
+        "help": "initial log α of every gate: 'voita' (the reference initialisation) or a number"})
 
     def __post_init__(self) -> None:
         self.kinds = self.merge_kinds(self.kinds)
+
+
+@dataclass
+class L0Training:
+    """How the L0 gates train (``L0Penalty``): the coefficient λ, its reduction and its dual-ascent target."""
+
+    lam: float = field(default=0.1, metadata={"help": "L0 coefficient λ (the start value with target_heads)"})
+    reduction: Reduction = field(default="sum", metadata={
+        "help": "sum of the open probabilities over every gated head (the paper) or divided by the gated modules "
+                "(the reference code)"})
+    target_heads: int | None = field(default=None, metadata={
+        "help": "heads expected open at the end: λ follows dual ascent towards it (default: a fixed λ)"})
+    lambda_lr: float = field(default=0.01, metadata={"help": "dual-ascent step of λ per optimizer step"})
+    target_warmup: int = field(default=0, metadata={
+        "help": "optimizer steps over which the target moves linearly from every head to target_heads"})
+
+    def __post_init__(self) -> None:
         if self.lam < 0:
             raise HeadwiseError(f"the L0 coefficient λ must be ≥ 0, got {self.lam}")
         if self.reduction not in REDUCTIONS:
@@ -65,9 +85,6 @@ def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, 
     implementation; returns ``{site path: gate}``."""
     config = config or L0Config()
     sites = config.sites(model)
-    if config.target_heads is not None and config.target_heads > sum(s.num_heads for s in sites):
-        raise HeadwiseError(f"target_heads={config.target_heads} exceeds the {sum(s.num_heads for s in sites)} "
-                            "gated heads")
     gates = {s.path: attach(s, "output", GATE_NAME, HardConcreteGate(
         s.num_heads, config.temperature, config.stretch, config.eps, config.init)) for s in sites}
     enable(model)
@@ -92,18 +109,21 @@ def gate_table(model: nn.Module) -> dict[str, list[float]]:
 
 
 class L0Penalty:
-    """``λ · L_C`` over the model's L0 gates (a ``headwise.training.Penalty``)."""
+    """``λ · L_C`` over the model's L0 gates (a ``headwise.training.Penalty``), trained as ``training`` says."""
 
-    def __init__(self, model: nn.Module, config: L0Config) -> None:
+    def __init__(self, model: nn.Module, training: L0Training | None = None) -> None:
         self.gates = list(l0_gates(model).values())
         if not self.gates:
             raise HeadwiseError("the model has no L0 gates; call headwise.pruning.add_l0_gates(model, config) first")
-        self.config, self.lam, self.steps = config, float(config.lam), 0
+        self.training = training = training or L0Training()
+        self.lam, self.steps = float(training.lam), 0
         self.total = sum(g.log_alpha.numel() for g in self.gates)
+        if training.target_heads is not None and training.target_heads > self.total:
+            raise HeadwiseError(f"target_heads={training.target_heads} exceeds the {self.total} gated heads")
 
     def target(self) -> float | None:
         """The target number of open heads at the current step (None: fixed λ)."""
-        final, warmup = self.config.target_heads, self.config.target_warmup
+        final, warmup = self.training.target_heads, self.training.target_warmup
         if final is None:
             return None
         return self.total - (self.total - final) * min(1.0, self.steps / warmup if warmup else 1.0)
@@ -113,7 +133,7 @@ class L0Penalty:
 
     def __call__(self, model: nn.Module | None = None) -> torch.Tensor:
         l_c = self.expected_open()
-        if self.config.reduction == "mean_over_modules":
+        if self.training.reduction == "mean_over_modules":
             l_c = l_c / len(self.gates)
         return self.lam * l_c
 
@@ -123,7 +143,7 @@ class L0Penalty:
         target = self.target()
         if target is not None:
             gap = (float(self.expected_open()) - target) / self.total
-            self.lam = max(0.0, self.lam + self.config.lambda_lr * gap)
+            self.lam = max(0.0, self.lam + self.training.lambda_lr * gap)
 
     @torch.no_grad()
     def metrics(self) -> dict[str, float]:

@@ -30,7 +30,9 @@ class MaskConfig(MethodConfig):
     """Fixed 0/1 head masks: ``masks`` is a ``MaskSpec`` (``{"enc-self.3": [1, 0, ...]}`` or Voita's per-kind
     ``{"enc-self": [[...], ...]}``); the keys are the selection."""
 
-    masks: dict[str, Any] = field(default_factory=dict)
+    masks: dict[str, Any] = field(default_factory=dict, metadata={
+        "help": "0/1 mask per head, by site ({\"enc-self.3\": [1, 0, ...]}) or per kind, one row per layer "
+                "({\"enc-self\": [[...], ...]})"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.masks, dict) or not self.masks:
@@ -42,8 +44,10 @@ class MaskConfig(MethodConfig):
 class PruneHeadsConfig(MethodConfig):
     """Physical removal of heads: ``heads`` is ``{site name or path: [head indices]}`` (weights shrink for good)."""
 
-    heads: dict[str, list[int]] = field(default_factory=dict)
-    allow_empty_layers: bool = False
+    heads: dict[str, list[int]] = field(default_factory=dict, metadata={
+        "help": "heads to remove, {site name or path: [head indices]}, e.g. {\"enc-self.0\": [0, 1]}"})
+    allow_empty_layers: bool = field(default=False, metadata={
+        "help": "allow removing every head of a layer (its attention sublayer then only adds its output bias)"})
 
     def __post_init__(self) -> None:
         if not isinstance(self.heads, dict) or not self.heads:
@@ -117,7 +121,7 @@ register_method(
 register_method(
     "l0", L0Config, lambda model, c: add_l0_gates(model, c), remove=remove_l0_gates,
     present=lambda model: bool(attached(model, "output", GATE_NAME)),
-    example=lambda model: L0Config(init=10.0), identity=True)
+    example=lambda model: L0Config(init=10.0), identity=True, version=2)  # 2: training settings moved to L0Training
 register_method(
     "prune_heads", PruneHeadsConfig, lambda model, c: prune_heads(model, c.heads, c.allow_empty_layers),
     example=lambda model: PruneHeadsConfig(_first_group(model)), replay=replay_prune_heads, legacy_kind=EDIT_KIND,

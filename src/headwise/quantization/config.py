@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal, get_args
 
 from ..contract import MethodConfig
 from ..errors import HeadwiseError
@@ -15,8 +15,10 @@ METHOD_NAMES: tuple[str, ...] = (*QUANTIZERS, NONE)
 ALIASES: dict[str, str] = {"log": "linear_slog_clamped_midval", "lin": "linear_slinear_clamped_midval",
                            "ulog": "uniform_slog_mean", "ulin": "uniform_slinear_clamped_mean",
                            "bin": "binarization", "prune": NONE}
-CHOICES = {"top_edge": ("reference", "clamp"), "scope": ("tensor", "example", "row"),
-           "zeros": ("reference", "keep"), "bin_value": ("reference", "mean")}
+TopEdge, Scope = Literal["reference", "clamp"], Literal["tensor", "example", "row"]
+Zeros, BinValue = Literal["reference", "keep"], Literal["reference", "mean"]
+CHOICES = {"top_edge": get_args(TopEdge), "scope": get_args(Scope), "zeros": get_args(Zeros),
+           "bin_value": get_args(BinValue)}
 
 
 def resolve_method(name: str, bits: int) -> tuple[str, int]:
@@ -38,34 +40,29 @@ class QuantizationConfig(MethodConfig):
     renormalisation (if ``renormalize``), then the quantizer ``method`` with ``bits``; keys that may not be attended
     (padding, causal mask) stay exactly 0.
 
-    - ``method``: a name of ``QUANTIZERS`` (SPIQA's quantizers, README order) or ``"none"`` (pruning only), or a short
-      name of ``ALIASES`` with optional bits (``"log3"``, ``"bin"``); stored as the SPIQA name. Default: the one
-      hard-wired in the published code, 3-bit log scale with pruning below 1e-3.
-    - ``bits``: 1..16 (ignored by ``binarization``).
-    - ``threshold``: pruning threshold in [0, 1), strict (values ``≤ threshold`` become 0); 0 = off.
-    - ``renormalize``: after pruning, divide each row by its new sum (off in the seed). A row pruned to nothing
-      stays 0.
-    - ``floor``: the pruning floor ``p_min`` of the quantizers with pruning and of ``linear_slog`` (1e-3).
-    - ``top_edge``: ``"reference"`` (an input of exactly 1.0 becomes ``> 1`` in the midpoint quantizers and 0 in
-      the data-dependent ones, as published) or ``"clamp"`` (the top level).
-    - ``scope``: population of the data-dependent quantizers: ``"tensor"`` (the layer's whole probability tensor
-      of the forward, batch included, as published), ``"example"`` (each sequence alone, so results do not depend
-      on batching), or ``"row"`` (``binarization`` only: 1/n per row, so rows sum to 1).
-    - ``zeros``: ``uniform_slog_mean`` maps exact zeros to its lowest level (``"reference"``) or keeps them
-      (``"keep"``). Padding is never a value in any case.
-    - ``bin_value``: ``uniform_slinear_clamped_mean`` outputs bin midpoints (``"reference"``, despite its name)
-      or bin means (``"mean"``).
+    ``method`` is stored as the SPIQA name; its default is the one hard-wired in the published code, 3-bit log
+    scale with pruning below 1e-3. A row pruned to nothing stays 0; padding is never a value.
     """
 
-    method: str = "linear_slog_clamped_midval"
-    bits: int = 3
-    threshold: float = 0.0
-    renormalize: bool = False
-    floor: float = FLOOR
-    top_edge: str = "reference"
-    scope: str = "tensor"
-    zeros: str = "reference"
-    bin_value: str = "reference"
+    method: str = field(default="linear_slog_clamped_midval", metadata={
+        "help": "a SPIQA quantizer (headwise.quantization.QUANTIZERS), none (pruning only), or a short name log, lin, "
+                "ulog, ulin, bin, prune with optional bits (log3)"})
+    bits: int = field(default=3, metadata={"help": "bits of the quantizer, 1 to 16 (ignored by binarization)"})
+    threshold: float = field(default=0.0, metadata={
+        "help": "pruning threshold in [0, 1): probabilities ≤ it become 0 before quantizing (0: off)"})
+    renormalize: bool = field(default=False, metadata={
+        "help": "after pruning, divide each row by its new sum (off in the seed)"})
+    floor: float = field(default=FLOOR, metadata={
+        "help": "pruning floor p_min of the quantizers with pruning and of linear_slog"})
+    top_edge: TopEdge = field(default="reference", metadata={
+        "help": "inputs of exactly 1.0: as published (reference) or the top level (clamp)"})
+    scope: Scope = field(default="tensor", metadata={
+        "help": "population of the data-dependent quantizers: the layer's whole batch (tensor, published), each "
+                "example alone, or per row (binarization only)"})
+    zeros: Zeros = field(default="reference", metadata={
+        "help": "uniform_slog_mean: exact zeros take the lowest level (reference) or stay 0 (keep)"})
+    bin_value: BinValue = field(default="reference", metadata={
+        "help": "uniform_slinear_clamped_mean: bin midpoints (reference) or bin means"})
 
     def __post_init__(self) -> None:
         if isinstance(self.method, str):

@@ -9,7 +9,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..pruning import (L0Config, L0Penalty, PruningCurve, add_l0_gates, importance_pruning, keep_l0_heads,
+from ..pruning import (L0Config, L0Penalty, L0Training, PruningCurve, add_l0_gates, importance_pruning, keep_l0_heads,
                        l0_keep, prune_masked)
 from ..pruning.schedule import Metric
 from ..sites import find_sites
@@ -17,8 +17,20 @@ from .base import Task
 from .recovery import DistillationObjective, check_recovery
 
 
+def l0_training(tokenizer: Any, keep: int, task: Task, epochs: float = 1.0, **train: Any) -> L0Training:
+    """How ``l0_prune`` trains the gates by default: λ from 0 by dual ascent (``lambda_lr=0.01``) toward ``keep``
+    open heads, the target reached linearly over the first half of the training ``train`` describes."""
+    steps = train.get("max_steps", -1)
+    if steps is None or steps <= 0:
+        batch = train.get("batch_size") or task.train_defaults["batch_size"]
+        examples = len(task.examples(tokenizer, "train").head(train.get("limit")))
+        steps = math.ceil(math.ceil(examples / batch) * epochs / train.get("gradient_accumulation_steps", 1))
+    return L0Training(lam=0.0, target_heads=keep, lambda_lr=0.01, target_warmup=steps // 2)
+
+
 def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config: L0Config | None = None,
-             epochs: float = 1.0, head_learning_rate: float = 0.1, teacher: nn.Module | None = None,
+             training: L0Training | None = None, epochs: float = 1.0, head_learning_rate: float = 0.1,
+             teacher: nn.Module | None = None,
              alpha: float = 0.5, temperature: float = 2.0, distance: str = "mse", progress: bool = True,
              outcome: dict | None = None, **train: Any) -> dict[str, list[int]]:
     """Train L0 gates toward ``keep`` open heads while fine-tuning on the task's train split (its loss; with a
@@ -28,19 +40,12 @@ def l0_prune(model: nn.Module, tokenizer: Any, keep: int, task: Task, *, config:
     receives what training reached: ``open_heads`` (gates open at the end, before the cut to ``keep``),
     ``target_heads`` and ``lambda`` (the final penalty weight).
 
-    Default config: λ from 0 by dual ascent (``lambda_lr=0.01``), the target reached linearly over the first
-    half of training, gates starting open (``log α = 3``)."""
-    if config is None:
-        steps = train.get("max_steps", -1)
-        if steps is None or steps <= 0:
-            batch = train.get("batch_size") or task.train_defaults["batch_size"]
-            examples = len(task.examples(tokenizer, "train").head(train.get("limit")))
-            steps = math.ceil(math.ceil(examples / batch) * epochs / train.get("gradient_accumulation_steps", 1))
-        config = L0Config(lam=0.0, target_heads=keep, lambda_lr=0.01, target_warmup=steps // 2, init=3.0)
-    if config.target_heads != keep:
-        raise HeadwiseError(f"config.target_heads ({config.target_heads}) differs from keep ({keep})")
-    add_l0_gates(model, config)
-    penalty = L0Penalty(model, config)
+    Defaults: gates starting open (``config``: ``log α = 3``); ``training``: ``l0_training``."""
+    training = training or l0_training(tokenizer, keep, task, epochs, **train)
+    if training.target_heads != keep:
+        raise HeadwiseError(f"training.target_heads ({training.target_heads}) differs from keep ({keep})")
+    add_l0_gates(model, config or L0Config(init=3.0))
+    penalty = L0Penalty(model, training)
     if teacher is None:
         task.finetune(model, tokenizer, epochs=epochs, penalties=[penalty], head_learning_rate=head_learning_rate,
                       progress=progress, **train)
