@@ -21,10 +21,12 @@ import headwise
 from headwise import HeadwiseError
 from headwise.cli import main
 from headwise.contract import (METHODS, MethodConfig, Selection, config_fields, config_from_dict, config_to_dict,
-                               method_of, register_method, with_keywords)
+                               load_methods, method_of, register_method, with_keywords)
 from headwise.runtime import HeadOp, attach, detach_all, enable
 from headwise.runtime.ops import attached
 from headwise.sites import find_sites
+
+load_methods()  # the registry is full at collection, whichever test modules were collected before this one
 
 FAMILIES = ["bert", "gpt2", "llama"]
 
