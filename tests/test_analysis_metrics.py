@@ -11,6 +11,7 @@ from headwise.analysis import metrics
 from headwise.analysis.metrics import SIMILARITIES, batch_sums, histogram_edges
 from headwise.runtime import ops_of
 from headwise.sites import find_sites
+from headwise.errors import HeadwiseError
 from test_analysis_support import loud_model, THRESHOLDS, random_texts, reference_stats, run_eager, padded, word_tokenizer
 from tiny import CAUSAL
 
@@ -153,8 +154,11 @@ def test_observers_are_detached_and_attention_restored_even_on_error():
 def test_config_and_options():
     cfg = AnalysisConfig(batch_size=2, importance="gradient", thresholds=[0.5])
     assert cfg.importance == ("gradient",) and cfg.thresholds == (0.5,)
-    stats = analyze(loud_model("bert"), word_tokenizer("bert"), random_texts(3), cfg, importance=(), examples=0,
-                    progress=False)
+    with pytest.raises(HeadwiseError, match="importance=\\(\\), examples=0 conflicts with the AnalysisConfig"):
+        analyze(loud_model("bert"), word_tokenizer("bert"), random_texts(3), cfg, importance=(), examples=0,
+                progress=False)  # a keyword never silently overrides the config
+    cfg = AnalysisConfig(batch_size=2, importance=(), examples=0, thresholds=[0.5])
+    stats = analyze(loud_model("bert"), word_tokenizer("bert"), random_texts(3), cfg, progress=False)
     assert isinstance(stats, HeadStats) and "sparsity@0.5" in stats.to_dict()["heads"]
     with pytest.raises(Exception, match="unknown importance"):
         AnalysisConfig(importance=("magic",))

@@ -225,8 +225,8 @@ def test_kv_policy_command(tmp_path, capsys):
                  str(tmp_path / "x")]) == 2  # the data is there: the model path is what is wrong
     assert "does not exist" in capsys.readouterr().err
     assert main(args[:-1] + [str(tmp_path / "t"), "--task", "translation"]) == 2
-    err = capsys.readouterr().err  # refused while parsing: lm is the only task offered
-    assert "--task" in err and "lm" in err.partition("choose from")[2] and not (tmp_path / "t").exists()
+    err = capsys.readouterr().err  # refused before any work: lm is the only task it measures
+    assert "--task translation" in err and "lm task only" in err and not (tmp_path / "t").exists()
     assert main(args[:-1] + [str(tmp_path / "c"), "--prefill-chunk", "-1"]) == 2
     assert "--prefill-chunk: -1 is out of range" in capsys.readouterr().err and not (tmp_path / "c").exists()
 
