@@ -85,10 +85,10 @@ BAD_PLANS = [
     (lambda d: {k: v for k, v in d.items() if k != "points"}, "'points' is missing"),
     (lambda d: mutate(d, lambda x: x.update(points={})), "'points' is dict, not a list"),
     (lambda d: mutate(d, lambda x: x["points"][1]["edit"][0]["config"].update(heads={"enc-self.0": "abc"})),
-     r"point 'heads-7': edit record 0: .*heads\['enc-self.0'\] is 'abc'; give a list of head indices"),
+     r"point 'heads-7': edit record 0: .*heads=\{'enc-self.0': 'abc'\} \(expected dict\[str, list\[int\]\]\)"),
     (lambda d: mutate(d, lambda x: x["points"][1]["edit"].append({"method": "gqa", "version": 1,
                                                                   "config": {"kv_heads": "2"}})),
-     "edit record 1: .*kv_heads '2'"),
+     r"edit record 1: .*kv_heads='2' \(expected int\)"),
     (lambda d: mutate(d, lambda x: x["points"][1]["edit"].append({"method": "nope", "version": 1, "config": {}})),
      "edit record 1: no method 'nope'"),
     (lambda d: mutate(d, lambda x: x["points"][1].update(edit={"prune": {}})), "edit is a dict, not a list"),
@@ -150,3 +150,20 @@ def test_a_plan_naming_any_method_loads_in_a_fresh_process_that_imported_only_th
     run = subprocess.run([sys.executable, "-c", code, str(tmp_path / "plan.json")], capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "remove 1 heads + collaborative heads dk=50% of the heads' width"
+
+
+@pytest.mark.parametrize("method, config, message", [
+    ("collaborative", {"dk": "x"}, r"dk='x' \(expected int \| float\)"),
+    ("quantization", {"bits": "3"}, r"bits='3' \(expected int\)"),
+    ("replace", {"mechanism": "local", "args": []}, r"args=\[\] \(expected dict"),
+    ("gqa", {"kv_heads": 2, "grouping": "zzz"}, "grouping='zzz' .*Literal"),
+    ("gqa", {"kv_heads": 2, "ridge": "r"}, r"ridge='r' \(expected float\)"),
+])
+def test_a_record_with_a_field_of_the_wrong_type_is_refused_in_one_line(method, config, message):
+    """Records come from files (plan.json, edit.json): a value the config's type cannot hold is refused at read,
+    not met later as a crash in the middle of an edit."""
+    from headwise.contract import config_from_dict
+
+    with pytest.raises(HeadwiseError, match=message) as err:
+        config_from_dict({"method": method, "version": 1, "config": config})
+    assert "\n" not in str(err.value)

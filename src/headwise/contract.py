@@ -16,6 +16,7 @@ attached at sites (gates, quantizers, ...) are saved beside it by the runtime.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import importlib
 import sys
@@ -195,12 +196,45 @@ def config_from_dict(record: dict[str, Any]) -> Any:
     unknown = sorted(set(values) - names)
     if unknown:
         raise HeadwiseError(f"the {m.name} record has unknown fields {unknown}; known: {sorted(names)}")
+    wrong = [f"{f.name}={values[f.name]!r} (expected {_shown(hint)})" for f, hint in config_fields(m.config)
+             if f.name in values and f.name != "selection" and not _fits(values[f.name], hint)]
+    if wrong:
+        raise HeadwiseError(f"the {m.name} record's config has fields of the wrong type: {'; '.join(wrong)}")
     try:
         if isinstance(values.get("selection"), dict):
             values["selection"] = Selection(**values["selection"])
         return m.config(**values)
     except (TypeError, ValueError, AttributeError) as err:  # a field of the wrong type that __post_init__ met
         raise HeadwiseError(f"the {m.name} record's config {record['config']!r} is not valid: {err}") from None
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON ``value`` can be a field of type ``hint`` (scalars, ``Literal``, unions, sequences and mappings
+    are checked; other types are left to the config's ``__post_init__``)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union or type(hint).__name__ == "UnionType":
+        return any(_fits(value, a) for a in args)
+    if origin is typing.Literal:
+        return value in args
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint in (int, float):
+        return isinstance(value, (int, float) if hint is float else int) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin in (list, tuple, collections.abc.Sequence):
+        inner = args[0] if args else Any
+        return isinstance(value, (list, tuple)) and all(_fits(v, inner) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(_fits(v, args[1]) for v in value.values()) if args else \
+            isinstance(value, dict)
+    return True
+
+
+def _shown(hint: Any) -> str:
+    return hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "").replace("collections.abc.", "")
 
 
 def config_fields(config: type) -> list[tuple[dataclasses.Field, Any]]:
