@@ -9,7 +9,6 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from ..sites import find_sites
 from .config import FULL, KVPolicy, latent_layers, model_shape, streaming
 from .scores import HeadScores, ScoreConfig, head_scores
 

@@ -20,7 +20,6 @@ from einops import repeat
 from torch import nn
 
 from ..errors import HeadwiseError
-from .config import model_shape
 from .gates import KVGate
 from .passkey import NEEDLE, frame, passkey_prompt
 from .scores import HeadScores
