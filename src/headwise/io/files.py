@@ -174,6 +174,23 @@ def claim_output(path: str | os.PathLike) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def claimed(path: str | os.PathLike) -> Iterator[Path]:
+    """Hold the claim on ``path`` (``claim_output``) for the block: the single-writer rule for an output built in
+    place rather than swapped in whole (a resumable training's folder, written step by step). Refuses, before the
+    block, ``--out .`` and a destination another run is writing; releases the claim after unless it was held before.
+    Yields the destination (``destination``: a symlink's target)."""
+    path = destination(path)
+    _refuse_enclosing(path)
+    held = Path(os.path.abspath(path)) in _CLAIMS
+    claim_output(path)
+    try:
+        yield path
+    finally:
+        if not held:
+            release_output(path)
+
+
 def release_output(path: str | os.PathLike) -> None:
     """Give up the claim on ``path`` (nothing if not held)."""
     path = Path(os.path.abspath(path))
