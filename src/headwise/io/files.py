@@ -202,10 +202,35 @@ def release_output(path: str | os.PathLike) -> None:
     os.close(fd)
 
 
-def release_all_outputs() -> None:
-    """Give up every claim this process holds (the command line calls it when a verb ends, even on error)."""
-    for path in list(_CLAIMS):
-        release_output(path)
+def release_all_outputs() -> bool:
+    """Give up every claim this process holds (the command line calls it when a verb ends, even on error). A SIGINT
+    that arrives meanwhile waits until every claim is given up; returns whether one came (the caller stops then)."""
+    with deferred_interrupt() as interrupted:
+        for path in list(_CLAIMS):
+            release_output(path)
+    return interrupted[0]
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[list[bool]]:
+    """While active (in the main thread), SIGINT only sets the yielded ``[flag]``; the previous handler comes back
+    afterwards. For clean-up that must finish: the caller reads the flag and stops then."""
+    import signal
+    import threading
+
+    flag = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def note(number: int, frame: object) -> None:
+        flag[0] = True
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _exchange(a: Path, b: Path) -> bool:
