@@ -109,3 +109,28 @@ def test_the_files_fetched_from_a_hub_repository():
     assert patterns(files) == ["config.json", "model.safetensors", "tokenizer.json", "vocab.txt", "merges.txt",
                                "spiece.model", "source.spm", "1_Pooling/config.json"]
     assert patterns(["config.json", "pytorch_model.bin", "tf_model.h5"]) == ["config.json", "pytorch_model.bin"]
+
+
+def test_a_config_that_disagrees_with_its_weights_is_one_line_naming_folder_and_field(tmp_path, capsys):
+    import json
+
+    import headwise
+    from headwise.cli import main
+    from headwise.runtime import add_gates
+    from tiny import tiny_model
+
+    plain, ours = tmp_path / "plain", tmp_path / "ours"
+    tiny_model("bert").save_pretrained(plain)
+    gated = tiny_model("bert")
+    add_gates(gated)
+    headwise.save_pretrained(gated, ours)
+    (ours / "headwise-manifest.json").unlink()  # edited on purpose (the manifest would name config.json)
+    capsys.readouterr()
+    for folder in (plain, ours):
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(config | {"hidden_size": 64}))  # the weights hold 32
+        assert main(["sites", "--model", str(folder)]) == 2
+        lines = [line for line in capsys.readouterr().err.strip().splitlines() if "has no headwise-manifest.json" not in line]
+        assert len(lines) == 1 and lines[0].startswith(
+            f"headwise: error: {folder}: config.json's hidden_size = 64 does not fit the weights: "), lines
+        assert "is [97, 32] in the weights file but [97, 64] by the config" in lines[0]

@@ -458,6 +458,10 @@ def load_model(
         if type(err).__module__.split(".")[0] == "safetensors":
             raise HeadwiseError(f"the weights of {name_or_path or path} cannot be read ({str(err).splitlines()[0]}); "
                                 "the file is damaged or truncated: copy or save the model again") from None
+        if isinstance(err, RuntimeError) and local.is_dir() and ("mismatched_sizes" in str(err)
+                                                                 or "size mismatch" in str(err)):
+            raise HeadwiseError(_config_mismatch(local, head) or f"{path}: config.json does not fit the weights "
+                                f"({str(err).splitlines()[0]}); correct config.json or copy the model again") from None
         if not isinstance(err, (OSError, ValueError)):
             raise
         if "Unrecognized configuration class" in str(err):
@@ -474,6 +478,19 @@ def load_model(
     if hub_name(path) is not None:  # saved checkpoints record the hub name as their source, not a cache folder
         model.config.name_or_path = hub_name(path)
     return model, (load_tokenizer(path, model) if with_tokenizer else None)
+
+
+def _config_mismatch(folder: Path, head: str) -> str | None:
+    """``io.checkpoint.config_mismatch`` of a plain folder: its weights against the model its config builds (on the
+    meta device, nothing allocated) with ``head``."""
+    import transformers
+
+    from .io.checkpoint import config_mismatch
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = getattr(transformers, HEAD_CLASSES[head]).from_config(config)
+    return config_mismatch(folder, config, {k: tuple(v.shape) for k, v in model.state_dict().items()})
 
 
 def _saved_by_headwise(path: str) -> bool:
