@@ -387,6 +387,7 @@ def load_model(
     max_memory: dict | None = None,
     offload_folder: str | None = None,
     verify: bool | None = None,
+    label_names: list[str] | None = None,
 ) -> tuple[nn.Module, Any]:
     """Load a model (and its tokenizer) with the ``headwise`` attention implementation selected.
 
@@ -395,7 +396,8 @@ def load_model(
     all-MiniLM-L6-v2. ``task`` (a name or ``headwise.tasks.Task``) picks the head: ``lm`` → causal LM,
     ``translation`` → sequence-to-sequence LM, ``classification`` → sequence classification, ``stsb`` or None →
     the base model. A checkpoint without the weights of that head is refused, unless ``new_head=True`` (a fresh,
-    randomly initialised classification head with ``num_labels`` outputs, for fine-tuning).
+    randomly initialised classification head with ``num_labels`` outputs, for fine-tuning; with ``label_names``
+    one output per name, the names kept in the config's ``id2label``, so saved classifiers keep them).
     ``device_map`` / ``max_memory`` / ``offload_folder``: Accelerate dispatch, as transformers takes them (a
     model larger than one device, layers on several devices, the CPU or disk); ``device`` is then unused.
     A folder headwise wrote is checked against its manifest first (``headwise.io.manifest``: sizes, and sha256
@@ -429,6 +431,9 @@ def load_model(
             _check_architecture(path, name_or_path, head)
             auto = getattr(transformers, HEAD_CLASSES[head])
             extra = {"num_labels": num_labels} if new_head and num_labels else {}
+            if new_head and label_names:
+                extra = {"num_labels": len(label_names), "id2label": dict(enumerate(map(str, label_names))),
+                         "label2id": {str(name): i for i, name in enumerate(label_names)}}
             written = local.is_dir() and (local / MANIFEST).is_file()  # a plain folder headwise wrote
 
             def read() -> tuple[nn.Module, dict]:
