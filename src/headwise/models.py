@@ -303,7 +303,8 @@ def load_tokenizer(name_or_path: str | None = None, model: nn.Module | None = No
     source = _tokenizer_source(path)
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            # never transformers' remote-code prompt (a sealed folder's auto_map): headwise reads the folder itself
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise HeadwiseError(
             f"could not load a tokenizer for {name_or_path!r}: {str(err).splitlines()[0]} — save the tokenizer "

@@ -43,6 +43,22 @@ FORMAT_VERSION = 2
 WEIGHTS = "model.safetensors"
 MARKER = "headwise_checkpoint__edits_load_only_with_headwise_from_pretrained"  # format 2 before sealing
 SEALED = "load-with-headwise.from_pretrained"  # config.json's model_type where plain transformers must refuse
+LOADER = "load_with_headwise"  # the module a sealed folder carries, named by its auto_map (headwise.clients.auto)
+AUTO_CLASSES = ("AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForSequenceClassification")
+
+
+def auto_map() -> dict[str, str]:
+    """The ``auto_map`` a sealed folder's config carries: every Auto class to the loaders of ``LOADER``."""
+    return {"AutoConfig": f"{LOADER}.HeadwiseConfig", **{name: f"{LOADER}.HeadwiseModel" for name in AUTO_CLASSES}}
+
+
+def loader_source() -> str:
+    """The text of a sealed folder's ``load_with_headwise.py``: one import of ``headwise.clients.auto``."""
+    return ('"""This folder holds a model edited by headwise (removed heads, a KV cache policy, latent keys/values, '
+            'gates, ...),\nwhich only headwise rebuilds: load it with headwise.from_pretrained(folder), or with '
+            "transformers' Auto classes\nand trust_remote_code=True while headwise is installed (pip install "
+            'headwise): they call headwise.from_pretrained.\nThis file only imports those loaders."""\n\n'
+            "from headwise.clients.auto import HeadwiseConfig, HeadwiseModel  # noqa: F401\n")
 
 
 def state_bytes(model: nn.Module) -> int:
@@ -79,12 +95,16 @@ def save_pretrained(
     if sealed:
         state["model_type"] = model.config.model_type
     model.config.headwise = state
+    if getattr(model.config, "auto_map", None) == auto_map():  # ours, from a sealed folder: written below if sealed
+        del model.config.auto_map
     model.config.architectures = [type(model).__name__]  # the class saved, head included
     with atomic_dir(path, overwrite, size=state_bytes(model)) as tmp:
         model.config.save_pretrained(tmp)
-        if sealed:
+        if sealed:  # plain transformers refuses it, or loads it through headwise with trust_remote_code=True
             saved = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
-            (tmp / "config.json").write_text(json.dumps(saved | {"model_type": SEALED}, indent=2), encoding="utf-8")
+            (tmp / "config.json").write_text(json.dumps(saved | {"model_type": SEALED, "auto_map": auto_map()},
+                                                        indent=2), encoding="utf-8")
+            (tmp / f"{LOADER}.py").write_text(loader_source(), encoding="utf-8")
         if getattr(model, "generation_config", None) is not None and model.can_generate():
             model.generation_config.save_pretrained(tmp)
         save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
