@@ -159,8 +159,8 @@ def test_a_sealed_causal_lm_refuses_plain_transformers_naming_headwise_and_loads
     lm = transformers.LlamaForCausalLM(model.config)
     headwise.prune_heads(lm, {"dec-self.0": [0, 1]})
     headwise.save_pretrained(lm, tmp_path / "lm")
-    with pytest.raises(ValueError, match="load-with-headwise.from_pretrained"):
-        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "lm")
+    with pytest.raises(ValueError, match=f"{tmp_path / 'lm'} contains custom code"):  # load_with_headwise.py
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "lm", trust_remote_code=False)
     inputs, _ = tiny_inputs("llama")
     with torch.no_grad():
         expected = lm(**inputs).logits
@@ -170,6 +170,7 @@ def test_a_sealed_causal_lm_refuses_plain_transformers_naming_headwise_and_loads
     headwise.save_pretrained(headwise.from_pretrained(tmp_path / "lm"), tmp_path / "again")
     saved = json.loads((tmp_path / "again" / "config.json").read_text())
     assert saved["model_type"] == checkpoint.SEALED and saved["headwise"]["model_type"] == "llama"
+    assert saved["auto_map"] == checkpoint.auto_map() and (tmp_path / "again" / "load_with_headwise.py").is_file()
     assert headwise.models.native_task(str(tmp_path / "again")) == "lm"
 
 

@@ -111,15 +111,21 @@ def test_prune_plain_refuses_partial_groups_and_writes_nothing(llama_dir, tmp_pa
     assert "use --method importance --unit kv-group" in err  # refused before ranking, not after the work
 
 
-def test_prune_plain_refuses_a_keep_that_cannot_be_uniform_before_any_work(llama_dir, tmp_path, capsys):
-    """18 heads in 3 layers of 2 groups of 3: a plain export removes whole groups evenly, 9 heads at a time."""
-    out = tmp_path / "never"
+def test_prune_plain_with_uneven_groups_writes_zero_padded_heads(llama_dir, tmp_path, capsys):
+    """18 heads in 3 layers of 2 groups of 3: --keep 15 removes one group in one layer; plain/ holds every layer at
+    the config's counts, the removed group zero, and computes what the pruned model computes."""
+    out = tmp_path / "uneven"
     argv = ["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
             "--method", "importance", "--unit", "kv-group", "--keep", "15", "--max-length", "32", "--plain",
-            "--out", str(out)]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "multiple of 9 of the 18 heads" in err and "--keep 9" in err and not out.exists()
+            "--importance-examples", "2", "--no-eval", "--out", str(out), "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["heads_after"] == 15
+    model = headwise.from_pretrained(out / "model")
+    reference = tf.AutoModelForCausalLM.from_pretrained(out / "plain", attn_implementation="eager").eval()
+    assert reference.config.num_attention_heads == 6 and reference.config.num_key_value_heads == 2
+    ids = torch.tensor([[5, 9, 12, 7, 30, 8]])
+    with torch.no_grad():
+        torch.testing.assert_close(reference(input_ids=ids).logits, model(input_ids=ids).logits, atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -27,6 +27,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("training", ("headwise.training",)),  # recipes over tasks (STS-B, translation from scratch, KV gates)
     ("planning", ("headwise.planning",)),
     ("report", ("headwise.report",)),
+    # edited folders in other clients: transformers' Auto classes (trust_remote_code), lm-eval's model type
+    ("clients", ("headwise.clients",)),
     ("cli", ("headwise.cli",)),
     ("public", ("headwise",)),
 ]

@@ -75,6 +75,22 @@ def test_the_compiled_step_gives_eager_tokens_without_recompiling_over_200_steps
     assert len(GRAPHS) <= 2  # another batch size may compile once more, never once per step
 
 
+def test_a_compiled_prefill_in_512_token_chunks_gives_the_eager_tokens():
+    """The CPU's default chunk: transformers compiles each prefill chunk too, so the chunk's writes and masks
+    must not branch on tensor values (they did: "Could not guard on data-dependent expression 512 < u0 + 4")."""
+    model = causal_lm("llama")
+    policy = mixed(model)
+    headwise.apply_kv_policy(model, policy, prefill_chunk=512)
+    inputs = ragged_batch([530, 521])  # two chunks: 512 tokens, then 18; row 1 left-padded by 9
+    dynamic = greedy(model, inputs, steps=6)
+    GRAPHS.clear()
+    compiled = greedy(model, inputs, steps=6, cache_implementation="static",
+                      compile_config=compile_config(counting_backend))
+    assert torch.equal(dynamic.sequences, compiled.sequences)
+    assert len(GRAPHS) == 3  # the 512-token chunk, the 18-token chunk, the one-token step: fullgraph, no break
+    assert_matches_reference(model, policy, inputs, compiled)
+
+
 def test_inductor_compiles_the_step_to_the_eager_tokens():
     model = causal_lm("llama")
     headwise.apply_kv_policy(model, mixed(model), prefill_chunk=None)

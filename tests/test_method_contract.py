@@ -300,7 +300,9 @@ def test_registering_a_name_or_config_twice_raises(toy_method):
 
 def test_every_method_saved_folder_loads_right_in_plain_transformers_or_refuses_naming_headwise(tmp_path):
     """Plain ``AutoModel.from_pretrained`` on every method's saved folder gives the edited model's outputs, or
-    fails with a message naming headwise (a sealed folder); it never loads something else silently."""
+    refuses a sealed folder, naming its custom code (``load_with_headwise.py``, which names headwise); with
+    ``trust_remote_code=True`` that code loads it through headwise, with the edited model's outputs. It never loads
+    something else silently."""
     import transformers
 
     saved = [f"{name}-{family}" for name in sorted(METHODS) for family in FAMILIES
@@ -310,11 +312,12 @@ def test_every_method_saved_folder_loads_right_in_plain_transformers_or_refuses_
         stored = torch.load(tmp_path / f"{folder}.pt")
         _, real = tiny_inputs(folder.split("-")[1])
         try:
-            plain = transformers.AutoModel.from_pretrained(tmp_path / folder).eval()
-        except Exception as err:  # noqa: BLE001 - whatever transformers raises, it must name headwise
-            assert "headwise" in str(err), f"{folder}: plain transformers fails without naming headwise: {err}"
+            plain = transformers.AutoModel.from_pretrained(tmp_path / folder, trust_remote_code=False).eval()
+        except ValueError as err:  # a sealed folder: its custom code is named, and that code names headwise
+            assert f"{tmp_path / folder} contains custom code" in str(err), f"{folder}: {err}"
+            assert "headwise.from_pretrained(folder)" in (tmp_path / folder / "load_with_headwise.py").read_text()
             refused.append(folder)
-            continue
+            plain = transformers.AutoModel.from_pretrained(tmp_path / folder, trust_remote_code=True).eval()
         with torch.no_grad():
             out = plain(**stored["inputs"]).last_hidden_state
         assert torch.allclose(out[real], stored["out"][real], atol=1e-5), f"{folder} loads silently different"

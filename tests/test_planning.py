@@ -269,6 +269,9 @@ def test_plan_and_apply_verbs_end_to_end(tmp_path, bert_dir, stsb_dir, capsys):
     assert summary["costs"]["after"]["heads"] <= 5 < summary["costs"]["before"]["heads"]
     reloaded = headwise.from_pretrained(applied / "model")
     assert sum(s.num_heads for s in headwise.find_sites(reloaded)) <= 5
+    # plain/ is written where plain transformers can hold the edit, else apply.json (and a note) says why not
+    assert (applied / "plain").is_dir() == (summary["plain"] == "plain/ loads in plain transformers")
+    assert summary["plain"].startswith(("plain/", "no plain/: "))
     # refusing to overwrite without --force, nothing changed
     assert main(["apply", str(out / "plan.json"), "--model", str(bert_dir), "--out", str(applied)]) == 2
     assert "--force" in capsys.readouterr().err

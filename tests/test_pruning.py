@@ -229,15 +229,54 @@ def test_uniformly_pruned_llama_family_exports_a_plain_checkpoint(family, tmp_pa
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
 
 
-def test_plain_export_refuses_non_uniform_or_unsupported_models(tmp_path):
+PADDED = {"bert": "AutoModel", "roberta": "AutoModel", "electra": "AutoModel", "distilbert": "AutoModel",
+          "albert": "AutoModel", "gpt2": "AutoModel", "vit": "AutoModel", "llama": "AutoModel",
+          "t5": "AutoModelForSeq2SeqLM", "bart": "AutoModelForSeq2SeqLM"}
+
+
+@pytest.mark.parametrize("family", sorted(PADDED))
+def test_pruned_models_of_every_family_export_plain_with_zero_padded_heads(family, tmp_path):
+    """Other heads removed in each layer (Llama: a whole key/value group in one layer only): plain transformers
+    loads the folder at the config's head counts and computes the pruned model's outputs."""
+    import transformers as tf
+
+    from headwise.io import export_plain, plain_problem
+    from tiny import seq2seq_inputs, tiny_seq2seq
+
+    seq2seq = family in ("t5", "bart")
+    model = tiny_seq2seq(family) if seq2seq else tiny_model(family)
+    made = (seq2seq_inputs if seq2seq else tiny_inputs)(family)
+    inputs, real = made[0], made[-1]  # the outputs' real positions (padded queries differ by implementation)
+    sites = find_sites(model)
+    removed = ({sites[0].name: [0, 1]} if family == "llama" else
+               {s.name: [i % s.num_heads, (i + 2) % s.num_heads][: 1 + i % 2] for i, s in enumerate(sites)})
+    headwise.prune_heads(model, removed)
+    assert plain_problem(model) is None
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+    export_plain(model, tmp_path / "plain")
+    plain = getattr(tf, PADDED[family]).from_pretrained(tmp_path / "plain", attn_implementation="eager").eval()
+    assert not hasattr(plain.config, "headwise")
+    assert [s.num_heads for s in find_sites(plain)] == [s.num_heads for s in find_sites(tiny_seq2seq(family)
+                                                        if seq2seq else tiny_model(family))]  # the config's counts
+    with torch.no_grad():
+        got = plain(**inputs)[0]
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
+
+
+def test_plain_export_refuses_what_plain_transformers_cannot_hold(tmp_path):
     from headwise.io import export_plain
 
-    model = tiny_model("llama")
-    headwise.prune_heads(model, {"dec-self.0": [2, 3]})
-    with pytest.raises(headwise.HeadwiseError, match="same head counts"):
-        export_plain(model, tmp_path / "a")
-    with pytest.raises(headwise.HeadwiseError, match="supports llama"):
-        export_plain(tiny_model("bert"), tmp_path / "b")
+    gated = tiny_model("bert")
+    add_gates(gated)
+    with pytest.raises(headwise.HeadwiseError, match="still carry headwise ops"):
+        export_plain(gated, tmp_path / "a")
+    from test_kvcache import causal_lm, mixed_policy
+
+    with_policy = causal_lm("llama")
+    headwise.apply_kv_policy(with_policy, mixed_policy(with_policy))
+    with pytest.raises(headwise.HeadwiseError, match=r"generate\(\) builds a headwise cache \(a KV policy\)"):
+        export_plain(with_policy, tmp_path / "b")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 

@@ -373,3 +373,44 @@ def test_finetuning_with_the_translation_loss_lowers_it(parallel, tokenizer):
     with torch.no_grad():
         after = task.loss(model, batch).mean().item()
     assert after < before - 0.1 and not model.training
+
+
+def test_classification_split_is_the_split_evaluated(tmp_path, tokenizer):
+    """``--split``: train scores the training rows (a single file's first 90%), dev is eval, test needs a folder."""
+    rows = [{"text": sentence(i), "label": ["neg", "pos"][i % 2]} for i in range(40)]
+    path = write_table(tmp_path / "data.csv", rows)
+    model = tf.BertForSequenceClassification(tf.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, vocab_size=VOCAB,
+        num_labels=2, attn_implementation="headwise")).eval()
+    train = Classification(data=str(path), split="train", max_length=32)
+    assert [r["text"] for r in train.rows("eval")] == [r["text"] for r in rows[:36]]
+    assert train.evaluate(model, tokenizer, progress=False)["examples"] == 36
+    assert Classification(data=str(path), split="dev", max_length=32, limit=3).evaluate(
+        model, tokenizer, progress=False)["examples"] == 3  # dev is eval: the last 10%, first 3 of them
+    with pytest.raises(HeadwiseError, match="one file: .* for --split test pass a folder with a test file"):
+        Classification(data=str(path), split="test").check()
+    with pytest.raises(HeadwiseError, match="--split 'holdout': use train, eval"):
+        Classification(data=str(path), split="holdout")
+    folder = tmp_path / "splits"
+    folder.mkdir()
+    write_table(folder / "train.csv", rows[:30])
+    write_table(folder / "test.csv", rows[30:])
+    test = Classification(data=str(folder), split="test", max_length=32)
+    assert [r["text"] for r in test.rows("eval")] == [r["text"] for r in rows[30:]]
+    assert test.evaluate(model, tokenizer, progress=False)["examples"] == 10
+
+
+def test_a_classifier_fine_tuned_from_a_csv_keeps_its_label_names(tmp_path, tokenizer):
+    from headwise.cli import main
+    from tiny import tiny_model
+
+    tiny_model("bert").save_pretrained(tmp_path / "base")
+    tokenizer.save_pretrained(tmp_path / "base")
+    names = ["food", "sports", "weather"]
+    write_table(tmp_path / "genre.csv", [{"text": sentence(i), "label": names[i % 3]} for i in range(30)])
+    assert main(["mix", "--task", "classification", "--data", str(tmp_path / "genre.csv"), "--new-head",
+                 "--no-mixers", "--mix-epochs", "1", "--max-length", "32", "--model", str(tmp_path / "base"),
+                 "--out", str(tmp_path / "tuned")]) == 0
+    saved = headwise.from_pretrained(tmp_path / "tuned" / "model")
+    assert saved.config.id2label == dict(enumerate(names)) and saved.config.label2id == {n: i for i, n in
+                                                                                         enumerate(names)}

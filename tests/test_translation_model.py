@@ -181,3 +181,29 @@ def test_cli_trains_and_refuses_missing_data(corpus_dir, tmp_path, capsys):
     missing = tmp_path / "nothing"
     assert main(["train", "translation", "--data-dir", str(missing), "--out", str(tmp_path / "x"), "--json"]) == 2
     assert "nothing" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_two_runs_on_one_out_started_together_exactly_one_exits_0(corpus_dir, tmp_path):
+    """The training folder is built in place (resumable), under the one single-writer claim of ``io.files``: the
+    second run is refused in one line instead of silently replacing the first one's result. Each run trains for 18 s
+    once it holds the folder, so the two overlap whatever the start-up times."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "shared-out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    runs = [subprocess.Popen(
+        [sys.executable, "-m", "headwise", "train", "translation", "--data-dir", str(corpus_dir), "--src", "src",
+         "--tgt", "tgt", "--out", str(out), "--minutes", "0.3", "--vocab-size", "200",
+         "--d-model", "32", "--num-layers", "1", "--num-heads", "2", "--ffn", "64", "--batch-tokens", "400",
+         "--val-size", "8", "--seed", str(seed), "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True) for seed in (1, 2)]
+    outcomes = [(run.wait(timeout=600), *run.communicate()) for run in runs]
+    codes = sorted(code for code, _, _ in outcomes)
+    assert codes == [0, 2], [(code, err[-500:]) for code, _, err in outcomes]
+    (winner,) = [json.loads(text) for code, text, _ in outcomes if code == 0]
+    (refusal,) = [err.strip().splitlines() for code, _, err in outcomes if code == 2]
+    assert len(refusal) == 1 and refusal[0].startswith("headwise: error: another headwise run is writing")
+    assert json.loads((out / "result.json").read_text())["recipe"]["seed"] == winner["recipe"]["seed"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["shared-out"]  # no lock or temporary left

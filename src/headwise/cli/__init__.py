@@ -336,6 +336,18 @@ def main(argv: list[str] | None = None) -> int:
     from ..io.files import release_all_outputs
 
     try:
+        status = _run(args)
+    finally:
+        interrupted = release_all_outputs()  # a SIGINT meanwhile waits for the claims to go
+    if interrupted and status != 130:
+        print("headwise: interrupted", file=sys.stderr)
+        return 130
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Run the chosen verb; a refused input or an interrupt is one line and an exit status."""
+    try:
         from ..allocator import ENV, return_freed_memory
 
         # $HEADWISE_MMAP_THRESHOLD: freed large tensors go back to the system (opt-in; glibc only)
@@ -351,6 +363,4 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("headwise: interrupted", file=sys.stderr)
         return 130
-    finally:
-        release_all_outputs()
 

@@ -77,7 +77,9 @@ def run(args: argparse.Namespace) -> int:
                **run_record(task, before, edited, after if mode != "none" else None, costs, model),
                "planned": point.measured["score"],
                "saves": savings(point.to_dict(), plan.base.to_dict())}
-    native = point.edit.weights_only and plain_problem(model) is None
+    no_plain = plain_problem(model)  # why there is no plain/ (said below, kept in apply.json), or None
+    native = no_plain is None
+    summary["plain"] = "plain/ loads in plain transformers" if native else f"no plain/: {no_plain}"
     report = Report("headwise apply", f"{plan.model}: {point.edit.describe()}")
     shown = {k: "—" if v is None else f"{v:.2f}" for k, v in (("before", before), ("after", after))}
     section = report.add_section(
@@ -89,6 +91,8 @@ def run(args: argparse.Namespace) -> int:
     section.table([[k, json.dumps(v) if isinstance(v, (dict, list)) else v] for k, v in summary.items()],
                   ["", "value"])
     save_run(args.out, model, tokenizer, "apply.json", summary, report, overwrite=args.force, plain=native)
+    if not native:
+        print(f"headwise: note: no {args.out}/plain: {no_plain}", file=sys.stderr)
     if args.json:
         print_json(summary)
     else:

@@ -84,7 +84,7 @@ SHARED: dict[str, dict[str, Any]] = {
                        "line); lm: a text file, one text a line, or a datasets name (name:config); classification: a "
                        "csv/tsv/jsonl file, a folder, or glue:<task>; translation: see --data-dir"},
     "--split": {"help": "evaluated split (stsb: train, dev, test; lm: eval = last 10%% of lines, train, all; "
-                        "translation: test_2016_flickr)"},
+                        "translation: test_2016_flickr; classification: eval (dev), train, test)"},
     "--max-length": {"type": int, "help": "tokens per window (lm) or per text"},
     "--stride": {"type": int, "help": "lm: tokens between window starts (default: --max-length)"},
     "--max-tokens": {"type": int, "help": "lm: evaluate only the first N tokens"},

@@ -47,7 +47,8 @@ def register(verbs, parents) -> None:
     add(p, "--allow-empty-layers", default=False)
     add(p, "--no-eval")
     p.add_argument("--plain", action="store_true",
-                   help="also save DIR/plain, a checkpoint plain transformers loads (Llama family, uniform heads)")
+                   help="also save DIR/plain, a checkpoint plain transformers loads (removed heads zero-padded where "
+                        "the config cannot state other counts)")
     output_args(p, "headwise-pruned", "model/, pruning.json, report.html")
     recovery_args(p)
     task_args(p)
@@ -68,30 +69,15 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _check_plain(args: argparse.Namespace, model) -> None:
-    """Refuse ``--plain`` up front when the pruned model cannot be exported: a family without ``head_dim`` in its
-    config, query-head pruning of a grouped-query model (partial key/value groups), or a ``--keep`` that cannot
-    leave the same whole groups in every layer. (A mask or a ranking can still remove groups unevenly; that is
-    known after pruning, which for a mask is quick, and is refused then, before anything is written.)"""
-    from ..sites import families_with, family_layout, find_sites
+    """Refuse ``--plain`` up front when the pruned model cannot be exported: query-head pruning of a grouped-query
+    model (partial key/value groups). Other head counts are written natively or zero-padded (``io.plain``)."""
+    from ..sites import find_sites
 
-    if not family_layout(model.config.model_type).head_dim_in_config:
-        raise HeadwiseError(f"--plain: {model.config.model_type} models cannot be saved in plain transformers format "
-                            f"after pruning (only {', '.join(families_with('head_dim_in_config'))} configs carry "
-                            "head_dim); drop --plain")
-    if args.method == "mask":
-        return
-    sites = find_sites(model)
-    group, total = max(s.group_size for s in sites), sum(s.num_heads for s in sites)
-    if group > 1 and (args.method == "l0" or args.unit == "query"):
+    if args.method != "mask" and max(s.group_size for s in find_sites(model)) > 1 \
+            and (args.method == "l0" or args.unit == "query"):
         raise HeadwiseError(f"--plain: {args.method} pruning of single query heads leaves key/value groups with only "
                             "some of their query heads, which plain transformers cannot hold; use --method importance "
                             "--unit kv-group (nothing was written)")
-    per_layer = len(sites) * group  # heads removed in steps of one whole group in every layer
-    if args.keep is not None and (total - args.keep) % per_layer:
-        fits = sorted({total - per_layer * k for k in range(1, total // per_layer)}, reverse=True)[:3]
-        raise HeadwiseError(f"--plain: plain transformers needs the same heads in every layer, so --keep must remove a "
-                            f"multiple of {per_layer} of the {total} heads (one group of {group} in each of "
-                            f"{len(sites)} layers); e.g. --keep {' or '.join(map(str, fits))} (nothing was written)")
 
 
 def l0_warning(outcome: dict, args: argparse.Namespace) -> str | None:

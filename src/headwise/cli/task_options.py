@@ -71,11 +71,11 @@ def load_for_task(args: argparse.Namespace, task) -> tuple[Any, Any]:
     included)."""
     from ..models import load_model
 
-    num_labels = None
-    if getattr(args, "new_head", False) and task.name == "classification":
-        num_labels = 1 if task.is_regression() else len(task.label_names())
+    num_labels, names = None, None
+    if getattr(args, "new_head", False) and task.name == "classification":  # a fresh head keeps the class names
+        num_labels, names = (1, None) if task.is_regression() else (None, task.label_names())
     model, tokenizer = load_model(args.model, args.device, args.dtype, task=task, **dispatch_of(args),
-                                  new_head=getattr(args, "new_head", False), num_labels=num_labels)
+                                  new_head=getattr(args, "new_head", False), num_labels=num_labels, label_names=names)
     task.check_model(model, tokenizer)
     check_max_length(args, model, tokenizer)
     return model, tokenizer

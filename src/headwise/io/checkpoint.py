@@ -43,6 +43,22 @@ FORMAT_VERSION = 2
 WEIGHTS = "model.safetensors"
 MARKER = "headwise_checkpoint__edits_load_only_with_headwise_from_pretrained"  # format 2 before sealing
 SEALED = "load-with-headwise.from_pretrained"  # config.json's model_type where plain transformers must refuse
+LOADER = "load_with_headwise"  # the module a sealed folder carries, named by its auto_map (headwise.clients.auto)
+AUTO_CLASSES = ("AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForSequenceClassification")
+
+
+def auto_map() -> dict[str, str]:
+    """The ``auto_map`` a sealed folder's config carries: every Auto class to the loaders of ``LOADER``."""
+    return {"AutoConfig": f"{LOADER}.HeadwiseConfig", **{name: f"{LOADER}.HeadwiseModel" for name in AUTO_CLASSES}}
+
+
+def loader_source() -> str:
+    """The text of a sealed folder's ``load_with_headwise.py``: one import of ``headwise.clients.auto``."""
+    return ('"""This folder holds a model edited by headwise (removed heads, a KV cache policy, latent keys/values, '
+            'gates, ...),\nwhich only headwise rebuilds: load it with headwise.from_pretrained(folder), or with '
+            "transformers' Auto classes\nand trust_remote_code=True while headwise is installed (pip install "
+            'headwise): they call headwise.from_pretrained.\nThis file only imports those loaders."""\n\n'
+            "from headwise.clients.auto import HeadwiseConfig, HeadwiseModel  # noqa: F401\n")
 
 
 def state_bytes(model: nn.Module) -> int:
@@ -79,12 +95,16 @@ def save_pretrained(
     if sealed:
         state["model_type"] = model.config.model_type
     model.config.headwise = state
+    if getattr(model.config, "auto_map", None) == auto_map():  # ours, from a sealed folder: written below if sealed
+        del model.config.auto_map
     model.config.architectures = [type(model).__name__]  # the class saved, head included
     with atomic_dir(path, overwrite, size=state_bytes(model)) as tmp:
         model.config.save_pretrained(tmp)
-        if sealed:
+        if sealed:  # plain transformers refuses it, or loads it through headwise with trust_remote_code=True
             saved = json.loads((tmp / "config.json").read_text(encoding="utf-8"))
-            (tmp / "config.json").write_text(json.dumps(saved | {"model_type": SEALED}, indent=2), encoding="utf-8")
+            (tmp / "config.json").write_text(json.dumps(saved | {"model_type": SEALED, "auto_map": auto_map()},
+                                                        indent=2), encoding="utf-8")
+            (tmp / f"{LOADER}.py").write_text(loader_source(), encoding="utf-8")
         if getattr(model, "generation_config", None) is not None and model.can_generate():
             model.generation_config.save_pretrained(tmp)
         save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
@@ -188,6 +208,42 @@ def read_config(path: str | os.PathLike) -> transformers.PretrainedConfig:
     return CONFIG_MAPPING[raw["model_type"]].from_dict(raw)
 
 
+def file_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """The shape of every tensor in ``folder``'s safetensors files, read from their headers (no weights loaded)."""
+    from safetensors import safe_open
+
+    shapes = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as handle:
+            for key in handle.keys():
+                shapes[key] = tuple(handle.get_slice(key).get_shape())
+    return shapes
+
+
+def config_mismatch(folder: Path, config: Any, expected: dict[str, tuple[int, ...]]) -> str | None:
+    """Why ``folder``'s weights do not fit ``config``: the first tensor whose shape in the files differs from
+    ``expected`` (the model ``config`` builds, by state-dict name; a prefix such as ``bert.`` on either side is
+    matched), and the config fields holding the dimension that differs. None when no shape differs."""
+    found = file_shapes(folder)
+    for name, want in expected.items():
+        candidates = [key for key in found if key == name or key.endswith("." + name) or name.endswith("." + key)]
+        if not candidates or found[candidates[0]] == want:
+            continue
+        have = found[candidates[0]]
+        if len(have) != len(want):
+            dims = f"{len(have)} dimensions, not {len(want)}"
+            fields = []
+        else:
+            axis = next(i for i, (a, b) in enumerate(zip(have, want)) if a != b)
+            fields = [k for k, v in config.to_dict().items() if type(v) is int and v == want[axis]]
+            dims = f"{have[axis]} along axis {axis}, where the config gives {want[axis]}"
+        named = (f"config.json's {' or '.join(f'{k} = {want[axis]}' for k in fields)} does not fit the weights"
+                 if fields else "config.json does not fit the weights")
+        return (f"{folder}: {named}: {candidates[0]} is {list(have)} in the weights file but {list(want)} by the "
+                f"config ({dims}); correct config.json to the weights' sizes, or copy the model again")
+    return None
+
+
 def check_finite(model: nn.Module, where: str) -> None:
     """Refuse parameters or buffers holding NaN or infinity (a damaged file, or gates or scores that diverged),
     naming the first few."""
@@ -237,6 +293,9 @@ def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, ver
     try:
         missing, unexpected = load_model(model, path / WEIGHTS, strict=False)
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error type for a damaged file
+        if isinstance(err, RuntimeError) and "size mismatch" in str(err):
+            expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+            raise HeadwiseError(config_mismatch(path, config, expected) or str(err).splitlines()[0]) from None
         if type(err).__module__.split(".")[0] != "safetensors" and not isinstance(err, OSError):
             raise
         raise HeadwiseError(f"{path / WEIGHTS} cannot be read ({str(err).splitlines()[0]}); the file is damaged or "

@@ -174,6 +174,23 @@ def claim_output(path: str | os.PathLike) -> None:
             shutil.rmtree(stale, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def claimed(path: str | os.PathLike) -> Iterator[Path]:
+    """Hold the claim on ``path`` (``claim_output``) for the block: the single-writer rule for an output built in
+    place rather than swapped in whole (a resumable training's folder, written step by step). Refuses, before the
+    block, ``--out .`` and a destination another run is writing; releases the claim after unless it was held before.
+    Yields the destination (``destination``: a symlink's target)."""
+    path = destination(path)
+    _refuse_enclosing(path)
+    held = Path(os.path.abspath(path)) in _CLAIMS
+    claim_output(path)
+    try:
+        yield path
+    finally:
+        if not held:
+            release_output(path)
+
+
 def release_output(path: str | os.PathLike) -> None:
     """Give up the claim on ``path`` (nothing if not held)."""
     path = Path(os.path.abspath(path))
@@ -185,10 +202,35 @@ def release_output(path: str | os.PathLike) -> None:
     os.close(fd)
 
 
-def release_all_outputs() -> None:
-    """Give up every claim this process holds (the command line calls it when a verb ends, even on error)."""
-    for path in list(_CLAIMS):
-        release_output(path)
+def release_all_outputs() -> bool:
+    """Give up every claim this process holds (the command line calls it when a verb ends, even on error). A SIGINT
+    that arrives meanwhile waits until every claim is given up; returns whether one came (the caller stops then)."""
+    with deferred_interrupt() as interrupted:
+        for path in list(_CLAIMS):
+            release_output(path)
+    return interrupted[0]
+
+
+@contextlib.contextmanager
+def deferred_interrupt() -> Iterator[list[bool]]:
+    """While active (in the main thread), SIGINT only sets the yielded ``[flag]``; the previous handler comes back
+    afterwards. For clean-up that must finish: the caller reads the flag and stops then."""
+    import signal
+    import threading
+
+    flag = [False]
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def note(number: int, frame: object) -> None:
+        flag[0] = True
+
+    previous = signal.signal(signal.SIGINT, note)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _exchange(a: Path, b: Path) -> bool:

@@ -135,6 +135,10 @@ def _prepare_cache_with_policy(self, generation_config, model_kwargs: dict, *arg
         model_kwargs[CACHE] = policy_cache(self, policy, static, length=tokens)
         if generation_config.prefill_chunk_size is None:
             generation_config.prefill_chunk_size = prefill_chunk_for(self, prefill_chunk_of(self), batch, tokens)
+        shape = self._get_static_cache_init_shape() if static is not None else None
+        if shape is not None:  # allocated here, not inside a compiled prefill chunk: fixed addresses from the start
+            model_kwargs[CACHE].early_initialization(batch, [len(layer) for layer in policy.heads], shape[1],
+                                                     self.dtype, self.device)
     return result
 
 

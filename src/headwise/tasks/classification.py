@@ -12,6 +12,8 @@ metric follows GLUE: Matthews for CoLA, Spearman for regression, accuracy otherw
 
 Splits: ``data`` is a file or a folder. A folder holds ``train`` / ``dev`` (or ``validation``) / ``test`` files
 (``.csv``, ``.tsv`` or ``.jsonl``); a single file serves both: its first 90% of rows train, the last 10% evaluate.
+``split`` is the split evaluated (``eval``, its aliases ``dev``/``validation``/``val``, ``train`` or ``test``); a
+single file has no test rows and is refused for ``test``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from .paths import check_sizes
 TRAIN_SHARE = 0.9
 SUFFIXES = (".csv", ".tsv", ".jsonl")
 SPLIT_NAMES = {"train": ("train",), "eval": ("dev", "validation", "val"), "test": ("test",)}
+SPLIT_ALIASES = {"dev": "eval", "validation": "eval", "val": "eval"}
 # GLUE: (text column, pair column, main metric); regression for stsb
 GLUE = {"cola": ("sentence", None, "matthews"), "sst2": ("sentence", None, "accuracy"),
         "mrpc": ("sentence1", "sentence2", "accuracy"), "qqp": ("question1", "question2", "accuracy"),
@@ -185,6 +188,9 @@ class Classification(Task):
             raise HeadwiseError("task classification needs --data FILE|FOLDER (csv/tsv/jsonl with text, pair and "
                                 "label columns) or --data glue:<task>")
         check_sizes(self.name, limit=self.limit, batch_size=self.batch_size, max_length=self.max_length)
+        self.split = SPLIT_ALIASES.get(self.split, self.split)
+        if self.split not in SPLIT_NAMES:
+            raise HeadwiseError(f"classification --split {self.split!r}: use train, eval (dev, validation) or test")
         self._tables: dict[str, Table | None] = {}
         self._labels: dict[str, list[str]] = {}
         self._classes: list[str] | None = None
@@ -201,11 +207,16 @@ class Classification(Task):
         return self.data.startswith("glue:")
 
     # ---- data ---------------------------------------------------------------------------------------------
+    def _name(self, split: str) -> str:
+        """The split read for ``split``: ``calibration`` reads ``train``, ``eval`` the evaluated ``self.split``."""
+        return "train" if split == "calibration" else self.split if split == "eval" else split
+
     def table(self, split: str = "eval") -> Table:
-        """The rows of ``split`` (``calibration`` reads ``train``), their columns and labels checked."""
+        """The rows of ``split`` (``calibration`` reads ``train``, ``eval`` the split evaluated), their columns and
+        labels checked."""
         table = self._table_if_any(split)
         if table is None:
-            name = "train" if split == "calibration" else split
+            name = self._name(split)
             raise HeadwiseError(f"classification data {self.data} has no {name} rows (a folder needs a {name} file, "
                                 f"{'/'.join(SPLIT_NAMES.get(name, (name,)))} with {', '.join(SUFFIXES)}; a single "
                                 "file trains on its first 90% of rows); add them")
@@ -216,13 +227,13 @@ class Classification(Task):
 
     def _table_if_any(self, split: str) -> Table | None:
         """``split``'s checked table, None when the data has no such split (no file, or an empty share)."""
-        split = "train" if split == "calibration" else split
+        split = self._name(split)
         if split not in self._tables:
             table = self._glue_rows(split) if self.glue else self._file_rows(split)
             if table is not None and table.rows:
                 self._check_columns(table)
                 self._labels[split] = check_labels(table, self.label_column)
-                table = table.head(self.limit) if split == "eval" else table
+                table = table.head(self.limit) if split == self.split else table
                 self._labels[split] = self._labels[split][: len(table.rows)]
             self._tables[split] = table if table is not None and table.rows else None
         return self._tables[split]
@@ -232,6 +243,9 @@ class Classification(Task):
         if path.is_file():
             table = read_table(path)
             cut = int(len(table.rows) * TRAIN_SHARE)
+            if split == "test":
+                raise HeadwiseError(f"{path} is one file: its first {TRAIN_SHARE:.0%} of rows train and the rest "
+                                    "evaluate (--split eval or train); for --split test pass a folder with a test file")
             return table.head(cut) if split == "train" else table.tail(cut)
         if not path.is_dir():
             raise HeadwiseError(f"classification data not found: {path}; pass a .csv/.tsv/.jsonl file or a folder "
@@ -280,7 +294,7 @@ class Classification(Task):
         if self.is_regression():
             if self.metric == "accuracy":
                 self.metric = "spearman"
-            check_gold([float(n) for n in self._labels["eval"]], f"classification {eval_table.source}")
+            check_gold([float(n) for n in self._labels[self.split]], f"classification {eval_table.source}")
         else:
             self.label_names()
 
@@ -288,13 +302,13 @@ class Classification(Task):
         return [str(r[self.text_column]) for r in self.rows(split)]
 
     def _splits(self) -> list[str]:
-        """The splits the label set comes from: train when the data has one, else eval."""
-        return ["train"] if self._table_if_any("train") is not None else ["eval"]
+        """The splits the label set comes from: train when the data has one, else the evaluated split."""
+        return ["train"] if self._table_if_any("train") is not None else [self.split]
 
     def is_regression(self) -> bool:
         """Float labels: every label a number and one not an integer, or a correlation as the main metric."""
         self.table("eval")
-        names = [n for split in {*self._splits(), "eval"} for n in self._labels[split]]
+        names = [n for split in {*self._splits(), self.split} for n in self._labels[split]]
         if not all(_number(n) is not None for n in names):
             return False
         return self.metric in ("pearson", "spearman") or any(not float(n).is_integer() for n in names)
@@ -313,9 +327,9 @@ class Classification(Task):
             if len(classes) < 2:
                 raise HeadwiseError(f"{table.source}: every label in the {source} split is {classes[0]!r}; a "
                                     "classifier needs at least two classes (add examples of the others)")
-            for i, name in enumerate(self._labels["eval"]):
+            for i, name in enumerate(self._labels[self.split]):
                 if name not in seen:
-                    raise HeadwiseError(f"{self._tables['eval'].where(i)}: label {name!r} is not among the "
+                    raise HeadwiseError(f"{self._tables[self.split].where(i)}: label {name!r} is not among the "
                                         f"{source} split's classes ({', '.join(classes)}); fix the label or add "
                                         "training examples of it")
             self._classes = classes
@@ -331,7 +345,7 @@ class Classification(Task):
             enc = tokenizer(text, [str(r[self.pair_column]) for r in rows], truncation=True,
                             max_length=self.max_length)
             ids = enc["input_ids"]
-        names = self._labels["train" if split == "calibration" else split]
+        names = self._labels[self._name(split)]
         if self.is_regression():
             labels = [float(n) for n in names]
         else:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from ..batching import collate
 from ..errors import HeadwiseError
 from ..io import atomic_write_text, json_text, read_text
+from ..io.files import claimed
 from ..progress import progress_bar
 from ..tasks.bleu import corpus_bleu, translate
 from ..tasks.corpus import train_tokenizer
@@ -212,13 +213,19 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
     A finished training in ``out`` with the same data and recipe is returned as cached; an unfinished one
     continues with ``resume`` (budgets may grow); ``force`` starts over. Refuses another training's folder.
     On the CPU a resumed run continues exactly (the dropout RNG is restored); on ``device="cuda"`` up to dropout.
+    ``out`` is claimed for the whole run (``io.files.claimed``): a second run on it is refused at once, in one line.
     """
-    from transformers import get_inverse_sqrt_schedule
-
     task = task or Translation()
     recipe = recipe or TranslationRecipe()
-    out = Path(out)
     train, val = task.corpus("train"), task.corpus(val_split).head(recipe.val_size)  # bad data fails first
+    with claimed(out) as out:  # one writer: a second run on the same folder is refused at once
+        return _train(out, task, recipe, train, val, val_split, resume, force, device, progress)
+
+
+def _train(out: Path, task: Translation, recipe: TranslationRecipe, train: Any, val: Any, val_split: str,
+           resume: bool, force: bool, device: str | torch.device, progress: bool) -> dict[str, Any]:
+    from transformers import get_inverse_sqrt_schedule
+
     key = _data_key(task, val_split)
     cached = _prepare_out(out, key, recipe, resume, force)
     if cached is not None:
