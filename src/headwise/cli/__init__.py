@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from typing import Any, Callable
 
 from ..errors import HeadwiseError
@@ -37,7 +38,8 @@ PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headw
 
 
 # what `headwise VERB --help` shows under "examples:" (tests/test_cli_help.py parses every line); the tour of
-# docs/quickstart.md runs most of them
+# docs/quickstart.md runs most of them. `headwise edit` and `edit METHOD` show the examples of the methods'
+# declarations (headwise.declaration).
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "sites": ("headwise sites", "headwise sites --model smollm2-135m"),
     "analyze": ("headwise analyze --limit 200 --out minilm-analyze",
@@ -85,21 +87,6 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "plan": ("headwise plan --budget heads=0.75 --out minilm-plan",
              "headwise plan --task lm --model smollm2-135m --budget kv-cache=-20% --out smol-plan"),
     "apply": ("headwise apply minilm-plan/plan.json --out minilm-applied",),
-    "edit": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
-    # `headwise edit METHOD --help` (its options come from the method's config: built when the method is chosen)
-    "edit collaborative": ("headwise edit collaborative --dk 192 --out minilm-dk192",),
-    "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --gqa-init mean --out smol-gqa1",),
-    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --latent-init svd "
-                    "--out smol-latent",),
-    "edit kv_policy": ("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
-                       "   # the policy.json of headwise kv-policy",),
-    "edit replace": ("headwise edit replace --mechanism local --args '{\"window\": 16}' --out minilm-local",),
-    "edit mixing": ("headwise edit mixing --out minilm-mixers",),
-    "edit gates": ("headwise edit gates --kinds enc-self --out minilm-gated",),
-    "edit masks": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
-    "edit l0": ("headwise edit l0 --gate-init 3 --out minilm-l0-gates   # gates open; headwise prune trains them",),
-    "edit prune_heads": ("headwise edit prune_heads --heads '{\"enc-self.0\": [0, 1]}' --out minilm-pruned",),
-    "edit quantization": ("headwise edit quantization --quantizer log --bits 4 --out minilm-log4",),
 }
 START = """start here (docs/quickstart.md is a five-minute tour):
   headwise sites                                   # the attention sites of the default model (all-MiniLM-L6-v2)
@@ -109,13 +96,13 @@ START = """start here (docs/quickstart.md is a five-minute tour):
   headwise VERB --help                             # a verb's options and examples"""
 
 
-# number options (by destination) that count, size or scale something: they must be > 0 (0 is as wrong as -1)
+# the verbs' number options (by destination) that count, size or scale something: they must be > 0 (0 is as wrong
+# as -1); a method config's field says so itself (metadata "positive", headwise.flags)
 POSITIVE = frozenset({
     "limit", "batch_size", "max_length", "stride", "max_tokens", "beam", "max_new_tokens", "keep", "step",
-    "importance_examples", "ablation_texts", "iterations", "calibration", "top_k", "repeats",
-    "kv_heads", "rank", "calib_tokens", "window", "context", "gate_steps", "gate_length", "eval_length",
-    "calibration_length", "epochs", "recover_epochs", "lr", "kv_budget", "temperature", "gate_lr", "d_model",
-    "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every",
+    "importance_examples", "ablation_texts", "calibration", "top_k", "repeats", "calib_tokens", "window", "context",
+    "gate_steps", "gate_length", "eval_length", "calibration_length", "epochs", "recover_epochs", "lr", "kv_budget",
+    "temperature", "gate_lr", "d_model", "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every",
 })
 
 
@@ -161,13 +148,15 @@ def dtype(text: str) -> str:
 
 
 def checked(names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``add_argument`` keywords with the checking ``type`` for numbers, ``--device`` and ``--dtype``."""
+    """``add_argument`` keywords with the checking ``type`` for numbers (above 0 for ``POSITIVE`` destinations and
+    for ``positive=True``, which config fields pass, ``headwise.flags.option``), ``--device`` and ``--dtype``."""
     dest = kwargs.get("dest") or next((n[2:] for n in names if n.startswith("--")), names[0]).replace("-", "_")
+    positive = kwargs.pop("positive", False) or dest in POSITIVE
     kind = kwargs.get("type")
     if kind in (int, float):
         default = kwargs.get("default")
         counted = isinstance(default, (int, float)) and not isinstance(default, bool) and default >= 0
-        kwargs["type"] = number(kind, positive=dest in POSITIVE, negative_allowed=not counted)
+        kwargs["type"] = number(kind, positive=positive, negative_allowed=not counted)
     elif kind is None and dest in ("device", "dtype"):
         kwargs["type"] = device if dest == "device" else dtype
     return kwargs
@@ -321,6 +310,19 @@ def _run_json(args: argparse.Namespace) -> int:
         sys.stdout.flush()
 
 
+def _notice(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+            line: str | None = None) -> None:
+    """How a run shows headwise's own ``FutureWarning`` (a former name or keyword that still works): one line,
+    ``headwise: note: ...``; any other warning as Python shows it."""
+    if issubclass(category, FutureWarning) and f"{os.sep}headwise{os.sep}" in filename:
+        print(f"headwise: note: {message}", file=sys.stderr)
+    else:
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``headwise ARGV``; returns the exit status (2 for any refused input, parse errors included)."""
     try:
@@ -342,7 +344,10 @@ def main(argv: list[str] | None = None) -> int:
         if not return_freed_memory() and os.environ.get(ENV, "0").strip() not in ("", "0"):
             print(f"headwise: ${ENV} is set but has no effect here (it sets glibc's malloc, and this system's C "
                   "library is not glibc)", file=sys.stderr)
-        return _run_json(args) if args.json else args.run(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", FutureWarning)  # a former name is said every time, in one line
+            warnings.showwarning = _notice
+            return _run_json(args) if args.json else args.run(args)
     except HeadwiseError as err:
         if args.debug:
             raise

@@ -17,7 +17,7 @@ from .output import print_json
 
 def _collaborative_options(parser: argparse.ArgumentParser) -> None:
     """The fields of ``CollaborativeConfig`` the verb takes (T5: --kinds enc-self,dec-self)."""
-    from ..collaborative import CollaborativeConfig
+    from ..collaborative.config import CollaborativeConfig
 
     config_options(parser.add_argument_group("collaborative heads (CollaborativeConfig)"), CollaborativeConfig,
                    ("dk", "kinds", "iterations", "init"), keep_defaults=True)

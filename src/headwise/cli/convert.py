@@ -61,7 +61,7 @@ DATA = """--data, a .txt file: the first 90% of its lines calibrate and uptrain,
 
 def _method_options(parser: argparse.ArgumentParser, name: str) -> None:
     """The fields of the conversion's config (``GQAConfig`` or ``LatentConfig``) the verb takes."""
-    from ..conversion import GQAConfig, LatentConfig
+    from ..conversion.config import GQAConfig, LatentConfig
 
     config, fields = {"gqa": (GQAConfig, ("kv_heads", "grouping", "init")),
                       "latent": (LatentConfig, ("kv_budget", "rank", "rope_pairs", "init"))}[name]

@@ -16,7 +16,7 @@ from .output import print_json
 
 def _training_options(parser: argparse.ArgumentParser) -> None:
     """How the mixers train: the fields of ``NuclearNormTraining`` (γ 1 here: the verb's mixers are meant to move)."""
-    from ..mixing import NuclearNormTraining
+    from ..mixing.config import NuclearNormTraining
 
     config_options(parser.add_argument_group("training of the mixers (NuclearNormTraining)"), NuclearNormTraining,
                    defaults={"gamma": 1.0}, keep_defaults=True)

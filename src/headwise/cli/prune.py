@@ -22,7 +22,7 @@ L0_TRAINING = ("lam", "reduction", "lambda_lr", "target_warmup")  # the L0Traini
 
 def _l0_options(parser: argparse.ArgumentParser) -> None:
     """How the L0 gates train: fields of ``L0Training`` (unset: ``tasks.recipes.l0_training``)."""
-    from ..pruning import L0Training
+    from ..pruning.config import L0Training
 
     config_options(parser.add_argument_group("l0 training (L0Training; default: λ from 0 by dual ascent toward "
                                              "--keep over the first half of training)"), L0Training, L0_TRAINING)
