@@ -74,6 +74,7 @@ def test_every_edit_page_shows_its_config_fields_help(capsys):
     (["edit", "quantization", "--method", "log", "--out", "x"], "method", "log"),
     (["quantize", "--bits", "3,4"], "bits", "3,4"), (["quantize", "--methods", "log"], "methods", "log"),
     (["kv-policy", "--ranking", "random"], "ranking", "random"),
+    (["prune", "--method", "importance", "--keep", "3"], "strategy", "importance"),
     (["apply", "plan.json", "--recover-max-steps", "2"], "recover_steps", 2),
     (["convert", "latent", "--kv-budget", "0.5", "--init", "svd", "--out", "x"], "init", "svd"),
 ])

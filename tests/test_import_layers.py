@@ -28,7 +28,7 @@ def layers(src: Path = SRC) -> list[tuple[str, tuple[str, ...]]]:
     return [
         ("core", ("headwise.errors", "headwise.keywords", "headwise.version", "headwise.compat", "headwise.batching",
                   "headwise.allocator", "headwise.io.files", "headwise.io.manifest", "headwise.progress",
-                  "headwise.lazy", "headwise.declaration", "headwise.sweep")),
+                  "headwise.lazy", "headwise.flags", "headwise.declaration", "headwise.sweep")),
         ("sites", ("headwise.sites",)),
         ("runtime", ("headwise.runtime",)),
         # one-call save/reload and model loading rebuild the runtime's ops on a fresh model

@@ -48,8 +48,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
              "headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
              "headwise eval translation --model multi30k-marian-de-en --limit 100",
              "headwise eval classification --model DIR/model --data genre.csv"),
-    "prune": ("headwise prune --method importance --keep 54 --out minilm-prune",
-              "headwise prune --task lm --model smollm2-135m --method importance --unit kv-group --keep 216 "
+    "prune": ("headwise prune --strategy importance --keep 54 --out minilm-prune",
+              "headwise prune --task lm --model smollm2-135m --strategy importance --unit kv-group --keep 216 "
               "--out smol-prune"),
     "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 "
                  "--out minilm-quantize",),
@@ -124,6 +124,7 @@ def number(kind: type, positive: bool, negative_allowed: bool = False) -> Callab
         return value
 
     parse.__name__ = kind.__name__
+    parse.positive = positive  # type: ignore[attr-defined]  # what a caller may read back (tests/test_cli_fuzz.py)
     return parse
 
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..sites import find_sites
-from .axes import COSTS
+from .axes import COSTS, cost_ratio
 
 RATIO = re.compile(r"^(?P<sign>[-+]?)(?P<num>\d+(\.\d*)?|\.\d+)(?P<unit>x|%)?$")
 EXAMPLE = "heads=36,latency=0.75x,params=-20%,kv-cache=-50%,flops=-30%"
@@ -114,15 +114,6 @@ class Budget:
                 ratio = cost_ratio(costs, base, axis.key)
                 out[axis.budget] = math.inf if ratio is None else ratio / limit
         return out
-
-
-def cost_ratio(costs: dict[str, float | None], base: dict[str, float | None], key: str) -> float | None:
-    """A measured cost as a ratio to the unedited model's (``latency`` is measured as one already); None when
-    either is unknown (not measured, not counted) or the base is 0."""
-    if key == "latency":
-        return costs.get("latency")
-    value, reference = costs.get(key), base.get(key)
-    return None if value is None or not reference else value / reference
 
 
 AXES: tuple[str, ...] = tuple(f.name for f in fields(Budget))  # planning.axes' budget names, in the fields' order

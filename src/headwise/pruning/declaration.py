@@ -19,3 +19,8 @@ PRUNE_HEADS = Declaration(
     planned=Planned(order=10, role="heads", label="remove heads", rankings=("gradient", "l0")))
 
 DECLARATIONS = (GATES, MASKS, L0, PRUNE_HEADS)
+
+# how ``headwise prune`` (``workflows.prune``) chooses the heads it removes, and the units importance masks: the
+# package's vocabulary that the command line shows without torch
+STRATEGIES = ("l0", "importance", "mask")
+UNITS = ("query", "kv-group")

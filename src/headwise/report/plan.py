@@ -8,8 +8,7 @@ from typing import Any
 
 from ..contract import METHODS, config_from_dict, method_of
 from ..planning import Budget
-from ..planning.axes import COSTS
-from ..planning.budget import cost_ratio
+from ..planning.axes import COSTS, cost_ratio, savings
 from ..planning.pareto import front
 from . import svg
 from .builder import Report
@@ -17,26 +16,6 @@ from .builder import Report
 
 def _ratio(point: dict, base: dict, key: str) -> float | None:
     return cost_ratio(point["measured"], base["measured"], key)
-
-
-def savings(point: dict, base: dict) -> str:
-    """``heads 72 → 36, attention params −50%, latency 0.74×`` for the axes the edit changed (an axis not
-    counted says so)."""
-    out = []
-    m, b = point["measured"], base["measured"]
-    if m["heads"] != b["heads"]:
-        out.append(f"heads {b['heads']} → {m['heads']}")
-    for axis in COSTS:
-        r = _ratio(point, base, axis.key)
-        if axis.key == "latency":
-            continue
-        if m.get(axis.key) is None:
-            out.append(f"{axis.saving} not counted")
-        elif r is not None and abs(r - 1) > 1e-3:
-            out.append(f"{axis.saving} {100 * (r - 1):+.0f}%")
-    if m.get("latency") is not None:
-        out.append(f"latency {m['latency']:.2f}× (measured)")
-    return ", ".join(out)
 
 
 def verdict(plan: dict[str, Any], path: str = "plan.json") -> str:
