@@ -153,6 +153,61 @@ def test_kv_bytes_of_a_gqa_decoder_by_hand(dtype, size):
     assert static_costs(llama, length=10).kv_bytes == 2 * (8 + 8) * size
 
 
+def test_a_local_window_and_collaborative_heads_are_costed_by_their_methods_hooks():
+    """What the shapes do not show comes from the methods' cost hooks: a local window shortens the key span
+    (replace's hook), collaborative heads score at their shared width plus one tag per head (collaborative's)."""
+    bert = tiny_model("bert")
+    headwise.replace_attention(bert, "local", selection=headwise.Selection(names=["enc-self.1"]), window=2)
+    c = static_costs(bert, length=7)
+    proj = 2 * 4 * 32 * 32
+    full, windowed = 7 * (proj + 2 * 4 * 16 * 7), 7 * (proj + 2 * 4 * 16 * 3)  # bidirectional window 2: 3 keys
+    assert c.flops == full + windowed and c.uncounted == []
+    bert = tiny_model("bert")
+    headwise.compress(bert, dk=8)  # shared width 8 of 32
+    site = headwise.find_sites(bert)[0]
+    heads, width = site.module.mixing.shape
+    assert (heads, width) == (4, 8)
+    dqk = width + heads  # content tags: one per head (no rotary)
+    weights = {id(m): m.weight for m in [*site.module.modules(), site.o.module] if getattr(m, "weight", None)
+               is not None and m.weight.dim() == 2}  # every projection of the converted module, shared ones once
+    proj = 2 * sum(w.numel() for w in weights.values())
+    assert static_costs(bert, length=7).flops == 2 * 7 * (proj + 2 * 4 * (dqk + 8) * 7)
+
+
+def test_attention_the_cost_model_cannot_count_is_flagged_never_costed_as_softmax():
+    from headwise.runtime import HeadOp, attach, detach_all
+
+    bert = tiny_model("bert")
+    headwise.replace_attention(bert, "performer", selection=headwise.Selection(names=["enc-self.0"]), features=4)
+    c = static_costs(bert, length=7)
+    assert c.flops is None and len(c.uncounted) == 1 and "performer" in c.uncounted[0]
+    budget = Budget.parse("flops=0.9")
+    base = static_costs(tiny_model("bert"), length=7).to_dict()
+    assert budget.violations(c.to_dict(), base) == ["flops"]  # not counted: never inside a FLOPs budget
+
+    class Linearised(HeadOp):  # a plug-in's op in the mechanism slot, no method's cost hook speaks for it
+        op_type = "test_linearised"
+
+        def spec(self):
+            return {}
+
+    bert = tiny_model("bert")
+    site = headwise.find_sites(bert)[1]
+    attach(site, "mechanism", "plugin_linear", Linearised())
+    c = static_costs(bert, length=7)
+    assert c.flops is None and "no registered method's cost hook counts" in c.uncounted[0]
+    detach_all(bert, "plugin_linear")
+    assert static_costs(bert, length=7).flops is not None
+
+
+def test_the_budget_axes_are_the_cost_axes_written_once():
+    from headwise.planning.axes import BUDGET_AXES, COST_KEYS
+    from headwise.planning.budget import AXES
+    from headwise.planning.costs import Costs
+
+    assert set(AXES) == set(BUDGET_AXES) and set(COST_KEYS) <= {f.name for f in dataclasses.fields(Costs)}
+
+
 def test_costs_on_the_meta_device():
     with torch.device("meta"):
         bert = tiny_model("bert")

@@ -240,12 +240,14 @@ def method_of(what: "str | type | Any") -> Method:
     raise HeadwiseError(f"no method {label!r}; registered: {', '.join(sorted(METHODS))}")
 
 
-def method_named(text: str) -> Method:
-    """The method a user named (``plan(methods=...)``, ``--methods``, ``headwise edit``): its name, ``-`` for
-    ``_`` allowed, or a former name, which still works with a ``FutureWarning`` for one release (the command line
-    shows it as one line)."""
+def method_named(text: str, *, planned: bool = False) -> Method:
+    """The method a user named (``headwise edit``; with ``planned``, where plans name methods: ``plan(methods=...)``,
+    ``--methods``): its name, ``-`` for ``_`` allowed, or a former name (``Declaration.aliases``; with ``planned``
+    also ``Planned.former``), which still works with a ``FutureWarning`` for one release (the command line shows
+    it as one line)."""
     name = text.strip().replace("-", "_")
-    method = method_of(name)
+    former = {old: m for m in METHODS.values() if planned and m.planned for old in m.planned.former}
+    method = former.get(name) or method_of(name)
     if name != method.name:
         warnings.warn(f"method {name!r} is now {method.name!r} (the registered method's name); {name!r} still works "
                       "for one release", FutureWarning, stacklevel=2)

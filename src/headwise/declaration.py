@@ -38,7 +38,9 @@ class Planned:
     collaborative 30, replace 40, quantization 50). ``role``: ``"heads"`` (its levels are the head-removal axis; its
     ``rank`` hook orders the heads, by one of ``rankings``, the first by default), ``"pair"`` (each level is also
     measured on top of the head-removal levels) or ``"alone"``. ``calibrated``: applying it takes calibration
-    batches. ``trains``: a level means something only after recovery. ``label``: its name in plots and tables."""
+    batches. ``trains``: a level means something only after recovery. ``label``: its name in plots and tables.
+    ``former``: names plans gave it before (plan format 1's fields), accepted where plans name methods
+    (``plan(methods=...)``, ``--methods``) with a notice, for one release."""
 
     order: int
     role: Role = "alone"
@@ -46,6 +48,7 @@ class Planned:
     trains: bool = False
     label: str = ""
     rankings: tuple[str, ...] = ()
+    former: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
@@ -68,8 +71,9 @@ class Declaration:
 
     ``name``: the registered name (lower case, ``_``); ``config``: its config class (a ``MethodConfig``, in a module
     that imports no torch); ``summary``: one line (default: the config docstring's first sentence); ``examples``:
-    ``headwise edit NAME ...`` lines its --help shows (the tests parse each); ``aliases``: former names (saved
-    records resolve them; a name typed by a user resolves with a notice, ``contract.method_named``); ``version``:
+    ``headwise edit NAME ...`` lines its --help shows (the tests parse each); ``aliases``: former names of the
+    method (saved records resolve them; a name typed by a user resolves with a notice, ``contract.method_named``;
+    ``headwise edit`` takes them, unlisted); ``version``:
     of its records; ``planned``: how the planner tries it (None: not planned); ``trained_by``: the command that
     trains what it attaches (named when an option that moved to training is given to ``edit``); ``doc``: its
     page (``docs/NAME.md#anchor``; empty: its package's docstring is the documentation)."""

@@ -34,60 +34,25 @@ PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headw
                            "headwise.cli.quantize", "headwise.cli.mechanisms", "headwise.cli.compress", "headwise.cli.mix",
                            "headwise.cli.replace", "headwise.cli.kv_policy",
                            "headwise.cli.convert", "headwise.cli.train", "headwise.cli.plan",
-                           "headwise.cli.apply", "headwise.cli.edit")
+                           "headwise.cli.apply", "headwise.cli.edit", "headwise.cli.methods")
 
 
-# what `headwise VERB --help` shows under "examples:" (tests/test_cli_help.py parses every line); the tour of
-# docs/quickstart.md runs most of them. `headwise edit` and `edit METHOD` show the examples of the methods'
-# declarations (headwise.declaration).
-EXAMPLES: dict[str, tuple[str, ...]] = {
-    "sites": ("headwise sites", "headwise sites --model smollm2-135m"),
-    "analyze": ("headwise analyze --limit 200 --out minilm-analyze",
-                "headwise analyze --task lm --model smollm2-135m --max-length 256 --limit 50 --out smol-analyze"),
-    "eval": ("headwise eval stsb --limit 500",
-             "headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
-             "headwise eval translation --model multi30k-marian-de-en --limit 100",
-             "headwise eval classification --model DIR/model --data genre.csv"),
-    "prune": ("headwise prune --strategy importance --keep 54 --out minilm-prune",
-              "headwise prune --task lm --model smollm2-135m --strategy importance --unit kv-group --keep 216 "
-              "--out smol-prune"),
-    "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 "
-                 "--out minilm-quantize",),
-    "mechanisms": ("headwise mechanisms list",),
-    "mechanisms list": ("headwise mechanisms list", "headwise mechanisms list --json"),
-    "compress": ("headwise compress --dk 192 --out minilm-compress",),
-    "mix": ("headwise mix --swap 'enc-self.0:0 <-> enc-self.1:1' --out minilm-mix",
-            "headwise mix --task classification --data genre.csv --new-head --no-mixers --mix-epochs 1 "
-            "--out cls-tuned   # fine-tune a classifier"),
-    "replace": ("headwise replace local --arg window=16 --out minilm-replace",),
-    "kv-policy": ("headwise kv-policy --kv-budget 0.5 --out smol-kv   # smollm2-135m, synthetic calibration",
-                  "headwise kv-policy --model smollm2-135m --kv-budget 0.5 --context 8192 --data my.txt "
-                  "--out smol-kv8k"),
-    "convert": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
-                "headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent"),
-    "convert gqa": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
-                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --gqa-init svd --out smol-gqa3"
-                    "   # no data",
-                    "headwise convert gqa --model smollm2-135m --kv-heads 1 --data my.txt --uptrain-tokens 65536 "
-                    "--out smol-gqa-up"),
-    "convert latent": ("headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent",
-                       "headwise convert latent --model smollm2-135m --rank 128 --latent-init svd --out smol-r128"
-                       "   # no data",
-                       "headwise convert latent --model smollm2-135m --kv-budget 0.25 --data my.txt --out smol-l25"),
-    "eval stsb": ("headwise eval stsb --limit 500", "headwise eval stsb --model DIR/model --split test"),
-    "eval lm": ("headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
-                "headwise eval lm --model smollm2-135m --data my.txt --max-length 512"),
-    "eval translation": ("headwise eval translation --model multi30k-marian-de-en --limit 100",
-                         "headwise eval translation --model DIR/model --src-file de.txt --tgt-file en.txt --beam 4"),
-    "eval classification": ("headwise eval classification --model DIR/model --data genre.csv",
-                            "headwise eval classification --model DIR/model --data glue:sst2 --limit 200"),
-    "train": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",),
-    "train translation": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",
-                          "headwise train translation --out my-marian --resume   # continue an unfinished run"),
-    "plan": ("headwise plan --budget heads=0.75 --out minilm-plan",
-             "headwise plan --task lm --model smollm2-135m --budget kv-cache=-20% --out smol-plan"),
-    "apply": ("headwise apply minilm-plan/plan.json --out minilm-applied",),
-}
+def examples() -> dict[str, tuple[str, ...]]:
+    """What each page shows under "examples:", keyed by the page (``"convert gqa"``): the ``EXAMPLES`` of every
+    verb module (tests/test_cli_help.py parses every line; the tour of docs/quickstart.md runs most of them).
+    ``headwise edit`` and ``edit METHOD`` show the examples of the methods' declarations."""
+    out: dict[str, tuple[str, ...]] = {}
+    for plugin in PLUGINS:
+        out |= getattr(importlib.import_module(plugin), "EXAMPLES", {})
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EXAMPLES":  # every page's examples, read from the verb modules (examples())
+        return examples()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 START = """start here (docs/quickstart.md is a five-minute tour):
   headwise sites                                   # the attention sites of the default model (all-MiniLM-L6-v2)
   headwise eval stsb --limit 500                   # its STS-B score
@@ -268,20 +233,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def describe(commands: argparse._SubParsersAction, path: str = "") -> None:
+def describe(commands: argparse._SubParsersAction, path: str = "", pages: dict | None = None) -> None:
     """Each command's --help (verbs and their sub-commands, ``eval lm``, ``convert gqa``): its one line on top,
-    examples (``EXAMPLES``) below."""
+    examples (``examples()``) below."""
+    pages = examples() if pages is None else pages
     summaries = {action.dest: action.help for action in commands._choices_actions}
     for name in list(commands.choices):
         if path == "edit":  # its method pages build their options lazily (cli.edit.MethodParsers)
             continue
         command, key = commands.choices[name], f"{path} {name}".strip()
         command.description = command.description or summaries.get(name)
-        if key in EXAMPLES:
-            command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[key])
+        if key in pages:
+            command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in pages[key])
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
-                describe(action, key)
+                describe(action, key, pages)
 
 
 def _json_start(text: str) -> int:

@@ -16,6 +16,12 @@ from .output import print_json
 PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "apply": ("headwise apply minilm-plan/plan.json --out minilm-applied",),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("apply", parents=parents, help="perform the edit of a plan.json (headwise plan)")
     p.add_argument("plan", help="the plan.json written by headwise plan")
@@ -59,7 +65,8 @@ def run(args: argparse.Namespace) -> int:
                          plan_path=str(args.plan))
     native = point.edit.weights_only and plain_problem(model) is None
     report = Report("headwise apply", f"{plan.model}: {point.edit.describe()}")
-    before, after = summary["metric_before"], summary["metric_edited"] if mode == "none" else summary["metric_recovered"]
+    before = summary["metric_before"]
+    after = summary["metric_edited"] if mode == "none" else summary["metric_recovered"]
     shown = {k: "—" if v is None else f"{v:.2f}" for k, v in (("before", before), ("after", after))}
     section = report.add_section(
         "Verdict", f"**Applied {point.edit.describe()}** (`{point.name}`): {task.metric} {shown['after']} "

@@ -24,6 +24,12 @@ def _collaborative_options(parser: argparse.ArgumentParser) -> None:
                    ("dk", "kinds", "iterations", "init"), keep_defaults=True)
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "compress": ("headwise compress --dk 192 --out minilm-compress",),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("compress", parents=parents,
                          help="collaborative heads: share one query/key projection of width --dk across heads")

@@ -27,6 +27,23 @@ from . import model_args
 from .options import add, alias, config_options, output_args
 from .output import print_json, write_json
 
+
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "convert": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
+                "headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent"),
+    "convert gqa": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
+                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --gqa-init svd --out smol-gqa3"
+                    "   # no data",
+                    "headwise convert gqa --model smollm2-135m --kv-heads 1 --data my.txt --uptrain-tokens 65536 "
+                    "--out smol-gqa-up"),
+    "convert latent": ("headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent",
+                       "headwise convert latent --model smollm2-135m --rank 128 --latent-init svd --out smol-r128"
+                       "   # no data",
+                       "headwise convert latent --model smollm2-135m --kv-budget 0.25 --data my.txt --out smol-l25"),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("convert", parents=parents, help="shrink the KV cache: grouped-query or latent keys/values")
     kinds = p.add_subparsers(dest="conversion", required=True, metavar="KIND")

@@ -30,6 +30,14 @@ combined/outside and the 'text' calibration family. The default ranking needs no
 a text, perplexity is skipped."""
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "kv-policy": ("headwise kv-policy --kv-budget 0.5 --out smol-kv   # smollm2-135m, synthetic calibration",
+                  "headwise kv-policy --model smollm2-135m --kv-budget 0.5 --context 8192 --data my.txt "
+                  "--out smol-kv8k"),
+}
+
+
 def register(verbs, parents) -> None:
     summary = "per-KV-head cache policy (full or sink + window) for a KV-memory budget"
     p = verbs.add_parser("kv-policy", parents=parents, help=summary, description=f"{summary}\n\n" + DATA)
@@ -202,7 +210,8 @@ def run(args: argparse.Namespace) -> int:
     policy, scores, check, ppl = found.policy, found.scores, found.summary["passkey_check"], found.summary["perplexity"]
     summary = {"verdict": found.summary["verdict"], "model": args.model, **found.summary,
                "inputs": {"data": data, "data_used_for": list(uses) if data is not None else [],
-                          "calibration": found.calibrated_on, "perplexity": None if ppl is None else f"the last 10% of {data}",
+                          "calibration": found.calibrated_on,
+                          "perplexity": None if ppl is None else f"the last 10% of {data}",
                           "passkey_check": None if not check else f"{check['family']} prompts"},
                **run_record(task, None if ppl is None else ppl["full"][task.metric],
                             None if ppl is None else ppl["policy"][task.metric], None, model_costs(model), model)}

@@ -22,6 +22,14 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                    defaults={"gamma": 1.0}, keep_defaults=True)
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "mix": ("headwise mix --swap 'enc-self.0:0 <-> enc-self.1:1' --out minilm-mix",
+            "headwise mix --task classification --data genre.csv --new-head --no-mixers --mix-epochs 1 "
+            "--out cls-tuned   # fine-tune a classifier"),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("mix", parents=parents, help="swap heads and/or fine-tune with head mixers (MHR), folded into plain weights")
     model_args(p)

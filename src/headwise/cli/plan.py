@@ -13,6 +13,12 @@ from .task_options import load_task_model, task_args, task_from_args
 from .output import print_json, write_json
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "plan": ("headwise plan --budget heads=0.75 --out minilm-plan",
+             "headwise plan --task lm --model smollm2-135m --budget kv-cache=-20% --out smol-plan"),
+}
+
 
 def register(verbs, parents) -> None:
     from ..contract import declarations

@@ -26,6 +26,14 @@ def _l0_options(parser: argparse.ArgumentParser) -> None:
                                              "--keep over the first half of training)"), L0Training, L0_TRAINING)
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "prune": ("headwise prune --strategy importance --keep 54 --out minilm-prune",
+              "headwise prune --task lm --model smollm2-135m --strategy importance --unit kv-group --keep 216 "
+              "--out smol-prune"),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("prune", parents=parents, help="remove attention heads (L0 gates, importance or a mask)")
     model_args(p)

@@ -118,6 +118,13 @@ def _quantizer_options(parser: argparse.ArgumentParser) -> None:
                    keep_defaults=True)
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 "
+                 "--out minilm-quantize",),
+}
+
+
 def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     p = verbs.add_parser("quantize", parents=parents,
                          help="sweep attention-probability quantization and thresholds (SPIQA) on the task: "

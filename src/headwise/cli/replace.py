@@ -15,6 +15,12 @@ from .task_options import (load_task_model, metric_label, model_costs, run_recor
 from .output import print_json
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "replace": ("headwise replace local --arg window=16 --out minilm-replace",),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("replace", parents=parents,
                          help="replace softmax attention by an efficient mechanism (see `headwise mechanisms list`)")

@@ -6,8 +6,8 @@ from .config import CollaborativeConfig
 
 COLLABORATIVE = Declaration(
     name="collaborative", config=CollaborativeConfig, doc="docs/collaborative.md",
-    aliases=("dk",),  # its name in plan format 1
     examples=("headwise edit collaborative --dk 192 --out minilm-dk192",),
-    planned=Planned(order=30, role="pair", calibrated=True, label="collaborative heads"))
+    planned=Planned(order=30, role="pair", calibrated=True, label="collaborative heads",
+                    former=("dk",)))  # its name in plan format 1
 
 DECLARATIONS = (COLLABORATIVE,)

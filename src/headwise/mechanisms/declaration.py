@@ -6,7 +6,7 @@ from .config import ReplaceConfig
 
 REPLACE = Declaration(
     name="replace", config=ReplaceConfig, doc="docs/mechanisms.md",
-    aliases=("mechanism",),  # its former name (saved records) and its name in plan format 1
+    aliases=("mechanism",),  # its former name (saved records), also its name in plan format 1
     examples=("headwise edit replace --mechanism local --args '{\"window\": 16}' --out minilm-local",),
     planned=Planned(order=40, role="pair", label="efficient mechanism"))
 

@@ -43,7 +43,7 @@ def plannable(methods: Sequence[str] | None = None) -> list[Method]:
     chosen = []
     for text in methods:
         try:
-            method = method_named(text)
+            method = method_named(text, planned=True)
         except HeadwiseError:
             method = None
         if method not in found:

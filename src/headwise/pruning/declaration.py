@@ -14,9 +14,9 @@ L0 = Declaration(name="l0", config=L0Config, version=2,  # 2: training settings 
                            "trains them",))
 PRUNE_HEADS = Declaration(
     name="prune_heads", config=PruneHeadsConfig, doc="docs/pruning.md",
-    aliases=("prune",),  # its name in plan format 1
     examples=("headwise edit prune_heads --heads '{\"enc-self.0\": [0, 1]}' --out minilm-pruned",),
-    planned=Planned(order=10, role="heads", label="remove heads", rankings=("gradient", "l0")))
+    planned=Planned(order=10, role="heads", label="remove heads", rankings=("gradient", "l0"),
+                    former=("prune",)))  # its name in plan format 1
 
 DECLARATIONS = (GATES, MASKS, L0, PRUNE_HEADS)
 
