@@ -156,10 +156,10 @@ class Ranking:
 class AttentionCost:
     """What a method does at one site that the site's shapes do not show (its ``cost(site, length)`` hook): the
     keys each query attends to (``key_span``, e.g. a window), the query/key width per head the scores are computed
-    at (``score_width``, e.g. collaborative heads' shared width), the key/value cache bytes per token the site
-    keeps (``kv_bytes``, e.g. a cache that holds a latent), or ``uncounted``: why the planner cannot count this
-    site's attention (the plan then leaves the point's FLOPs unknown and says why, never costs it as something
-    else). None in a field: the shapes' own value."""
+    at (``score_width``, e.g. collaborative heads' shared width), the key/value cache bytes per token and layer the
+    site keeps (``kv_bytes``, e.g. a cache that holds a latent or a per-head policy), or ``uncounted``: why the
+    planner cannot count this site's attention (the plan then leaves the point's FLOPs unknown and says why, never
+    costs it as something else). None in a field: the shapes' own value."""
 
     key_span: float | None = None
     score_width: int | None = None

@@ -80,9 +80,9 @@ def text_task(path: str, window: int, tokens: int | None = None):
 
 def uptrain(model: nn.Module, teacher: Any, tokenizer: Any, task: Any, chunks: list,
             settings: ConvertSettings) -> dict[str, Any]:
-    """Train every weight on ``chunks`` (windows of token ids) through ``headwise.recover`` on the ``lm`` task: the next-token loss, or
-    with a teacher ``(1 − α)·loss + α·KL(teacher ‖ student)`` at temperature 1, ``α = W / (1 + W)`` for
-    ``distill`` W (the loss ``loss + W·KL`` divided by ``1 + W``)."""
+    """Train every weight on ``chunks`` (windows of token ids) through ``headwise.recover`` on the ``lm`` task:
+    the next-token loss, or with a teacher ``(1 − α)·loss + α·KL(teacher ‖ student)`` at temperature 1,
+    ``α = W / (1 + W)`` for ``distill`` W (the loss ``loss + W·KL`` divided by ``1 + W``)."""
     from transformers import TrainerCallback
 
     class Result(TrainerCallback):
