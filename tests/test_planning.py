@@ -635,6 +635,25 @@ def test_a_former_method_name_plans_with_one_warning_in_python_and_one_line_in_t
         assert [m.name for m in plannable(("kv-heads",))] == ["gqa"]
 
 
+def test_heads_are_ranked_only_when_the_head_removal_method_is_tried(bert_plan, tokenizer, monkeypatch):
+    """``--methods quantization`` ranks no head (no gradient pass): the rank hook is asked only for a method of
+    role "heads"; a ranking that method does not declare is refused before any work."""
+    from headwise.contract import METHODS
+
+    model, task, full = bert_plan
+    asked = []
+    hooks = METHODS["prune_heads"].hooks
+    monkeypatch.setattr(hooks, "rank", lambda *a: asked.append(a) or hooks.__class__.rank(*a))
+    quantized = headwise.plan(model, tokenizer, task, "params=-20%", methods=("quantization",), **FAST)
+    assert asked == [] and quantized.proxies["head_scores"] == {} and quantized.settings["ranking"] is None
+    assert all(layer["importance"] is None for layer in quantized.layers.values())
+    assert full.proxies["head_scores"] and full.settings["ranking"] == "gradient"
+    with pytest.raises(headwise.HeadwiseError, match="unknown head ranking 'ablation'; prune_heads ranks heads by "
+                                                     "gradient, l0"):
+        headwise.plan(model, tokenizer, task, "heads=6", ranking="ablation", **FAST)
+    assert asked == []
+
+
 def test_levels_that_train_are_skipped_without_recovery_and_asked_for_with_it():
     from headwise.contract import Method, MethodHooks
     from headwise.declaration import Declaration, Levels, PlanContext, Planned
