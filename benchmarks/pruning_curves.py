@@ -132,9 +132,9 @@ Baselines: zero-shot **{r.get("zero-shot", float("nan")):.2f}**, fine-tuned with
 ## Using it
 
 ```bash
-headwise prune --method l0 --keep 36 --out minilm-36            # L0 gates + 1 epoch on STS-B train
-headwise prune --method importance --keep 36 --iterative --finetune 1 --out minilm-36i
-headwise prune --method mask --mask alive_heads.yaml --out minilm-masked   # {{"enc-self": [[1, 0, ...], ...]}}
+headwise prune --strategy l0 --keep 36 --out minilm-36            # L0 gates + 1 epoch on STS-B train
+headwise prune --strategy importance --keep 36 --iterative --finetune 1 --out minilm-36i
+headwise prune --strategy mask --mask alive_heads.yaml --out minilm-masked   # {{"enc-self": [[1, 0, ...], ...]}}
 ```
 
 Each writes `model/` (reload with `headwise.from_pretrained`), `pruning.json` and `report.html` (metric vs.

@@ -12,5 +12,5 @@ $H eval translation $M --split test_2016_flickr --src de --tgt en --dtype bfloat
 $H analyze --task translation $M --limit 200 --importance-examples 64 --out "$out/report"
 $H quantize --task translation $M --limit 200 --methods linear_slog --bits 3..4 --out "$out/quantization"
 $H compress --task translation $M --dk 64 --kinds dec-enc --calibration task --limit 200 --out "$out/collaborative"
-$H prune --task translation $M --method importance --keep 48 --limit 200 --out "$out/pruned"
+$H prune --task translation $M --strategy importance --keep 48 --limit 200 --out "$out/pruned"
 echo "all verbs ran on ${1:-cuda}; outputs in $out"

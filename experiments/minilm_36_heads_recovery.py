@@ -5,7 +5,7 @@ STS-B train, 1 epoch, batch 16, lr 2e-5, 10% warm-up, seed 0); it is trained onc
 Runs (``--runs``, comma-separated; ``E`` = recovery epochs):
 
 - ``l0``: L0 gates trained jointly with the task loss for 1 epoch from the packaged model, 36 heads kept
-  (``headwise prune --method l0 --keep 36``); cached per seed, the start of the ``l0+…`` runs;
+  (``headwise prune --strategy l0 --keep 36``); cached per seed, the start of the ``l0+…`` runs;
 - ``l0+distill:E`` / ``l0+finetune:E``: then ``headwise.recover`` with distillation from the teacher, or the
   task loss only, for E epochs;
 - ``importance+distill:E``: one-shot gradient importance on the teacher (256 train pairs), the 36 most important

@@ -7,7 +7,7 @@ picks a subset, each phase stays under ~8 minutes on one shared CPU thread):
 - ``baseline``: greedy BLEU of ``multi30k-marian-de-en`` on test_2016_flickr;
 - ``control``: the model fine-tuned ``--steps`` updates on train with nothing else (the control for L0);
 - ``l0-<K>``: Hard-Concrete gates on all 72 heads, λ by dual ascent towards ``K`` open heads (target reached
-  linearly over the first half of the updates, as ``headwise prune --method l0``), ``--steps`` updates with the
+  linearly over the first half of the updates, as ``headwise prune --strategy l0``), ``--steps`` updates with the
   label loss; open heads per kind traced every 5 updates; then exactly ``K`` heads kept (``keep_l0_heads``, at
   least one per layer), the rest removed physically; greedy test BLEU of the smaller model;
 - ``analysis``: ``headwise.analysis.analyze_seq2seq`` on the baseline over val: Voita's roles (positional,

@@ -10,8 +10,9 @@ from collections import defaultdict
 import pytest
 
 from headwise.cli import build_parser, main
-from headwise.cli.options import FIELD_FLAGS, SHARED
+from headwise.cli.options import SHARED
 from headwise.contract import METHODS, config_fields, load_methods
+from headwise.flags import flag as field_flag
 
 
 def leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
@@ -61,7 +62,7 @@ def test_every_edit_page_shows_its_config_fields_help(capsys):
         assert main(["edit", name, "--help"]) == 0
         page = " ".join(capsys.readouterr().out.split())
         for f in (f for f, _ in config_fields(method.config) if f.name != "selection"):
-            flag = FIELD_FLAGS.get(f"{method.config.__name__}.{f.name}", ("--" + f.name.replace("_", "-"),))[0]
+            flag = field_flag(f)
             text = SHARED[flag]["help"] if flag in SHARED else f.metadata["help"]
             assert flag in page and " ".join(text.split()[:4]) in page, f"edit {name}: no help for {f.name}"
     assert main(["edit", "quantization", "--help"]) == 0
@@ -73,6 +74,7 @@ def test_every_edit_page_shows_its_config_fields_help(capsys):
     (["edit", "quantization", "--method", "log", "--out", "x"], "method", "log"),
     (["quantize", "--bits", "3,4"], "bits", "3,4"), (["quantize", "--methods", "log"], "methods", "log"),
     (["kv-policy", "--ranking", "random"], "ranking", "random"),
+    (["prune", "--method", "importance", "--keep", "3"], "strategy", "importance"),
     (["apply", "plan.json", "--recover-max-steps", "2"], "recover_steps", 2),
     (["convert", "latent", "--kv-budget", "0.5", "--init", "svd", "--out", "x"], "init", "svd"),
 ])

@@ -14,9 +14,15 @@ from pathlib import Path
 import pytest
 
 from headwise.cli import EXAMPLES, START, build_parser, main
+from headwise.contract import declarations
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 VERBS = tuple(build_parser()._subparsers._group_actions[0].choices)
+
+
+def examples_of(verb: str) -> tuple[str, ...]:
+    """A verb page's examples: ``EXAMPLES``, or for ``edit`` the first example of every method's declaration."""
+    return tuple(d.examples[0] for d in declarations().values()) if verb == "edit" else EXAMPLES[verb]
 
 
 def test_the_top_page_lists_every_verb_and_where_to_start(capsys):
@@ -34,8 +40,8 @@ def test_every_verb_page_has_its_summary_and_examples_that_parse(verb, capsys):
     summary = next(a.help for a in build_parser()._subparsers._group_actions[0]._choices_actions if a.dest == verb)
     description = " ".join(page.split("\n\n")[1].split())  # the paragraph under the usage lines
     assert description == summary or (verb == "edit" and description.startswith("Apply one registered method"))
-    assert "examples:" in page and verb in EXAMPLES
-    for example in EXAMPLES[verb]:
+    assert "examples:" in page and examples_of(verb)
+    for example in examples_of(verb):
         assert f"  {example}" in page
         argv = shlex.split(example, comments=True)
         assert argv[:2] == ["headwise", verb]
@@ -65,18 +71,18 @@ def test_every_sub_command_page_has_its_summary_and_examples_that_parse(verb, na
         assert argv[1:3] == [verb, name] and args.verb == verb
 
 
-# pages whose method options are a config's fields (Parser.later): built on the page's first use, importing torch
+# pages whose method options are a config's fields (Parser.later): added on the page's first use, without torch
 CONFIG_PAGES = {("prune",), ("quantize",), ("compress",), ("mix",), ("convert", "gqa"), ("convert", "latent")}
 
 
 def test_building_the_parser_and_every_help_page_imports_no_torch():
-    """``headwise --help`` answers at once: the parser and its pages are built from light modules (checked in a fresh
-    process through sys.modules), every page but those whose options come from configs that import torch:
-    ``edit METHOD`` and ``CONFIG_PAGES``, which add them on first use."""
+    """``headwise --help`` answers at once: the parser and every page, those whose options are a config's fields
+    (``CONFIG_PAGES``, ``edit METHOD`` and its hidden former names) included, are built from light modules: the
+    methods' declarations and configs import no torch (checked in a fresh process through sys.modules)."""
     pages = [[], *([verb] for verb in VERBS), *([verb, name] for verb, name in sub_commands())]
     later = {tuple(argv) for argv in pages if argv and _parser(argv).pending}
     assert later == CONFIG_PAGES
-    pages = [argv for argv in pages if tuple(argv) not in CONFIG_PAGES]
+    pages += [["edit", name] for d in declarations().values() for name in (d.name, *d.aliases)]
     script = "\n".join([
         "import contextlib, io, sys",
         "from headwise.cli import build_parser",
@@ -88,7 +94,7 @@ def test_building_the_parser_and_every_help_page_imports_no_torch():
     env = dict(os.environ, PYTHONPATH=str(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True)
     assert done.stdout.strip() == "[]", done.stderr
-    assert len(pages) > 15
+    assert len(pages) > 30
 
 
 def _parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -100,9 +106,9 @@ def _parser(argv: list[str]) -> argparse.ArgumentParser:
 
 
 def test_the_light_copies_equal_the_library():
-    """What the parser shows without importing torch is what the library defines."""
+    """What the parser shows without importing torch is what the library defines (no copy names a method: the
+    methods' pages, names and former names come from their declarations)."""
     from headwise.cli import constants
-    from headwise.cli.edit import HIDDEN, SUMMARIES, summary_of
     from headwise.contract import METHODS, load_methods
     from headwise.kvcache.apply import PREFILL_CHUNK
     from headwise.planning.candidates import plannable
@@ -111,9 +117,10 @@ def test_the_light_copies_equal_the_library():
 
     load_methods()
     assert constants.RECOVERY_MODES == MODES and constants.TRAIN_MEMORY_MODES == MEMORY_MODES
-    assert constants.PLAN_METHODS == tuple(m.name for m in plannable()) and constants.PREFILL_CHUNK == PREFILL_CHUNK
-    assert SUMMARIES == {name: summary_of(method) for name, method in METHODS.items()}
-    assert HIDDEN == {alias: m.name for m in METHODS.values() for alias in m.aliases}
+    assert constants.PREFILL_CHUNK == PREFILL_CHUNK
+    assert {name: d.summary for name, d in declarations().items()} == {n: m.summary for n, m in METHODS.items()}
+    plan_page = _parser(["plan"]).format_help()
+    assert ",".join(m.name for m in plannable()) in " ".join(plan_page.split())
 
 
 def test_edit_method_pages_get_their_options_when_chosen(capsys):
@@ -160,13 +167,11 @@ def test_a_light_import_still_reads_every_checkpoint(tmp_path):
 
 
 def test_every_edit_method_page_has_examples_that_parse(capsys):
-    from headwise.cli.edit import SUMMARIES
-
-    for name in SUMMARIES:
+    for name, declaration in declarations().items():
         assert main(["edit", name, "--help"]) == 0
         page = capsys.readouterr().out
-        assert "examples:" in page
-        for example in EXAMPLES[f"edit {name}"]:
+        assert "examples:" in page and declaration.examples
+        for example in declaration.examples:
             assert f"  {example}" in page
             args = build_parser().parse_args(shlex.split(example, comments=True)[1:])
             assert args.verb == "edit" and args.method_name == name

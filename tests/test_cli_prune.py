@@ -22,7 +22,7 @@ def _mask(tmp_path, rows):
 def test_prune_with_a_mask_file_saves_a_smaller_model_that_reloads_in_a_fresh_process(tmp_path, capsys):
     rows = [[0] + ALL[1:], ALL, [0, 0] + ALL[2:], ALL, ALL, ALL]
     out = tmp_path / "out"
-    assert main(["prune", "--method", "mask", "--mask", _mask(tmp_path, rows), "--no-eval", "--out", str(out)]) == 0
+    assert main(["prune", "--strategy", "mask", "--mask", _mask(tmp_path, rows), "--no-eval", "--out", str(out)]) == 0
     result = json.loads((out / "pruning.json").read_text())
     assert result["heads_after"] == 69 and result["removed"]["enc-self.2"] == [0, 1]
     assert result["costs"]["before"]["parameters"] - result["costs"]["after"]["parameters"] == 3 * (3 * (32 * 384 + 32) + 384 * 32)
@@ -45,26 +45,26 @@ def test_prune_l0_runs_end_to_end_and_says_when_it_missed_its_target(tmp_path, c
     """Two steps leave every gate open (they start open): the cut to --keep is by ranking, and the run says so,
     naming the flags that would help, in its output and in pruning.json."""
     out = tmp_path / "l0"
-    assert main(["prune", "--method", "l0", "--keep", "60", "--max-steps", "2", "--no-eval", "--out", str(out)]) == 0
+    assert main(["prune", "--strategy", "l0", "--keep", "60", "--max-steps", "2", "--no-eval", "--out", str(out)]) == 0
     result = json.loads((out / "pruning.json").read_text())
     assert result["heads_after"] == 60 and sum(map(len, result["removed"].values())) == 12
     l0 = result["l0"]
     assert l0["target_heads"] == 60 and l0["open_heads"] > 60 and l0["lambda"] >= 0
-    assert "--max-steps 2" in l0["warning"] and "--epochs" in l0["warning"] and "--method importance" in l0["warning"]
+    assert "--max-steps 2" in l0["warning"] and "--epochs" in l0["warning"] and "--strategy importance" in l0["warning"]
     assert f"warning: {l0['warning']}" in capsys.readouterr().err
     assert l0["training"] == {"lam": 0.0, "reduction": "sum", "target_heads": 60, "lambda_lr": 0.01,
                               "target_warmup": 1}  # tasks.recipes.l0_training: half of the 2 steps
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["--method", "l0"], "needs --keep"),
-    (["--method", "importance", "--keep", "0"], "--keep: 0 is out of range"),
-    (["--method", "mask"], "needs --mask"),
-    (["--method", "l0", "--keep", "80", "--no-eval"], "more than the model's 72 heads"),
-    (["--method", "l0", "--keep", "36", "--recover", "distill", "--alpha", "1.5"], "alpha 1.5"),
-    (["--method", "l0", "--keep", "36", "--teacher", "x"], "--teacher applies to --recover distill"),
-    (["--method", "l0", "--keep", "36", "--recover", "distill", "--finetune", "1"], "shorthand for --recover finetune"),
-    (["--method", "l0", "--keep", "36", "--recover", "finetune", "--recover-epochs", "0"], "--recover-epochs: 0 is out of range"),
+    (["--strategy", "l0"], "needs --keep"),
+    (["--strategy", "importance", "--keep", "0"], "--keep: 0 is out of range"),
+    (["--strategy", "mask"], "needs --mask"),
+    (["--strategy", "l0", "--keep", "80", "--no-eval"], "more than the model's 72 heads"),
+    (["--strategy", "l0", "--keep", "36", "--recover", "distill", "--alpha", "1.5"], "alpha 1.5"),
+    (["--strategy", "l0", "--keep", "36", "--teacher", "x"], "--teacher applies to --recover distill"),
+    (["--strategy", "l0", "--keep", "36", "--recover", "distill", "--finetune", "1"], "shorthand for --recover finetune"),
+    (["--strategy", "l0", "--keep", "36", "--recover", "finetune", "--recover-epochs", "0"], "--recover-epochs: 0 is out of range"),
 ])
 def test_bad_arguments(tmp_path, capsys, argv, message):
     out = tmp_path / "never"
@@ -74,14 +74,14 @@ def test_bad_arguments(tmp_path, capsys, argv, message):
 
 def test_bad_mask_and_existing_output(tmp_path, capsys):
     out = tmp_path / "never"
-    assert main(["prune", "--method", "mask", "--mask", _mask(tmp_path, [ALL] * 5), "--no-eval", "--out", str(out)]) == 2
+    assert main(["prune", "--strategy", "mask", "--mask", _mask(tmp_path, [ALL] * 5), "--no-eval", "--out", str(out)]) == 2
     assert "5 rows" in capsys.readouterr().err and not out.exists()
     rows = [[0] * 12] + [ALL] * 5
-    assert main(["prune", "--method", "mask", "--mask", _mask(tmp_path, rows), "--no-eval", "--out", str(out)]) == 2
+    assert main(["prune", "--strategy", "mask", "--mask", _mask(tmp_path, rows), "--no-eval", "--out", str(out)]) == 2
     assert "--allow-empty-layers" in capsys.readouterr().err and not out.exists()
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    assert main(["prune", "--method", "mask", "--mask", _mask(tmp_path, [ALL] * 6), "--out", str(out)]) == 2
+    assert main(["prune", "--strategy", "mask", "--mask", _mask(tmp_path, [ALL] * 6), "--out", str(out)]) == 2
     assert "--force" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
 
 

@@ -77,7 +77,7 @@ def test_analyze_with_the_lm_task_ranks_heads_by_the_next_token_loss(llama_dir, 
 def test_prune_lm_by_query_heads_or_kv_groups(llama_dir, tmp_path, capsys, unit, keep, plain):
     out = tmp_path / unit
     argv = ["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-            "--method", "importance", "--unit", unit, "--keep", str(keep), "--step", "3", "--max-length", "32",
+            "--strategy", "importance", "--unit", unit, "--keep", str(keep), "--step", "3", "--max-length", "32",
             "--importance-examples", "4", "--out", str(out), "--json"] + (["--plain"] if plain else [])
     assert main(argv) == 0
     result = json.loads(capsys.readouterr().out)
@@ -103,12 +103,12 @@ def test_prune_lm_by_query_heads_or_kv_groups(llama_dir, tmp_path, capsys, unit,
 def test_prune_plain_refuses_partial_groups_and_writes_nothing(llama_dir, tmp_path, capsys):
     out = tmp_path / "never"
     argv = ["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-            "--method", "importance", "--keep", "13", "--max-length", "32", "--importance-examples", "2", "--no-eval",
+            "--strategy", "importance", "--keep", "13", "--max-length", "32", "--importance-examples", "2", "--no-eval",
             "--plain", "--out", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--plain" in err and "nothing was written" in err and not out.exists()
-    assert "use --method importance --unit kv-group" in err  # refused before ranking, not after the work
+    assert "use --strategy importance --unit kv-group" in err  # refused before ranking, not after the work
 
 
 def test_prune_plain_with_uneven_groups_writes_zero_padded_heads(llama_dir, tmp_path, capsys):
@@ -116,7 +116,7 @@ def test_prune_plain_with_uneven_groups_writes_zero_padded_heads(llama_dir, tmp_
     the config's counts, the removed group zero, and computes what the pruned model computes."""
     out = tmp_path / "uneven"
     argv = ["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-            "--method", "importance", "--unit", "kv-group", "--keep", "15", "--max-length", "32", "--plain",
+            "--strategy", "importance", "--unit", "kv-group", "--keep", "15", "--max-length", "32", "--plain",
             "--importance-examples", "2", "--no-eval", "--out", str(out), "--json"]
     assert main(argv) == 0
     assert json.loads(capsys.readouterr().out)["heads_after"] == 15
@@ -130,9 +130,9 @@ def test_prune_plain_with_uneven_groups_writes_zero_padded_heads(llama_dir, tmp_
 
 @pytest.mark.parametrize("argv,message", [
     (["eval", "lm", "--data", "/no/such.txt"], "not found: /no/such.txt"),
-    (["prune", "--task", "lm", "--method", "importance", "--keep", "3", "--data", "/no/such.txt"], "not found"),
+    (["prune", "--task", "lm", "--strategy", "importance", "--keep", "3", "--data", "/no/such.txt"], "not found"),
     (["quantize", "--task", "translation", "--src-file", "/no/a.de", "--tgt-file", "/no/a.en"], "not found"),
-    (["prune", "--method", "l0", "--keep", "3", "--unit", "kv-group"], "--unit kv-group applies to --method importance"),
+    (["prune", "--strategy", "l0", "--keep", "3", "--unit", "kv-group"], "--unit kv-group applies to --strategy importance"),
 ])
 def test_bad_input_fails_before_loading_and_writes_nothing(tmp_path, capsys, argv, message):
     out = tmp_path / "never"
@@ -158,7 +158,7 @@ def test_quantize_with_the_lm_task_scores_negative_perplexity(llama_dir, tmp_pat
 def test_prune_l0_with_the_lm_loss_and_recovery_finetuning(llama_dir, tmp_path, capsys):
     out = tmp_path / "l0"
     assert main(["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-                 "--method", "l0", "--keep", "12", "--max-steps", "2", "--recover", "distill", "--recover-steps", "2",
+                 "--strategy", "l0", "--keep", "12", "--max-steps", "2", "--recover", "distill", "--recover-steps", "2",
                  "--train-memory", "bounded", "--max-length", "32", "--out", str(out), "--json"]) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])  # the Trainer logs before it
     assert result["heads_after"] == 12 and result["masked_only"] == (result["kv_heads_after"] == 6) and result["metric_before"] is not None and result["metric_recovered"] is not None
@@ -194,7 +194,7 @@ def test_replace_distils_from_the_model_with_its_mechanism_switched_off(llama_di
     assert result["recovery"]["teacher"] == "the model with its headwise ops switched off"
     assert result["metric_recovered"] != result["metric_edited"]
     assert main(["prune", "--task", "lm", "--model", str(llama_dir / "model"), "--data", str(llama_dir / "text.txt"),
-                 "--method", "l0", "--keep", "12", "--max-steps", "1", "--recover", "distill", "--teacher", "off",
+                 "--strategy", "l0", "--keep", "12", "--max-steps", "1", "--recover", "distill", "--teacher", "off",
                  "--max-length", "32", "--out", str(tmp_path / "p")]) == 2
     assert "--teacher off needs a reversible edit" in capsys.readouterr().err
 

@@ -92,7 +92,7 @@ SITE = {"stsb": "enc-self", "lm": "dec-self", "translation": "enc-self", "classi
 def verb_argv(verb: str, task: str) -> list[str]:
     if verb == "prune":
         keep = {"lm": "6", "translation": "12"}.get(task, "5")  # translation: 6 sites keep one head each at least
-        return ["prune", "--method", "importance", "--keep", keep, "--importance-examples", "8"]
+        return ["prune", "--strategy", "importance", "--keep", keep, "--importance-examples", "8"]
     if verb == "compress":
         return ["compress", "--dk", "16", "--calibration-limit", "16", "--iterations", "2"]
     if verb == "replace":

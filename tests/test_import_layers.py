@@ -1,6 +1,8 @@
-"""Layers import downward only: every ``import`` of every module (top-level and lazy ones inside functions, read with
-``ast``) goes to a lower layer, or stays inside its own package. Method packages may use each other only through
-the allow-list below, each entry with its reason. See docs/design.md for the picture."""
+"""Layers import downward only: every ``import`` of every module (top-level and lazy ones inside functions, and the
+names a lazy package lists under ``if TYPE_CHECKING:``, read with ``ast``) goes to a lower layer, or stays inside
+its own package. Method packages may use each other only through the allow-list below, each entry with its
+reason. The methods layer is ``headwise.contract.METHOD_PACKAGES`` (read from the checked tree's source, so a new
+method package joins it by that one line) and analysis. See docs/design.md for the picture."""
 
 from __future__ import annotations
 
@@ -11,27 +13,43 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-# Lowest first. A module belongs to the longest prefix that names it; "headwise" alone is the package __init__.
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("core", ("headwise.errors", "headwise.keywords", "headwise.version", "headwise.compat", "headwise.batching",
-              "headwise.allocator", "headwise.io.files", "headwise.io.manifest", "headwise.progress", "headwise.sweep")),
-    ("sites", ("headwise.sites",)),
-    ("runtime", ("headwise.runtime",)),
-    # one-call save/reload and model loading rebuild the runtime's ops on a fresh model
-    ("persistence", ("headwise.io", "headwise.models", "headwise.contract")),
-    ("methods", ("headwise.analysis", "headwise.pruning", "headwise.collaborative", "headwise.quantization",
-                 "headwise.mixing", "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")),
-    # the Trainer with head penalties (and its update in the backward), which tasks train through
-    ("trainer", ("headwise.trainer",)),
-    ("tasks", ("headwise.tasks",)),
-    ("training", ("headwise.training",)),  # recipes over tasks (STS-B, translation from scratch, KV gates)
-    ("planning", ("headwise.planning",)),
-    ("report", ("headwise.report",)),
-    # edited folders in other clients: transformers' Auto classes (trust_remote_code), lm-eval's model type
-    ("clients", ("headwise.clients",)),
-    ("cli", ("headwise.cli",)),
-    ("public", ("headwise",)),
-]
+
+def method_packages(src: Path = SRC) -> tuple[str, ...]:
+    """``METHOD_PACKAGES`` as the tree at ``src`` writes it in ``headwise/contract.py`` (read, not imported)."""
+    tree = ast.parse((src / "headwise" / "contract.py").read_text(encoding="utf-8"))
+    value = next(node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "METHOD_PACKAGES" for t in node.targets))
+    return tuple(ast.literal_eval(value))
+
+
+def layers(src: Path = SRC) -> list[tuple[str, tuple[str, ...]]]:
+    """The layers, lowest first. A module belongs to the longest prefix that names it; "headwise" alone is the
+    package __init__."""
+    return [
+        ("core", ("headwise.errors", "headwise.keywords", "headwise.version", "headwise.compat", "headwise.batching",
+                  "headwise.allocator", "headwise.io.files", "headwise.io.manifest", "headwise.progress",
+                  "headwise.lazy", "headwise.flags", "headwise.declaration", "headwise.sweep")),
+        ("sites", ("headwise.sites",)),
+        ("runtime", ("headwise.runtime",)),
+        # one-call save/reload and model loading rebuild the runtime's ops on a fresh model
+        ("persistence", ("headwise.io", "headwise.models", "headwise.contract")),
+        # per-head statistics and importance (no method of its own; pruning and mixing use it), and every method
+        ("methods", ("headwise.analysis", *method_packages(src))),
+        # the Trainer with head penalties (and its update in the backward), which tasks train through
+        ("trainer", ("headwise.trainer",)),
+        ("tasks", ("headwise.tasks",)),
+        ("training", ("headwise.training",)),  # recipes over tasks (STS-B, translation from scratch, KV gates)
+        ("planning", ("headwise.planning",)),
+        ("workflows", ("headwise.workflows",)),  # a verb's whole run as a library function (tasks, plans, recovery)
+        ("report", ("headwise.report",)),
+        # edited folders in other clients: transformers' Auto classes (trust_remote_code), lm-eval's model type
+        ("clients", ("headwise.clients",)),
+        ("cli", ("headwise.cli",)),
+        ("public", ("headwise",)),
+    ]
+
+
+LAYERS = layers()
 RANK = {name: rank for rank, (name, _) in enumerate(LAYERS)}
 
 # (importing package, imported package): why one method may use another.
@@ -48,10 +66,11 @@ PERSISTENCE_ALLOWED: dict[tuple[str, str], str] = {
 }
 
 
-def layer_of(module: str) -> tuple[str, str]:
-    """(layer, package) of a dotted module name; the package is ``headwise.<first part>``."""
+def layer_of(module: str, table: list[tuple[str, tuple[str, ...]]] | None = None) -> tuple[str, str]:
+    """(layer, package) of a dotted module name in the layers ``table`` (default: this tree's); the package is
+    ``headwise.<first part>``."""
     best = None
-    for name, prefixes in LAYERS:
+    for name, prefixes in table or LAYERS:
         for prefix in prefixes:
             if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[1])):
                 best = (name, prefix)
@@ -61,21 +80,21 @@ def layer_of(module: str) -> tuple[str, str]:
     return best[0], ".".join(parts[:2]) if len(parts) > 1 else "headwise"
 
 
-def modules() -> dict[str, Path]:
+def modules(src: Path = SRC) -> dict[str, Path]:
     out = {}
-    for path in sorted((SRC / "headwise").rglob("*.py")):
-        parts = list(path.relative_to(SRC).with_suffix("").parts)
+    for path in sorted((src / "headwise").rglob("*.py")):
+        parts = list(path.relative_to(src).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
         out[".".join(parts)] = path
     return out
 
 
-def imports(module: str, path: Path) -> list[tuple[str, int]]:
+def imports(module: str, path: Path, known: dict[str, Path] | None = None) -> list[tuple[str, int]]:
     """Absolute names of every headwise module ``module`` imports, with line numbers (``from x import y`` counts
-    ``x.y`` when ``y`` is a module, else ``x``)."""
+    ``x.y`` when ``y`` is a module of ``known``, default this tree's, else ``x``)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    known = modules()
+    known = modules() if known is None else known
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -92,14 +111,16 @@ def imports(module: str, path: Path) -> list[tuple[str, int]]:
     return sorted({(name, line) for name, line in out if name == "headwise" or name.startswith("headwise.")})
 
 
-def violations() -> list[str]:
-    bad = []
-    for module, path in modules().items():
-        layer, package = layer_of(module)
-        for target, line in imports(module, path):
-            t_layer, t_package = layer_of(target)
-            where = f"{path.relative_to(SRC)}:{line}: {module} ({layer}) imports {target} ({t_layer})"
-            if t_package == package or RANK[t_layer] < RANK[layer]:
+def violations(src: Path = SRC) -> list[str]:
+    """Every import of the tree at ``src`` that breaks the layers, one line each."""
+    table, known, bad = layers(src), modules(src), []
+    rank = {name: i for i, (name, _) in enumerate(table)}
+    for module, path in known.items():
+        layer, package = layer_of(module, table)
+        for target, line in imports(module, path, known):
+            t_layer, t_package = layer_of(target, table)
+            where = f"{path.relative_to(src)}:{line}: {module} ({layer}) imports {target} ({t_layer})"
+            if t_package == package or rank[t_layer] < rank[layer]:
                 continue
             if layer == t_layer == "methods":
                 if (package, t_package) not in METHOD_ALLOWED:

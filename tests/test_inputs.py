@@ -153,7 +153,7 @@ def test_prune_with_a_task_and_no_eval_saves_the_task_model(llama_dir, tmp_path,
     mask = tmp_path / "m.json"
     mask.write_text(json.dumps({"dec-self": [[0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 1, 1]]}))
     out = tmp_path / "p"
-    assert main(["prune", "--model", str(llama_dir / "model"), "--task", "lm", "--method", "mask", "--mask",
+    assert main(["prune", "--model", str(llama_dir / "model"), "--task", "lm", "--strategy", "mask", "--mask",
                  str(mask), "--no-eval", "--out", str(out)]) == 0
     model = headwise.from_pretrained(out / "model")
     assert type(model).__name__ == "LlamaForCausalLM"
@@ -230,7 +230,7 @@ def test_a_data_file_that_is_not_utf8_is_named_with_its_line(verb, tmp_path, cap
             "eval stsb": ["eval", "stsb", "--data", str(path)],
             "eval translation": ["eval", "translation", "--src-file", str(path), "--tgt-file", str(path)],
             "analyze": ["analyze", "--data", str(path), "--out", str(out)],
-            "prune mask": ["prune", "--method", "mask", "--mask", str(path), "--no-eval", "--out", str(out)],
+            "prune mask": ["prune", "--strategy", "mask", "--mask", str(path), "--no-eval", "--out", str(out)],
             "convert": ["convert", "gqa", "--kv-heads", "1", "--data", str(path), "--out", str(out)],
             "compress": ["compress", "--dk", "8", "--calibration", str(path), "--out", str(out)]}[verb]
     assert main(argv) == 2
@@ -274,7 +274,7 @@ def test_task_sizes_are_checked_from_python(bert_dir):
 def test_an_empty_mask_is_refused(tmp_path, capsys):
     mask = tmp_path / "m.json"
     mask.write_text("{}")
-    assert main(["prune", "--method", "mask", "--mask", str(mask), "--no-eval", "--out", str(tmp_path / "o")]) == 2
+    assert main(["prune", "--strategy", "mask", "--mask", str(mask), "--no-eval", "--out", str(tmp_path / "o")]) == 2
     one_line_error(capsys, "is empty")
 
 
@@ -372,7 +372,7 @@ def test_out_dot_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     mask = tmp_path / "m.json"
     mask.write_text(json.dumps({"enc-self": [[1] * 12] * 6}))
     started = time.monotonic()
-    assert main(["prune", "--model", "/no/such/model", "--method", "mask", "--mask", str(mask), "--no-eval",
+    assert main(["prune", "--model", "/no/such/model", "--strategy", "mask", "--mask", str(mask), "--no-eval",
                  "--out", ".", "--force"]) == 2
     one_line_error(capsys, "working directory")
     assert (tmp_path / "mine.txt").read_text() == "keep" and time.monotonic() - started < 30

@@ -108,7 +108,7 @@ def test_the_cli_says_it_in_one_line(tmp_path, capsys):
     from headwise.cli import main
 
     (tmp_path / "file").write_text("mine")
-    code = main(["prune", "--method", "mask", "--mask", str(tmp_path / "mask.json"), "--no-eval",
+    code = main(["prune", "--strategy", "mask", "--mask", str(tmp_path / "mask.json"), "--no-eval",
                  "--out", str(tmp_path / "file" / "out")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "is a file, not a folder" in err, err

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -365,3 +366,74 @@ def test_verbs_take_a_selection_and_their_former_keywords_warn_then_convert():
     with pytest.raises(HeadwiseError, match="conflicts with the QuantizationConfig"), pytest.warns(FutureWarning):
         headwise.quantize_attention(model, headwise.QuantizationConfig(selection=Selection(names=[second])),
                                     sites=[first])
+
+
+# ---- declarations and hooks ---------------------------------------------------------------------------------------
+def test_every_declared_method_is_registered_with_its_declaration_and_no_other():
+    from headwise.contract import METHOD_PACKAGES, declarations
+
+    declared = declarations()
+    assert set(declared) == set(METHODS) and len(METHOD_PACKAGES) == 7
+    for name, method in METHODS.items():
+        assert method.declaration is declared[name] and method.config is declared[name].config
+        assert method.summary and method.summary == declared[name].summary
+
+
+def test_a_method_is_built_by_keywords_only():
+    from headwise.contract import Method
+
+    method = METHODS["gates"]
+    with pytest.raises(TypeError):
+        Method(method.declaration, method.hooks)  # noqa: the positional form is gone
+    assert Method(declaration=method.declaration, hooks=method.hooks).name == "gates"
+
+
+@dataclass
+class _Hookless(MethodConfig):
+    """A config whose method lacks hooks."""
+
+
+@pytest.mark.parametrize("planned, hooks, missing", [
+    (None, {"apply": lambda self, model, c: None}, "example (every method)"),
+    (None, {"apply": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
+            "remove": lambda self, model: None}, "present (a reversible method gives remove and present)"),
+    ("alone", {"apply": lambda self, model, c: None, "example": lambda self, model: _Hookless()},
+     "levels (a planned method); describe (a planned method)"),
+    ("heads", {"apply": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
+               "levels": lambda self, model, context: None, "describe": lambda self, c: ""},
+     "rank (a planned method of role 'heads')"),
+    (None, {"apply": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
+            "legacy_kind": "old_kind"}, "replay (legacy_kind names journal records"),
+])
+def test_a_declaration_that_misses_a_required_hook_is_refused_naming_it(planned, hooks, missing):
+    from headwise.contract import MethodHooks, register
+    from headwise.declaration import Declaration, Planned
+
+    plan = None if planned is None else Planned(order=99, role=planned,
+                                                rankings=("gradient",) if planned == "heads" else ())
+    declaration = Declaration(name="hookless", config=_Hookless, planned=plan)
+    with pytest.raises(HeadwiseError, match="method 'hookless' misses hooks: " + re.escape(missing)):
+        register(declaration)(type("Hooks", (MethodHooks,), hooks))
+    assert "hookless" not in METHODS
+
+
+def test_a_declaration_refuses_bad_names_examples_and_configs():
+    from headwise.declaration import Declaration
+
+    with pytest.raises(HeadwiseError, match="lower-case letters"):
+        Declaration(name="Bad-Name", config=_Hookless)
+    with pytest.raises(HeadwiseError, match="an example is a `headwise edit toy ...` line"):
+        Declaration(name="toy", config=_Hookless, examples=("headwise prune --keep 3",))
+    with pytest.raises(HeadwiseError, match="must be a dataclass"):
+        Declaration(name="toy", config=dict)
+    assert Declaration(name="toy", config=_Hookless).summary == "A config whose method lacks hooks."
+
+
+def test_a_former_name_typed_by_a_user_warns_once_and_a_saved_record_resolves_quietly(recwarn):
+    from headwise.contract import method_named
+
+    with pytest.warns(FutureWarning, match="method 'mechanism' is now 'replace'"):
+        assert method_named("mechanism").name == "replace"
+    assert method_of("mechanism").name == "replace" and not [w for w in recwarn if w.category is FutureWarning]
+    with pytest.raises(HeadwiseError, match="no method 'kv_heads'"):  # plan format 1's names: only where plans name
+        method_named("kv_heads")

@@ -3,6 +3,7 @@ round-trips, apply reproducing the measured score, and the two verbs end to end 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import random
@@ -152,6 +153,61 @@ def test_kv_bytes_of_a_gqa_decoder_by_hand(dtype, size):
     assert static_costs(llama, length=10).kv_bytes == 2 * (8 + 8) * size
 
 
+def test_a_local_window_and_collaborative_heads_are_costed_by_their_methods_hooks():
+    """What the shapes do not show comes from the methods' cost hooks: a local window shortens the key span
+    (replace's hook), collaborative heads score at their shared width plus one tag per head (collaborative's)."""
+    bert = tiny_model("bert")
+    headwise.replace_attention(bert, "local", selection=headwise.Selection(names=["enc-self.1"]), window=2)
+    c = static_costs(bert, length=7)
+    proj = 2 * 4 * 32 * 32
+    full, windowed = 7 * (proj + 2 * 4 * 16 * 7), 7 * (proj + 2 * 4 * 16 * 3)  # bidirectional window 2: 3 keys
+    assert c.flops == full + windowed and c.uncounted == []
+    bert = tiny_model("bert")
+    headwise.compress(bert, dk=8)  # shared width 8 of 32
+    site = headwise.find_sites(bert)[0]
+    heads, width = site.module.mixing.shape
+    assert (heads, width) == (4, 8)
+    dqk = width + heads  # content tags: one per head (no rotary)
+    weights = {id(m): m.weight for m in [*site.module.modules(), site.o.module] if getattr(m, "weight", None)
+               is not None and m.weight.dim() == 2}  # every projection of the converted module, shared ones once
+    proj = 2 * sum(w.numel() for w in weights.values())
+    assert static_costs(bert, length=7).flops == 2 * 7 * (proj + 2 * 4 * (dqk + 8) * 7)
+
+
+def test_attention_the_cost_model_cannot_count_is_flagged_never_costed_as_softmax():
+    from headwise.runtime import HeadOp, attach, detach_all
+
+    bert = tiny_model("bert")
+    headwise.replace_attention(bert, "performer", selection=headwise.Selection(names=["enc-self.0"]), features=4)
+    c = static_costs(bert, length=7)
+    assert c.flops is None and len(c.uncounted) == 1 and "performer" in c.uncounted[0]
+    budget = Budget.parse("flops=0.9")
+    base = static_costs(tiny_model("bert"), length=7).to_dict()
+    assert budget.violations(c.to_dict(), base) == ["flops"]  # not counted: never inside a FLOPs budget
+
+    class Linearised(HeadOp):  # a plug-in's op in the mechanism slot, no method's cost hook speaks for it
+        op_type = "test_linearised"
+
+        def spec(self):
+            return {}
+
+    bert = tiny_model("bert")
+    site = headwise.find_sites(bert)[1]
+    attach(site, "mechanism", "plugin_linear", Linearised())
+    c = static_costs(bert, length=7)
+    assert c.flops is None and "no registered method's cost hook counts" in c.uncounted[0]
+    detach_all(bert, "plugin_linear")
+    assert static_costs(bert, length=7).flops is not None
+
+
+def test_the_budget_axes_are_the_cost_axes_written_once():
+    from headwise.planning.axes import BUDGET_AXES, COST_KEYS
+    from headwise.planning.budget import AXES
+    from headwise.planning.costs import Costs
+
+    assert set(AXES) == set(BUDGET_AXES) and set(COST_KEYS) <= {f.name for f in dataclasses.fields(Costs)}
+
+
 def test_costs_on_the_meta_device():
     with torch.device("meta"):
         bert = tiny_model("bert")
@@ -255,7 +311,11 @@ def test_plan_and_apply_verbs_end_to_end(tmp_path, bert_dir, stsb_dir, capsys):
     common = ["--model", str(bert_dir), "--task", "stsb", "--data", str(stsb_dir)]
     assert main(["plan", *common, "--budget", "heads=5", "--repeats", "1", "--importance-examples", "16",
                  "--calibration-limit", "8", "--methods", "prune,dk", "--out", str(out)]) == 0
-    assert "--methods prune is now prune_heads" in capsys.readouterr().err  # plan format 1's names, one release
+    notices = [line for line in capsys.readouterr().err.splitlines() if "still works" in line]
+    assert notices == ["headwise: note: method 'prune' is now 'prune_heads' (the registered method's name); 'prune' "
+                       "still works for one release",
+                       "headwise: note: method 'dk' is now 'collaborative' (the registered method's name); 'dk' still "
+                       "works for one release"]  # plan format 1's names, one line each
     data = json.loads((out / "plan.json").read_text())
     assert data["schema"] == "headwise.plan/2" and data["recommended"] and data["front"]
     assert data["settings"]["methods"] == ["prune_heads", "collaborative"]
@@ -339,7 +399,7 @@ def test_side_by_side_timing_brackets_every_round_with_the_base_and_rotates_the_
 
 
 def test_l0_ranking_reads_gate_logits_and_leaves_the_model_alone(tokenizer, stsb_dir):
-    from headwise.planning.proxies import head_scores, removal_order
+    from headwise.pruning.ranking import head_scores, removal_order
 
     model = tiny_bert()
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -475,12 +535,12 @@ def test_plan_with_recovery_restores_every_trained_weight(tokenizer, stsb_dir):
 
 # ---- a method added in one module is planned, applied and saved (nothing else edited) ---------------------------
 TOY_MODULE = '''
-"""A plug-in method: drop the first ``count`` heads of every selected site, with a sweep for headwise.plan."""
+"""A plug-in method: drop the first ``count`` heads of every selected site, planned by headwise.plan."""
 from dataclasses import dataclass, field
 
 import headwise
-from headwise.contract import MethodConfig, register_method
-from headwise.sweep import Levels, Sweep
+from headwise.contract import MethodConfig, MethodHooks, register
+from headwise.declaration import Declaration, Levels, Planned
 
 
 @dataclass
@@ -490,16 +550,19 @@ class DropFirstConfig(MethodConfig):
     count: int = field(default=1, metadata={"help": "heads removed at the front of each site"})
 
 
-def drop_first(model, config):
-    return headwise.prune_heads(model, {s.name: list(range(config.count)) for s in config.sites(model)})
+@register(Declaration(name="toy_drop_first", config=DropFirstConfig, planned=Planned(order=15)))
+class DropFirst(MethodHooks):
+    def apply(self, model, config):
+        return headwise.prune_heads(model, {s.name: list(range(config.count)) for s in config.sites(model)})
 
+    def example(self, model):
+        return DropFirstConfig()
 
-def levels(model, context):
-    return Levels([("drop-1", DropFirstConfig(count=1))])
+    def levels(self, model, context):
+        return Levels([("drop-1", DropFirstConfig(count=1))])
 
-
-register_method("toy_drop_first", DropFirstConfig, drop_first, example=lambda model: DropFirstConfig(),
-                sweep=Sweep(levels, lambda c: f"drop the first {c.count} head(s) of each layer", order=15))
+    def describe(self, config):
+        return f"drop the first {config.count} head(s) of each layer"
 '''
 
 
@@ -556,27 +619,87 @@ def test_a_method_registered_in_a_plugin_module_is_planned_applied_and_reloaded(
                               atol=1e-6)
 
 
-def test_plan_refuses_a_method_without_a_sweep_naming_the_plannable_ones(bert_plan, tokenizer, stsb_dir):
+def test_plan_refuses_a_method_that_is_not_planned_naming_the_plannable_ones(bert_plan, tokenizer, stsb_dir):
     model, task, _ = bert_plan
     with pytest.raises(headwise.HeadwiseError, match="plan can try prune_heads, gqa, collaborative, replace, "
                                                      "quantization"):
         headwise.plan(model, tokenizer, task, "heads=6", methods=("masks",), **FAST)
 
 
-def test_a_sweep_that_trains_is_skipped_without_recovery_and_asked_for_levels_with_it():
-    from headwise.contract import Method
+def test_a_former_method_name_plans_with_one_warning_in_python_and_one_line_in_the_cli(bert_plan, tokenizer):
+    """Plan format 1's names (prune, kv_heads, dk, mechanism) are declared aliases: one function resolves them,
+    with one FutureWarning (the command line prints it as one line: test_plan_and_apply_verbs_end_to_end)."""
+    from headwise.planning.candidates import plannable
+
+    with pytest.warns(FutureWarning, match="method 'prune' is now 'prune_heads'") as caught:
+        assert [m.name for m in plannable(("prune", "quantization"))] == ["prune_heads", "quantization"]
+    assert len(caught) == 1
+    with pytest.warns(FutureWarning, match="'kv_heads' is now 'gqa'"):
+        assert [m.name for m in plannable(("kv-heads",))] == ["gqa"]
+
+
+def test_heads_are_ranked_only_when_the_head_removal_method_is_tried(bert_plan, tokenizer, monkeypatch):
+    """``--methods quantization`` ranks no head (no gradient pass): the rank hook is asked only for a method of
+    role "heads"; a ranking that method does not declare is refused before any work."""
+    from headwise.contract import METHODS
+
+    model, task, full = bert_plan
+    asked = []
+    hooks = METHODS["prune_heads"].hooks
+    monkeypatch.setattr(hooks, "rank", lambda *a: asked.append(a) or hooks.__class__.rank(*a))
+    quantized = headwise.plan(model, tokenizer, task, "params=-20%", methods=("quantization",), **FAST)
+    assert asked == [] and quantized.proxies["head_scores"] == {} and quantized.settings["ranking"] is None
+    assert all(layer["importance"] is None for layer in quantized.layers.values())
+    assert full.proxies["head_scores"] and full.settings["ranking"] == "gradient"
+    with pytest.raises(headwise.HeadwiseError, match="unknown head ranking 'ablation'; prune_heads ranks heads by "
+                                                     "gradient, l0"):
+        headwise.plan(model, tokenizer, task, "heads=6", ranking="ablation", **FAST)
+    assert asked == []
+
+
+def test_levels_that_train_are_skipped_without_recovery_and_asked_for_with_it():
+    from headwise.contract import Method, MethodHooks
+    from headwise.declaration import Declaration, Levels, PlanContext, Planned
     from headwise.planning.candidates import candidates
-    from headwise.pruning.method import GateConfig
-    from headwise.sweep import Levels, Sweep, SweepContext
+    from headwise.pruning.config import GateConfig
 
     asked = []
-    sweep = Sweep(lambda model, context: asked.append(model) or Levels([("gated", GateConfig())]), lambda c: "gated",
-                  order=60, trains=True)
-    method = Method("toy_trained", GateConfig, None, None, None, lambda m: GateConfig(), sweep=sweep)
-    context = SweepContext([], None, 8.0, False, lambda configs: 0.0)
+
+    class Trained(MethodHooks):
+        def levels(self, model, context):
+            asked.append(model)
+            return Levels([("gated", GateConfig())])
+
+    declaration = Declaration(name="toy_trained", config=GateConfig, planned=Planned(order=60, trains=True))
+    method = Method(declaration=declaration, hooks=Trained())
+    context = PlanContext([], None, 8.0, False, lambda configs: 0.0)
     skipped = candidates("model", context, [method], recover="none")
     assert skipped.singles == [] and "recover" in skipped.skipped["toy_trained"] and asked == []
     found = candidates("model", context, [method], recover="distill")
     assert [c.name for c in found.singles] == ["gated"] and asked == ["model"]
-    with pytest.raises(headwise.HeadwiseError, match="sweep role"):
+    with pytest.raises(headwise.HeadwiseError, match="planned role"):
+        Planned(order=1, role="twice")
+
+
+def test_the_deprecated_sweep_form_still_registers_a_planned_method_with_a_warning():
+    from headwise.contract import METHODS, register_method
+    from headwise.declaration import Levels
+    from headwise.sweep import Sweep, SweepContext
+
+    @dataclasses.dataclass
+    class OldStyleConfig(headwise.contract.MethodConfig):
+        """A plug-in config registered the old way."""
+
+    sweep = Sweep(lambda model, context: Levels([("old", OldStyleConfig())]), lambda c: "old style", order=70)
+    try:
+        with pytest.warns(FutureWarning, match="sweep=Sweep"):
+            method = register_method("toy_old_style", OldStyleConfig, lambda model, c: None,
+                                     example=lambda model: OldStyleConfig(), sweep=sweep)
+        assert method.planned.order == 70 and method.describe(OldStyleConfig()) == "old style"
+        assert method.levels("model", SweepContext([], None, 8.0, False, lambda c: 0.0)).configs[0][0] == "old"
+        with pytest.warns(FutureWarning, match="Method.sweep"):
+            assert method.sweep.order == 70
+    finally:
+        METHODS.pop("toy_old_style", None)
+    with pytest.raises(headwise.HeadwiseError, match="planned role"):
         Sweep(lambda m, c: Levels(), str, order=1, role="twice")

@@ -4,9 +4,11 @@
 >>> headwise.remove(model, "quantization")                 # raises if nothing is attached (missing_ok=True: quiet)
 >>> config_to_dict(config)                                  # {"method": "quantization", "version": 1, "config": {...}}
 
-A method package calls ``register_method`` next to its config (see docs/adding.md); ``headwise.apply`` dispatches on
-the config's type, the contract test (tests/test_method_contract.py) runs over every registered method, and
-``headwise edit METHOD`` builds its options from the config's fields.
+A method is a light ``Declaration`` (``headwise.declaration``: its name, config, examples, how the planner tries it)
+bound to what it does, a ``MethodHooks`` subclass, with ``@register(DECLARATION)`` (docs/adding.md);
+``headwise.apply`` dispatches on the config's type, the contract test (tests/test_method_contract.py) runs over
+every registered method, and ``headwise edit METHOD`` builds its options from the config's fields. This module
+imports no torch: the command line reads declarations (``declarations``) and configs without it.
 
 The journal (``model.config.headwise["journal"]``) lists, oldest first, every edit a freshly built model must
 replay before its saved weights fit: ``{"method", "version", "config", "state"}`` (``state``: what the method's
@@ -21,15 +23,21 @@ import dataclasses
 import importlib
 import sys
 import typing
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from torch import nn
-
+from .declaration import AttentionCost, Declaration, Levels, PlanContext, Ranking
 from .errors import HeadwiseError
+from .flags import typed_fields
 from .keywords import with_keywords
-from .sites import AttentionSite, Selection
-from .sweep import Sweep
+from .lazy import load
+from .sites.selection import Selection
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .sites import AttentionSite
 
 
 @dataclass
@@ -54,83 +62,196 @@ class MethodConfig:
                                 f"(got {self.selection})")
 
 
-@dataclass(frozen=True)
-class Method:
-    """A registered method. ``apply(model, config, **inputs)`` performs it (``inputs``: data that is not
-    configuration, such as calibration batches); ``remove(model)`` undoes it (``None``: the method rewrites weights
-    and cannot be undone in place); ``present(model)`` says whether the model carries it; ``example(model)`` is a
-    small config for that model (contract test, docs); ``identity``: the example changes no output; ``meta``: it
-    applies to a model on the ``meta`` device (False for methods that fit or decompose weights); ``sweep``: how
-    ``headwise.plan`` tries it (``headwise.sweep``; None: not planned); ``aliases``: former names, which saved
-    records and ``headwise edit`` still resolve."""
+class MethodHooks:
+    """What a method does, as named hooks (the way peft's methods and torchao's handlers read): subclass it beside
+    the method's code and bind it to the method's declaration with ``@register(DECLARATION)``.
 
-    name: str
-    config: type
-    apply: Callable[..., Any]
-    remove: Callable[[nn.Module], Any] | None
-    present: Callable[[nn.Module], bool] | None
-    example: Callable[[nn.Module], Any]
-    version: int = 1
-    summary: str = ""
+    Required: ``apply(model, config, **inputs)`` (performs the edit in place; ``inputs``: data that is not
+    configuration, such as calibration batches; returns what the method's verb returns) and ``example(model)``
+    (a small config for that model: the contract test, docs). Reversible methods give ``remove(model)`` and
+    ``present(model)`` (both or neither: a method that rewrites weights gives neither). A method that records
+    journal entries gives ``replay(model, entry)`` (``legacy_kind``: the name of its format-1 edit records). A
+    planned method (``Declaration.planned``) gives ``levels(model, context) -> Levels`` and ``describe(config) ->
+    str`` (and ``at_site(config, site name) -> str | None`` for the plan's per-layer table); one of role
+    ``"heads"`` also ``rank(model, context) -> Ranking``. ``cost(site, length) -> AttentionCost | None`` says what
+    the method changes at a site that its shapes do not show (a window, a shared width, a kernel).
+
+    ``identity``: the example changes no output; ``meta``: it applies on the ``meta`` device (False for methods
+    that fit or decompose weights)."""
+
     identity: bool = False
     meta: bool = True
-    replay: Callable[[nn.Module, dict[str, Any]], None] | None = None
     legacy_kind: str | None = None
-    sweep: Sweep | None = None
-    aliases: tuple[str, ...] = ()
+    apply: Callable[..., Any] | None = None
+    example: Callable[[nn.Module], Any] | None = None
+    remove: Callable[[nn.Module], Any] | None = None
+    present: Callable[[nn.Module], bool] | None = None
+    replay: Callable[[nn.Module, dict[str, Any]], None] | None = None
+    levels: Callable[[nn.Module, PlanContext], Levels] | None = None
+    describe: Callable[[Any], str] | None = None
+    at_site: Callable[[Any, str], str | None] | None = None
+    rank: Callable[[nn.Module, PlanContext], Ranking] | None = None
+    cost: Callable[[AttentionSite, float], AttentionCost | None] | None = None
+
+
+def missing_hooks(declaration: Declaration, hooks: MethodHooks) -> list[str]:
+    """The hooks ``declaration`` needs that ``hooks`` lacks, each with why (empty: complete)."""
+    def has(name: str) -> bool:
+        return callable(getattr(hooks, name, None))
+
+    needed = {"apply": "every method", "example": "every method"}
+    if has("remove") != has("present"):
+        needed["present" if has("remove") else "remove"] = "a reversible method gives remove and present"
+    if hooks.legacy_kind:
+        needed["replay"] = "legacy_kind names journal records, which replay rebuilds"
+    if declaration.planned is not None:
+        needed |= {"levels": "a planned method", "describe": "a planned method"}
+        if declaration.planned.role == "heads":
+            needed["rank"] = "a planned method of role 'heads'"
+    return [f"{name} ({why})" for name, why in needed.items() if not has(name)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Method:
+    """A registered method: its ``declaration`` (what the tools that do not run it read) and its ``hooks`` (what
+    it does). The hooks and the declaration's fields are read through it (``method.apply``, ``method.name``)."""
+
+    declaration: Declaration
+    hooks: MethodHooks
+
+    def __getattr__(self, name: str) -> Any:
+        if name in HOOKS:
+            return getattr(self.hooks, name)
+        if name in DECLARED:
+            return getattr(self.declaration, name)
+        raise AttributeError(f"Method has no attribute {name!r}")
 
     @property
     def reversible(self) -> bool:
-        return self.remove is not None
+        return callable(self.hooks.remove)
+
+    @property
+    def sweep(self) -> Any:
+        """Deprecated: how the planner tries it, as one ``headwise.sweep.Sweep`` (``declaration.planned`` and the
+        hooks ``levels``, ``describe``, ``at_site`` now)."""
+        warnings.warn("Method.sweep is deprecated; read method.planned and the hooks levels, describe, at_site",
+                      FutureWarning, stacklevel=2)
+        from .sweep import Sweep
+
+        planned = self.declaration.planned
+        return None if planned is None else Sweep._of(planned, self.hooks)
 
 
+HOOKS = frozenset(name for name in vars(MethodHooks) if not name.startswith("_"))
+DECLARED = frozenset(f.name for f in dataclasses.fields(Declaration))
 METHODS: dict[str, Method] = {}
 
-# the packages whose import registers methods and saved op types: `import headwise` imports no torch (the CLI's
-# --help stays light), so a checkpoint reader loads them (load_methods) before it replays a journal; named as
-# strings, the registry's plug-in list, not imports of a higher layer
-METHOD_PACKAGES = ("headwise.analysis", "headwise.pruning", "headwise.collaborative", "headwise.quantization",
-                   "headwise.mixing", "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")
+# The method packages: the one list a built-in method package joins (docs/adding.md). Each holds a light
+# ``declaration`` module (``DECLARATIONS``, read without torch by the command line and the docs index, through
+# ``declarations``) and registers its hooks when the package loads (``load_methods``: checkpoint readers and the
+# command line load them before a journal is replayed or a verb runs). Named as strings, not imports of a higher
+# layer; tests/test_import_layers.py puts them in the methods layer.
+METHOD_PACKAGES = ("headwise.pruning", "headwise.collaborative", "headwise.quantization", "headwise.mixing",
+                   "headwise.mechanisms", "headwise.conversion", "headwise.kvcache")
+
+
+def declarations() -> dict[str, Declaration]:
+    """Every method's declaration by name: the built-in packages' (their ``declaration`` modules, which import no
+    torch), then those of methods registered in this process (plug-ins)."""
+    out = {}
+    for package in METHOD_PACKAGES:
+        for declaration in importlib.import_module(f"{package}.declaration").DECLARATIONS:
+            out[declaration.name] = declaration
+    return out | {name: m.declaration for name, m in METHODS.items() if name not in out}
 
 
 def load_methods() -> None:
-    """Import every method package (``METHOD_PACKAGES``), so that every method and saved op type is registered."""
+    """Load every method package whole (``METHOD_PACKAGES``), so that every method and saved op type is
+    registered; a built-in declaration whose hooks did not register raises."""
     for package in METHOD_PACKAGES:
-        importlib.import_module(package)
+        load(package)
+    unbound = sorted(set(declarations()) - set(METHODS))
+    if unbound:
+        raise HeadwiseError(f"declared methods {unbound} registered no hooks: their package's method module binds "
+                            "each declaration with @register(DECLARATION)")
+
+
+def register(declaration: Declaration) -> Callable[[type[MethodHooks]], type[MethodHooks]]:
+    """Bind ``declaration`` to a ``MethodHooks`` class (a class decorator); the class is returned unchanged.
+
+    >>> @register(GQA)
+    ... class GQAHooks(MethodHooks):
+    ...     def apply(self, model, config, **inputs): ...
+    ...     def example(self, model): ..."""
+    def bind(cls: type[MethodHooks]) -> type[MethodHooks]:
+        if not (isinstance(cls, type) and issubclass(cls, MethodHooks)):
+            raise HeadwiseError(f"@register({declaration.name}) decorates a MethodHooks subclass, got {cls!r}")
+        _add(Method(declaration=declaration, hooks=cls()))
+        return cls
+
+    return bind
+
+
+def _add(method: Method) -> Method:
+    """Put ``method`` in the registry once its hooks are complete and its names and config are its own."""
+    d = method.declaration
+    missing = missing_hooks(d, method.hooks)
+    if missing:
+        raise HeadwiseError(f"method {d.name!r} misses hooks: {'; '.join(missing)}")
+    for other in METHODS.values():
+        if (other.name == d.name) != (other.config is d.config):
+            raise HeadwiseError(f"method {d.name!r} with {d.config.__name__} clashes with the registered method "
+                                f"{other.name!r} ({other.config.__name__})")
+        if other.name != d.name and {d.name, *d.aliases} & {other.name, *other.aliases}:
+            raise HeadwiseError(f"method {d.name!r}: its name or an alias ({', '.join(d.aliases)}) is taken by "
+                                f"the registered method {other.name!r}")
+    METHODS[d.name] = method
+    return method
 
 
 def register_method(name: str, config: type, apply: Callable[..., Any], *, example: Callable[[nn.Module], Any],
                     remove: Callable[[nn.Module], Any] | None = None, present: Callable[[nn.Module], bool] | None = None,
                     version: int = 1, summary: str = "", identity: bool = False, meta: bool = True,
                     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None,
-                    legacy_kind: str | None = None, sweep: Sweep | None = None, aliases: Sequence[str] = ()
-                    ) -> Method:
-    """Register a method once (at import of its package); returns the ``Method``. A method that records journal
-    entries gives ``replay``; a method ``headwise.plan`` may try gives ``sweep``."""
-    if not dataclasses.is_dataclass(config):
-        raise HeadwiseError(f"method {name!r}: its config {config.__name__} must be a dataclass")
-    if (remove is None) != (present is None):
-        raise HeadwiseError(f"method {name!r}: give both remove and present (reversible) or neither (a weight edit)")
-    for other in METHODS.values():
-        if (other.name == name) != (other.config is config):
-            raise HeadwiseError(f"method {name!r} with {config.__name__} clashes with the registered method "
-                                f"{other.name!r} ({other.config.__name__})")
-        if other.name != name and {name, *aliases} & {other.name, *other.aliases}:
-            raise HeadwiseError(f"method {name!r}: its name or an alias ({', '.join(aliases)}) is taken by the "
-                                f"registered method {other.name!r}")
-    METHODS[name] = Method(name, config, apply, remove, present, example, version, summary or
-                           (config.__doc__ or "").strip().splitlines()[0], identity, meta, replay, legacy_kind,
-                           sweep, tuple(aliases))
-    return METHODS[name]
+                    legacy_kind: str | None = None, sweep: Any = None, aliases: Sequence[str] = ()) -> Method:
+    """The short form of ``@register(Declaration(...))`` for a method given as functions (a plug-in's few
+    lines); returns the ``Method``. ``sweep`` (a ``headwise.sweep.Sweep``) is deprecated: declare
+    ``planned=Planned(...)`` and give the hooks ``levels`` and ``describe`` (docs/adding.md)."""
+    planned, planner = None, {}
+    if sweep is not None:
+        warnings.warn("register_method(sweep=Sweep(...)) is deprecated; declare planned=Planned(...) with the hooks "
+                      "levels and describe (docs/adding.md)", FutureWarning, stacklevel=2)
+        planned, planner = sweep.planned(), sweep.hooks()
+    declaration = Declaration(name=name, config=config, summary=summary, aliases=tuple(aliases), version=version,
+                              planned=planned)
+    hooks = type(f"{config.__name__}Hooks", (MethodHooks,), {
+        "identity": identity, "meta": meta, "legacy_kind": legacy_kind, **{
+            key: staticmethod(fn) for key, fn in dict(apply=apply, example=example, remove=remove, present=present,
+                                                       replay=replay, **planner).items() if fn is not None}})
+    return _add(Method(declaration=declaration, hooks=hooks()))
 
 
 def method_of(what: "str | type | Any") -> Method:
-    """The method of a name, a config class or a config."""
+    """The method of a name (or a former name: a saved record's), a config class or a config."""
     for method in METHODS.values():
         if what == method.name or what in method.aliases or what is method.config or type(what) is method.config:
             return method
     label = what if isinstance(what, str) else getattr(what, "__name__", type(what).__name__)
     raise HeadwiseError(f"no method {label!r}; registered: {', '.join(sorted(METHODS))}")
+
+
+def method_named(text: str, *, planned: bool = False) -> Method:
+    """The method a user named (``headwise edit``; with ``planned``, where plans name methods: ``plan(methods=...)``,
+    ``--methods``): its name, ``-`` for ``_`` allowed, or a former name (``Declaration.aliases``; with ``planned``
+    also ``Planned.former``), which still works with a ``FutureWarning`` for one release (the command line shows
+    it as one line)."""
+    name = text.strip().replace("-", "_")
+    former = {old: m for m in METHODS.values() if planned and m.planned for old in m.planned.former}
+    method = former.get(name) or method_of(name)
+    if name != method.name:
+        warnings.warn(f"method {name!r} is now {method.name!r} (the registered method's name); {name!r} still works "
+                      "for one release", FutureWarning, stacklevel=2)
+    return method
 
 
 def apply(model: nn.Module, config: Any, **inputs: Any) -> Any:
@@ -239,8 +360,7 @@ def _shown(hint: Any) -> str:
 
 def config_fields(config: type) -> list[tuple[dataclasses.Field, Any]]:
     """``(field, resolved type)`` of a config's init fields (what ``headwise edit`` turns into options)."""
-    hints = typing.get_type_hints(config)
-    return [(f, hints.get(f.name, Any)) for f in dataclasses.fields(config) if f.init]
+    return typed_fields(config)
 
 
 # --- the journal --------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import json
 import math
 import os
 import sys
+import warnings
 from typing import Any, Callable
 
 from ..errors import HeadwiseError
@@ -33,74 +34,25 @@ PLUGINS: tuple[str, ...] = ("headwise.cli.sites", "headwise.cli.analyze", "headw
                            "headwise.cli.quantize", "headwise.cli.mechanisms", "headwise.cli.compress", "headwise.cli.mix",
                            "headwise.cli.replace", "headwise.cli.kv_policy",
                            "headwise.cli.convert", "headwise.cli.train", "headwise.cli.plan",
-                           "headwise.cli.apply", "headwise.cli.edit")
+                           "headwise.cli.apply", "headwise.cli.edit", "headwise.cli.methods")
 
 
-# what `headwise VERB --help` shows under "examples:" (tests/test_cli_help.py parses every line); the tour of
-# docs/quickstart.md runs most of them
-EXAMPLES: dict[str, tuple[str, ...]] = {
-    "sites": ("headwise sites", "headwise sites --model smollm2-135m"),
-    "analyze": ("headwise analyze --limit 200 --out minilm-analyze",
-                "headwise analyze --task lm --model smollm2-135m --max-length 256 --limit 50 --out smol-analyze"),
-    "eval": ("headwise eval stsb --limit 500",
-             "headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
-             "headwise eval translation --model multi30k-marian-de-en --limit 100",
-             "headwise eval classification --model DIR/model --data genre.csv"),
-    "prune": ("headwise prune --method importance --keep 54 --out minilm-prune",
-              "headwise prune --task lm --model smollm2-135m --method importance --unit kv-group --keep 216 "
-              "--out smol-prune"),
-    "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 "
-                 "--out minilm-quantize",),
-    "mechanisms": ("headwise mechanisms list",),
-    "mechanisms list": ("headwise mechanisms list", "headwise mechanisms list --json"),
-    "compress": ("headwise compress --dk 192 --out minilm-compress",),
-    "mix": ("headwise mix --swap 'enc-self.0:0 <-> enc-self.1:1' --out minilm-mix",
-            "headwise mix --task classification --data genre.csv --new-head --no-mixers --mix-epochs 1 "
-            "--out cls-tuned   # fine-tune a classifier"),
-    "replace": ("headwise replace local --arg window=16 --out minilm-replace",),
-    "kv-policy": ("headwise kv-policy --kv-budget 0.5 --out smol-kv   # smollm2-135m, synthetic calibration",
-                  "headwise kv-policy --model smollm2-135m --kv-budget 0.5 --context 8192 --data my.txt "
-                  "--out smol-kv8k"),
-    "convert": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
-                "headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent"),
-    "convert gqa": ("headwise convert gqa --model smollm2-135m --kv-heads 1 --out smol-gqa",
-                    "headwise convert gqa --model smollm2-135m --kv-heads 3 --gqa-init svd --out smol-gqa3"
-                    "   # no data",
-                    "headwise convert gqa --model smollm2-135m --kv-heads 1 --data my.txt --uptrain-tokens 65536 "
-                    "--out smol-gqa-up"),
-    "convert latent": ("headwise convert latent --model smollm2-135m --kv-budget 0.5 --out smol-latent",
-                       "headwise convert latent --model smollm2-135m --rank 128 --latent-init svd --out smol-r128"
-                       "   # no data",
-                       "headwise convert latent --model smollm2-135m --kv-budget 0.25 --data my.txt --out smol-l25"),
-    "eval stsb": ("headwise eval stsb --limit 500", "headwise eval stsb --model DIR/model --split test"),
-    "eval lm": ("headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
-                "headwise eval lm --model smollm2-135m --data my.txt --max-length 512"),
-    "eval translation": ("headwise eval translation --model multi30k-marian-de-en --limit 100",
-                         "headwise eval translation --model DIR/model --src-file de.txt --tgt-file en.txt --beam 4"),
-    "eval classification": ("headwise eval classification --model DIR/model --data genre.csv",
-                            "headwise eval classification --model DIR/model --data glue:sst2 --limit 200"),
-    "train": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",),
-    "train translation": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",
-                          "headwise train translation --out my-marian --resume   # continue an unfinished run"),
-    "plan": ("headwise plan --budget heads=0.75 --out minilm-plan",
-             "headwise plan --task lm --model smollm2-135m --budget kv-cache=-20% --out smol-plan"),
-    "apply": ("headwise apply minilm-plan/plan.json --out minilm-applied",),
-    "edit": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
-    # `headwise edit METHOD --help` (its options come from the method's config: built when the method is chosen)
-    "edit collaborative": ("headwise edit collaborative --dk 192 --out minilm-dk192",),
-    "edit gqa": ("headwise edit gqa --model smollm2-135m --kv-heads 1 --gqa-init mean --out smol-gqa1",),
-    "edit latent": ("headwise edit latent --model smollm2-135m --kv-budget 0.5 --latent-init svd "
-                    "--out smol-latent",),
-    "edit kv_policy": ("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
-                       "   # the policy.json of headwise kv-policy",),
-    "edit replace": ("headwise edit replace --mechanism local --args '{\"window\": 16}' --out minilm-local",),
-    "edit mixing": ("headwise edit mixing --out minilm-mixers",),
-    "edit gates": ("headwise edit gates --kinds enc-self --out minilm-gated",),
-    "edit masks": ("headwise edit masks --masks '{\"enc-self.0\": [1, 0, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]}' --out minilm-masked",),
-    "edit l0": ("headwise edit l0 --gate-init 3 --out minilm-l0-gates   # gates open; headwise prune trains them",),
-    "edit prune_heads": ("headwise edit prune_heads --heads '{\"enc-self.0\": [0, 1]}' --out minilm-pruned",),
-    "edit quantization": ("headwise edit quantization --quantizer log --bits 4 --out minilm-log4",),
-}
+def examples() -> dict[str, tuple[str, ...]]:
+    """What each page shows under "examples:", keyed by the page (``"convert gqa"``): the ``EXAMPLES`` of every
+    verb module (tests/test_cli_help.py parses every line; the tour of docs/quickstart.md runs most of them).
+    ``headwise edit`` and ``edit METHOD`` show the examples of the methods' declarations."""
+    out: dict[str, tuple[str, ...]] = {}
+    for plugin in PLUGINS:
+        out |= getattr(importlib.import_module(plugin), "EXAMPLES", {})
+    return out
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EXAMPLES":  # every page's examples, read from the verb modules (examples())
+        return examples()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 START = """start here (docs/quickstart.md is a five-minute tour):
   headwise sites                                   # the attention sites of the default model (all-MiniLM-L6-v2)
   headwise eval stsb --limit 500                   # its STS-B score
@@ -109,13 +61,13 @@ START = """start here (docs/quickstart.md is a five-minute tour):
   headwise VERB --help                             # a verb's options and examples"""
 
 
-# number options (by destination) that count, size or scale something: they must be > 0 (0 is as wrong as -1)
+# the verbs' number options (by destination) that count, size or scale something: they must be > 0 (0 is as wrong
+# as -1); a method config's field says so itself (metadata "positive", headwise.flags)
 POSITIVE = frozenset({
     "limit", "batch_size", "max_length", "stride", "max_tokens", "beam", "max_new_tokens", "keep", "step",
-    "importance_examples", "ablation_texts", "iterations", "calibration", "top_k", "repeats",
-    "kv_heads", "rank", "calib_tokens", "window", "context", "gate_steps", "gate_length", "eval_length",
-    "calibration_length", "epochs", "recover_epochs", "lr", "kv_budget", "temperature", "gate_lr", "d_model",
-    "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every",
+    "importance_examples", "ablation_texts", "calibration", "top_k", "repeats", "calib_tokens", "window", "context",
+    "gate_steps", "gate_length", "eval_length", "calibration_length", "epochs", "recover_epochs", "lr", "kv_budget",
+    "temperature", "gate_lr", "d_model", "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every",
 })
 
 
@@ -137,6 +89,7 @@ def number(kind: type, positive: bool, negative_allowed: bool = False) -> Callab
         return value
 
     parse.__name__ = kind.__name__
+    parse.positive = positive  # type: ignore[attr-defined]  # what a caller may read back (tests/test_cli_fuzz.py)
     return parse
 
 
@@ -161,13 +114,15 @@ def dtype(text: str) -> str:
 
 
 def checked(names: tuple[str, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``add_argument`` keywords with the checking ``type`` for numbers, ``--device`` and ``--dtype``."""
+    """``add_argument`` keywords with the checking ``type`` for numbers (above 0 for ``POSITIVE`` destinations and
+    for ``positive=True``, which config fields pass, ``headwise.flags.option``), ``--device`` and ``--dtype``."""
     dest = kwargs.get("dest") or next((n[2:] for n in names if n.startswith("--")), names[0]).replace("-", "_")
+    positive = kwargs.pop("positive", False) or dest in POSITIVE
     kind = kwargs.get("type")
     if kind in (int, float):
         default = kwargs.get("default")
         counted = isinstance(default, (int, float)) and not isinstance(default, bool) and default >= 0
-        kwargs["type"] = number(kind, positive=dest in POSITIVE, negative_allowed=not counted)
+        kwargs["type"] = number(kind, positive=positive, negative_allowed=not counted)
     elif kind is None and dest in ("device", "dtype"):
         kwargs["type"] = device if dest == "device" else dtype
     return kwargs
@@ -278,20 +233,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def describe(commands: argparse._SubParsersAction, path: str = "") -> None:
+def describe(commands: argparse._SubParsersAction, path: str = "", pages: dict | None = None) -> None:
     """Each command's --help (verbs and their sub-commands, ``eval lm``, ``convert gqa``): its one line on top,
-    examples (``EXAMPLES``) below."""
+    examples (``examples()``) below."""
+    pages = examples() if pages is None else pages
     summaries = {action.dest: action.help for action in commands._choices_actions}
     for name in list(commands.choices):
         if path == "edit":  # its method pages build their options lazily (cli.edit.MethodParsers)
             continue
         command, key = commands.choices[name], f"{path} {name}".strip()
         command.description = command.description or summaries.get(name)
-        if key in EXAMPLES:
-            command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[key])
+        if key in pages:
+            command.epilog = "examples:\n" + "\n".join(f"  {line}" for line in pages[key])
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):
-                describe(action, key)
+                describe(action, key, pages)
 
 
 def _json_start(text: str) -> int:
@@ -319,6 +275,19 @@ def _run_json(args: argparse.Namespace) -> int:
         sys.stderr.write(text[:start])
         sys.stdout.write(text[start:])
         sys.stdout.flush()
+
+
+def _notice(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
+            line: str | None = None) -> None:
+    """How a run shows headwise's own ``FutureWarning`` (a former name or keyword that still works): one line,
+    ``headwise: note: ...``; any other warning as Python shows it."""
+    if issubclass(category, FutureWarning) and f"{os.sep}headwise{os.sep}" in filename:
+        print(f"headwise: note: {message}", file=sys.stderr)
+    else:
+        _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)
+
+
+_PYTHON_SHOWWARNING = warnings.showwarning
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -354,7 +323,10 @@ def _run(args: argparse.Namespace) -> int:
         if not return_freed_memory() and os.environ.get(ENV, "0").strip() not in ("", "0"):
             print(f"headwise: ${ENV} is set but has no effect here (it sets glibc's malloc, and this system's C "
                   "library is not glibc)", file=sys.stderr)
-        return _run_json(args) if args.json else args.run(args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", FutureWarning)  # a former name is said every time, in one line
+            warnings.showwarning = _notice
+            return _run_json(args) if args.json else args.run(args)
     except HeadwiseError as err:
         if args.debug:
             raise

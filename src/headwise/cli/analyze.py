@@ -17,6 +17,13 @@ IMPORTANCE_EXAMPLES = 32
 ACTIVATIONS = {"auto": None, "keep": False, "recompute": True}  # --activations → AnalysisConfig.recompute
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "analyze": ("headwise analyze --limit 200 --out minilm-analyze",
+                "headwise analyze --task lm --model smollm2-135m --max-length 256 --limit 50 --out smol-analyze"),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("analyze", parents=parents,
                          help="per-head statistics and importance, as report.html + stats.json")

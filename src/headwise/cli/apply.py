@@ -1,4 +1,5 @@
-"""``headwise apply plan.json``: perform a planned edit, recover, evaluate, save the model and a report."""
+"""``headwise apply plan.json``: perform a planned edit, recover, evaluate (``headwise.workflows.apply_plan``), save
+the model and a report."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from .recovery_options import train_memory_arg
 from .output import print_json
 
 PACKAGED = "all-MiniLM-L6-v2"  # how plans name the packaged default model (load_model(None))
+
+
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "apply": ("headwise apply minilm-plan/plan.json --out minilm-applied",),
+}
 
 
 def register(verbs, parents) -> None:
@@ -32,20 +39,20 @@ def register(verbs, parents) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..io import check_writable_dir
+    from ..io import check_writable_dir, plain_problem
     from ..planning import Plan
-    from ..io import plain_problem
     from ..report import Report
-    from ..report.plan import savings
-    from ..tasks import CachedTeacher, recover
+    from ..workflows.apply_plan import apply_plan
+    from ..workflows.recovery import Recovery
     from .output import save_run
-    from .task_options import load_task_model, model_costs, run_record
+    from .task_options import load_task_model
 
     plan = Plan.load(args.plan)
     point = plan.point(args.point)
     mode = args.recover or plan.settings.get("recover", "none")
     if args.recover_epochs <= 0 and mode != "none":
         raise HeadwiseError("--recover-epochs must be > 0 with --recover distill|finetune")
+    recovery = Recovery(mode=mode, epochs=args.recover_epochs, steps=args.recover_steps, memory=args.train_memory)
     check_writable_dir(args.out, args.force)
     task = plan.make_task()
     task.check()
@@ -54,33 +61,14 @@ def run(args: argparse.Namespace) -> int:
     note = plan.check_model(model)  # another model (e.g. its heads already pruned) is refused here
     if note:
         print(f"headwise: note: {note}", file=sys.stderr)
-    teacher = None
-    if mode == "distill":  # a reversible edit distils from the model with its ops off; others from the unedited
-        import copy        # model's recorded outputs (lm) or a copy
-
-        teacher = "off" if point.edit.reversible else \
-            CachedTeacher.record(model, tokenizer, task, max_steps=args.recover_steps) if task.name == "lm" \
-            else copy.deepcopy(model)
-    def metric() -> float | None:
-        return None if args.no_eval else float(task.evaluate(model, tokenizer, progress=False)[task.metric])
-
-    before, costs = metric(), model_costs(model)
-    plan.apply(model, tokenizer, point.name, task, progress=None)
-    edited = metric()
-    if mode != "none":
-        recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=args.recover_epochs,
-                max_steps=args.recover_steps, limit=teacher.limit if isinstance(teacher, CachedTeacher) else None,
-                memory=args.train_memory)
-    after = metric() if mode != "none" else edited
-    summary = {"plan": str(args.plan), "point": point.name, "edit": point.edit.records(),
-               "describe": point.edit.describe(), "recover": mode,
-               **run_record(task, before, edited, after if mode != "none" else None, costs, model),
-               "planned": point.measured["score"],
-               "saves": savings(point.to_dict(), plan.base.to_dict())}
+    summary = apply_plan(model, tokenizer, plan, point.name, recovery=recovery, task=task, evaluate=not args.no_eval,
+                         plan_path=str(args.plan))
     no_plain = plain_problem(model)  # why there is no plain/ (said below, kept in apply.json), or None
     native = no_plain is None
     summary["plain"] = "plain/ loads in plain transformers" if native else f"no plain/: {no_plain}"
     report = Report("headwise apply", f"{plan.model}: {point.edit.describe()}")
+    before = summary["metric_before"]
+    after = summary["metric_edited"] if mode == "none" else summary["metric_recovered"]
     shown = {k: "—" if v is None else f"{v:.2f}" for k, v in (("before", before), ("after", after))}
     section = report.add_section(
         "Verdict", f"**Applied {point.edit.describe()}** (`{point.name}`): {task.metric} {shown['after']} "

@@ -1,4 +1,5 @@
-"""``headwise compress``: collaborative heads at a chosen ``D~k``, a saved model and a report."""
+"""``headwise compress``: collaborative heads at a chosen ``D~k`` (``headwise.workflows.compress``), a saved model and
+a report."""
 
 from __future__ import annotations
 
@@ -10,17 +11,23 @@ from pathlib import Path
 from ..errors import HeadwiseError
 from . import model_args
 from .options import add, config_options, output_args
-from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
-from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
+from .recovery_options import recovery_args, recovery_of
+from .task_options import load_task_model, task_args, task_from_args
 from .output import print_json
 
 
 def _collaborative_options(parser: argparse.ArgumentParser) -> None:
     """The fields of ``CollaborativeConfig`` the verb takes (T5: --kinds enc-self,dec-self)."""
-    from ..collaborative import CollaborativeConfig
+    from ..collaborative.config import CollaborativeConfig
 
     config_options(parser.add_argument_group("collaborative heads (CollaborativeConfig)"), CollaborativeConfig,
                    ("dk", "kinds", "iterations", "init"), keep_defaults=True)
+
+
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "compress": ("headwise compress --dk 192 --out minilm-compress",),
+}
 
 
 def register(verbs, parents) -> None:
@@ -90,63 +97,44 @@ def _curve_dks(spec: str, dk: int | float, exact: int) -> list[int | float]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..collaborative.apply import exact_rank
+    from ..collaborative.config import CollaborativeConfig
     from ..io import check_writable_dir
     from ..report import Report
-    from ..sites import select_sites
-    from .output import save_run
-    from ..collaborative import CollaborativeConfig, compress, input_moments, tradeoff
-    from ..collaborative.apply import check_compressible, exact_rank
-    from ..contract import config_to_dict
     from ..report.compression import add_compression_section
+    from ..sites import select_sites
+    from ..workflows.compress import compress_heads
+    from .output import save_run
 
     args.dk = _dk(args.dk)
+    recovery = recovery_of(args)
     check_writable_dir(args.out, args.force)
     from_task = args.calibration == "task"
     texts = _calibration_texts(args.calibration, args.calibration_limit) if args.calibration and not from_task else None
     if args.calibration and not from_task and not texts:
         raise HeadwiseError(f"the calibration set {args.calibration} holds no text")
     evaluate = not args.no_eval
-    recovering = recovery_mode(args) != "none"
-    task = task_from_args(args) if evaluate or recovering or from_task else None
+    task = task_from_args(args) if evaluate or recovery.mode != "none" or from_task else None
     # the head of --task also without evaluation; calibration texts need the tokenizer
     model, tokenizer = load_task_model(args, task, need_tokenizer=bool(texts))
     config = CollaborativeConfig(dk=args.dk, init=args.init, iterations=args.iterations, kinds=args.kinds)
-    sites = select_sites(model, args.kinds)
-    check_compressible(model, sites, args.dk)
     calibration = task.calibration_inputs(tokenizer, limit=args.calibration_limit, batch_size=config.batch_size) \
         if from_task else texts
-    moments = input_moments(model, sites, calibration, tokenizer, config.batch_size, config.max_length) \
-        if calibration else None
-    exact = max(exact_rank(s) for s in sites)
-    dks = _curve_dks(args.curve, args.dk, exact)
-    curve = tradeoff(model, dks, config, moments=moments) if dks else []
-    costs = model_costs(model)
-
-    def metric() -> float | None:
-        return round(float(task.evaluate(model, tokenizer)[task.metric]), 2) if evaluate else None
-
-    metric_before = metric()
-    teacher = teacher_for(args, model, tokenizer, task)
-    result = compress(model, config=config, moments=moments)
-    metric_edited = metric()
-    recovery = recover_after_edit(args, model, tokenizer, task, teacher)
-    metric_recovered = metric() if recovering else None
-    summary = {
-        "model": args.model or "all-MiniLM-L6-v2", "calibration": args.calibration, "config": config_to_dict(config)["config"],
-        **result.as_dict(), "task": None if task is None else task.name,
-        **run_record(task, metric_before, metric_edited, metric_recovered, costs, model), "recovery": recovery,
-        "curve": [c.as_dict() for c in curve],
-    }
-    report = Report("headwise compression report", f"{summary['model']}: collaborative heads, dk={result.dk}")
+    dks = _curve_dks(args.curve, args.dk, max(exact_rank(s) for s in select_sites(model, args.kinds)))
+    summary = compress_heads(model, tokenizer, task, config, calibration=calibration, curve=dks, recovery=recovery,
+                             evaluate=evaluate, model_name=args.model or "all-MiniLM-L6-v2",
+                             calibration_name=args.calibration)
+    report = Report("headwise compression report", f"{summary['model']}: collaborative heads, dk={summary['dk']}")
     add_compression_section(report, summary)
     save_run(args.out, model, tokenizer, "compression.json", summary, report, overwrite=args.force)
     if args.json:
         print_json(summary)
     else:
+        before, edited, recovered = summary["metric_before"], summary["metric_edited"], summary["metric_recovered"]
         name = "" if task is None else {"stsb": "STS-B dev"}.get(task.name, task.metric)
-        metric_text = "" if not evaluate else f", {name} {metric_before} → {metric_edited}" + (
-            f" → {metric_recovered} after {recovery['mode']} recovery" if recovering else "")
-        print(f"collaborative heads, dk={result.dk} ({result.objective} objective): query/key parameters "
-              f"{result.params_before:,} → {result.params_after:,}{metric_text}")
+        metric_text = "" if not evaluate else f", {name} {before} → {edited}" + (
+            f" → {recovered} after {recovery.mode} recovery" if recovered is not None else "")
+        print(f"collaborative heads, dk={summary['dk']} ({summary['objective']} objective): query/key parameters "
+              f"{summary['params_before']:,} → {summary['params_after']:,}{metric_text}")
         print(f"saved {args.out}/model (load with headwise.from_pretrained), {args.out}/report.html")
     return 0

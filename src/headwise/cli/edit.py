@@ -1,15 +1,15 @@
-"""``headwise edit METHOD``: any registered method (``headwise.contract.METHODS``), its options built from the fields
-of its config. ``--kinds/--layers/--names`` are the selection of every method; the edited model is saved to
-``DIR/model`` with ``DIR/edit.json`` (the method record ``{method, version, config}``)."""
+"""``headwise edit METHOD``: any method, its page read from its declaration (``headwise.contract.declarations``:
+its summary, examples, former names; no torch) and its options built from the fields of its config.
+``--kinds/--layers/--names`` are the selection of every method; the edited model is saved to ``DIR/model`` with
+``DIR/edit.json`` (the method record ``{method, version, config}``)."""
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 
 from ..errors import HeadwiseError
-from . import EXAMPLES, model_args
+from . import model_args
 from .options import add, config_options, output_args
 from .task_options import load_task_model
 from .output import print_json, write_json
@@ -17,32 +17,8 @@ from .output import print_json, write_json
 SELECTION_FLAGS = ("kinds", "layers", "names")
 
 
-def summary_of(method) -> str:
-    """The first sentence of a method's config docstring as --help shows it: without reStructuredText roles and
-    literal quotes."""
-    text = " ".join((method.config.__doc__ or method.summary).split())
-    text = re.sub(r":\w+:`([^`]+)`", r"\1", text).replace("``", "")
-    return text.split(". ")[0].rstrip(".") + "."
-
-
-# METHOD → its one line under `headwise edit --help` (summary_of of the registered method; written here so that
-# `headwise edit --help` imports no torch; tests/test_cli_help.py keeps the two equal)
-SUMMARIES: dict[str, str] = {
-    "collaborative": "Options of headwise.collaborative.compress.",
-    "gqa": "Options of headwise.convert_gqa.",
-    "latent": "Options of headwise.convert_latent.",
-    "kv_policy": "The cache of every (layer, KV head): policy is a KVPolicy dict (KVPolicy.to_dict()) or the path of "
-                 "a policy.json.",
-    "mixing": "Where add_mixers attaches alpha mixers (how they train: NuclearNormTraining).",
-    "gates": "A learnable scale per head (HeadGate, initialised to 1) on the selected sites.",
-    "masks": "Fixed 0/1 head masks: masks is a MaskSpec ({\"enc-self.3\": [1, 0, ...]} or Voita's per-kind "
-             "{\"enc-self\": [[...], ...]}); the keys are the selection.",
-    "l0": "What add_l0_gates attaches: a Hard-Concrete gate per head (how they train: L0Training).",
-    "prune_heads": "Physical removal of heads: heads is {site name or path: [head indices]} (weights shrink for good).",
-    "quantization": "Options of the attention-probability quantizer attached by quantize_attention.",
-    "replace": "An efficient attention mechanism (a name of list_mechanisms()) with its args.",
-}
-HIDDEN = {"mechanism": "replace"}  # former method names (their registered aliases), accepted but not listed
+def examples(lines) -> str:
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 class MethodParsers(dict):
@@ -66,14 +42,14 @@ class MethodParsers(dict):
         q.set_defaults(run=run, method_name=name)
 
     def __contains__(self, name: object) -> bool:
-        """Also a method registered in this process beyond the built-in ones (a plugin's, a test's): it gets its
+        """Also a method registered in this process beyond the declared ones (a plugin's, a test's): it gets its
         parser on first look."""
         if super().__contains__(name) or self.adding:
             return super().__contains__(name)
-        contract = sys.modules.get("headwise.contract")  # loaded by then if anything registered a method
-        if contract is None or name not in contract.METHODS:
+        contract = sys.modules["headwise.contract"]  # imported by register
+        if name not in contract.METHODS:
             return False
-        self.add(name, summary_of(contract.METHODS[name]))
+        self.add(name, contract.METHODS[name].summary)
         return True
 
     def __getitem__(self, name: str) -> argparse.ArgumentParser:
@@ -100,21 +76,26 @@ def register(verbs, parents) -> None:
                          description="Apply one registered method (its options are the fields of its config;\n"
                                      "--kinds/--layers/--names select the sites) and save DIR/model with "
                                      "DIR/edit.json.\n`headwise edit METHOD --help` lists a method's options.")
+    from ..contract import declarations
+
     methods = p.add_subparsers(dest="method", required=True, metavar="METHOD")
     methods.choices = methods._name_parser_map = parsers = MethodParsers(methods, parents)
-    for name, summary in SUMMARIES.items():
-        parsers.add(name, summary)
-    for old, name in HIDDEN.items():
-        parsers.add(old, SUMMARIES[name], hidden=True)
+    declared = declarations()
+    for d in declared.values():
+        parsers.add(d.name, d.summary)
+    for d in declared.values():
+        for old in d.aliases:  # former names: accepted (with a notice), not listed
+            parsers.add(old, d.summary, hidden=True)
+    p.epilog = examples(d.examples[0] for d in declared.values() if d.examples)
 
 
 def method_options(q: argparse.ArgumentParser, name: str) -> None:
     """The options of ``headwise edit NAME``: the model, ``--task``, the selection, one per config field
-    (``options.config_options``), ``--out``."""
-    from ..contract import config_fields, load_methods, method_of
+    (``options.config_options``), ``--out``; the examples of its declaration below."""
+    from ..contract import METHODS, config_fields, declarations
 
-    load_methods()
-    method = method_of(name)
+    declared = {alias: d for d in declarations().values() for alias in (d.name, *d.aliases)}
+    method = declared.get(name) or METHODS[name].declaration
     model_args(q)
     add(q, "--task", default=None, shown="the base model, or the head a checkpoint was saved with")
     g = q.add_argument_group("selection (default: every site the method applies to)")
@@ -129,15 +110,15 @@ def method_options(q: argparse.ArgumentParser, name: str) -> None:
     config_options(q.add_argument_group(f"{method.config.__name__} (what is attached and recorded)"), method.config,
                    fields)
     output_args(q, None, "model/ and edit.json")
-    if f"edit {name}" in EXAMPLES:
-        q.epilog = "examples:\n" + "\n".join(f"  {line}" for line in EXAMPLES[f"edit {name}"])
+    if method.examples:
+        q.epilog = examples(method.examples)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..contract import Selection, apply, config_fields, config_to_dict, method_of
+    from ..contract import Selection, apply, config_fields, config_to_dict, method_named
     from ..io import atomic_dir, check_writable_dir, save_pretrained
 
-    method = method_of(args.method_name)
+    method = method_named(args.method_name)  # a former name works, with a notice
     values = {f.name: getattr(args, f.name) for f, _ in config_fields(method.config)
               if f.name != "selection" and f.name not in SELECTION_FLAGS and hasattr(args, f.name)}
     selection = Selection(**{k: getattr(args, k) for k in SELECTION_FLAGS})

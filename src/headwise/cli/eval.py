@@ -20,6 +20,23 @@ HELP = {"lm": "perplexity of a causal LM on a text (strided windows)",
         "classification": "accuracy, F1, Matthews (or Pearson/Spearman) of a sequence classifier"}
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "eval": ("headwise eval stsb --limit 500",
+             "headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
+             "headwise eval translation --model multi30k-marian-de-en --limit 100",
+             "headwise eval classification --model DIR/model --data genre.csv"),
+    "eval stsb": ("headwise eval stsb --limit 500",
+                  "headwise eval stsb --model DIR/model --split test"),
+    "eval lm": ("headwise eval lm --model smollm2-135m --max-length 256 --max-tokens 2048",
+                "headwise eval lm --model smollm2-135m --data my.txt --max-length 512"),
+    "eval translation": ("headwise eval translation --model multi30k-marian-de-en --limit 100",
+                         "headwise eval translation --model DIR/model --src-file de.txt --tgt-file en.txt --beam 4"),
+    "eval classification": ("headwise eval classification --model DIR/model --data genre.csv",
+                            "headwise eval classification --model DIR/model --data glue:sst2 --limit 200"),
+}
+
+
 def register(verbs, parents) -> None:
     evaluate = verbs.add_parser("eval", parents=parents, help="score a model on a task: stsb, lm, translation, classification")
     tasks = evaluate.add_subparsers(dest="task", required=True, metavar="TASK")

@@ -1,8 +1,9 @@
-"""``headwise kv-policy``: score the heads of a decoder-only LM, keep the ones that need it full, stream the rest,
-so that the KV cache fits ``--kv-budget``; then tells the user what they got at ``--context`` tokens: the KV bytes the
-cache holds, peak memory and decode tokens/s beside the full cache's (``generate()`` in this process), passkey
-retrieval of both on a prompt family other than the calibration's, and the ``lm`` task's perplexity through both;
-writes policy.json, scores.json, summary.json (verdict first) and report.html.
+"""``headwise kv-policy``: the KV-policy experiment (``headwise.workflows.kv_policy``, callable from Python): score
+the heads of a decoder-only LM, keep the ones that need it full, stream the rest, so that the KV cache fits
+``--kv-budget``; then tells the user what they got at ``--context`` tokens: the KV bytes the cache holds, peak memory
+and decode tokens/s beside the full cache's (``generate()`` in this process), passkey retrieval of both on a prompt
+family other than the calibration's, and the ``lm`` task's perplexity through both; writes policy.json,
+scores.json, summary.json (verdict first) and report.html.
 
 It needs no data folder: the default ranking calibrates on synthetic prompts, and a text (``--data``, else
 shared/data/wikitext-2/valid.txt when there is one) serves only the uses that read text (``data_uses``); without
@@ -27,6 +28,14 @@ DATA = """--data, an lm text file (default: shared/data/wikitext-2/valid.txt whe
 perplexity and make the 'text' passkey prompts; the longest lines of its first 90% calibrate --kv-ranking
 combined/outside and the 'text' calibration family. The default ranking needs none (synthetic prompts); without
 a text, perplexity is skipped."""
+
+
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "kv-policy": ("headwise kv-policy --kv-budget 0.5 --out smol-kv   # smollm2-135m, synthetic calibration",
+                  "headwise kv-policy --model smollm2-135m --kv-budget 0.5 --context 8192 --data my.txt "
+                  "--out smol-kv8k"),
+}
 
 
 def register(verbs, parents) -> None:
@@ -123,13 +132,13 @@ PERPLEXITY = "perplexity (its last 10%)"
 PASSKEY = "the passkey check and the measured prompt ('text' family, its last 10%)"
 
 
-def data_uses(args: argparse.Namespace, families: tuple[str, ...], gates) -> dict[str, bool]:
+def data_uses(args: argparse.Namespace, settings, gates) -> dict[str, bool]:
     """What a text is read for under these options → whether the user asked for it explicitly (a use asked for
     needs a text; the others are skipped, or take another prompt family, without one)."""
     uses = {}
-    if args.ranking in ("combined", "outside"):
-        uses[f"calibration of --kv-ranking {args.ranking} (the longest lines of its first 90%)"] = True
-    if any(name.startswith("text") for name in families):
+    if settings.ranking in ("combined", "outside"):
+        uses[f"calibration of --kv-ranking {settings.ranking} (the longest lines of its first 90%)"] = True
+    if any(name.startswith("text") for name in settings.calibration_families):
         uses["the 'text' calibration prompts (--calibration-families)"] = True
     if gates is not None and gates.haystack == "text":
         uses["the learned gates' haystack (--gate-haystack text)"] = True
@@ -152,51 +161,14 @@ def inputs_line(data: str | None, uses: dict[str, bool], ranking: str) -> str:
     return f"--data {data} is used only for {'; '.join(uses)} with --kv-ranking {ranking}"
 
 
-def calibration_texts(task, count: int = 4) -> list[str]:
-    """The ``count`` longest lines of the task's calibration part (the first 90% of the text)."""
-    return sorted((line.strip() for line in task.texts("calibration") if line.strip()), key=len, reverse=True)[:count]
-
-
-def perplexities(model, tokenizer, task, policy) -> dict:
-    """The task's perplexity with the full cache and through ``policy`` (every window one prefill through it)."""
-    from ..kvcache import KVPolicy, policy_forward
-
-    out = {}
-    for name, rules in (("full", KVPolicy.uniform(model)), ("policy", policy)):
-        with policy_forward(model, rules):
-            out[name] = task.evaluate(model, tokenizer)
-    return out
-
-
-def measured_line(measured: dict | None) -> str:
-    """The verdict's line on what ``generate()`` measured (``kvcache.measure.measure_policy``)."""
-    if measured is None:
-        return "KV bytes held, peak memory and decode speed not measured (--no-measure)"
-    mib = 2 ** 20
-    full, policy, ratio = measured["full"], measured["policy"], measured["ratio"]
-    peak = ("peak memory not measured on this platform" if ratio["peak_memory_above_start"] is None else
-            f"peak {measured['memory']} above the start of generate() {policy['peak_memory_above_start'] / mib:.0f} "
-            f"vs {full['peak_memory_above_start'] / mib:.0f} MiB ({ratio['peak_memory_above_start']:.2f}x)")
-    return (f"measured with generate() at {measured['prompt_tokens']} prompt tokens + {measured['new_tokens']} new "
-            f"on {measured['device']} ({measured['threads']} threads, {measured['repeats']} run(s) each, whatever "
-            f"else the machine was doing): KV held {policy['kv_bytes'] / mib:.1f} vs {full['kv_bytes'] / mib:.1f} "
-            f"MiB ({ratio['kv_bytes']:.2f}x); {peak}; decode {policy['decode_tokens_per_s']:.1f} vs "
-            f"{full['decode_tokens_per_s']:.1f} tokens/s ({ratio['decode_tokens_per_s']:.2f}x); prefill "
-            f"{policy['prefill_s']:.2f} vs {full['prefill_s']:.2f} s — policy vs full cache")
-
-
-def gate_config(args: argparse.Namespace):
+def gate_config(args: argparse.Namespace, window: int):
     """The ``KVGateConfig`` of ``--scores learned`` (None otherwise); checked before the model loads."""
     from ..kvcache import KVGateConfig
 
     if args.scores != "learned":
-        args.ranking = args.ranking or "retrieval"
         return None
-    if args.ranking not in (None, "learned"):
-        raise HeadwiseError(f"--scores learned ranks by the learned gates; drop --kv-ranking {args.ranking}")
-    args.ranking = "learned"
     config = KVGateConfig(steps=args.gate_steps, lr=args.gate_lr, l1=args.gate_l1, length=args.gate_length,
-                          sink=args.sink, window=args.window, region=args.gate_region, haystack=args.gate_haystack,
+                          sink=args.sink, window=window, region=args.gate_region, haystack=args.gate_haystack,
                           seed=args.seed)
     config.check()
     return config
@@ -204,101 +176,42 @@ def gate_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir, save_pretrained
-    from ..kvcache import KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, remove_kv_policy
-    from ..kvcache.config import model_shape
-    from ..kvcache.choose import calibration_length, default_window, full_heads_for_budget
-    from ..kvcache.measure import measure_policy
-    from ..kvcache.passkey import PromptFamily, family_prompts, passkey_accuracy
+    from ..kvcache import apply_kv_policy
+    from ..kvcache.choose import default_window
     from ..report import Report
     from ..report.kv_policy import add_kv_policy_section
+    from ..workflows.kv_policy import KVPolicySettings, PasskeyCheck, eval_text, kv_policy_experiment
 
     if args.task != "lm":
         raise HeadwiseError(f"--task {args.task}: kv-policy measures a decoder-only KV cache, on the lm task only")
     check_writable_dir(args.out, args.force)
-    if args.window is None:
-        args.window = default_window(args.kv_budget, args.context, args.sink)
-    families = tuple(PromptFamily.parse(name.strip()).name for name in args.calibration_families.split(","))
-    args.eval_length = args.eval_length or args.context
-    prefill_chunk = args.prefill_chunk or None  # 0: the whole prompt
-    if args.measure_new < 2 or args.measure_repeats < 1:
-        raise HeadwiseError(f"--measure-new {args.measure_new} / --measure-repeats {args.measure_repeats}: decode "
-                            "speed needs at least 2 new tokens and 1 repeat (or --no-measure)")
-    gates = gate_config(args)
-    data, uses = text_source(args), data_uses(args, families, gates)
+    window = args.window or default_window(args.kv_budget, args.context, args.sink)
+    gates = gate_config(args, window)
+    settings = KVPolicySettings(
+        kv_budget=args.kv_budget, context=args.context, sink=args.sink, window=window, fixed_window=args.fixed_window,
+        ranking=args.ranking, gates=gates, calibration_length=args.calibration_length, seed=args.seed,
+        calibration_families=tuple(args.calibration_families.split(",")), eval_family=args.eval_family,
+        measure=not args.no_measure, measure_new=args.measure_new, measure_repeats=args.measure_repeats,
+        prefill_chunk=args.prefill_chunk, perplexity=not args.no_perplexity)
+    data, uses = text_source(args), data_uses(args, settings, gates)
     if data is None:
-        if args.eval_family is None:
-            args.eval_family = "numbers"
         needed = [use for use, asked in uses.items() if asked]
         if needed:
             raise HeadwiseError(f"{needed[0]} needs a text and none was given (shared/data/wikitext-2/valid.txt was "
                                 "not found either): pass --data FILE (a UTF-8 text file)")
-        args.no_perplexity = True
-    eval_family = PromptFamily.parse(args.eval_family or "text")
+        settings.eval_family, settings.perplexity = settings.eval_family or "numbers", False
     task = lm_task(args, data)  # bad data fails before the model loads
     model, tokenizer = load_for_task(args, task)
-    print(f"headwise: {inputs_line(data, uses, args.ranking)}", file=sys.stderr)  # once the inputs are known good
-    tokenizer.model_max_length = getattr(model.config, "max_position_embeddings", tokenizer.model_max_length)
-    shape = model_shape(model)
-    full_heads_for_budget(sum(shape), args.kv_budget, args.context, args.sink, args.window,
-                          not args.fixed_window)  # fail before work
-    texts = calibration_texts(task) if data is not None else None
-    if gates is not None and gates.haystack == "text":  # the gates' haystack: the whole calibration part
-        texts = [line for line in task.texts("calibration") if line.strip()]
-    length = args.calibration_length or calibration_length(args.ranking, args.sink, args.window)
-    config = ScoreConfig(length=length, sink=args.sink, window=args.window, seed=args.seed, families=families)
-    learned = None
-    if gates is not None:  # through the shared Trainer (data-parallel under torchrun), then ranked like any score
-        from ..sites import find_sites
-        from ..training import train_kv_gates
-
-        heads = next(site for site in find_sites(model) if site.kind == "dec-self").num_heads
-        learned = train_kv_gates(model, tokenizer, gates, texts=texts).scores(heads)
-    policy, scores = kv_policy(model, tokenizer, args.kv_budget, args.context, args.sink, args.window, args.ranking,
-                               texts=texts, config=config, scores=learned, scaled=not args.fixed_window)
-    check, measured = {}, None
-    eval_text = "\n".join(line for line in task.texts("eval") if line.strip()) if data is not None else None
-    if not args.no_measure:
-        measure_ids = family_prompts(tokenizer, eval_family, args.context, [0.5], 1, args.seed + 1000,
-                                     eval_text)[0].ids
-        measured = measure_policy(model, measure_ids, policy, args.measure_new, args.measure_repeats,
-                                  pad_token_id=tokenizer.eos_token_id, prefill_chunk=prefill_chunk)
-    if args.eval_keys > 0 and not args.no_measure:
-        prompts = family_prompts(tokenizer, eval_family, args.eval_length, [0.0, 0.25, 0.5, 0.75, 1.0],
-                                 args.eval_keys, args.seed + 1000, eval_text)
-        for name, rules in (("full", KVPolicy.uniform(model)), ("policy", policy)):
-            apply_kv_policy(model, rules, prefill_chunk=prefill_chunk)
-            check[name] = passkey_accuracy(model, tokenizer, prompts)
-        remove_kv_policy(model)
-        check["family"], check["length"] = eval_family.name, int(max(len(p.ids) for p in prompts))
-    ppl = None if args.no_perplexity else perplexities(model, tokenizer, task, policy)
-    fraction = policy.kv_fraction(args.context)
-    calibrated_on = (f"learned gates (haystack {gates.haystack})" if gates is not None else "none (--kv-ranking random)"
-                     if args.ranking == "random" else f"synthetic passkey prompts ({', '.join(config.families)}) and "
-                     "repeated random tokens" + (f" + {scores.counts.get('calibration', 0)} lines of {data}"
-                                                 if args.ranking in ("combined", "outside") else ""))
-    verdict = {
-        "memory": f"KV cache at {args.context} tokens: {fraction:.0%} of the full cache "
-                  f"({1 - fraction:.0%} saved); {policy.describe()}",
-        "measured": measured_line(measured),
-        "quality": (f"passkey ({check['family']} prompts, up to {check['length']} tokens): "
-                    f"{check['policy']['correct']}/{check['policy']['prompts']} with the policy vs "
-                    f"{check['full']['correct']}/{check['full']['prompts']} with the full cache"
-                    if check else "passkey not measured (--no-measure or --eval-keys 0)")
-                   + (f"; perplexity {ppl['policy']['perplexity']:.2f} through the policy vs "
-                      f"{ppl['full']['perplexity']:.2f} with the full cache ({ppl['policy']['tokens']:,} tokens of "
-                      f"{task.source()}, {task.max_length}-token windows)" if ppl else ""),
-        "use": f"headwise.apply_kv_policy(model, '{Path(args.out) / 'policy.json'}', prefill_chunk={prefill_chunk!r}); "
-               "then model.generate(...)",
-    }
-    summary = {"verdict": verdict, "model": args.model, "kv_budget": args.kv_budget, "context": args.context,
-               "kv_fraction": fraction, "kv_fraction_at": {str(n): share for n, share in policy.savings().items()},
-               "prefill_chunk": prefill_chunk, "sink": args.sink, "window": args.window, "ranking": args.ranking,
-               "scores": args.scores, "gates": None if gates is None else vars(gates),
-               "full_heads": [list(p) for p in policy.full_heads()], "calibration": scores.counts,
-               "calibration_families": list(config.families), "measured": measured, "passkey_check": check,
-               "perplexity": ppl,
+    print(f"headwise: {inputs_line(data, uses, settings.ranking)}", file=sys.stderr)  # once the inputs are known good
+    verify = PasskeyCheck(settings.eval_family or "text", args.eval_length or args.context, args.eval_keys,
+                          args.seed, eval_text(task) if data is not None else None)
+    found = kv_policy_experiment(model, tokenizer, task, settings, has_text=data is not None, verify=verify,
+                                 out=str(Path(args.out)))
+    policy, scores, check, ppl = found.policy, found.scores, found.summary["passkey_check"], found.summary["perplexity"]
+    summary = {"verdict": found.summary["verdict"], "model": args.model, **found.summary,
                "inputs": {"data": data, "data_used_for": list(uses) if data is not None else [],
-                          "calibration": calibrated_on, "perplexity": None if ppl is None else f"the last 10% of {data}",
+                          "calibration": found.calibrated_on,
+                          "perplexity": None if ppl is None else f"the last 10% of {data}",
                           "passkey_check": None if not check else f"{check['family']} prompts"},
                **run_record(task, None if ppl is None else ppl["full"][task.metric],
                             None if ppl is None else ppl["policy"][task.metric], None, model_costs(model), model)}
@@ -315,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        for line in verdict.values():
+        for line in summary["verdict"].values():
             print(line)
         print(f"wrote {args.out}/policy.json, summary.json, scores.json, report.html")
     return 0

@@ -6,6 +6,14 @@ import argparse
 from .output import print_json
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "mechanisms": ("headwise mechanisms list",),
+    "mechanisms list": ("headwise mechanisms list",
+                        "headwise mechanisms list --json"),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("mechanisms", parents=parents, help="list the efficient attention mechanisms replace can use")
     sub = p.add_subparsers(dest="action", required=True, metavar="ACTION")

@@ -16,10 +16,18 @@ from .output import print_json
 
 def _training_options(parser: argparse.ArgumentParser) -> None:
     """How the mixers train: the fields of ``NuclearNormTraining`` (γ 1 here: the verb's mixers are meant to move)."""
-    from ..mixing import NuclearNormTraining
+    from ..mixing.config import NuclearNormTraining
 
     config_options(parser.add_argument_group("training of the mixers (NuclearNormTraining)"), NuclearNormTraining,
                    defaults={"gamma": 1.0}, keep_defaults=True)
+
+
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "mix": ("headwise mix --swap 'enc-self.0:0 <-> enc-self.1:1' --out minilm-mix",
+            "headwise mix --task classification --data genre.csv --new-head --no-mixers --mix-epochs 1 "
+            "--out cls-tuned   # fine-tune a classifier"),
+}
 
 
 def register(verbs, parents) -> None:

@@ -1,67 +1,27 @@
 """One meaning per flag. ``SHARED`` defines once every option several commands take (one help, one type); ``add``
-puts one on a parser with the command's own default. ``config_options`` turns a config's fields into options (their
-help is the field's ``metadata["help"]``; a ``Literal`` field gets its choices): ``headwise edit METHOD`` and the
-verbs' method options (``quantize --threshold``, ``convert gqa --kv-heads``, ...) come from it, so a flag that a
-verb and ``edit`` share is the config field in both. tests/test_cli_flags.py walks every command and keeps one help
-and one type per flag.
+puts one on a parser with the command's own default. ``config_options`` turns a config's fields into options through
+the one field-to-flag converter (``headwise.flags``: the field's ``metadata`` gives its help, its flag when
+``--FIELD`` means something else elsewhere, a hidden former spelling, whether it must be positive; a ``Literal``
+gives choices): ``headwise edit METHOD`` and the verbs' method options (``quantize --threshold``, ``convert gqa
+--kv-heads``, ...) come from it, so a flag that a verb and ``edit`` share is the config field in both.
+tests/test_cli_flags.py walks every command and keeps one help and one type per flag.
 
-This module imports nothing heavy: a verb whose options come from a config (which imports torch) adds them with
-``Parser.later``, on its first parse or ``--help``.
+This module imports nothing heavy, and neither do the method configs (their packages load lazily,
+``headwise.lazy``); a verb adds its config's options with ``Parser.later``, on its first parse or ``--help``, so
+that building the whole parser reads no config.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections.abc
 import dataclasses
-import json
 import typing
-from pathlib import Path
 from typing import Any
 
+from ..flags import KINDS, flag, int_or_float, json_value, list_of, number_or_text, option  # noqa: F401
 from .constants import RECOVERY_MODES
 
 
-def list_of(kind: type) -> typing.Callable[[str], list]:
-    """An argparse ``type``: comma-separated values of ``kind``."""
-    def parse(text: str) -> list:
-        try:
-            return [kind(part.strip()) for part in text.split(",") if part.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {kind.__name__}s, got {text!r}") from None
-
-    parse.__name__ = f"list_of_{kind.__name__}"
-    return parse
-
-
-def json_value(text: str) -> Any:
-    """An argparse ``type``: a JSON value, or ``@FILE`` holding one."""
-    try:
-        return json.loads(Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise argparse.ArgumentTypeError(f"expected JSON or @FILE with JSON, got {text!r} ({err})") from None
-
-
-def int_or_float(text: str) -> int | float:
-    """An argparse ``type``: an integer, or else a number (``--dk 192`` or ``--dk 0.25``)."""
-    try:
-        return int(text)
-    except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-
-
-def number_or_text(text: str) -> float | str:
-    """An argparse ``type``: a number, or else the text (``--gate-init 3`` or ``--gate-init voita``)."""
-    try:
-        return float(text)
-    except ValueError:
-        return text
-
-
-KINDS = list_of(str)
 TASK_NAMES = ("stsb", "lm", "translation", "classification")
 
 # flag → its add_argument keywords (help, type, choices, action, metavar): the one definition of a shared option
@@ -134,13 +94,6 @@ SHARED: dict[str, dict[str, Any]] = {
                      "help": "also write OUT/model, the edited model (headwise.from_pretrained reloads it)"},
 }
 
-# config fields whose flag is not --FIELD, as their name means something else elsewhere: {Config.field: (flag, old)}
-# (the old spelling stays a hidden alias in that config's commands for one release)
-FIELD_FLAGS: dict[str, tuple[str, str]] = {
-    "GQAConfig.init": ("--gqa-init", "--init"), "LatentConfig.init": ("--latent-init", "--init"),
-    "L0Config.init": ("--gate-init", "--init"), "L0Config.temperature": ("--gate-temperature", "--temperature"),
-    "QuantizationConfig.method": ("--quantizer", "--method"),
-}
 GIVEN = frozenset({"default", "required", "dest", "shown"})  # what a command may set on a shared option
 
 
@@ -180,74 +133,53 @@ def alias(parser: Any, old: str, new: str, dest: str, **kwargs: Any) -> None:
     parser.add_argument(old, dest=dest, action=Alias, new=new, help=argparse.SUPPRESS, **kwargs)
 
 
-def _unwrap(hint: Any) -> Any:
-    """``X | None`` → ``X``."""
-    if typing.get_origin(hint) is typing.Union or type(hint).__name__ == "UnionType":
-        inner = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(inner) == 1:
-            return inner[0]
-        if set(inner) in ({int, float}, {str, float}):
-            return inner[0] | inner[1]
-    return hint
-
-
-def _keywords(hint: Any) -> dict[str, Any]:
-    """``add_argument`` keywords for a config field of type ``hint``."""
-    hint = _unwrap(hint)
-    args = typing.get_args(hint)
-    if hint is bool:
-        return {"action": argparse.BooleanOptionalAction}
-    if typing.get_origin(hint) is typing.Literal:
-        return {"choices": list(args)}
-    if hint in (int, float, str):
-        return {"type": hint, "metavar": hint.__name__.upper()}
-    if hint == int | float:
-        return {"type": int_or_float, "metavar": "NUMBER"}
-    if hint == str | float:
-        return {"type": number_or_text, "metavar": "NUMBER|TEXT"}
-    if typing.get_origin(hint) in (tuple, list, collections.abc.Sequence) and args and args[0] in (int, float, str):
-        return {"type": KINDS if args[0] is str else list_of(args[0]), "metavar": "A,B,..."}
-    return {"type": json_value, "metavar": "JSON|@FILE"}
-
-
 def config_options(parser: Any, config: type, names: typing.Iterable[str] | None = None, *,
                    defaults: dict[str, Any] | None = None, keep_defaults: bool = False) -> None:
     """One option per field of ``config`` (``names``: only these, in this order; default: every init field but the
-    selection). A shared flag (``SHARED``) keeps its one definition. Without ``keep_defaults`` an option left out
-    is absent from the namespace (the config's own default applies; ``headwise edit``); with it the option
-    defaults to the field's default, or to ``defaults[name]`` (a verb's own choice)."""
-    from ..contract import config_fields  # a method's config is imported by now: so is torch
+    selection), through ``headwise.flags``. A shared flag (``SHARED``) keeps its one definition. Without
+    ``keep_defaults`` an option left out is absent from the namespace (the config's own default applies;
+    ``headwise edit``); with it the option defaults to the field's default, or to ``defaults[name]`` (a verb's own
+    choice). A field that moved out of the config (its ``MOVED``) is refused in one line naming where it went."""
+    from ..flags import typed_fields
 
-    fields = {f.name: (f, hint) for f, hint in config_fields(config) if f.name != "selection"}
+    fields = {f.name: (f, hint) for f, hint in typed_fields(config) if f.name != "selection"}
     for name in (fields if names is None else names):
         f, hint = fields[name]
         missing = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if defaults and name in defaults:
             default = defaults[name]
-        flag, old = FIELD_FLAGS.get(f"{config.__name__}.{name}", ("--" + name.replace("_", "-"), None))
         given = {"dest": name, "required": missing,
                  "default": None if missing else default if keep_defaults else argparse.SUPPRESS}
-        if flag in SHARED:
-            action = add(parser, flag, **given)
+        if flag(f) in SHARED:
+            action = add(parser, flag(f), **given)
         else:
-            action = parser.add_argument(flag, help=f.metadata.get("help"), **_keywords(hint), **given)
+            action = parser.add_argument(flag(f), help=f.metadata.get("help"), **option(hint, f.metadata), **given)
         action.shown = None if missing else shown_default(default)
-        if old:
+        if f.metadata.get("former"):
             kinds = {k: v for k, v in vars(action).items() if k in ("type", "choices")}
-            alias(parser, old, flag, name, default=argparse.SUPPRESS, **kinds)
-    for name, home in getattr(config, "MOVED", {}).items():  # how the method trains: not what is attached
-        parser.add_argument("--" + name.replace("_", "-"), dest=name, action=Moved, home=home,
+            alias(parser, f.metadata["former"], flag(f), name, default=argparse.SUPPRESS, **kinds)
+    moved = getattr(config, "MOVED", {})
+    trained_by = next((d.trained_by for d in _declarations() if d.config is config), "") if moved else ""
+    for name, home in moved.items():  # how the method trains: not what is attached
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, action=Moved, home=home, by=trained_by,
                             default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
-class Moved(argparse.Action):
-    """A field that moved out of a config (``MOVED``): refused in one line naming where it went."""
+def _declarations() -> list:
+    from ..contract import declarations
 
-    def __init__(self, option_strings: list[str], dest: str, home: str, **kwargs: Any) -> None:
+    return list(declarations().values())
+
+
+class Moved(argparse.Action):
+    """A field that moved out of a config (``MOVED``): refused in one line naming where it went and, when the
+    method's declaration says (``trained_by``), the command that trains it."""
+
+    def __init__(self, option_strings: list[str], dest: str, home: str, by: str, **kwargs: Any) -> None:
         super().__init__(option_strings, dest, **kwargs)
-        self.home = home
+        self.home, self.by = home, by
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
-        parser.error(f"{option_string} sets how the method trains ({self.home}), not what edit attaches; train "
-                     "with headwise prune --method l0 or headwise mix --mix-epochs")
+        parser.error(f"{option_string} sets how the method trains ({self.home}), not what edit attaches"
+                     + (f"; train with {self.by}" if self.by else ""))

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 
 from ..errors import HeadwiseError
-from .constants import PLAN_METHODS as METHODS, PLAN_METHOD_RENAMES
 from . import model_args
 from .options import add, output_args
 from .suggest import LOADING, suggest
@@ -15,19 +13,29 @@ from .task_options import load_task_model, task_args, task_from_args
 from .output import print_json, write_json
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "plan": ("headwise plan --budget heads=0.75 --out minilm-plan",
+             "headwise plan --task lm --model smollm2-135m --budget kv-cache=-20% --out smol-plan"),
+}
+
 
 def register(verbs, parents) -> None:
+    from ..contract import declarations
+
+    planned = sorted((d for d in declarations().values() if d.planned), key=lambda d: d.planned.order)
+    rankings = tuple(dict.fromkeys(r for d in planned for r in d.planned.rankings))  # of the head-removal methods
     p = verbs.add_parser("plan", parents=parents, help="search edits under a budget; measure them; recommend one")
     model_args(p)
     p.add_argument("--budget", required=True,
                    help="limits, comma-separated: heads=N|fraction, latency=0.75x, params=-20%% (attention "
                         "parameters), kv-cache=-50%% (decoders), flops=-30%%")
     p.add_argument("--methods", default=None,
-                   help=f"registered methods to try and combine, comma-separated (default: every method with a "
-                        f"sweep: {','.join(METHODS)}, and any a plugin registers)")
-    p.add_argument("--ranking", choices=("gradient", "l0"), default="gradient",
-                   help="how heads are ranked for removal: gradient importance of the task loss, or L0 gates "
-                        "trained on a copy (default: gradient)")
+                   help=f"registered methods to try and combine, comma-separated (default: every planned method: "
+                        f"{','.join(d.name for d in planned)}, and any a plugin registers)")
+    p.add_argument("--ranking", choices=rankings, default=rankings[0],
+                   help=f"how heads are ranked for removal, by the head-removal method (docs/plan.md; default: "
+                        f"{rankings[0]})")
     add(p, "--importance-examples", default=256)
     p.add_argument("--importance-batch", type=int, default=8,
                    help="examples per backward of the gradient ranking (default: 8; lower it to lower peak memory)")
@@ -45,15 +53,6 @@ def register(verbs, parents) -> None:
     p.set_defaults(run=run)
 
 
-def _method_name(text: str) -> str:
-    """A registered method's name; the names of plan format 1 still work for one release, with a notice."""
-    name = text.strip().replace("-", "_")
-    if name in PLAN_METHOD_RENAMES:
-        print(f"headwise: --methods {name} is now {PLAN_METHOD_RENAMES[name]} (the registered method's name); "
-              f"{name} still works", file=sys.stderr)
-    return PLAN_METHOD_RENAMES.get(name, name)
-
-
 def run(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir
     from ..planning import Budget, plan
@@ -61,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
     from ..report.plan import add_plan_sections, verdict
 
     budget = Budget.parse(args.budget)  # a bad budget fails before anything loads
-    methods = None if args.methods is None else tuple(_method_name(m) for m in args.methods.split(",") if m.strip())
+    methods = None if args.methods is None else tuple(m for m in args.methods.split(",") if m.strip())
     if getattr(args, "new_head", False):  # apply could not rebuild the random head the plan measured
         raise HeadwiseError(
             "plan --new-head would measure edits of an untrained, random classification head; train one first "

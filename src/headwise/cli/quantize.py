@@ -111,11 +111,18 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 def _quantizer_options(parser: argparse.ArgumentParser) -> None:
     """What every quantizer of the sweep does besides its method and bits: the fields of ``QuantizationConfig``."""
-    from ..quantization import QuantizationConfig
+    from ..quantization.config import QuantizationConfig
 
     config_options(parser.add_argument_group("every quantizer (QuantizationConfig)"), QuantizationConfig,
                    ("threshold", "renormalize", "floor", "top_edge", "scope", "zeros", "bin_value"),
                    keep_defaults=True)
+
+
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "quantize": ("headwise quantize --quantizers log --bit-widths 3,4 --thresholds none --limit 200 "
+                 "--out minilm-quantize",),
+}
 
 
 def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:

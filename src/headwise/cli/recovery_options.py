@@ -1,20 +1,15 @@
 """``--recover distill|finetune|none`` and its options, shared by the verbs that edit a model (prune, compress,
-replace): the teacher is chosen before the edit, recovery runs after it, and the verb records what ran. After a
-reversible edit (ops attached: ``replace``) the teacher is the model itself with its ops switched off (no copy);
-after one that rewrites weights (``prune``, ``compress``) it is a copy taken before the edit."""
+replace): they make one ``workflows.Recovery`` (``recovery_of``), which chooses the teacher before the edit and
+runs the recovery after it."""
 
 from __future__ import annotations
 
 import argparse
-import copy
 from typing import Any
 
 from ..errors import HeadwiseError
 from .constants import TRAIN_MEMORY_MODES as MEMORY_MODES
 from .options import add
-
-OFF, COPY, CACHED = "off", "copy", "cached"  # --teacher values that name no model (headwise.tasks.recovery.OFF)
-
 
 def recovery_args(parser: argparse.ArgumentParser) -> None:
     """The recovery group of the verbs that edit a model."""
@@ -49,67 +44,42 @@ def train_memory_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
                              "free memory")
 
 
-def recovery_mode(args: argparse.Namespace) -> str:
-    """The recovery mode the options ask for, checked (before any model loads)."""
-    from ..tasks.recovery import check_recovery
+def recovery_of(args: argparse.Namespace):
+    """The ``workflows.Recovery`` the options ask for, checked (before any model loads)."""
+    from ..workflows.recovery import Recovery
 
     if args.finetune < 0:
         raise HeadwiseError(f"--finetune {args.finetune:g} must be ≥ 0")
     if args.finetune and args.recover not in (None, "finetune"):
         raise HeadwiseError(f"--finetune is shorthand for --recover finetune; drop it or --recover {args.recover}")
     mode = "finetune" if args.finetune else args.recover or "none"
-    epochs = args.finetune or args.recover_epochs
     if args.teacher and mode != "distill":
         raise HeadwiseError("--teacher applies to --recover distill")
-    check_recovery(mode, epochs, args.recover_steps, args.alpha, args.temperature, args.distance)
-    return mode
+    return Recovery(mode=mode, epochs=args.finetune or args.recover_epochs, steps=args.recover_steps,
+                    alpha=args.alpha, temperature=args.temperature, distance=args.distance, memory=args.train_memory,
+                    teacher=args.teacher)
+
+
+def recovery_mode(args: argparse.Namespace) -> str:
+    """The recovery mode the options ask for, checked (before any model loads)."""
+    return recovery_of(args).mode
+
+
+def refuse_teacher_off(args: argparse.Namespace, reversible: bool = False) -> None:
+    """``--teacher off`` distils from the edited model with its ops switched off: refused for a verb whose edit
+    rewrites weights, in one line naming the option."""
+    if args.teacher == "off" and not reversible and recovery_mode(args) == "distill":
+        raise HeadwiseError(f"--teacher off needs a reversible edit (ops attached); {args.verb} rewrites weights: "
+                            "use --teacher copy or a model name")
 
 
 def teacher_for(args: argparse.Namespace, model: Any, tokenizer: Any, task: Any, reversible: bool = False) -> Any:
-    """The teacher of ``--recover distill``, chosen before the edit: ``"off"`` (the student with its ops
-    switched off; the default when the verb's edit is ``reversible``), the unedited model's outputs on the
-    recovery windows (``--teacher cached``; the default otherwise on the ``lm`` task), a copy of ``model``
-    (``--teacher copy``; the default otherwise) or the model ``--teacher`` names."""
-    if recovery_mode(args) != "distill":
-        return None
-    choice = args.teacher or (OFF if reversible else CACHED if task.name == "lm" else COPY)
-    if choice == CACHED:  # with --recover-steps only the windows those steps can reach are recorded (and trained on)
-        from ..tasks import CachedTeacher
-
-        return CachedTeacher.record(model, tokenizer, task, max_steps=args.recover_steps)
-    if choice == OFF:
-        if not reversible:
-            raise HeadwiseError(f"--teacher off needs a reversible edit (ops attached); {args.verb} rewrites weights: "
-                                "use --teacher copy or a model name")
-        return OFF
-    if choice == COPY:
-        return copy.deepcopy(model)
-    from ..models import load_model
-
-    teacher, _ = load_model(args.teacher, args.device, args.dtype, with_tokenizer=False, task=task)
-    return teacher
+    """The teacher of ``--recover distill``, chosen before the edit (``workflows.Recovery.teacher_for``)."""
+    refuse_teacher_off(args, reversible)
+    return recovery_of(args).teacher_for(model, tokenizer, task, reversible=reversible, device=args.device,
+                                         dtype=args.dtype)
 
 
 def recover_after_edit(args: argparse.Namespace, model: Any, tokenizer: Any, task: Any, teacher: Any) -> dict:
     """Run the recovery the options ask for on the edited ``model``; returns what ran (for the verb's JSON)."""
-    from ..tasks.recovery import recover
-
-    mode = recovery_mode(args)
-    if mode == "none":
-        return {"mode": mode}
-    epochs = args.finetune or args.recover_epochs
-    from ..tasks import CachedTeacher
-
-    cached = isinstance(teacher, CachedTeacher)
-    recover(model, tokenizer, task, teacher=teacher, mode=mode, epochs=epochs, max_steps=args.recover_steps,
-            alpha=args.alpha, temperature=args.temperature, distance=args.distance,
-            limit=teacher.limit if cached else None, memory=args.train_memory)
-    done = {"mode": mode, "epochs": epochs, "steps": args.recover_steps, "train_memory": args.train_memory}
-    if mode == "distill":
-        named = args.teacher not in (None, OFF, COPY, CACHED)
-        done |= {"teacher": args.teacher if named else "the model with its headwise ops switched off"
-                 if isinstance(teacher, str) else "the outputs of the model before the edit (cached)"
-                 if cached else "a copy of the model before the edit",
-                 "alpha": args.alpha,
-                 "temperature": args.temperature, "distance": args.distance}
-    return done
+    return recovery_of(args).run(model, tokenizer, task, teacher)

@@ -15,6 +15,12 @@ from .task_options import (load_task_model, metric_label, model_costs, run_recor
 from .output import print_json
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "replace": ("headwise replace local --arg window=16 --out minilm-replace",),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("replace", parents=parents,
                          help="replace softmax attention by an efficient mechanism (see `headwise mechanisms list`)")
@@ -31,24 +37,15 @@ def register(verbs, parents) -> None:
 
 
 def parse_mechanism_args(name: str, pairs: list[str]) -> dict:
-    """``["window=32", ...]`` → ``{"window": 32}``, each value converted to the type of the argument's default."""
-    from ..mechanisms import mechanism_args
+    """``["window=32", ...]`` → ``{"window": 32}``: each value converted by the type of the mechanism's argument
+    (``headwise.flags``: a boolean is true/false, anything else refused)."""
+    from ..flags import values_from_pairs
+    from ..mechanisms.base import get_mechanism
 
-    known = {a["name"]: a for a in mechanism_args(name)}
-    out = {}
-    for pair in pairs:
-        key, sep, text = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or key not in known:
-            raise HeadwiseError(f"--arg {pair!r}: give NAME=VALUE with NAME one of {', '.join(known) or '(none)'} "
-                                f"(mechanism {name})")
-        kind = known[key]["type"]
-        try:
-            out[key] = (text.lower() in ("1", "true", "yes") if kind == "bool" else
-                        {"int": int, "float": float}.get(kind, str)(text))
-        except ValueError:
-            raise HeadwiseError(f"--arg {pair!r}: {key} takes a {kind}") from None
-    return out
+    try:
+        return values_from_pairs(get_mechanism(name).config_class, pairs, f"mechanism {name}")
+    except ValueError as err:
+        raise HeadwiseError(str(err)) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -8,6 +8,13 @@ from . import model_args
 from .output import print_json
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "sites": ("headwise sites",
+              "headwise sites --model smollm2-135m"),
+}
+
+
 def register(verbs, parents) -> None:
     p = verbs.add_parser("sites", parents=parents, help="list a model's attention sites")
     model_args(p)

@@ -132,26 +132,22 @@ def metric_line(task, metrics: dict[str, float]) -> str:
 
 
 def model_costs(model) -> dict[str, int]:
-    """What an edit changes that a user pays for: parameters, attention heads and key/value heads."""
-    from ..sites import find_sites
+    """``workflows.record.model_costs`` (parameters, heads, key/value heads)."""
+    from ..workflows.record import model_costs
 
-    sites = find_sites(model)
-    return {"parameters": sum(p.numel() for p in model.parameters()), "heads": sum(s.num_heads for s in sites),
-            "kv_heads": sum(s.num_kv_heads for s in sites)}
+    return model_costs(model)
 
 
 def run_record(task, before: float | None, edited: float | None, recovered: float | None,
                costs_before: dict[str, int], model) -> dict:
-    """The summary fields every editing verb writes, with one meaning each: ``metric_before`` (the unedited
-    model), ``metric_edited`` (right after the edit), ``metric_recovered`` (after recovery; None without),
-    ``costs`` (``model_costs`` before and after). None where not measured (``--no-eval``)."""
-    return {"metric_name": metric_label(task), "metric_before": before, "metric_edited": edited,
-            "metric_recovered": recovered, "costs": {"before": costs_before, "after": model_costs(model)}}
+    """``workflows.record.run_record``: the summary fields every editing verb writes."""
+    from ..workflows.record import run_record
+
+    return run_record(task, before, edited, recovered, costs_before, model)
 
 
 def metric_label(task) -> str | None:
-    """How reports name the task's main metric: ``STS-B <split> Spearman ×100`` for STS-B (the split evaluated),
-    else ``<task> <metric>``."""
-    if task is None:
-        return None
-    return f"STS-B {task.split} Spearman ×100" if task.name == "stsb" else f"{task.name} {task.metric}"
+    """``workflows.record.metric_label``: how reports name the task's main metric."""
+    from ..workflows.record import metric_label
+
+    return metric_label(task)

@@ -56,6 +56,14 @@ def cmd_train_translation(args: argparse.Namespace) -> int:
     return 0
 
 
+# what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "train": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",),
+    "train translation": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",
+                          "headwise train translation --out my-marian --resume   # continue an unfinished run"),
+}
+
+
 def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
     train = verbs.add_parser("train", parents=parents, help="train a model from scratch (translation: a Marian model)")
     tasks = train.add_subparsers(dest="task", required=True, metavar="TASK")

@@ -2,15 +2,23 @@
 
 ``compress(model, dk=192, calibration=texts, tokenizer=tok)`` converts a pretrained model in place;
 ``CollaborativeAttention`` is the layer for new models. Math and design: docs/collaborative.md.
+
+The names load on first use (``headwise.lazy``): ``.config`` and ``.declaration`` import without torch.
 """
 
-from .apply import Compression, SiteCompression, compress, tradeoff
-from .calibration import input_moments
-from .config import CollaborativeConfig
-from .decompose import Decomposition, Factors, decompose
-from .families import is_collaborative
-from .layer import CollaborativeAttention
+from typing import TYPE_CHECKING
 
-from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
+from ..lazy import attach as _lazy
+
+if TYPE_CHECKING:
+    from .apply import Compression, SiteCompression, compress, tradeoff
+    from .calibration import input_moments
+    from .config import CollaborativeConfig
+    from .decompose import Decomposition, Factors, decompose
+    from .families import is_collaborative
+    from .layer import CollaborativeAttention
+    from .method import Collaborative  # registers the package's method
+
+__getattr__, __dir__ = _lazy(__name__, globals())
 __all__ = ["compress", "tradeoff", "input_moments", "Compression", "SiteCompression", "CollaborativeConfig",
            "CollaborativeAttention", "Decomposition", "Factors", "decompose", "is_collaborative"]

@@ -25,7 +25,7 @@ class CollaborativeConfig(MethodConfig):
     init: Literal["auto", "block", "hosvd"] = field(default="auto", metadata={
         "help": "closed-form start: block (per-head SVD, global truncation), hosvd (top singular subspaces of the "
                 "unfoldings) or auto (block with calibration data, hosvd without)"})
-    iterations: int = field(default=20, metadata={"help": "ALS sweeps after the closed-form start"})
+    iterations: int = field(default=20, metadata={"help": "ALS sweeps after the closed-form start", "positive": True})
     tol: float = field(default=1e-6, metadata={
         "help": "ALS stops when the error improves by less than this (0: every sweep, no host sync)"})
     solver: Literal["als", "tensorly"] = field(default="als", metadata={

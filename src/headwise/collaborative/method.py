@@ -1,20 +1,26 @@
-"""Collaborative heads under the method contract: ``headwise.apply(model, CollaborativeConfig(dk=...),
-calibration=texts, tokenizer=tok)`` converts in place (weights change: not removable). ``headwise.plan`` tries
-widths that are shares of each site's heads × head dim (after heads removed, of the heads left)."""
+"""What collaborative heads do under the method contract (declared in ``declaration.py``): ``headwise.apply(model,
+CollaborativeConfig(dk=...), calibration=texts, tokenizer=tok)`` converts in place (weights change: not
+removable). ``headwise.plan`` tries widths that are shares of each site's heads × head dim (after heads removed, of
+the heads left); the cost model counts the scores at the shared width."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-from ..contract import register_method
-from ..sweep import Levels, Sweep, SweepContext
+from ..contract import MethodHooks, register
+from ..declaration import AttentionCost, Levels, PlanContext
+from ..sites import AttentionSite
 from .apply import EDIT_KIND, compress, replay_collaborative
 from .config import CollaborativeConfig
+from .declaration import COLLABORATIVE
+from .families import is_collaborative
 
 DK_FRACTIONS = (0.75, 0.5, 0.375, 0.25, 0.125)
 
 
-def width_levels(model: nn.Module, context: SweepContext) -> Levels:
+def width_levels(model: nn.Module, context: PlanContext) -> Levels:
     return Levels([(f"dk-{f:g}", CollaborativeConfig(dk=f)) for f in DK_FRACTIONS])
 
 
@@ -24,9 +30,23 @@ def describe(config: CollaborativeConfig) -> str:
         else f"collaborative heads dk={dk}"
 
 
-register_method("collaborative", CollaborativeConfig,
-                lambda model, c, progress=False, **inputs: compress(model, config=c, progress=progress, **inputs),
-                example=lambda model: CollaborativeConfig(dk=0.5), meta=False, replay=replay_collaborative,
-                legacy_kind=EDIT_KIND,
-                sweep=Sweep(width_levels, describe, order=30, role="pair", calibrated=True,
-                            label="collaborative heads"))
+@register(COLLABORATIVE)
+class Collaborative(MethodHooks):
+    meta = False
+    legacy_kind = EDIT_KIND
+    replay = staticmethod(replay_collaborative)
+    levels = staticmethod(width_levels)
+    describe = staticmethod(describe)
+
+    def apply(self, model: nn.Module, config: CollaborativeConfig, progress: bool = False, **inputs: Any) -> Any:
+        return compress(model, config=config, progress=progress, **inputs)
+
+    def example(self, model: nn.Module) -> CollaborativeConfig:
+        return CollaborativeConfig(dk=0.5)
+
+    def cost(self, site: AttentionSite, length: float) -> AttentionCost | None:
+        """Scores over the shared width ``R`` (``mixing [H, R]``), plus one content tag per head unless rotary."""
+        if not is_collaborative(site.module):
+            return None
+        heads, width = site.module.mixing.shape
+        return AttentionCost(score_width=width + (0 if hasattr(site.module, "frequencies") else heads))

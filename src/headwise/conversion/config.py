@@ -21,13 +21,15 @@ class GQAConfig(MethodConfig):
     and by the output projection.
     """
 
-    kv_heads: int = field(metadata={"help": "key/value heads per layer after conversion (must divide the query heads)"})
+    kv_heads: int = field(metadata={"help": "key/value heads per layer after conversion (must divide the query heads)",
+                                    "positive": True})
     grouping: Grouping = field(default="contiguous", metadata={
         "help": "which query heads share a key/value head: contiguous ranges, or those whose keys and values are "
                 "most alike (similarity)"})
     init: Init = field(default="calibrated", metadata={
         "help": "mean: average the keys/values of a group (GQA paper); svd: best shared projection in weight space; "
-                "calibrated: the same fit on the input statistics of calibration data"})
+                "calibrated: the same fit on the input statistics of calibration data",
+        "flag": "--gqa-init", "former": "--init"})
     ridge: float = field(default=1e-4, metadata={
         "help": "regularisation of the input covariances, relative to their mean eigenvalue"})
 
@@ -47,11 +49,12 @@ class LatentConfig(MethodConfig):
     kv_budget: float | None = field(default=None, metadata={
         "help": "share of today's key/value cache bytes to keep, 0 < b ≤ 1 (or give rank)"})
     rank: int | None = field(default=None, metadata={
-        "help": "width of the cached latent per token and layer (instead of kv_budget)"})
+        "help": "width of the cached latent per token and layer (instead of kv_budget)", "positive": True})
     rope_pairs: int = field(default=0, metadata={
         "help": "rotary frequency pairs per key/value head kept outside the latent (cached as they are)"})
     init: Literal["svd", "calibrated"] = field(default="calibrated", metadata={
-        "help": "svd: fit in weight space; calibrated: fit on the input statistics of calibration data"})
+        "help": "svd: fit in weight space; calibrated: fit on the input statistics of calibration data",
+        "flag": "--latent-init", "former": "--init"})
     ridge: float = field(default=1e-4, metadata={
         "help": "regularisation of the input covariances, relative to their mean eigenvalue"})
 

@@ -1,20 +1,23 @@
-"""KV-cache conversion under the method contract: ``headwise.apply(model, GQAConfig(kv_heads=1),
-calibration=batches)`` and ``LatentConfig`` (weights change: not removable). ``headwise.plan`` tries the GQA merge
-at the three largest head counts below today's (calibrated)."""
+"""What KV-cache conversion does under the method contract (declared in ``declaration.py``):
+``headwise.apply(model, GQAConfig(kv_heads=1), calibration=batches)`` and ``LatentConfig`` (weights change: not
+removable). ``headwise.plan`` tries the GQA merge at the three largest head counts below today's (calibrated)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
 
-from ..contract import register_method
+from ..contract import MethodHooks, register
+from ..declaration import Levels, PlanContext
 from ..sites import find_sites
-from ..sweep import Levels, Sweep, SweepContext
 from .config import GQAConfig, LatentConfig
+from .declaration import GQA, LATENT
 from .gqa import EDIT_KIND as GQA_KIND, convert_gqa, replay_gqa
 from .latent import EDIT_KIND as LATENT_KIND, convert_latent, replay_latent
 
 
-def kv_levels(model: nn.Module, context: SweepContext) -> Levels:
+def kv_levels(model: nn.Module, context: PlanContext) -> Levels:
     """Fewer key/value heads per decoder layer: every count below today's that divides each layer's query
     heads, the three largest."""
     sites = [s for s in find_sites(model) if s.causal and s.kind == "dec-self"]
@@ -26,13 +29,31 @@ def kv_levels(model: nn.Module, context: SweepContext) -> Levels:
                   None if options else "already one key/value head per layer")
 
 
-register_method("gqa", GQAConfig,
-                lambda model, c, progress=False, **inputs: convert_gqa(model, config=c, progress=progress, **inputs),
-                example=lambda model: GQAConfig(kv_heads=1, init="mean"), meta=False, replay=replay_gqa,
-                legacy_kind=GQA_KIND,
-                sweep=Sweep(kv_levels, lambda c: f"{c.kv_heads} KV heads per layer", order=20, role="pair",
-                            calibrated=True, label="merge KV heads"))
-register_method("latent", LatentConfig,
-                lambda model, c, **inputs: convert_latent(model, config=c, progress=False, **inputs),
-                example=lambda model: LatentConfig(kv_budget=0.5, init="svd"), meta=False, replay=replay_latent,
-                legacy_kind=LATENT_KIND)
+@register(GQA)
+class GroupedQuery(MethodHooks):
+    meta = False
+    legacy_kind = GQA_KIND
+    replay = staticmethod(replay_gqa)
+    levels = staticmethod(kv_levels)
+
+    def apply(self, model: nn.Module, config: GQAConfig, progress: bool = False, **inputs: Any) -> Any:
+        return convert_gqa(model, config=config, progress=progress, **inputs)
+
+    def example(self, model: nn.Module) -> GQAConfig:
+        return GQAConfig(kv_heads=1, init="mean")
+
+    def describe(self, config: GQAConfig) -> str:
+        return f"{config.kv_heads} KV heads per layer"
+
+
+@register(LATENT)
+class Latent(MethodHooks):
+    meta = False
+    legacy_kind = LATENT_KIND
+    replay = staticmethod(replay_latent)
+
+    def apply(self, model: nn.Module, config: LatentConfig, **inputs: Any) -> Any:
+        return convert_latent(model, config=config, progress=False, **inputs)
+
+    def example(self, model: nn.Module) -> LatentConfig:
+        return LatentConfig(kv_budget=0.5, init="svd")

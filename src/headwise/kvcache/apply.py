@@ -24,8 +24,9 @@ from ..contract import entries, record, unrecord
 from ..runtime import NAME, enable
 from .cache import PolicyCache
 from .config import KVPolicy
+from .declaration import KV_POLICY
 
-KIND = "kv_policy"  # the method's name, and the kind of its format-1 edit records
+KIND = KV_POLICY.name  # the method's name, and the kind of its format-1 edit records
 HOOK = "_prepare_cache_for_generation"
 BEFORE = "_headwise_cache_hook_before_policy"  # the instance's own hook (e.g. a latent cache's), back on removal
 PREFILL_CHUNK = "auto"  # tokens per prefill forward under a policy: chosen per device by prefill_chunk_for

@@ -1,35 +1,34 @@
-"""Per-head KV cache policies under the method contract: ``headwise.apply(model, KVPolicyConfig(policy))`` (a
-``KVPolicy``, its dict, or a ``policy.json`` path). Only ``generate()``'s cache changes; a forward without a cache
-computes what it did before."""
+"""What per-head KV cache policies do under the method contract (declared in ``declaration.py``):
+``headwise.apply(model, KVPolicyConfig(policy))`` (a ``KVPolicy``, its dict, or a ``policy.json`` path). Only
+``generate()``'s cache changes; a forward without a cache computes what it did before."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..contract import MethodConfig, register_method
-from ..errors import HeadwiseError
+from torch import nn
+
+from ..contract import MethodHooks, register
 from .apply import KIND, apply_kv_policy, policy_of, remove_kv_policy, replay_kv_policy
 from .config import KVPolicy, streaming
+from .declaration import KV_POLICY
+from .policy_config import KVPolicyConfig
 
 
-@dataclass
-class KVPolicyConfig(MethodConfig):
-    """The cache of every (layer, KV head): ``policy`` is a ``KVPolicy`` dict (``KVPolicy.to_dict()``) or the path
-    of a ``policy.json``."""
+@register(KV_POLICY)
+class KVPolicyHooks(MethodHooks):
+    identity = True
+    legacy_kind = KIND
+    replay = staticmethod(replay_kv_policy)
 
-    policy: dict[str, Any] | str = field(default_factory=dict, metadata={
-        "help": "a KVPolicy dict (KVPolicy.to_dict()) or the path of a policy.json (headwise kv-policy writes one)"})
+    def apply(self, model: nn.Module, config: KVPolicyConfig) -> Any:
+        return apply_kv_policy(model, config.policy)
 
-    def __post_init__(self) -> None:
-        if isinstance(self.policy, KVPolicy):
-            self.policy = self.policy.to_dict()
-        if not self.policy:
-            raise HeadwiseError("policy is empty: give a KVPolicy (or its dict), or the path of a policy.json")
-        self.whole_model("kv_policy (the policy names every layer and KV head)")
+    def example(self, model: nn.Module) -> KVPolicyConfig:
+        return KVPolicyConfig(KVPolicy.uniform(model, streaming(1, 4)))
 
+    def remove(self, model: nn.Module) -> None:
+        remove_kv_policy(model)
 
-register_method(KIND, KVPolicyConfig, lambda model, c: apply_kv_policy(model, c.policy),
-                remove=remove_kv_policy, present=lambda model: policy_of(model) is not None,
-                example=lambda model: KVPolicyConfig(KVPolicy.uniform(model, streaming(1, 4))), identity=True,
-                replay=replay_kv_policy, legacy_kind=KIND)
+    def present(self, model: nn.Module) -> bool:
+        return policy_of(model) is not None

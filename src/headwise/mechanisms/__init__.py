@@ -5,17 +5,25 @@
 - ``list_mechanisms()``: names, arguments, complexity and causal support;
 - ``apply(model, name, **args)``: the mechanism at every (or selected) attention site of a transformers model;
 - ``build_core(name, num_heads, head_dim, **args)``: the core on projected ``q, k, v [B, H, T, d]``.
+
+The names load on first use (``headwise.lazy``): ``.config`` and ``.declaration`` import without torch.
 """
 
-from . import (  # noqa: F401
-    cosformer, eva, eva_paper, lara, linear, local, local2d, nystrom, performer, ra, rfa, scatterbrain, softmax,
-)
-from .base import MECHANISMS, Mechanism, MechanismConfig, register
-from .dropin import SiteMechanism, apply, mechanisms_of, remove
-from .factory import NestedNamespace, add_args, build_attention, build_core, list_mechanisms, mechanism_args
-from .module import DecodingCache, EfficientAttention
+from typing import TYPE_CHECKING
 
-from .method import ReplaceConfig  # registers the method
+from ..lazy import attach as _lazy
+
+if TYPE_CHECKING:
+    from . import (cosformer, eva, eva_paper, lara, linear, local, local2d, nystrom, performer, ra, rfa,
+                   scatterbrain, softmax)
+    from .base import MECHANISMS, Mechanism, MechanismConfig, register
+    from .config import ReplaceConfig
+    from .dropin import SiteMechanism, apply, mechanisms_of, remove
+    from .factory import NestedNamespace, add_args, build_attention, build_core, list_mechanisms, mechanism_args
+    from .method import Replace  # registers the method
+    from .module import DecodingCache, EfficientAttention
+
+__getattr__, __dir__ = _lazy(__name__, globals())
 __all__ = [
     "ReplaceConfig",
     "MECHANISMS", "Mechanism", "MechanismConfig", "register", "SiteMechanism", "apply", "mechanisms_of", "remove",

@@ -7,6 +7,7 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from ..errors import HeadwiseError
+from ..flags import choices_of, text_type, typed_fields
 from .base import MECHANISMS, Mechanism, get_mechanism
 from .module import EfficientAttention
 
@@ -67,14 +68,6 @@ class NestedNamespace(argparse.Namespace):
         raise AttributeError(name)
 
 
-def _flag(value: str) -> bool:
-    if value.lower() in ("1", "true", "yes", "on"):
-        return True
-    if value.lower() in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
 def add_args(parser: argparse.ArgumentParser, name: str, prefix: str = "", struct_name: str = "attn_args"
              ) -> argparse.ArgumentParser:
     """Add mechanism ``name``'s arguments to ``parser`` as ``--{prefix}-{arg}`` (``--window`` with no prefix).
@@ -84,9 +77,9 @@ def add_args(parser: argparse.ArgumentParser, name: str, prefix: str = "", struc
     """
     group = parser.add_argument_group(f"{name} attention ({prefix or 'no prefix'})")
     lead = f"--{prefix.strip('-')}-" if prefix.strip("-") else "--"
-    for arg in mechanism_args(name):
-        kind = _flag if arg["type"] == "bool" else {"int": int, "float": float}.get(arg["type"], str)
-        group.add_argument(lead + arg["name"].replace("_", "-"), dest=f"{struct_name}.{arg['name']}",
-                           type=kind, default=arg["default"], choices=arg.get("choices"),
-                           metavar=arg["name"].upper(), help=f"{arg['help']} (default: {arg['default']})")
+    for f, hint in typed_fields(get_mechanism(name).config_class):  # values as text, by headwise.flags' rules
+        default = f.default if f.default is not MISSING else None
+        group.add_argument(lead + f.name.replace("_", "-"), dest=f"{struct_name}.{f.name}", type=text_type(hint),
+                           default=default, choices=choices_of(hint, f.metadata), metavar=f.name.upper(),
+                           help=f"{f.metadata.get('help', '')} (default: {default})")
     return parser

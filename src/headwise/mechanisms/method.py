@@ -1,42 +1,31 @@
-"""Attention replacement under the method contract, one name throughout: the method ``replace`` (formerly
-``mechanism``, still read), ``ReplaceConfig``, ``headwise.replace_attention`` / ``restore_attention`` and the
-``headwise replace`` verb. ``headwise.apply(model, ReplaceConfig("performer", {"features": 64}))`` runs a mechanism
-at the selected sites with the pretrained q/k/v/o weights. ``headwise.plan`` tries a sliding local window on the
-layers it disturbs least."""
+"""What attention replacement does under the method contract (declared in ``declaration.py``), one name
+throughout: the method ``replace`` (formerly ``mechanism``, still read), ``ReplaceConfig``,
+``headwise.replace_attention`` / ``restore_attention`` and the ``headwise replace`` verb.
+``headwise.apply(model, ReplaceConfig("performer", {"features": 64}))`` runs a mechanism at the selected sites with
+the pretrained q/k/v/o weights. ``headwise.plan`` tries a sliding local window on the layers it disturbs least; the
+cost model counts softmax and local windows, and says it cannot count the other mechanisms."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
-from ..contract import MethodConfig, Selection, register_method
+from ..contract import MethodHooks, Selection, register
+from ..declaration import AttentionCost, Levels, PlanContext
 from ..errors import HeadwiseError
 from ..progress import progress_bar
-from ..sites import find_sites
-from ..sweep import Levels, Sweep, SweepContext
-from .base import get_mechanism
-from .dropin import apply, mechanisms_of, remove
+from ..runtime.ops import ATTR
+from ..sites import AttentionSite, find_sites
+from .config import ReplaceConfig
+from .declaration import REPLACE
+from .dropin import SLOT_NAME, apply, mechanisms_of, remove
 
 MIN_WINDOW = 16  # a local window is tried when sequences hold at least 4 windows of this size
 
 
-@dataclass
-class ReplaceConfig(MethodConfig):
-    """An efficient attention ``mechanism`` (a name of ``list_mechanisms()``) with its ``args``."""
-
-    mechanism: str = field(default="softmax", metadata={
-        "help": "an efficient attention mechanism: a name of headwise mechanisms list"})
-    args: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "the mechanism's arguments, e.g. {\"window\": 16} (headwise mechanisms list shows each one's)"})
-
-    def __post_init__(self) -> None:
-        get_mechanism(self.mechanism)  # an unknown name raises, listing the known ones
-
-
-def window_levels(model: nn.Module, context: SweepContext) -> Levels:
+def window_levels(model: nn.Module, context: PlanContext) -> Levels:
     """A sliding local window (a quarter of the sequence, a power of two) on the half of the self-attention
     layers whose outputs it changes least (the output error of the window on each layer alone), then on all."""
     window = 2 ** int(math.log2(max(context.sequence_length / 4, 1)))
@@ -73,10 +62,39 @@ def _at_site(config: ReplaceConfig, site: str) -> str | None:
     return config.mechanism if names is None or site in names else None
 
 
-register_method("replace", ReplaceConfig,
-                lambda model, c: apply(model, c.mechanism, selection=c.selection, **c.args),
-                remove=remove, present=lambda model: bool(mechanisms_of(model)),
-                example=lambda model: ReplaceConfig("softmax"), identity=True,
-                sweep=Sweep(window_levels, describe, order=40, role="pair", at_site=_at_site,
-                            label="efficient mechanism"),
-                aliases=("mechanism",))
+def site_cost(site: AttentionSite, length: float) -> AttentionCost | None:
+    """What the mechanism at ``site`` changes in its attention cost: nothing for softmax, the keys a query sees
+    for a local window, and for any other mechanism that the cost model does not count it."""
+    ops = getattr(site.module, ATTR, None)
+    op = ops.mechanism[SLOT_NAME] if ops is not None and SLOT_NAME in ops.mechanism else None
+    if op is None:
+        return None
+    core = op.core
+    window = getattr(core.config, "window", None)
+    if core.name == "softmax":
+        return AttentionCost()
+    if core.name == "local" and window:
+        return AttentionCost(key_span=window if site.causal else 2 * window - 1)
+    return AttentionCost(uncounted=f"{core.name} attention at {site.name} ({core.complexity}): the cost model "
+                                   "counts softmax and local windows only")
+
+
+@register(REPLACE)
+class Replace(MethodHooks):
+    identity = True
+    levels = staticmethod(window_levels)
+    describe = staticmethod(describe)
+    at_site = staticmethod(_at_site)
+    cost = staticmethod(site_cost)
+
+    def apply(self, model: nn.Module, config: ReplaceConfig) -> Any:
+        return apply(model, config.mechanism, selection=config.selection, **config.args)
+
+    def example(self, model: nn.Module) -> ReplaceConfig:
+        return ReplaceConfig("softmax")
+
+    def remove(self, model: nn.Module) -> None:
+        remove(model)
+
+    def present(self, model: nn.Module) -> bool:
+        return bool(mechanisms_of(model))

@@ -7,7 +7,7 @@ from typing import ClassVar, Literal, Sequence, get_args
 
 from ..contract import MethodConfig
 from ..errors import HeadwiseError
-from ..sites import KINDS
+from ..sites.selection import KINDS
 
 Direction, Form = Literal["grow", "shrink"], Literal["radius", "seed"]
 DIRECTIONS, FORMS = get_args(Direction), get_args(Form)

@@ -1,13 +1,33 @@
-"""Head mixing under the method contract: ``headwise.apply(model, MixingConfig())`` attaches identity mixers."""
+"""What head mixing does under the method contract (declared in ``declaration.py``): ``headwise.apply(model,
+MixingConfig())`` attaches identity mixers."""
 
 from __future__ import annotations
 
-from ..contract import register_method
+from typing import Any
+
+from torch import nn
+
+from ..contract import MethodHooks, register
 from .alpha import add_mixers, mixers_of, remove_mixers
 from .config import MixingConfig
+from .declaration import MIXING
 from .fold import EDIT_KIND, replay_fold
 
-register_method("mixing", MixingConfig, lambda model, c: add_mixers(model, c), remove=remove_mixers,
-                present=lambda model: bool(mixers_of(model)), example=lambda model: MixingConfig(), identity=True,
-                replay=replay_fold, legacy_kind=EDIT_KIND,
-                version=2)  # 2: training settings moved to NuclearNormTraining
+
+@register(MIXING)
+class Mixing(MethodHooks):
+    identity = True
+    legacy_kind = EDIT_KIND
+    replay = staticmethod(replay_fold)
+
+    def apply(self, model: nn.Module, config: MixingConfig) -> Any:
+        return add_mixers(model, config)
+
+    def example(self, model: nn.Module) -> MixingConfig:
+        return MixingConfig()
+
+    def remove(self, model: nn.Module) -> None:
+        remove_mixers(model)
+
+    def present(self, model: nn.Module) -> bool:
+        return bool(mixers_of(model))

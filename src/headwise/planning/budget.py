@@ -18,8 +18,8 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..sites import find_sites
+from .axes import COSTS, cost_ratio
 
-AXES = ("heads", "latency", "params", "kv_cache", "flops")
 RATIO = re.compile(r"^(?P<sign>[-+]?)(?P<num>\d+(\.\d*)?|\.\d+)(?P<unit>x|%)?$")
 EXAMPLE = "heads=36,latency=0.75x,params=-20%,kv-cache=-50%,flops=-30%"
 
@@ -103,19 +103,20 @@ class Budget:
         return max(self.shares(costs, base).values(), default=0.0)
 
     def shares(self, costs: dict[str, float | None], base: dict[str, float | None]) -> dict[str, float]:
-        """``{limited axis: cost / limit}`` (an unmeasured axis counts as infinitely over)."""
+        """``{limited axis: cost / limit}`` (an axis not measured or not counted counts as infinitely over)."""
         out = {}
         heads = self.head_count(int(base["heads"]))
         if heads is not None:
             out["heads"] = costs["heads"] / heads if heads else math.inf
-        for axis, key in (("latency", "latency"), ("params", "attention_params"), ("kv_cache", "kv_bytes"),
-                          ("flops", "flops")):
-            limit = getattr(self, axis)
-            if limit is None:
-                continue
-            ratio = costs.get("latency") if axis == "latency" else costs[key] / base[key] if base[key] else None
-            out[axis] = math.inf if ratio is None else ratio / limit
+        for axis in COSTS:
+            limit = getattr(self, axis.budget)
+            if limit is not None:
+                ratio = cost_ratio(costs, base, axis.key)
+                out[axis.budget] = math.inf if ratio is None else ratio / limit
         return out
+
+
+AXES: tuple[str, ...] = tuple(f.name for f in fields(Budget))  # planning.axes' budget names, in the fields' order
 
 
 def _pairs(text: str) -> list[tuple[str, str]]:

@@ -4,10 +4,15 @@ measured on this machine beside the unedited model.
 
 FLOPs per sequence of ``T`` tokens and attention site (multiply-adds count 2):
 ``T · 2 · (weights of the q/k/v/o projections and whatever replaced them)`` plus
-``T · 2 · H · (d_qk + d_v) · T_k`` for the scores and ``A·V``, where ``T_k`` is ``T`` (bidirectional),
-``(T + 1) / 2`` on average (causal) or the window of a local mechanism, ``d_qk`` the query/key width per head
-(``dk`` for collaborative heads, which mix the whole shared space) and ``d_v`` the head dim.
+``T · 2 · H · (d_qk + d_v) · T_k`` for the scores and ``A·V``, where ``T_k`` is ``T`` (bidirectional) or
+``(T + 1) / 2`` on average (causal), ``d_qk`` the query/key width per head and ``d_v`` the head dim.
 KV bytes per token: ``Σ`` over decoder self-attention layers of ``(k width + v width) × element size``.
+
+What a site's shapes do not show comes from the registered methods' ``cost`` hooks (``AttentionCost``): a shorter
+key span (a local window), another score width (collaborative heads' shared width), the bytes a cache keeps. A site
+whose attention a method changed in a way the model cannot count (an efficient mechanism without a cost, or any op
+in the ``mechanism`` slot that no method's hook speaks for) leaves the FLOPs unknown (None) with the reason in
+``Costs.uncounted``: never costed as softmax attention.
 """
 
 from __future__ import annotations
@@ -15,18 +20,20 @@ from __future__ import annotations
 import statistics
 import time
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence, Union
 
 import torch
 from torch import nn
 
+from ..contract import METHODS
+from ..declaration import AttentionCost
 from ..runtime.ops import ATTR
 from ..sites import AttentionSite, find_sites
 
 
 # what can be timed: a model, or a callable returning a context that yields the model in the wanted state (e.g.
-# ``EditedModel.original``: the same model with its unedited modules swapped in for the block)
+# ``AttentionSnapshot.original``: the same model with its unedited modules swapped in for the block)
 Timed = Union[nn.Module, Callable[[], AbstractContextManager]]
 
 
@@ -35,10 +42,11 @@ class Costs:
     heads: int  # query heads left (summed over sites)
     kv_heads: int
     attention_params: int
-    flops: float  # attention FLOPs per sequence at the task's length
+    flops: float | None  # attention FLOPs per sequence at the task's length (None: not counted, see uncounted)
     kv_bytes: int  # key/value cache bytes per token (0 without decoder self-attention)
     latency: float | None = None  # measured forward time / the unedited model's, same batch
     latency_ms: float | None = None  # median forward time
+    uncounted: list[str] = field(default_factory=list)  # why the FLOPs are not counted (empty: they are)
 
     def to_dict(self) -> dict[str, float | int | None]:
         return asdict(self)
@@ -77,43 +85,67 @@ def _out_width(site: AttentionSite, proj) -> int:
     return _width(proj.module, proj.transposed)
 
 
-def key_span(site: AttentionSite, length: float) -> float:
-    """Keys each query attends to on average at sequence length ``length``."""
-    span = (length + 1) / 2 if site.causal else length
+def attention_cost(site: AttentionSite, length: float) -> AttentionCost:
+    """What the registered methods' ``cost`` hooks say about ``site`` at ``length`` tokens, as one
+    ``AttentionCost`` (the shortest key span, the score width, the cache bytes, every reason it is uncounted); an op
+    in the site's ``mechanism`` slot that no hook speaks for makes it uncounted."""
+    said = [c for c in (m.cost(site, length) for m in METHODS.values() if m.cost is not None) if c is not None]
     ops = getattr(site.module, ATTR, None)
-    for mech in ([] if ops is None else list(ops.mechanism.values())):
-        window = getattr(getattr(mech.core, "config", None), "window", None)
-        if mech.core.name == "local" and window:
-            span = min(span, window if site.causal else 2 * window - 1)
-    return span
+    uncounted = [c.uncounted for c in said if c.uncounted]
+    if ops is not None and ops.mechanism and not said:
+        uncounted.append(f"{site.name} runs {', '.join(ops.mechanism)} in place of attention, which no registered "
+                         "method's cost hook counts")
+    spans = [c.key_span for c in said if c.key_span is not None]
+    widths = [c.score_width for c in said if c.score_width is not None]
+    caches = [c.kv_bytes for c in said if c.kv_bytes is not None]
+    return AttentionCost(key_span=min(spans) if spans else None, score_width=widths[-1] if widths else None,
+                         kv_bytes=min(caches) if caches else None, uncounted="; ".join(uncounted) or None)
 
 
-def site_flops(site: AttentionSite, length: float) -> float:
-    """Attention FLOPs of one site for a sequence of ``length`` tokens (see the module docstring)."""
+def key_span(site: AttentionSite, length: float, cost: AttentionCost | None = None) -> float:
+    """Keys each query attends to on average at sequence length ``length`` (``cost``: the methods' word on the
+    site, ``attention_cost`` by default)."""
+    cost = cost or attention_cost(site, length)
+    span = (length + 1) / 2 if site.causal else length
+    return span if cost.key_span is None else min(span, cost.key_span)
+
+
+def site_flops(site: AttentionSite, length: float) -> float | None:
+    """Attention FLOPs of one site for a sequence of ``length`` tokens (see the module docstring); None when a
+    method changed its attention in a way that is not counted (``attention_cost(...).uncounted``)."""
+    cost = attention_cost(site, length)
+    if cost.uncounted:
+        return None
     proj = sum(2 * m.weight.numel() for m in _linears(site))
-    mixing = getattr(site.module, "mixing", None)  # collaborative: [H, R] mixing; scores of width R (+ H tags)
-    rotary = hasattr(site.module, "frequencies")
-    dqk = site.head_dim if mixing is None else mixing.shape[1] + (0 if rotary else mixing.shape[0])
-    return length * (proj + 2 * site.num_heads * (dqk + site.head_dim) * key_span(site, length))
+    dqk = site.head_dim if cost.score_width is None else cost.score_width
+    return length * (proj + 2 * site.num_heads * (dqk + site.head_dim) * key_span(site, length, cost))
 
 
 def kv_bytes(site: AttentionSite) -> int:
-    """Key/value cache bytes per token of one site (0 unless decoder self-attention)."""
+    """Key/value cache bytes per token of one site (0 unless decoder self-attention; a method's ``cost`` hook may
+    say what its cache keeps instead)."""
     if not site.causal or site.kind == "dec-enc":
         return 0
+    said = attention_cost(site, 1.0).kv_bytes
+    if said is not None:
+        return said * len(site.layers)
     k, v = _out_width(site, site.k), _out_width(site, site.v)
     return (k + v) * site.k.module.weight.element_size() * len(site.layers)
 
 
 def static_costs(model: nn.Module, length: float) -> Costs:
-    """Heads, attention parameters, FLOPs at ``length`` tokens and KV bytes per token of ``model`` as it is."""
+    """Heads, attention parameters, FLOPs at ``length`` tokens and KV bytes per token of ``model`` as it is (FLOPs
+    None, with the reasons in ``uncounted``, when a site's attention is not counted)."""
     sites = find_sites(model)
+    flops = [(s, site_flops(s, length)) for s in sites]
+    uncounted = [attention_cost(s, length).uncounted for s, f in flops if f is None]
     return Costs(
         heads=sum(s.num_heads * len(s.layers) for s in sites),
         kv_heads=sum(s.num_kv_heads * len(s.layers) for s in sites),
         attention_params=sum(site_params(s) for s in sites),
-        flops=float(sum(site_flops(s, length) * len(s.layers) for s in sites)),
+        flops=None if uncounted else float(sum(f * len(s.layers) for s, f in flops)),
         kv_bytes=sum(kv_bytes(s) for s in sites),
+        uncounted=uncounted,
     )
 
 

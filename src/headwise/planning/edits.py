@@ -1,13 +1,13 @@
-"""One combined edit, as data: registered method configs (``headwise.contract``), applied in their sweeps'
-``order`` (heads removed → KV heads merged → collaborative heads → mechanism → quantization for the built-in
-methods); the function that performs it; and ``edited``, which performs it in place for a block and restores the
-model exactly afterwards (no model copy). A plan.json stores an edit as its method records
-(``{"method", "version", "config"}``, ``contract.config_to_dict``), replayed through ``headwise.apply``.
+"""One combined edit, as data: registered method configs (``headwise.contract``), applied in the ``order`` their
+declarations give (``Planned.order``); the function that performs it; and ``edited``, which performs it in place
+for a block and restores the model exactly afterwards (``snapshot.AttentionSnapshot``: no model copy). A plan.json
+stores an edit as its method records (``{"method", "version", "config"}``, ``contract.config_to_dict``), replayed
+through ``headwise.apply``.
 """
 
 from __future__ import annotations
 
-import copy
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -18,13 +18,27 @@ from torch import nn
 from ..contract import apply, config_from_dict, config_to_dict, method_of
 from ..errors import HeadwiseError
 from ..sites import find_sites
+from .snapshot import AttentionSnapshot
 
-LAST = 1_000  # where a method without a sweep goes in a combined edit: after every planned one
+LAST = 1_000  # where a method that is not planned goes in a combined edit: after every planned one
 
 
 def _order(config: Any) -> int:
-    sweep = method_of(config).sweep
-    return LAST if sweep is None else sweep.order
+    planned = method_of(config).planned
+    return LAST if planned is None else planned.order
+
+
+def _calibrated(config: Any) -> bool:
+    planned = method_of(config).planned
+    return planned is not None and planned.calibrated
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EditedModel":  # its name before it was split out (one release)
+        warnings.warn("headwise.planning.edits.EditedModel is now headwise.planning.snapshot.AttentionSnapshot",
+                      FutureWarning, stacklevel=2)
+        return AttentionSnapshot
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -68,12 +82,12 @@ class Edit:
         """``remove 36 heads + collaborative heads dk=50% of the heads' width``."""
         parts = []
         for c in self.configs:
-            sweep = method_of(c).sweep
-            parts.append(sweep.describe(c) if sweep else method_of(c).name)
+            method = method_of(c)
+            parts.append(method.describe(c) if method.describe else method.name)
         return " + ".join(parts) or "no edit"
 
     def needs_calibration(self) -> bool:
-        return any(method_of(c).sweep and method_of(c).sweep.calibrated for c in self.configs)
+        return any(_calibrated(c) for c in self.configs)
 
     def records(self) -> list[dict[str, Any]]:
         """The method records of a plan.json, in application order."""
@@ -98,7 +112,7 @@ class Edit:
 def apply_edit(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, torch.Tensor]] | None = None,
                progress: bool | None = False) -> nn.Module:
     """Perform ``edit`` on ``model`` in place, each config through ``headwise.apply``; returns the model.
-    ``calibration``: model-input batches for the calibrated methods (``Sweep.calibrated``: the KV merge and the
+    ``calibration``: model-input batches for the calibrated methods (``Planned.calibrated``: the KV merge and the
     collaborative objective); an edit that uses one is refused without them (the plan measured the calibrated
     forms)."""
     offloaded = [s.name for s in find_sites(model) if not edit.reversible and edit.configs
@@ -111,111 +125,20 @@ def apply_edit(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, tor
         raise HeadwiseError(f"edit '{edit.describe()}' has calibrated methods (their fits read calibration data): "
                             "pass calibration batches (Plan.apply builds them from the tokenizer)")
     for config in edit.configs:
-        sweep = method_of(config).sweep
-        inputs = {"calibration": calibration, "progress": progress} if sweep and sweep.calibrated else {}
+        inputs = {"calibration": calibration, "progress": progress} if _calibrated(config) else {}
         apply(model, config, **inputs)
     return model
 
 
-def _configs(config: Any) -> list[Any]:
-    """``config`` and every config nested in it (encoder/decoder/text sub-configs), each once."""
-    found, stack = {}, [config]
-    while stack:
-        c = stack.pop()
-        if id(c) in found or not hasattr(c, "to_dict"):
-            continue
-        found[id(c)] = c
-        stack += [v for v in vars(c).values() if hasattr(v, "to_dict") and hasattr(v, "model_type")]
-    return list(found.values())
-
-
-def _touched_slots(model: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
-    """``(parent, child name, module)`` for the outermost modules holding some site's projections: the only
-    places an edit rewrites (projections replaced, attributes set, ops attached, the class swapped)."""
-    modules = {}
-    for s in find_sites(model):
-        for m in (s.module, s.q.module, s.k.module, s.v.module, s.o.module):
-            modules.setdefault(id(m), m)
-    inner = {id(sub) for m in modules.values() for sub in m.modules() if sub is not m}
-    outer = {i for i in modules if i not in inner}
-    return [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-            if id(child) in outer]
-
-
-def _shared_hook_state(module: nn.Module) -> dict[int, Any]:
-    """Accelerate's offloaded weights (``_hf_hook.weights_map``), which a copy of ``module`` must share, not copy."""
-    memo = {}
-    for sub in module.modules():
-        hook = getattr(sub, "_hf_hook", None)
-        for h in getattr(hook, "hooks", [hook]):
-            for attr in ("weights_map", "tied_params_map"):
-                value = getattr(h, attr, None)
-                if value is not None:
-                    memo[id(value)] = value
-    return memo
-
-
-class EditedModel:
-    """``model`` with an edit applied in place on copies of the touched modules only (``edited``); the original
-    modules and config stay aside, untouched, and ``original()`` swaps them back in for a block (the base of a
-    side-by-side latency, or a teacher)."""
-
-    def __init__(self, model: nn.Module, share_tensors: bool) -> None:
-        self.model = model
-        self.slots = _touched_slots(model)
-        self.configs = _configs(model.config)
-        keep = {id(c): c for c in self.configs}  # the copies refer to the model's own config objects
-        self.saved = [copy.deepcopy(vars(c), memo=dict(keep)) for c in self.configs]
-        self.attn = model.config._attn_implementation
-        self.copies = []
-        for parent, name, module in self.slots:
-            memo = dict(keep) | _shared_hook_state(module)
-            if share_tensors:  # reversible edits rewrite no tensor: the copy shares them
-                memo |= {id(t): t for t in [*module.parameters(), *module.buffers()]}
-            self.copies.append(copy.deepcopy(module, memo))
-
-    def _install(self, modules: Sequence[nn.Module]) -> None:
-        for (parent, name, _), module in zip(self.slots, modules):
-            setattr(parent, name, module)
-
-    def _set_configs(self, states: Sequence[dict[str, Any]]) -> None:
-        for c, state in zip(self.configs, states):
-            vars(c).clear()
-            vars(c).update(state)
-
-    def _swap_in_originals(self) -> tuple[list[nn.Module], list[dict[str, Any]]]:
-        now = [getattr(parent, name) for parent, name, _ in self.slots], [dict(vars(c)) for c in self.configs]
-        self._install([m for _, _, m in self.slots])
-        self._set_configs([copy.copy(s) for s in self.saved])
-        return now
-
-    @contextmanager
-    def original(self) -> Iterator[nn.Module]:
-        """The unedited model for the block (same object; the edited modules are put back after)."""
-        modules, states = self._swap_in_originals()
-        try:
-            yield self.model
-        finally:
-            self._install(modules)
-            self._set_configs(states)
-
-    def restore(self) -> None:
-        """Put the original modules and config back for good (the edited copies are dropped)."""
-        if self.model.config._attn_implementation != self.attn:
-            self.model.set_attn_implementation(self.attn)
-        self._swap_in_originals()
-        self.copies = []
-
-
 @contextmanager
 def edited(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, torch.Tensor]] | None = None,
-           progress: bool | None = False) -> Iterator[EditedModel]:
+           progress: bool | None = False) -> Iterator[AttentionSnapshot]:
     """Perform ``edit`` on ``model`` in place for the block and restore it exactly afterwards (every tensor,
     module and config value as before; also after an error). Only the attention modules are copied — with their
     tensors when the edit rewrites weights (removal, KV merge, collaborative heads), sharing them when every
     method only attaches ops (``Edit.reversible``: mechanism, quantization) — so the extra memory is at most one copy of the attention
     weights, never a copy of the model."""
-    state = EditedModel(model, share_tensors=edit.reversible or not edit.configs)
+    state = AttentionSnapshot(model, share_tensors=edit.reversible or not edit.configs)
     state._install(state.copies)
     try:
         apply_edit(model, edit, calibration, progress)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Sequence
 
-COST_AXES = ("latency", "attention_params", "flops", "kv_bytes")
-
 
 def dominates(a: Sequence[float], b: Sequence[float]) -> bool:
     """``a`` is at least as good as ``b`` everywhere and better somewhere (all objectives minimised)."""

@@ -1,13 +1,16 @@
 """``headwise.plan``: a budget in, a measured Pareto front and a recommended edit out.
 
-1. The budget is checked against the model before any work. 2. Proxies rank candidates: head importance orders
-removals, the output error on calibration batches ranks layers for a mechanism. 3. Every single-method level is
-applied in place and measured (task score on the dev data, costs after physical removal, latency beside the
-unedited model), then the model is restored exactly (``edits.edited``: only the attention modules an edit
-rewrites are copied, one edit at a time; the model itself is never copied, except once as the recovery teacher
-and restore source when ``recover`` trains every weight). 4. Pairs (heads removed × another method) are predicted from the singles and the best inside
-the budget are measured too. 5. The front is taken over measured points only; the recommended plan is the
-best-scoring measured point that meets the whole budget.
+The steps of ``plan``, each a named function: ``_check`` (the settings, the budget against the model, before any
+work), ``Bench`` (the calibration, timing and probe batches; ``Bench.base`` measures the unedited model),
+``rank_heads`` (the head order, by the ``rank`` hook of a method of role ``"heads"``, only when one is tried),
+``candidates.candidates`` (every planned method's levels; the output error on the probe ranks layers for a
+mechanism), ``measure_singles`` (each level applied in place and measured: task score on the dev data, costs after
+physical removal, latency beside the unedited model; the model is restored exactly, ``edits.edited``: only the
+attention modules an edit rewrites are copied, one edit at a time, and the model itself never, except once as the
+recovery teacher and restore source when ``recover`` trains every weight), ``measure_combined`` (pairs of heads
+removed × another method, predicted from the singles, the best inside the budget measured too) and ``_finish`` (the
+front over measured points only; the recommended plan is the best-scoring measured point that meets the whole
+budget).
 """
 
 from __future__ import annotations
@@ -15,29 +18,32 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import os
 import shlex
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import nn
 
+from ..contract import Method
+from ..declaration import PlanContext, Ranking
 from ..errors import HeadwiseError
 from ..io import atomic_write_text, json_text, read_text
 from ..progress import progress_bar
 from ..sites import find_sites
 from ..tasks import Task, get_task, recover
 from ..tasks.recovery import MODES
+from .axes import COST_KEYS
 from .budget import Budget
-from ..sweep import SweepContext
 from .candidates import Candidate, candidates, plannable
 from .costs import measure_latency, sequence_length, static_costs
 from .edits import Edit, apply_edit, edited
-from .pareto import COST_AXES, front
-from .proxies import head_scores, outputs, relative_error, removal_order
+from .pareto import front
+from .proxies import outputs, relative_error
 from .search import finalists
 
 SCHEMA = "headwise.plan/2"  # 2: an edit is a list of method records (1: five fixed fields)
@@ -312,124 +318,166 @@ def recover_model(model: nn.Module, tokenizer: Any, task: Task, pristine: nn.Mod
     recover(model, tokenizer, task, teacher=pristine, mode=mode, epochs=epochs, progress=False)
 
 
-def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | str | dict, *,
-         ranking: str = "gradient", examples: int = 256, top_k: int = 3, repeats: int = 7, calibration: int = 64,
-         recover: str = "none", recover_epochs: float = 1.0, allow_empty_layers: bool = False,
-         methods: tuple[str, ...] | None = None, model_name: str | None = None,
-         progress: bool | None = None, importance_batch: int = 8) -> Plan:
-    """Search edits of ``model`` (unchanged) for ``task`` under ``budget`` and measure them; see the module
-    docstring. ``methods`` restricts the methods tried (names of registered methods with a sweep, see
-    ``candidates.plannable``; default: all of them); ``recover`` recovers every measured
-    edit first (costly); ``repeats``: latency repeats per point; ``importance_batch``: examples per backward
-    of the gradient ranking (lower it to lower the plan's peak memory)."""
-    task = get_task(task) if isinstance(task, str) else task
-    budget = Budget.parse(budget)
-    if recover not in MODES:
-        raise HeadwiseError(f"recover={recover!r}; use one of {', '.join(MODES)}")
-    if top_k < 1 or repeats < 1 or calibration < 1 or examples < 1 or importance_batch < 1:
-        raise HeadwiseError("top_k, repeats, calibration, examples and importance_batch must be ≥ 1")
-    budget.validate(model, allow_empty_layers)
-    task.check_model(model, tokenizer)
-    model.eval()
-    device = next(model.parameters()).device
-    sign = 1.0 if task.higher_is_better else -1.0
-    tried = plannable(methods)
+class Bench:
+    """The model a plan measures edits on, with what every measurement shares: the calibration batches, the
+    timing batch, the probe (the first four calibration examples) and its unedited outputs, and, when ``recover``
+    trains every weight, one pristine copy (the recovery teacher and what the weights are restored from: the only
+    copy of the model a plan makes)."""
 
-    calib = task.calibration_inputs(tokenizer, limit=calibration, batch_size=min(16, calibration), device=device)
-    shape_size = getattr(task, "batch_size", None) or 1
-    timing = task.calibration_inputs(tokenizer, limit=shape_size, batch_size=shape_size, device=device)[0]
-    length = sequence_length(calib)
-    probe = [{k: v[:4] for k, v in calib[0].items()}]  # proxies: the first four calibration examples
-    reference = outputs(model, probe)
+    def __init__(self, model: nn.Module, tokenizer: Any, task: Task, calibration: int, repeats: int, recover: str,
+                 recover_epochs: float) -> None:
+        self.model, self.tokenizer, self.task = model, tokenizer, task
+        self.repeats, self.recover, self.recover_epochs = repeats, recover, recover_epochs
+        device = next(model.parameters()).device
+        self.calibration = task.calibration_inputs(tokenizer, limit=calibration, batch_size=min(16, calibration),
+                                                   device=device)
+        shape_size = getattr(task, "batch_size", None) or 1
+        self.timing = task.calibration_inputs(tokenizer, limit=shape_size, batch_size=shape_size, device=device)[0]
+        self.length = sequence_length(self.calibration)
+        self.probe = [{k: v[:4] for k, v in self.calibration[0].items()}]
+        self.reference = outputs(model, self.probe)
+        self.pristine = copy.deepcopy(model) if recover != "none" else None
 
-    # recovery trains every weight of the edited model: one pristine copy is its teacher and what the weights
-    # are restored from after each edit (the only copy of the model a plan makes, and only with recovery)
-    pristine = copy.deepcopy(model) if recover != "none" else None
+    def base(self) -> Point:
+        """The unedited model's point."""
+        metrics = self.task.evaluate(self.model, self.tokenizer, progress=False)
+        costs = static_costs(self.model, self.length)
+        costs.latency, costs.latency_ms = measure_latency(self.model, self.model, self.timing, self.repeats)
+        costs.latency = 1.0
+        return Point("base", "base", [], Edit(), {"score": float(metrics[self.task.metric]),
+                                                  "metrics": _plain(metrics), **costs.to_dict()})
 
-    def measure(edit: Edit) -> tuple[float, dict[str, Any]]:
-        """``(output error on the probe, measured score and costs)`` of ``edit``, applied in place; the model
-        is restored exactly afterwards; ``seconds``: what measuring it cost (edit, evaluation, timing)."""
+    def probe_error(self, configs: Sequence[Any]) -> float:
+        """The relative output error on the probe of ``configs`` applied in place (the model restored after)."""
+        with edited(self.model, Edit(tuple(configs)), self.calibration):
+            return relative_error(self.reference, outputs(self.model, self.probe))
+
+    def measure(self, edit: Edit) -> tuple[float, dict[str, Any]]:
+        """``(output error on the probe, measured score and costs)`` of ``edit``, applied in place; the model is
+        restored exactly afterwards; ``seconds``: what measuring it cost (edit, evaluation, timing)."""
         start = time.perf_counter()
-        with edited(model, edit, calib if edit.needs_calibration() else None) as state:
+        model, task = self.model, self.task
+        with edited(model, edit, self.calibration if edit.needs_calibration() else None) as state:
             try:
-                proxy = relative_error(reference, outputs(model, probe))
-                recover_model(model, tokenizer, task, pristine, recover, recover_epochs)
-                metrics = task.evaluate(model, tokenizer, progress=False)
-                costs = static_costs(model, length)
-                costs.latency, costs.latency_ms = measure_latency(model, state.original, timing, repeats)
+                proxy = relative_error(self.reference, outputs(model, self.probe))
+                recover_model(model, self.tokenizer, task, self.pristine, self.recover, self.recover_epochs)
+                metrics = task.evaluate(model, self.tokenizer, progress=False)
+                costs = static_costs(model, self.length)
+                costs.latency, costs.latency_ms = measure_latency(model, state.original, self.timing, self.repeats)
             finally:
-                if pristine is not None:  # the weights outside the attention modules were trained in place
+                if self.pristine is not None:  # the weights outside the attention modules were trained in place
                     with state.original(), torch.no_grad():
-                        model.load_state_dict(pristine.state_dict())
+                        model.load_state_dict(self.pristine.state_dict())
         return proxy, {"score": float(metrics[task.metric]), "metrics": _plain(metrics), **costs.to_dict(),
                        "seconds": time.perf_counter() - start}
 
-    # the unedited model
-    base_metrics = task.evaluate(model, tokenizer, progress=False)
-    base_costs = static_costs(model, length)
-    base_costs.latency, base_costs.latency_ms = measure_latency(model, model, timing, repeats)
-    base_costs.latency = 1.0
-    base = Point("base", "base", [], Edit(), {"score": float(base_metrics[task.metric]),
-                                              "metrics": _plain(base_metrics), **base_costs.to_dict()})
-    # proxies and single-method candidates
-    skipped: dict[str, str] = {}
-    total = base_costs.heads
-    scores = head_scores(model, tokenizer, task, ranking, examples, budget.head_count(total), progress=progress,
-                         batch_size=importance_batch)
-    order = removal_order(model, scores, allow_empty_layers)
 
-    def probe_error(configs: list[Any]) -> float:
-        with edited(model, Edit(tuple(configs)), calib):
-            return relative_error(reference, outputs(model, probe))
+def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | str | dict, *,
+         ranking: str = "gradient", examples: int = 256, top_k: int = 3, repeats: int = 7, calibration: int = 64,
+         recover: str = "none", recover_epochs: float = 1.0, allow_empty_layers: bool = False,
+         methods: Sequence[str] | None = None, model_name: str | None = None,
+         progress: bool | None = None, importance_batch: int = 8) -> Plan:
+    """Search edits of ``model`` (unchanged) for ``task`` under ``budget`` and measure them; see the module
+    docstring. ``methods`` restricts the methods tried (registered planned methods, by name; a former name warns;
+    default: all of them, ``candidates.plannable``); ``ranking``: how the method of role ``"heads"`` orders heads
+    (one of its declared ``rankings``; ``examples`` training examples, ``importance_batch`` per backward: lower
+    it to lower the plan's peak memory); ``recover`` recovers every measured edit first (costly); ``repeats``:
+    latency repeats per point."""
+    task = get_task(task) if isinstance(task, str) else task
+    budget = Budget.parse(budget)
+    tried = plannable(methods)
+    _check(model, tokenizer, task, budget, tried, ranking, recover, allow_empty_layers,
+           top_k=top_k, repeats=repeats, calibration=calibration, examples=examples, importance_batch=importance_batch)
+    model.eval()
+    bench = Bench(model, tokenizer, task, calibration, repeats, recover, recover_epochs)
+    base = bench.base()
+    context = PlanContext([], budget.head_count(base.measured["heads"]), bench.length, allow_empty_layers,
+                          bench.probe_error, progress, task, tokenizer, ranking, examples, importance_batch)
+    ranked = rank_heads(model, context, tried)
+    found = candidates(model, replace(context, removal_order=ranked.order), tried, recover)
+    skipped = dict(found.skipped)
+    singles = measure_singles(bench, found.singles, skipped, progress)
+    sign = 1.0 if task.higher_is_better else -1.0
+    combined = measure_combined(bench, found.singles, singles, base, budget, sign, top_k, skipped, progress)
+    points = [base, *singles, *combined]
+    settings = {"ranking": ranking if ranked.scores else None, "importance_examples": examples,
+                "importance_batch": importance_batch, "top_k": top_k, "latency_repeats": repeats,
+                "calibration": calibration, "recover": recover, "recover_epochs": recover_epochs,
+                "allow_empty_layers": allow_empty_layers, "sequence_length": bench.length,
+                "timing_batch": list(bench.timing["input_ids"].shape), "device": str(next(model.parameters()).device),
+                "evaluated_on": _subsample(task), "methods": [m.name for m in tried]}
+    return Plan(model=model_name or getattr(model, "name_or_path", "") or type(model).__name__, task=task_spec(task),
+                budget=budget.to_dict(), settings=settings, points=points,
+                proxies={"head_scores": ranked.scores, "removal_order": ranked.order,
+                         "site_proxies": found.site_proxies},
+                layers=_layers(model, ranked.scores, found.site_proxies),
+                recommended=_finish(points, budget, base, sign), skipped=skipped, fingerprint=fingerprint(model))
 
-    context = SweepContext(order, budget.head_count(total), length, allow_empty_layers, probe_error, progress)
-    found = candidates(model, context, tried, recover)
-    singles: list[Candidate] = found.singles
-    skipped.update(found.skipped)
 
-    points = [base]
+def _check(model: nn.Module, tokenizer: Any, task: Task, budget: Budget, tried: list[Method], ranking: str,
+           recover: str, allow_empty_layers: bool, **counts: int) -> None:
+    """Refuse bad settings, a budget the model cannot meet and a ranking the head-removal method does not take,
+    before any work."""
+    if recover not in MODES:
+        raise HeadwiseError(f"recover={recover!r}; use one of {', '.join(MODES)}")
+    small = [name for name, value in counts.items() if value < 1]
+    if small:
+        raise HeadwiseError(f"{', '.join(small)} must be ≥ 1 (got {', '.join(str(counts[n]) for n in small)})")
+    for method in tried:
+        if method.planned.role == "heads" and ranking not in method.planned.rankings:
+            raise HeadwiseError(f"unknown head ranking {ranking!r}; {method.name} ranks heads by "
+                                f"{', '.join(method.planned.rankings)}")
+    budget.validate(model, allow_empty_layers)
+    task.check_model(model, tokenizer)
+
+
+def rank_heads(model: nn.Module, context: PlanContext, tried: list[Method]) -> Ranking:
+    """The head order of the first tried method of role ``"heads"`` (its ``rank`` hook); no ranking (and no cost)
+    when none is tried."""
+    heads = next((m for m in tried if m.planned.role == "heads"), None)
+    return Ranking({}, []) if heads is None else heads.rank(model, context)
+
+
+def measure_singles(bench: Bench, singles: list[Candidate], skipped: dict[str, str],
+                    progress: bool | None) -> list[Point]:
+    """Every single-method candidate, measured; one that fails is skipped with its reason."""
+    points = []
     bar = progress_bar(singles, desc="measure single methods", unit="edit",
                        disable=None if progress is None else not progress)
     for cand in bar:
         try:
-            cand.proxy, measured = measure(cand.edit)
+            cand.proxy, measured = bench.measure(cand.edit)
         except HeadwiseError as err:
             skipped.setdefault(cand.method.name, f"{cand.name}: {err}")
             bar.set_postfix_str(f"last {cand.name} skipped", refresh=False)
             continue
         bar.set_postfix_str(f"last {cand.name} {measured['seconds']:.0f}s", refresh=False)  # which edits cost
         points.append(Point(cand.name, "single", list(cand.edit.methods), cand.edit, measured, proxy=cand.proxy))
+    return points
 
-    # combinations: heads removed × a method of role "pair", predicted, then the best inside the budget measured
-    by_name = {c.name: c for c in singles}
-    singles_measured = [(by_name[p.name], p.measured) for p in points if p.kind == "single"]
-    prunes = [(c, m) for c, m in singles_measured if c.method.sweep.role == "heads"]
-    others = [(c, m) for c, m in singles_measured if c.method.sweep.role == "pair"]
+
+def measure_combined(bench: Bench, candidates: list[Candidate], singles: list[Point], base: Point, budget: Budget,
+                     sign: float, top_k: int, skipped: dict[str, str], progress: bool | None) -> list[Point]:
+    """Heads removed × a method of role ``"pair"``: predicted from the measured singles, then the best inside the
+    budget (and each head-removal level's best and cheapest pair) measured (``search.finalists``)."""
+    by_name = {c.name: c for c in candidates}
+    measured = [(by_name[p.name], p.measured) for p in singles]
+    prunes = [(c, m) for c, m in measured if c.method.planned.role == "heads"]
+    others = [(c, m) for c, m in measured if c.method.planned.role == "pair"]
+    points = []
     chosen = finalists(prunes, others, base.measured, budget, sign, top_k)
     bar = progress_bar(chosen, desc="measure combined plans", unit="edit",
                        disable=None if progress is None else not progress)
     for name, parts, edit, pred in bar:
         try:
-            measured = measure(edit)[1]
+            result = bench.measure(edit)[1]
         except HeadwiseError as err:
             skipped.setdefault("combined", f"{name}: {err}")
             bar.set_postfix_str(f"last {name} skipped", refresh=False)
             continue
-        bar.set_postfix_str(f"last {name} {measured['seconds']:.0f}s", refresh=False)
-        points.append(Point(name, "combined", list(edit.methods), edit, measured, predicted=pred, parts=parts))
-
-    recommended = _finish(points, budget, base, sign)
-    layers = _layers(model, scores, found.site_proxies)
-    settings = {"ranking": ranking, "importance_examples": examples, "importance_batch": importance_batch,
-                "top_k": top_k, "latency_repeats": repeats,
-                "calibration": calibration, "recover": recover, "recover_epochs": recover_epochs,
-                "allow_empty_layers": allow_empty_layers, "sequence_length": length,
-                "timing_batch": list(timing["input_ids"].shape), "device": str(device),
-                "evaluated_on": _subsample(task), "methods": [m.name for m in tried]}
-    return Plan(model=model_name or getattr(model, "name_or_path", "") or type(model).__name__, task=task_spec(task),
-                budget=budget.to_dict(), settings=settings, points=points,
-                proxies={"head_scores": scores, "removal_order": order, "site_proxies": found.site_proxies},
-                layers=layers, recommended=recommended, skipped=skipped, fingerprint=fingerprint(model))
+        bar.set_postfix_str(f"last {name} {result['seconds']:.0f}s", refresh=False)
+        points.append(Point(name, "combined", list(edit.methods), edit, result, predicted=pred, parts=parts))
+    return points
 
 
 def _finish(points: list[Point], budget: Budget, base: Point, sign: float) -> str | None:
@@ -437,13 +485,18 @@ def _finish(points: list[Point], budget: Budget, base: Point, sign: float) -> st
     for p in points:
         p.meets_budget = budget.met_by(p.measured, base.measured)
         p.on_front = False
-    vectors = [[-sign * p.measured["score"]] + [float(p.measured[a]) for a in COST_AXES] for p in points]
+    vectors = [[-sign * p.measured["score"]] + [_objective(p.measured.get(key)) for key in COST_KEYS] for p in points]
     for i in front(vectors):
         points[i].on_front = True
     fitting = [p for p in points if p.meets_budget and p.kind != "base"]
     if not fitting:
         return None
     return max(fitting, key=lambda p: sign * p.measured["score"]).name
+
+
+def _objective(value: float | None) -> float:
+    """A cost as a Pareto objective: a cost not counted (None) is no better than any other."""
+    return math.inf if value is None else float(value)
 
 
 def _layers(model: nn.Module, scores: dict[str, list[float]], site_proxies: dict[str, dict[str, float]]

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from .axes import COST_KEYS
 from .budget import Budget
 from .candidates import Candidate
 from .edits import Edit
-
-RATIO_AXES = ("attention_params", "flops", "kv_bytes", "latency")
 
 
 def combine(first: Edit, second: Edit) -> Edit:
@@ -23,7 +22,7 @@ def predict(base: dict[str, Any], a: dict[str, Any], b: dict[str, Any], sign: fl
     changes add (``sign`` = +1 when higher is better), cost ratios to ``base`` multiply, heads come from ``a``."""
     out = {"score": base["score"] + (a["score"] - base["score"]) + (b["score"] - base["score"]),
            "heads": a["heads"]}
-    for axis in RATIO_AXES:
+    for axis in COST_KEYS:
         if base.get(axis) and a.get(axis) is not None and b.get(axis) is not None:
             out[axis] = a[axis] * b[axis] / base[axis]
         else:

@@ -15,69 +15,17 @@ exactly ``target_heads`` heads, those with the largest ``log α``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import ClassVar, Literal, Sequence, get_args
-
 import torch
 from torch import nn
 
-from ..contract import MethodConfig
 from ..errors import HeadwiseError
 from ..runtime.attention import enable
+from ..runtime.hard_concrete import HardConcreteGate
 from ..runtime.ops import attach, attached, detach_all
 from ..sites import find_sites
-from ..runtime.hard_concrete import EPS, STRETCH, TEMPERATURE, HardConcreteGate
+from .config import REDUCTIONS, L0Config, L0Training, Reduction  # noqa: F401  (defined without torch)
 
-Reduction = Literal["sum", "mean_over_modules"]
-REDUCTIONS = get_args(Reduction)
 GATE_NAME = "l0"
-
-
-@dataclass
-class L0Config(MethodConfig):
-    """What ``add_l0_gates`` attaches: a Hard-Concrete gate per head (how they train: ``L0Training``)."""
-
-    MOVED: ClassVar[dict[str, str]] = dict.fromkeys(
-        ("lam", "reduction", "target_heads", "lambda_lr", "target_warmup"), "L0Training")
-
-    kinds: Sequence[str] | None = field(default=None, metadata={
-        "help": "gate only these attention kinds (Voita's concrete_heads; default: every site)"})
-    temperature: float = field(default=TEMPERATURE, metadata={"help": "Hard-Concrete temperature β of the gates"})
-    stretch: tuple[float, float] = field(default=STRETCH, metadata={
-        "help": "Hard-Concrete stretch interval (l, r) of the gates, l < 0 < 1 < r"})
-    eps: float = field(default=EPS, metadata={"help": "clamp of the gates' uniform noise away from 0 and 1"})
-    init: str | float = field(default="voita", metadata={
-        "help": "initial log α of every gate: 'voita' (the reference initialisation) or a number"})
-
-    def __post_init__(self) -> None:
-        self.kinds = self.merge_kinds(self.kinds)
-
-
-@dataclass
-class L0Training:
-    """How the L0 gates train (``L0Penalty``): the coefficient λ, its reduction and its dual-ascent target."""
-
-    lam: float = field(default=0.1, metadata={"help": "L0 coefficient λ (the start value with target_heads)"})
-    reduction: Reduction = field(default="sum", metadata={
-        "help": "sum of the open probabilities over every gated head (the paper) or divided by the gated modules "
-                "(the reference code)"})
-    target_heads: int | None = field(default=None, metadata={
-        "help": "heads expected open at the end: λ follows dual ascent towards it (default: a fixed λ)"})
-    lambda_lr: float = field(default=0.01, metadata={"help": "dual-ascent step of λ per optimizer step"})
-    target_warmup: int = field(default=0, metadata={
-        "help": "optimizer steps over which the target moves linearly from every head to target_heads"})
-
-    def __post_init__(self) -> None:
-        if self.lam < 0:
-            raise HeadwiseError(f"the L0 coefficient λ must be ≥ 0, got {self.lam}")
-        if self.reduction not in REDUCTIONS:
-            raise HeadwiseError(f"unknown reduction {self.reduction!r}; use one of {', '.join(REDUCTIONS)}")
-        if self.target_heads is not None and self.target_heads < 1:
-            raise HeadwiseError(f"target_heads must be ≥ 1, got {self.target_heads}")
-        if self.lambda_lr <= 0:
-            raise HeadwiseError(f"lambda_lr must be > 0, got {self.lambda_lr}")
-        if self.target_warmup < 0:
-            raise HeadwiseError(f"target_warmup must be ≥ 0 steps, got {self.target_warmup}")
 
 
 def add_l0_gates(model: nn.Module, config: L0Config | None = None) -> dict[str, HardConcreteGate]:

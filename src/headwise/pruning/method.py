@@ -1,66 +1,24 @@
-"""The pruning family's methods under the contract (``headwise.apply``): per-head gates, fixed masks, L0 gates
-(``L0Config``) and physical head removal. The verbs (``add_gates``, ``apply_masks``, ``add_l0_gates``,
-``prune_heads``) stay as shortcuts over the same code."""
+"""What the pruning family's methods do (``headwise.apply``; declared in ``declaration.py``): per-head gates,
+fixed masks, L0 gates and physical head removal, which the planner tries at fractions of the heads. The verbs
+(``add_gates``, ``apply_masks``, ``add_l0_gates``, ``prune_heads``) stay as shortcuts over the same code."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from torch import nn
 
-from ..contract import MethodConfig, register_method
-from ..errors import HeadwiseError
+from ..contract import MethodHooks, register
+from ..declaration import Levels, PlanContext
 from ..runtime.gates import add_gates, gates_of, remove_gates
 from ..runtime.ops import attached
 from ..sites import find_sites
-from ..sweep import Levels, Sweep, SweepContext
-from .l0 import GATE_NAME, L0Config, add_l0_gates, remove_l0_gates
+from .config import GateConfig, L0Config, MaskConfig, PruneHeadsConfig  # noqa: F401  (their former home)
+from .declaration import GATES, L0, MASKS, PRUNE_HEADS
+from .l0 import GATE_NAME, add_l0_gates, remove_l0_gates
 from .masks import apply_masks, remove_masks
+from .ranking import rank
 from .surgery import EDIT_KIND, prune_heads, replay_prune_heads
-
-
-@dataclass
-class GateConfig(MethodConfig):
-    """A learnable scale per head (``HeadGate``, initialised to 1) on the selected sites."""
-
-
-@dataclass
-class MaskConfig(MethodConfig):
-    """Fixed 0/1 head masks: ``masks`` is a ``MaskSpec`` (``{"enc-self.3": [1, 0, ...]}`` or Voita's per-kind
-    ``{"enc-self": [[...], ...]}``); the keys are the selection."""
-
-    masks: dict[str, Any] = field(default_factory=dict, metadata={
-        "help": "0/1 mask per head, by site ({\"enc-self.3\": [1, 0, ...]}) or per kind, one row per layer "
-                "({\"enc-self\": [[...], ...]})"})
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.masks, dict) or not self.masks:
-            raise HeadwiseError("masks is empty: give at least one site or kind, e.g. {'enc-self.0': [1, 0, 1, ...]}")
-        self.whole_model("masks (their keys select the sites)")
-
-
-@dataclass
-class PruneHeadsConfig(MethodConfig):
-    """Physical removal of heads: ``heads`` is ``{site name or path: [head indices]}`` (weights shrink for good)."""
-
-    heads: dict[str, list[int]] = field(default_factory=dict, metadata={
-        "help": "heads to remove, {site name or path: [head indices]}, e.g. {\"enc-self.0\": [0, 1]}"})
-    allow_empty_layers: bool = field(default=False, metadata={
-        "help": "allow removing every head of a layer (its attention sublayer then only adds its output bias)"})
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.heads, dict) or not self.heads:
-            raise HeadwiseError("heads is empty: give {site: [head indices]}, e.g. {'enc-self.0': [3]}")
-        bad = next((k for k, v in self.heads.items() if not isinstance(v, list) or not all(
-            isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in v)), None)
-        if bad is not None:
-            raise HeadwiseError(f"heads[{bad!r}] is {self.heads[bad]!r}; give a list of head indices (integers ≥ 0)")
-        self.whole_model("prune_heads (its keys select the sites)")
-
-    @property
-    def removed(self) -> int:
-        return sum(len(h) for h in self.heads.values())
 
 
 def _first(model: nn.Module):
@@ -89,7 +47,7 @@ def removal(order: Sequence[Sequence[Any]], remove: int) -> dict[str, list[int]]
     return {k: sorted(v) for k, v in heads.items()}
 
 
-def removal_levels(model: nn.Module, context: SweepContext) -> Levels:
+def removal_levels(model: nn.Module, context: PlanContext) -> Levels:
     """Heads removed at fixed fractions of the model's heads (and at the budget's head count), by the plan's
     removal order; levels that remove the same number of heads (whole key/value groups) are given once."""
     total = sum(s.num_heads for s in find_sites(model))
@@ -106,24 +64,73 @@ def removal_levels(model: nn.Module, context: SweepContext) -> Levels:
     return Levels(levels)
 
 
-def _removed_at(config: PruneHeadsConfig, site: str) -> str | None:
-    heads = config.heads.get(site)
-    return f"removes {', '.join(map(str, heads))}" if heads else None
+@register(GATES)
+class Gates(MethodHooks):
+    identity = True
+
+    def apply(self, model: nn.Module, config: GateConfig) -> Any:
+        return add_gates(model, selection=config.selection)
+
+    def example(self, model: nn.Module) -> GateConfig:
+        return GateConfig()
+
+    def remove(self, model: nn.Module) -> None:
+        remove_gates(model)
+
+    def present(self, model: nn.Module) -> bool:
+        return bool(gates_of(model))
 
 
-register_method(
-    "gates", GateConfig, lambda model, c: add_gates(model, selection=c.selection), remove=remove_gates,
-    present=lambda model: bool(gates_of(model)), example=lambda model: GateConfig(), identity=True)
-register_method(
-    "masks", MaskConfig, lambda model, c: apply_masks(model, c.masks), remove=remove_masks,
-    present=lambda model: bool(attached(model, "output", "mask")),
-    example=lambda model: MaskConfig({_first(model).name: [1] * _first(model).num_heads}), identity=True)
-register_method(
-    "l0", L0Config, lambda model, c: add_l0_gates(model, c), remove=remove_l0_gates,
-    present=lambda model: bool(attached(model, "output", GATE_NAME)),
-    example=lambda model: L0Config(init=10.0), identity=True, version=2)  # 2: training settings moved to L0Training
-register_method(
-    "prune_heads", PruneHeadsConfig, lambda model, c: prune_heads(model, c.heads, c.allow_empty_layers),
-    example=lambda model: PruneHeadsConfig(_first_group(model)), replay=replay_prune_heads, legacy_kind=EDIT_KIND,
-    sweep=Sweep(removal_levels, lambda c: f"remove {c.removed} heads", order=10, role="heads", at_site=_removed_at,
-                label="remove heads"))
+@register(MASKS)
+class Masks(MethodHooks):
+    identity = True
+
+    def apply(self, model: nn.Module, config: MaskConfig) -> Any:
+        return apply_masks(model, config.masks)
+
+    def example(self, model: nn.Module) -> MaskConfig:
+        return MaskConfig({_first(model).name: [1] * _first(model).num_heads})
+
+    def remove(self, model: nn.Module) -> None:
+        remove_masks(model)
+
+    def present(self, model: nn.Module) -> bool:
+        return bool(attached(model, "output", "mask"))
+
+
+@register(L0)
+class L0Gates(MethodHooks):
+    identity = True
+
+    def apply(self, model: nn.Module, config: L0Config) -> Any:
+        return add_l0_gates(model, config)
+
+    def example(self, model: nn.Module) -> L0Config:
+        return L0Config(init=10.0)
+
+    def remove(self, model: nn.Module) -> None:
+        remove_l0_gates(model)
+
+    def present(self, model: nn.Module) -> bool:
+        return bool(attached(model, "output", GATE_NAME))
+
+
+@register(PRUNE_HEADS)
+class PruneHeads(MethodHooks):
+    legacy_kind = EDIT_KIND
+    replay = staticmethod(replay_prune_heads)
+    levels = staticmethod(removal_levels)
+    rank = staticmethod(rank)
+
+    def apply(self, model: nn.Module, config: PruneHeadsConfig) -> Any:
+        return prune_heads(model, config.heads, config.allow_empty_layers)
+
+    def example(self, model: nn.Module) -> PruneHeadsConfig:
+        return PruneHeadsConfig(_first_group(model))
+
+    def describe(self, config: PruneHeadsConfig) -> str:
+        return f"remove {config.removed} heads"
+
+    def at_site(self, config: PruneHeadsConfig, site: str) -> str | None:
+        heads = config.heads.get(site)
+        return f"removes {', '.join(map(str, heads))}" if heads else None

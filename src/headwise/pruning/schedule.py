@@ -21,6 +21,7 @@ from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..sites import find_sites
 from .masks import apply_masks
+from .declaration import UNITS  # query heads or whole key/value groups (light: the CLI shows it)
 
 Metric = Callable[[nn.Module], float]
 
@@ -86,9 +87,6 @@ def _lowest_groups(scores: dict[str, torch.Tensor], masks: dict[str, list[float]
             chosen += [(path, h) for h in range(k * group[path], (k + 1) * group[path])]
             open_left[path] -= 1
     return chosen
-
-
-UNITS = ("query", "kv-group")
 
 
 def importance_pruning(

@@ -9,16 +9,24 @@ Methods (``QUANTIZERS``; pure functions in :mod:`.functional`): ``linear_slinear
 ``linear_slinear_clamped``, ``linear_slinear_clamped_midval``, ``linear_slog``, ``linear_slog_midval``,
 ``linear_slog_clamped_midval``, ``uniform_slinear_clamped_mean``, ``uniform_slog_clamped_mean``,
 ``uniform_slog_mean``, ``binarization``; ``"none"`` prunes only. Options: :class:`QuantizationConfig`.
+
+The names load on first use (``headwise.lazy``): ``.config`` and ``.declaration`` import without torch.
 """
 
-from . import functional
-from .apply import NAME, Measurement, measuring, quantize_attention, quantizers_of, remove_quantization
-from .config import ALIASES, METHOD_NAMES, QuantizationConfig
-from .functional import QUANTIZERS, prune
-from .layer import AttentionQuantizer, population, transform
-from .sweep import SweepConfig, SweepResult, sweep
+from typing import TYPE_CHECKING
 
-from . import method  # noqa: F401,E402  (registers the package's methods with headwise.apply)
+from ..lazy import attach as _lazy
+
+if TYPE_CHECKING:
+    from . import functional
+    from .apply import NAME, Measurement, measuring, quantize_attention, quantizers_of, remove_quantization
+    from .config import ALIASES, METHOD_NAMES, QuantizationConfig
+    from .functional import QUANTIZERS, prune
+    from .layer import AttentionQuantizer, population, transform
+    from .method import Quantization  # registers the package's method
+    from .sweep import SweepConfig, SweepResult, sweep
+
+_names, __dir__ = _lazy(__name__, globals())
 __all__ = [
     "functional", "NAME", "Measurement", "measuring", "quantize_attention", "quantizers_of", "remove_quantization",
     "ALIASES", "METHOD_NAMES", "QuantizationConfig", "QUANTIZERS", "prune", "AttentionQuantizer", "population",
@@ -31,5 +39,5 @@ def __getattr__(name: str):
         import warnings
 
         warnings.warn("headwise.quantization.METHODS is now QUANTIZERS", FutureWarning, stacklevel=2)
-        return QUANTIZERS
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        return _names("QUANTIZERS")
+    return _names(name)

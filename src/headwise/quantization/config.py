@@ -1,4 +1,5 @@
-"""``QuantizationConfig``: what a quantizer op does, in one validated dataclass (peft-style)."""
+"""``QuantizationConfig``: what a quantizer op does, in one validated dataclass (peft-style). No torch: the command
+line reads it to build its options; the quantizers' names come from ``functional`` when a config is checked."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from typing import Any, Literal, get_args
 
 from ..contract import MethodConfig
 from ..errors import HeadwiseError
-from .functional import FLOOR, QUANTIZERS
 
+FLOOR = 1e-3  # p_min of the "clamped" / "with pruning" variants (functional's default too)
 NONE = "none"  # threshold pruning only
-METHOD_NAMES: tuple[str, ...] = (*QUANTIZERS, NONE)
 # Short names next to SPIQA's; a trailing number sets the bits ("log3" = linear_slog_clamped_midval, 3 bits).
 ALIASES: dict[str, str] = {"log": "linear_slog_clamped_midval", "lin": "linear_slinear_clamped_midval",
                            "ulog": "uniform_slog_mean", "ulin": "uniform_slinear_clamped_mean",
@@ -21,14 +21,28 @@ CHOICES = {"top_edge": get_args(TopEdge), "scope": get_args(Scope), "zeros": get
            "bin_value": get_args(BinValue)}
 
 
+def method_names() -> tuple[str, ...]:
+    """Every quantizer's SPIQA name (``functional.QUANTIZERS``), then ``"none"``."""
+    from .functional import QUANTIZERS
+
+    return (*QUANTIZERS, NONE)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "METHOD_NAMES":  # read from the quantizers, which import torch, on first use
+        return method_names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def resolve_method(name: str, bits: int) -> tuple[str, int]:
     """``(SPIQA method name, bits)`` for a method name or alias: ``"log3"`` → ``("linear_slog_clamped_midval", 3)``."""
-    if name in METHOD_NAMES:
+    names = method_names()
+    if name in names:
         return name, bits
     stem = name.rstrip("0123456789")
     if stem in ALIASES:
         return ALIASES[stem], int(name[len(stem):]) if name != stem else bits
-    raise HeadwiseError(f"unknown quantization method {name!r}; valid: {', '.join(METHOD_NAMES)}, or a short name "
+    raise HeadwiseError(f"unknown quantization method {name!r}; valid: {', '.join(names)}, or a short name "
                         f"{', '.join(ALIASES)} with optional bits (e.g. log3)")
 
 
@@ -46,7 +60,8 @@ class QuantizationConfig(MethodConfig):
 
     method: str = field(default="linear_slog_clamped_midval", metadata={
         "help": "a SPIQA quantizer (headwise.quantization.QUANTIZERS), none (pruning only), or a short name log, lin, "
-                "ulog, ulin, bin, prune with optional bits (log3)"})
+                "ulog, ulin, bin, prune with optional bits (log3)",
+        "flag": "--quantizer", "former": "--method"})
     bits: int = field(default=3, metadata={"help": "bits of the quantizer, 1 to 16 (ignored by binarization)"})
     threshold: float = field(default=0.0, metadata={
         "help": "pruning threshold in [0, 1): probabilities ≤ it become 0 before quantizing (0: off)"})
@@ -65,10 +80,12 @@ class QuantizationConfig(MethodConfig):
         "help": "uniform_slinear_clamped_mean: bin midpoints (reference) or bin means"})
 
     def __post_init__(self) -> None:
+        from .functional import QUANTIZERS
+
         if isinstance(self.method, str):
             self.method, self.bits = resolve_method(self.method, self.bits)
-        if self.method not in METHOD_NAMES:
-            raise HeadwiseError(f"unknown quantization method {self.method!r}; valid: {', '.join(METHOD_NAMES)}")
+        if self.method not in method_names():
+            raise HeadwiseError(f"unknown quantization method {self.method!r}; valid: {', '.join(method_names())}")
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 1 <= self.bits <= 16:
             raise HeadwiseError(f"bits must be an integer from 1 to 16, got {self.bits!r}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-FLOOR = 1e-3  # p_min of the "clamped" / "with pruning" variants
+from .config import FLOOR
 LOG_MIN = 1e-10  # low end of linear_slog_midval's log2 range
 
 

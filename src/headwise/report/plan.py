@@ -8,34 +8,14 @@ from typing import Any
 
 from ..contract import METHODS, config_from_dict, method_of
 from ..planning import Budget
+from ..planning.axes import COSTS, cost_ratio, savings
 from ..planning.pareto import front
 from . import svg
 from .builder import Report
 
-AXES = (("latency", "latency (× unedited, measured)"), ("attention_params", "attention parameters"),
-        ("flops", "attention FLOPs per sequence"), ("kv_bytes", "KV-cache bytes per token"))
-
 
 def _ratio(point: dict, base: dict, key: str) -> float | None:
-    if key == "latency":
-        return point["measured"].get("latency")
-    return point["measured"][key] / base["measured"][key] if base["measured"][key] else None
-
-
-def savings(point: dict, base: dict) -> str:
-    """``heads 72 → 36, attention params −50%, latency 0.74×`` for the axes the edit changed."""
-    out = []
-    m, b = point["measured"], base["measured"]
-    if m["heads"] != b["heads"]:
-        out.append(f"heads {b['heads']} → {m['heads']}")
-    for key, label in (("attention_params", "attention params"), ("flops", "attention FLOPs"),
-                       ("kv_bytes", "KV cache")):
-        r = _ratio(point, base, key)
-        if r is not None and abs(r - 1) > 1e-3:
-            out.append(f"{label} {100 * (r - 1):+.0f}%")
-    if m.get("latency") is not None:
-        out.append(f"latency {m['latency']:.2f}× (measured)")
-    return ", ".join(out)
+    return cost_ratio(point["measured"], base["measured"], key)
 
 
 def verdict(plan: dict[str, Any], path: str = "plan.json") -> str:
@@ -73,25 +53,31 @@ def add_plan_sections(report: Report, plan: dict[str, Any]) -> None:
         f"{settings['device']}. Lines: each single method at its levels; the combined front joins the "
         "non-dominated points of every kind.")
     figures = []
-    for key, label in AXES:
+    for axis in COSTS:
+        key = axis.key
         if not any(p["measured"].get(key) for p in points) or (key == "kv_bytes" and not base["measured"][key]):
             continue
-        series = _series(points, key, plan["task"]["higher_is_better"])
-        figures.append((svg.lines(series, label, metric, f"{metric} vs. {label}"), None))
+        series = _series([p for p in points if p["measured"].get(key) is not None], key,
+                         plan["task"]["higher_is_better"])
+        figures.append((svg.lines(series, axis.label, metric, f"{metric} vs. {axis.label}"), None))
     fronts.grid(figures)
     table = report.add_section("Measured points", "Predicted values (combined plans only) come from the measured "
                                                   "single methods: score changes added, cost ratios multiplied.")
     rows = []
     for p in points:
         m, pred = p["measured"], p.get("predicted") or {}
+        ratios = ["" if axis.key == "kv_bytes" and not base["measured"]["kv_bytes"] else
+                  "not counted" if m.get(axis.key) is None else f"{_ratio(p, base, axis.key):.2f}" for axis in COSTS]
         rows.append([p["name"], p["kind"], p["describe"], f"{m['score']:.2f}",
-                     "" if pred.get("score") is None else f"{pred['score']:.2f}", m["heads"],
-                     f"{_ratio(p, base, 'attention_params'):.2f}", f"{_ratio(p, base, 'flops'):.2f}",
-                     "" if not base["measured"]["kv_bytes"] else f"{_ratio(p, base, 'kv_bytes'):.2f}",
-                     f"{m['latency']:.2f}", "" if p.get("proxy") is None else f"{p['proxy']:.3g}",
+                     "" if pred.get("score") is None else f"{pred['score']:.2f}", m["heads"], *ratios,
+                     "" if p.get("proxy") is None else f"{p['proxy']:.3g}",
                      "yes" if p["meets_budget"] else "", "yes" if p["on_front"] else ""])
-    table.table(rows, ["point", "kind", "edit", metric, "predicted", "heads", "params ×", "FLOPs ×", "KV ×",
-                       "latency ×", "output error", "in budget", "front"])
+    table.table(rows, ["point", "kind", "edit", metric, "predicted", "heads", *(axis.short for axis in COSTS),
+                       "output error", "in budget", "front"])
+    uncounted = {p["name"]: p["measured"]["uncounted"] for p in points if p["measured"].get("uncounted")}
+    if uncounted:
+        table.text("FLOPs not counted (never costed as softmax attention): " + "; ".join(
+            f"`{name}`: {' '.join(why)}" for name, why in uncounted.items()))
     layers = report.add_section("Per layer", "Head importance (the ranking that orders removals), what the "
                                              "recommended plan does at each layer, and the per-layer proxies the "
                                              "methods measured to choose their levels.")
@@ -100,8 +86,7 @@ def add_plan_sections(report: Report, plan: dict[str, Any]) -> None:
     labels = sorted({label for layer in plan["layers"].values() for label in layer.get("proxies", {})})
     rows = []
     for name, layer in plan["layers"].items():
-        here = [method_of(c).sweep.at_site(c, name) for c in configs if method_of(c).sweep and
-                method_of(c).sweep.at_site]
+        here = [method_of(c).at_site(c, name) for c in configs if method_of(c).at_site]
         proxies = layer.get("proxies", {})
         rows.append([name, layer["heads"], layer["kv_heads"], "; ".join(h for h in here if h) or "—",
                      " ".join(f"{x:.2f}" for x in (layer["importance"] or [])),
@@ -132,6 +117,6 @@ def _series(points: list[dict], key: str, higher_is_better: bool) -> dict[str, t
 
 
 def _label(method: str) -> str:
-    """A method's name in plots: its sweep's label, else its registered name."""
-    sweep = METHODS[method].sweep if method in METHODS else None
-    return sweep.label if sweep and sweep.label else method
+    """A method's name in plots: its declared label (``Planned.label``), else its registered name."""
+    planned = METHODS[method].planned if method in METHODS else None
+    return planned.label if planned and planned.label else method

@@ -1,12 +1,20 @@
-"""The headwise attention runtime: ops attached to attention modules, run by one registered function."""
+"""The headwise attention runtime: ops attached to attention modules, run by one registered function.
 
-from .attention import NAME, enable, headwise_attention
-from .gates import Gate, HeadGate, HeadMask, RowGate, add_gates, gates_of, remove_gates
-from .hard_concrete import HardConcreteGate
-from .moments import SiteMoments, site_moments
-from .ops import HeadOp, HeadOps, add_observer, attach, detach, detach_all, ops_of
-from .scope import eval_mode, using_headwise
+The names load on first use (``headwise.lazy``): ``headwise.runtime.defaults`` imports without torch."""
 
+from typing import TYPE_CHECKING
+
+from ..lazy import attach as _lazy
+
+if TYPE_CHECKING:
+    from .attention import NAME, enable, headwise_attention
+    from .gates import Gate, HeadGate, HeadMask, RowGate, add_gates, gates_of, remove_gates
+    from .hard_concrete import HardConcreteGate
+    from .moments import SiteMoments, site_moments
+    from .ops import HeadOp, HeadOps, add_observer, attach, detach, detach_all, ops_of
+    from .scope import eval_mode, using_headwise
+
+__getattr__, __dir__ = _lazy(__name__, globals())
 __all__ = [
     "NAME", "enable", "headwise_attention", "Gate", "HeadGate", "HeadMask", "HardConcreteGate", "RowGate",
     "add_gates", "gates_of", "remove_gates", "detach_all",

@@ -17,10 +17,9 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from .defaults import EPS, STRETCH, TEMPERATURE
 from .gates import Gate
 from .ops import HeadOp
-
-TEMPERATURE, STRETCH, EPS = 0.33, (-0.1, 1.1), 1e-6
 
 
 class HardConcreteGate(Gate, HeadOp):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Literal, get_args
+from typing import Callable, Literal
 
 import torch
 from torch import nn
 
-Kind = Literal["enc-self", "dec-self", "dec-enc"]
-KINDS: tuple[str, ...] = get_args(Kind)  # every attention kind, in this order
+from .selection import KINDS, Kind  # noqa: F401  (defined with the selection, which needs no torch)
+
 Positions = Literal["absolute", "rotary", "relative", "learned-2d"]
 
 

@@ -1,17 +1,22 @@
-"""``Selection``: which attention sites a method edits, one value for every verb (``select_sites`` applies it)."""
+"""``Selection``: which attention sites a method edits, one value for every verb (``select_sites`` applies it), and
+the attention kinds. Light (no torch): method configs, which the command line reads to build its options, use it."""
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Any, Iterable
-
-from torch import nn
+from typing import TYPE_CHECKING, Any, Iterable, Literal, get_args
 
 from ..errors import HeadwiseError
 from ..keywords import with_keywords
-from .base import AttentionSite
-from .registry import select_sites
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from .base import AttentionSite
+
+Kind = Literal["enc-self", "dec-self", "dec-enc"]
+KINDS: tuple[str, ...] = get_args(Kind)  # every attention kind, in this order
 
 
 def _as_tuple(value: Any, what: str, kind: type) -> tuple | None:
@@ -44,6 +49,8 @@ class Selection:
         return self.kinds is None and self.layers is None and self.names is None
 
     def sites(self, model: nn.Module) -> list[AttentionSite]:
+        from .registry import select_sites
+
         return select_sites(model, self.kinds, layers=self.layers, names=self.names)
 
 
@@ -57,5 +64,7 @@ def selection_of(verb: str, selection: Selection | None, *, sites: "Iterable[Att
         warnings.warn(f"{verb}({', '.join(f'{k}=' for k in given)}) is deprecated; pass selection=Selection(...)",
                       FutureWarning, stacklevel=3)
     if sites is not None:
+        from .base import AttentionSite
+
         given["names"] = [s.path if isinstance(s, AttentionSite) else s for s in given.pop("sites")]
     return with_keywords(Selection, selection or Selection(), **given)

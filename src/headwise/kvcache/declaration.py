@@ -1,0 +1,11 @@
+"""Per-head KV cache policies as the tools that do not run them see them (``headwise.declaration``)."""
+
+from ..declaration import Declaration
+from .policy_config import KVPolicyConfig
+
+KV_POLICY = Declaration(
+    name="kv_policy", config=KVPolicyConfig, doc="docs/kv-policy.md",
+    examples=("headwise edit kv_policy --model smollm2-135m --policy '\"smol-kv/policy.json\"' --out smol-kv-model"
+              "   # the policy.json of headwise kv-policy",))
+
+DECLARATIONS = (KV_POLICY,)
