@@ -77,6 +77,8 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                 "headwise eval lm --model smollm2-135m --data my.txt --max-length 512"),
     "eval translation": ("headwise eval translation --model multi30k-marian-de-en --limit 100",
                          "headwise eval translation --model DIR/model --src-file de.txt --tgt-file en.txt --beam 4"),
+    "eval long": ("headwise eval long --model smollm2-135m --lengths 2k --samples 4",
+                  "headwise eval long --model smol-kv/model --lengths 2k,4k --data my.txt --out smol-long"),
     "eval classification": ("headwise eval classification --model DIR/model --data genre.csv",
                             "headwise eval classification --model DIR/model --data glue:sst2 --limit 200"),
     "train": ("headwise train translation --data-dir multi30k/data/task1/raw --out my-marian",),
@@ -115,7 +117,7 @@ POSITIVE = frozenset({
     "importance_examples", "ablation_texts", "iterations", "calibration", "top_k", "repeats",
     "kv_heads", "rank", "calib_tokens", "window", "context", "gate_steps", "gate_length", "eval_length",
     "calibration_length", "epochs", "recover_epochs", "lr", "kv_budget", "temperature", "gate_lr", "d_model",
-    "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every",
+    "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every", "samples",
 })
 
 
