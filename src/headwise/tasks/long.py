@@ -248,8 +248,10 @@ LOG_FILE = "samples.jsonl"
 def open_log(out: str | os.PathLike, resume: bool = False, force: bool = False) -> Path:
     """The per-sample log ``out/samples.jsonl`` of a run writing ``out`` (claimed for this process): an earlier run's
     log is continued with ``resume``, removed with ``force`` (the run starts over), else refused in one line."""
-    from ..io.files import check_writable_dir
+    from ..io.files import check_writable_dir, destination
 
+    if (destination(out) / LOG_FILE).is_file() and not (resume or force):
+        raise HeadwiseError(f"{out} holds an earlier run: pass --resume to continue it or --force to start over")
     path = check_writable_dir(out, overwrite=resume or force) / LOG_FILE
     if path.exists() and not resume:
         path.unlink()
