@@ -308,3 +308,24 @@ def test_eval_long_on_edited_folders(folders, capsys, tmp_path):
     code = main(["eval", "long", "--model", str(folders["policy"]), "--lengths", str(LENGTH), "--samples", "1",
                  "--out", str(tmp_path / "run")])
     assert code == 2 and "--resume" in capsys.readouterr().err  # an earlier run is not overwritten silently
+
+
+def test_equal_bytes_baselines_and_the_verification_subset(tokenizer):
+    from headwise.kvcache import HeadScores, equal_bytes_policies
+    from headwise.tasks.long import verify_policy
+
+    model = causal_lm(tokenizer)
+    scores = HeadScores({"retrieval": torch.tensor([[0.1, 0.2, 0.9, 0.8], [0.3, 0.05, 0.4, 0.6]])}, [2, 2])
+    arms = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4)
+    at = {arm: p.kv_fraction(1024) for arm, p in arms.items()}
+    assert at["streaming"] == pytest.approx(0.625, abs=1 / 1024)
+    assert at["policy"] <= 0.625 and at["random"] == at["policy"] and at["layer"] <= 0.625
+    # window 476 at 0.625 × 1024: full heads hold 1, streaming ones 480/1024; (0.625·4 − 4·0.469)/0.531 → 1 head
+    assert arms["policy"].full_heads() == [(0, 1)]  # the KV head of query heads 2, 3 (retrieval 0.9)
+    assert len(arms["random"].full_heads()) == 1
+    assert all(len(set(layer)) == 1 for layer in arms["layer"].heads)  # whole layers
+    check = verify_policy(model, tokenizer, arms["streaming"], length=LENGTH, samples=1, progress=False)
+    assert check["full"]["samples"] == check["policy"]["samples"] == {t: {str(LENGTH): 1}
+                                                                    for t in ("niah_single", "niah_multi", "qa")}
+    assert check["difference"]["samples"] == 3 and check["drawn_from"]["seed"] != 0
+    assert check["policy"]["kv_bytes"][str(LENGTH)] < check["full"]["kv_bytes"][str(LENGTH)]

@@ -387,9 +387,16 @@ class LongContext(Task):
     def evaluate(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None,
                  log: ResultLog | None = None, arm: str = "model", make_cache: CacheMaker | None = None,
                  prefill_chunk: int | None = None) -> dict[str, Any]:
-        """Run every sample (those ``log`` holds for ``arm`` are read, not run again; new ones are appended to it)
-        through ``make_cache`` (default: the cache the model generates with) and return ``summarize``'s scores with
-        ``drawn_from`` (the suite's seed, haystack, lengths and counts)."""
+        """``summarize``'s scores of ``run`` with ``drawn_from`` (the suite's seed, haystack, lengths and counts)."""
+        records = self.run(model, tokenizer, progress=progress, log=log, arm=arm, make_cache=make_cache,
+                           prefill_chunk=prefill_chunk)
+        return summarize(records) | {"drawn_from": self.spec().describe()}
+
+    def run(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None, log: ResultLog | None = None,
+            arm: str = "model", make_cache: CacheMaker | None = None,
+            prefill_chunk: int | None = None) -> list[dict[str, Any]]:
+        """Every sample's record (``run_sample``) through ``make_cache`` (default: the cache the model generates
+        with); those ``log`` holds for ``arm`` are read, not run again, new ones appended to it."""
         from transformers.utils import logging as hf_logging
 
         self.check_model(model, tokenizer)
@@ -414,7 +421,7 @@ class LongContext(Task):
         finally:
             hf_logging.set_verbosity(verbosity)
             model.train(was_training)
-        return summarize(records) | {"drawn_from": spec.describe()}
+        return records
 
     def examples(self, tokenizer: Any, split: str = "train"):
         raise HeadwiseError("task long is an evaluation suite: it has no training or calibration examples; train or "
@@ -422,3 +429,32 @@ class LongContext(Task):
 
     def texts(self, split: str = "calibration") -> list[str]:
         raise HeadwiseError("task long is an evaluation suite: it has no calibration texts; use --task lm")
+
+
+VERIFY_TASKS = ("niah_single", "niah_multi", "qa")  # retrieval and facts: what dropping tokens puts at risk
+
+
+def verify_policy(model: nn.Module, tokenizer: Any, policy: Any = None, length: int = 2048, samples: int = 4,
+                  tasks: tuple[str, ...] = VERIFY_TASKS, data: str | None = None, seed: int = SEED,
+                  progress: bool | None = None) -> dict[str, Any]:
+    """A small subset of the suite (``tasks``, ``samples`` each, at ``length`` tokens) on the same samples with the
+    full cache and through ``policy`` (a ``KVPolicy``; default: the model's own): ``{"full": scores, "policy":
+    scores, "difference": policy − full with its paired 95% interval, "drawn_from": what the samples were drawn
+    from}``, each scores dict with its sample and question counts (``summarize``). The samples never share a seed,
+    a haystack or a needle format with ``kv_policy``'s calibration prompts (passkeys in filler text)."""
+    from transformers.cache_utils import DynamicCache
+
+    from ..kvcache import PolicyCache, policy_of
+    from ..runtime import enable
+
+    policy = policy or policy_of(model)
+    if policy is None:
+        raise HeadwiseError("verify_policy needs a KVPolicy (or a model with one: headwise.apply_kv_policy)")
+    policy.validate(model)
+    enable(model)
+    task = LongContext(data, (length,), samples, seed, tasks)
+    runs = {"full": lambda m, n: DynamicCache(config=m.config), "policy": lambda m, n: PolicyCache(policy, length=n)}
+    records = {arm: task.run(model, tokenizer, progress=progress, arm=arm, make_cache=make)
+               for arm, make in runs.items()}
+    return {**{arm: summarize(r) for arm, r in records.items()},
+            "difference": paired_difference(records["policy"], records["full"]), "drawn_from": task.spec().describe()}
