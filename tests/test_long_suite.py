@@ -329,3 +329,30 @@ def test_equal_bytes_baselines_and_the_verification_subset(tokenizer):
                                                                     for t in ("niah_single", "niah_multi", "qa")}
     assert check["difference"]["samples"] == 3 and check["drawn_from"]["seed"] != 0
     assert check["policy"]["kv_bytes"][str(LENGTH)] < check["full"]["kv_bytes"][str(LENGTH)]
+
+
+def test_a_latent_cache_holds_no_weights(tokenizer):
+    """Issue 49 item 4: every byte the latent cache object holds is a latent, a rotary row or a position (and the
+    positions' cos/sin table); the decoders in head layout live once on the model, the values' is the weight."""
+    from headwise.conversion.cache import LatentLayer
+    from headwise.tasks.long import held_bytes
+
+    model = causal_lm(tokenizer)
+    headwise.convert_latent(model, kv_budget=0.5, rope_pairs=1, init="svd", progress=False)
+    headwise.enable(model)
+    ids = torch.randint(3, len(tokenizer), (1, 100), generator=torch.Generator().manual_seed(0))
+    caches = []
+    for _ in range(2):
+        cache = latent_cache(model)
+        prefill(model, ids, cache)
+        greedy(model, cache, ids[:, :3], 100, [4], set())
+        caches.append(cache)
+    cache = caches[0]
+    table = cache.positions.table
+    positions = cache.positions.ids.untyped_storage().nbytes() + sum(t.untyped_storage().nbytes() for t in table[1:])
+    index = sum(layer.rope_dims.untyped_storage().nbytes() for layer in cache.layers)  # which rows are rotary
+    assert held_bytes(cache) == cache.stored_bytes() + positions + index
+    attn = next(m for m in model.modules() if hasattr(m, "k_proj") and hasattr(m.k_proj, "head_rows"))
+    assert attn.v_proj.head_rows() is attn.v_proj.up.weight  # values: the weight itself
+    assert attn.k_proj.head_rows() is attn.k_proj.head_rows()  # keys: one head-layout copy for every cache
+    assert not any(hasattr(layer, "_decoders") for layer in cache.layers if isinstance(layer, LatentLayer))

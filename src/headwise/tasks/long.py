@@ -23,6 +23,7 @@ import json
 import os
 import random
 import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -61,10 +62,14 @@ def model_cache(model: nn.Module, length: int) -> Any:
 
 
 def held_bytes(cache: Any) -> int:
-    """Bytes of key/value storage ``cache`` holds now (``stored_bytes()``, or a plain cache's keys and values)."""
-    from ..kvcache.measure import held_bytes as held
-
-    return held(cache)
+    """Bytes of every tensor the ``cache`` object holds now, each storage once, whatever the cache's own count
+    says: keys and values, a policy's ring buffers and padding rows, a latent cache's latents, rotary rows,
+    positions and their cos/sin table (the modules it refers to are the model's, not counted)."""
+    storages = {}
+    for t in _tensors(cache, set()):
+        if t.device.type != "meta":
+            storages[(t.device, t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
+    return sum(storages.values())
 
 
 def _tensors(obj: Any, seen: set[int]) -> Iterable[torch.Tensor]:
@@ -145,12 +150,13 @@ def run_sample(model: nn.Module, tokenizer: Any, sample: Sample, make_cache: Cac
     """Prefill ``sample``'s context into ``make_cache(model, sample.length)`` (default ``model_cache``; a policy cache
     ``prefill_chunk`` tokens at a time, by default what ``generate`` would take), answer each
     question from a copy of it, score them. Returns the sample's record: its key, ``kv_bytes`` held after the
-    context, ``score`` (0–100, the mean of its questions') and per question the answer, expected strings and
-    score."""
-    device = next(model.parameters()).device
+    context, ``score`` (0–100, the mean of its questions'), its wall and CPU seconds, and per question the
+    answer, expected strings and score."""
     from ..kvcache import PolicyCache
     from ..kvcache.apply import prefill_chunk_for
 
+    device = next(model.parameters()).device
+    start, cpu = time.perf_counter(), time.process_time()
     cache = (make_cache or model_cache)(model, sample.length)
     context = torch.tensor([sample.context_ids], device=device)
     if prefill_chunk is None and isinstance(cache, PolicyCache):  # as generate() prefills under a policy
@@ -163,8 +169,8 @@ def run_sample(model: nn.Module, tokenizer: Any, sample: Sample, make_cache: Cac
         by_length.setdefault(len(q.ids), []).append(i)
     answers: dict[int, str] = {}
     for indices in by_length.values():
-        for start in range(0, len(indices), MAX_ROWS):
-            part = indices[start:start + MAX_ROWS]
+        for first in range(0, len(indices), MAX_ROWS):
+            part = indices[first:first + MAX_ROWS]
             questions = [sample.questions[i] for i in part]
             ids = torch.tensor([q.ids for q in questions], device=device)
 
@@ -180,6 +186,7 @@ def run_sample(model: nn.Module, tokenizer: Any, sample: Sample, make_cache: Cac
                 "score": 100 * score_answer(answers[i], q.expected, q.match)} for i, q in enumerate(sample.questions)]
     return {"key": sample.key, "task": sample.task, "length": sample.length, "index": sample.index,
             "context_tokens": len(sample.context_ids), "kv_bytes": held,
+            "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
             "score": statistics.fmean(r["score"] for r in results), "questions": results}
 
 
