@@ -379,10 +379,11 @@ class LongContext(Task):
         self.spec()
 
     def log(self, path: str | os.PathLike, model: nn.Module, name: str) -> ResultLog:
-        """The resumable log at ``path`` for this suite and ``model`` (named ``name``): a log written for other
-        samples, another tokenizer or another model is refused."""
+        """The resumable log at ``path`` for this suite and ``model`` (named ``name``): a log of samples drawn
+        otherwise (seed, haystack, needle formats) or of another model is refused; other lengths, tasks or counts
+        extend it (a sample is the same whatever else is drawn)."""
         weights = sum(p.numel() for p in model.parameters())
-        return ResultLog(path, {"suite": self.spec().describe(), "model": name, "class": type(model).__name__,
+        return ResultLog(path, {"suite": self.spec().identity(), "model": name, "class": type(model).__name__,
                                 "parameters": weights})
 
     def check_model(self, model: nn.Module, tokenizer: Any) -> None:

@@ -390,12 +390,16 @@ class SuiteSpec:
     def count(self, task: str) -> int:
         return self.samples[task] if isinstance(self.samples, dict) else self.samples
 
-    def describe(self) -> dict[str, Any]:
-        """What the samples were drawn from (written with every result)."""
-        return {"seed": self.seed, "haystack": self.haystack.source, "lengths": list(self.lengths),
-                "tasks": list(self.tasks), "samples": {t: self.count(t) for t in self.tasks},
+    def identity(self) -> dict[str, Any]:
+        """What fixes every sample's content (not which samples are drawn): seed, haystack, needle formats."""
+        return {"seed": self.seed, "haystack": self.haystack.source,
                 "needles": "hidden values (7-digit numbers, adjective-noun words, UUIDs), VAR chains, "
                            "'NAME, a JOB, lives in CITY.' facts; numbered word lists; Zipf coded words"}
+
+    def describe(self) -> dict[str, Any]:
+        """What the samples were drawn from (written with every result)."""
+        return self.identity() | {"lengths": list(self.lengths), "tasks": list(self.tasks),
+                                  "samples": {t: self.count(t) for t in self.tasks}}
 
     def keys(self) -> list[tuple[str, int, int]]:
         """``(task, length, index)`` of every sample, in the order they run."""
