@@ -94,17 +94,20 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
                                             arms=tuple(wanted))
             for arm, policy in policies.items():
                 arms[f"{arm}@{budget:g}"] = (model, lambda m, n, p=policy: PolicyCache(p, length=n))
-    if "gqa" in args.arms or "latent" in args.arms:
-        batches = calibration(tokenizer)
+    if "gqa" in args.arms or "latent" in args.arms:  # the attention inputs' moments, computed once for both
+        from headwise.conversion import input_moments
+        from headwise.conversion.checks import convertible_sites
+
+        moments = input_moments(model, convertible_sites(model, "convert"), calibration(tokenizer), True)
     if "gqa" in args.arms:
         print("converting: gqa --kv-heads 1 (calibrated, one-shot)", file=sys.stderr, flush=True)
-        gqa = headwise.convert_gqa(copy.deepcopy(model), kv_heads=1, init="calibrated", calibration=batches)
+        gqa = headwise.convert_gqa(copy.deepcopy(model), kv_heads=1, init="calibrated", moments=moments)
         arms["gqa"] = (gqa.eval(), lambda m, n: DynamicCache(config=m.config))
     if "latent" in args.arms:
         for budget in args.budgets:
             print(f"converting: latent --kv-budget {budget:g} (calibrated, one-shot)", file=sys.stderr, flush=True)
             latent = headwise.convert_latent(copy.deepcopy(model), kv_budget=budget, init="calibrated",
-                                             calibration=batches)
+                                             moments=moments)
             arms[f"latent@{budget:g}"] = (latent.eval(), lambda m, n: latent_cache(m))
     return arms
 
