@@ -181,9 +181,10 @@ def write(task, log, args, where) -> None:
                                                                               for r in records)}
             for arm, records in by_arm.items()}
     diffs = {f"{a} - full": paired_difference(by_arm[a], by_arm["full"]) for a in by_arm if a != "full"}
-    for budget in args.budgets:
+    budgets = sorted({arm.split("@")[1] for arm in by_arm if "@" in arm}, key=float)  # every budget in the log
+    for budget in budgets:
         for baseline in ("streaming", "random", "layer"):
-            a, b = f"policy@{budget:g}", f"{baseline}@{budget:g}"
+            a, b = f"policy@{budget}", f"{baseline}@{budget}"
             if a in by_arm and b in by_arm:
                 diffs[f"{a} - {b}"] = paired_difference(by_arm[a], by_arm[b])
     results = {"model": args.model, "dtype": args.dtype or "float32", "drawn_from": task.spec().describe(),
