@@ -237,7 +237,8 @@ def markdown(results: dict, svg: str) -> str:
 def size(args) -> None:
     """Samples per (task, length) cell so that the worst arm's macro-average has a 95% interval within ±3 points
     (Neyman allocation: a cell's count proportional to its largest per-sample SD over the arms), from a pilot's log,
-    and what that costs at the pilot's seconds per sample (timed under whatever else ran)."""
+    and what ``--arms`` at ``--budgets`` would cost at the pilot's median seconds per sample (timed under whatever
+    else ran)."""
     from headwise.tasks.long import LOG_FORMAT
 
     log = paths(args.tag)["log"]
@@ -253,8 +254,8 @@ def size(args) -> None:
     count = len(cells)
     total = (1.96 / (HALF_WIDTH * count)) ** 2 * sum(max(s, 5.0) for s in sd.values()) ** 2
     per_cell = {c: max(2, math.ceil(total * max(s, 5.0) / sum(max(x, 5.0) for x in sd.values()))) for c, s in sd.items()}
-    arms = len({r["arm"] for r in records})
-    cost = sum(per_cell[c] * statistics.fmean(seconds[c]) for c in per_cell) * arms
+    arms = sum(len(args.budgets) if a in ("policy", "streaming", "random", "layer", "latent") else 1 for a in args.arms)
+    cost = sum(per_cell[c] * statistics.median(seconds[c]) for c in per_cell) * arms
     tasks: dict[str, int] = {}
     for (task, _), n in per_cell.items():
         tasks[task] = max(tasks.get(task, 0), n)
