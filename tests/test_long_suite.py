@@ -356,3 +356,19 @@ def test_a_latent_cache_holds_no_weights(tokenizer):
     assert attn.v_proj.head_rows() is attn.v_proj.up.weight  # values: the weight itself
     assert attn.k_proj.head_rows() is attn.k_proj.head_rows()  # keys: one head-layout copy for every cache
     assert not any(hasattr(layer, "_decoders") for layer in cache.layers if isinstance(layer, LatentLayer))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_policy_cache_forks_and_counts_its_bytes(tokenizer, dtype):
+    model = causal_lm(tokenizer).to(dtype)
+    headwise.enable(model)
+    from headwise.tasks.long import held_bytes
+
+    ids = torch.randint(3, len(tokenizer), (1, 90), generator=torch.Generator().manual_seed(0))
+    cache = PolicyCache(mixed_policy(model))
+    prefill(model, ids, cache, 32)
+    assert held_bytes(cache) >= cache.stored_bytes() > 0  # + the padding rows and head indices it keeps
+    before = [t.clone() for t in cache.layers[1].stored_tensors()]
+    rows = greedy(model, fork(cache, 2, model), ids[:, :5].repeat(2, 1), 90, [5, 5], set())
+    assert rows[0] == rows[1] and len(rows[0]) == 5
+    assert all(torch.equal(a, b) for a, b in zip(before, cache.layers[1].stored_tensors()))
