@@ -612,7 +612,8 @@ def quiet_transformers() -> Iterator[None]:
 
 
 # The head of each task by name (``headwise.tasks`` sits above this module; a test keeps the two in step).
-TASK_HEADS = {"stsb": "base", "lm": "causal-lm", "translation": "seq2seq", "classification": "classification"}
+TASK_HEADS = {"stsb": "base", "lm": "causal-lm", "translation": "seq2seq", "classification": "classification",
+              "long": "causal-lm"}
 
 
 def _task_head(task: Any) -> str:

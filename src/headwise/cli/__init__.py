@@ -67,7 +67,7 @@ POSITIVE = frozenset({
     "limit", "batch_size", "max_length", "stride", "max_tokens", "beam", "max_new_tokens", "keep", "step",
     "importance_examples", "ablation_texts", "calibration", "top_k", "repeats", "calib_tokens", "window", "context",
     "gate_steps", "gate_length", "eval_length", "calibration_length", "epochs", "recover_epochs", "lr", "kv_budget",
-    "temperature", "gate_lr", "d_model", "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every",
+    "temperature", "gate_lr", "d_model", "layers", "heads", "ffn", "minutes", "vocab_size", "val_size", "eval_every", "samples",
 })
 
 

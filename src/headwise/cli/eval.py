@@ -17,7 +17,8 @@ from .output import print_json
 
 HELP = {"lm": "perplexity of a causal LM on a text (strided windows)",
         "translation": "sacreBLEU of an encoder-decoder (greedy or beam search)",
-        "classification": "accuracy, F1, Matthews (or Pearson/Spearman) of a sequence classifier"}
+        "classification": "accuracy, F1, Matthews (or Pearson/Spearman) of a sequence classifier",
+        "long": "RULER-style long-context suite of a causal LM: retrieval, multi-hop, aggregation, QA"}
 
 
 # what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
@@ -32,13 +33,16 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
                 "headwise eval lm --model smollm2-135m --data my.txt --max-length 512"),
     "eval translation": ("headwise eval translation --model multi30k-marian-de-en --limit 100",
                          "headwise eval translation --model DIR/model --src-file de.txt --tgt-file en.txt --beam 4"),
+    "eval long": ("headwise eval long --model smollm2-135m --lengths 2k --samples 4",
+                  "headwise eval long --model smol-kv/model --lengths 2k,4k --data my.txt --out smol-long"),
     "eval classification": ("headwise eval classification --model DIR/model --data genre.csv",
                             "headwise eval classification --model DIR/model --data glue:sst2 --limit 200"),
 }
 
 
 def register(verbs, parents) -> None:
-    evaluate = verbs.add_parser("eval", parents=parents, help="score a model on a task: stsb, lm, translation, classification")
+    evaluate = verbs.add_parser("eval", parents=parents, help="score a model on a task: stsb, lm, translation, "
+                                                              "classification, long")
     tasks = evaluate.add_subparsers(dest="task", required=True, metavar="TASK")
     stsb = tasks.add_parser("stsb", parents=parents, help="STS Benchmark Spearman (mean pooling, cosine)")
     model_args(stsb)
@@ -52,6 +56,11 @@ def register(verbs, parents) -> None:
         model_args(sub)
         task_args(sub, task=name)
         sub.set_defaults(run=run_task)
+        if name == "long":  # OUT keeps the per-sample log (resumable), results.json and report.html
+            add(sub, "--out", default=None)
+            add(sub, "--resume")
+            add(sub, "--force")
+            sub.set_defaults(run=run_long)
 
 
 # How a task's metric was measured (the ``measured`` key of --json, and a line of the text output).
@@ -61,6 +70,8 @@ MEASURED = {
                  "what its rule keeps (as headwise kv-policy measures it)",
     "kv_policy_ignored": "a full forward, which ignores the model's KV policy (it acts only on generate()'s cache): "
                          "the score is the full cache's",
+    "cache": "through the cache generate() builds for the model (its KV policy's, its latent cache or the default): "
+             "each context prefilled once, each question answered greedily after it",
 }
 
 
@@ -69,6 +80,8 @@ def measured_way(model, task) -> str:
     (said to ignore a policy the model carries)."""
     from ..kvcache import policy_of
 
+    if task.name == "long":
+        return "cache"
     if policy_of(model) is None:
         return "forward"
     return "kv_policy" if task.name == "lm" else "kv_policy_ignored"
@@ -91,6 +104,27 @@ def run_task(args: argparse.Namespace) -> int:
         print(f"  {metric_line(task, metrics)}"
               + (f"  [on a subset ({subset}): not comparable with full-split scores]" if subset else ""))
         print(f"  measured {MEASURED[measured]}")
+    return 0
+
+
+def run_long(args: argparse.Namespace) -> int:
+    from ..report.long import SAMPLES_FILE, long_lines, write_long_run
+    from ..tasks.long import open_log
+
+    task = task_from_args(args, "long")  # bad --lengths or --data fail before the model loads
+    log_path = None if args.out is None else open_log(args.out, args.resume, args.force)
+    model, tokenizer = load_for_task(args, task)
+    name = args.model or "all-MiniLM-L6-v2 (packaged)"
+    result = task.evaluate(model, tokenizer, log=None if log_path is None else task.log(log_path, model, name))
+    result |= {"measured": measured_way(model, task)}
+    if args.out is not None:
+        write_long_run(args.out, result, name)
+    if args.json:
+        print_json(result, indent=2)
+    else:
+        print("\n".join(long_lines(result, f"{name} ({type(model).__name__})")))
+        print(f"  measured {MEASURED[result['measured']]}" + (f"; {args.out}/report.html, {args.out}/{SAMPLES_FILE}"
+                                                               if args.out else ""))
     return 0
 
 

@@ -22,7 +22,7 @@ from ..flags import KINDS, flag, int_or_float, json_value, list_of, number_or_te
 from .constants import RECOVERY_MODES
 
 
-TASK_NAMES = ("stsb", "lm", "translation", "classification")
+TASK_NAMES = ("stsb", "lm", "translation", "classification", "long")
 
 # flag → its add_argument keywords (help, type, choices, action, metavar): the one definition of a shared option
 SHARED: dict[str, dict[str, Any]] = {
@@ -42,7 +42,10 @@ SHARED: dict[str, dict[str, Any]] = {
                                               "it is loaded with"},
     "--data": {"help": "the task's data: stsb: the .tsv file or folder (analyze: or a .txt file, one text a "
                        "line); lm: a text file, one text a line, or a datasets name (name:config); classification: a "
-                       "csv/tsv/jsonl file, a folder, or glue:<task>; translation: see --data-dir"},
+                       "csv/tsv/jsonl file, a folder, or glue:<task>; translation: see --data-dir; long: a text file, "
+                       "the haystack (default: generated)"},
+    "--lengths": {"help": "long: prompt lengths in tokens of the model's tokenizer, comma-separated (2k = 2048)"},
+    "--samples": {"type": int, "help": "long: samples per task and length"},
     "--split": {"help": "evaluated split (stsb: train, dev, test; lm: eval = last 10%% of lines, train, all; "
                         "translation: test_2016_flickr; classification: eval (dev), train, test)"},
     "--max-length": {"type": int, "help": "tokens per window (lm) or per text"},

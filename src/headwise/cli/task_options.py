@@ -13,17 +13,18 @@ OPTIONS: dict[str, str] = {
     "--max-tokens": "max_tokens", "--data-dir": "data_dir", "--src": "src", "--tgt": "tgt", "--src-file": "src_file",
     "--tgt-file": "tgt_file", "--beam": "beam", "--max-new-tokens": "max_new_tokens", "--text-column": "text_column",
     "--pair-column": "pair_column", "--label-column": "label_column", "--limit": "limit", "--batch-size": "batch_size",
+    "--lengths": "lengths", "--samples": "samples",
 }
 
 
 # which tasks read each option (the tasks' dataclass fields; a test keeps the two in step)
 USED_BY: dict[str, tuple[str, ...]] = {
-    "data": ("stsb", "lm", "classification"), "split": TASK_NAMES, "max_length": ("lm", "translation", "classification"),
+    "data": ("stsb", "lm", "classification", "long"), "split": ("stsb", "lm", "translation", "classification"), "max_length": ("lm", "translation", "classification"),
     "stride": ("lm",), "max_tokens": ("lm",), "data_dir": ("translation",), "src": ("translation",),
     "tgt": ("translation",), "src_file": ("translation",), "tgt_file": ("translation",), "beam": ("translation",),
     "max_new_tokens": ("translation",), "text_column": ("classification",), "pair_column": ("classification",),
     "label_column": ("classification",), "limit": ("stsb", "translation", "classification"),
-    "batch_size": ("stsb", "translation", "classification"),
+    "batch_size": ("stsb", "translation", "classification"), "lengths": ("long",), "samples": ("long",),
 }
 
 

@@ -123,7 +123,6 @@ class LatentLayer(RowOps, DynamicLayer):
         self.latent: torch.Tensor | None = None  # [B, slots, r]
         self.rope: torch.Tensor | None = None  # [B, G, slots, 2p]
         self.seen = 0
-        self._decoders: dict[int, tuple[tuple, torch.Tensor]] = {}
         per_head = self.k_proj.rope_rows // self.kv_heads
         if self.k_proj.order.is_meta:  # no data to read the rows from: any rows of the right count (shapes only)
             self.rope_dims = torch.arange(per_head).expand(self.kv_heads, per_head)
@@ -163,22 +162,11 @@ class LatentLayer(RowOps, DynamicLayer):
         setattr(carrier_v, GROUPED_KV, grouped)
         return carrier_k, carrier_v
 
-    def _rows(self, projection: LatentProjection) -> torch.Tensor:
-        """The decoder ``[G·d, r]`` of ``projection``'s rows in head layout (zero on rotary rows); rebuilt only when
-        the weight changed."""
-        weight = projection.up.weight  # [decoded rows, r]
-        stamp = (weight.data_ptr(), weight._version, weight.device, weight.dtype)
-        held = self._decoders.get(id(projection))
-        if held is None or held[0] != stamp:
-            rows = torch.cat([weight.new_zeros(projection.rope_rows, weight.shape[1]), weight])[projection.order]
-            held = self._decoders[id(projection)] = (stamp, rows)
-        return held[1]
-
     def key_columns(self, count: int) -> torch.Tensor:
         """Keys of held tokens ``0 .. count - 1`` as columns ``[B, G, d, count]``: decoded from the latent (one
         GEMM), rotated, the rotary rows put back."""
         batch = self.latent.shape[0]
-        keys = (self._rows(self.k_proj) @ self.latent[:, :count].transpose(1, 2))  # [B, G·d, count]
+        keys = (self.k_proj.head_rows() @ self.latent[:, :count].transpose(1, 2))  # [B, G·d, count]
         keys = keys.view(batch, self.kv_heads, self.head_dim, count)
         if self.positions.rotary is not None:
             cos, sin = self.positions.cos_sin(count, keys)
@@ -197,7 +185,7 @@ class LatentLayer(RowOps, DynamicLayer):
             return self._decode(query, mask, scaling, total)
         keys, values = grouped.keys, grouped.values
         if past:
-            held_values = (self.latent[:, :past] @ self._rows(self.v_proj).T).view(batch, past, self.kv_heads, dim)
+            held_values = (self.latent[:, :past] @ self.v_proj.head_rows().T).view(batch, past, self.kv_heads, dim)
             keys = torch.cat([self.key_columns(past).transpose(2, 3), keys], 2)
             values = torch.cat([held_values.transpose(1, 2), values], 2)
             if mask is None and causal:  # SDPA's is_causal is top-left aligned
@@ -217,7 +205,7 @@ class LatentLayer(RowOps, DynamicLayer):
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         probs = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)  # [B, G, g, total]
         mixed = probs.view(batch, 1, q_heads, total) @ self.latent[:, None, :total]  # [B, 1, Hq, r]
-        up_v = self._rows(self.v_proj).view(self.kv_heads, dim, -1).transpose(1, 2)  # [G, r, d]
+        up_v = self.v_proj.head_rows().view(self.kv_heads, dim, -1).transpose(1, 2)  # [G, r, d]
         out = mixed.view(batch, self.kv_heads, group, -1) @ up_v  # [B, G, g, d]
         return out.reshape(batch, 1, q_heads, dim)
 

@@ -38,6 +38,7 @@ class LatentProjection(nn.Module):
         self.down, self.up, self.rope = down, up, rope
         self.register_buffer("order", order.long())
         self.in_features, self.out_features = down.in_features, order.numel()
+        self._head: tuple[tuple, torch.Tensor] | None = None  # (weight stamp, head-layout decoder): head_rows
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         latent = self.down(x)
@@ -54,6 +55,21 @@ class LatentProjection(nn.Module):
             weight = torch.cat([self.rope.weight, weight])
             bias = None if bias is None else torch.cat([self.rope.bias, bias])
         return weight[self.order], None if bias is None else bias[self.order]
+
+    def head_rows(self) -> torch.Tensor:
+        """The decoder ``[out_features, r]`` in head layout, zero on the rope rows: what a latent cache decodes the
+        held latents with. ``up.weight`` itself when its rows are already in head layout (values), else one copy kept
+        by this module for every cache (keys: their rope rows sit between the decoded ones), rebuilt only when the
+        weight changed. A cache never copies weights."""
+        weight = self.up.weight
+        if self.rope is None and weight.shape[0] == self.out_features and (
+                weight.is_meta or torch.equal(self.order, torch.arange(self.out_features, device=self.order.device))):
+            return weight
+        stamp = (weight.data_ptr(), weight._version, weight.device, weight.dtype, self.order._version)
+        if self._head is None or self._head[0] != stamp:
+            rows = torch.cat([weight.new_zeros(self.rope_rows, weight.shape[1]), weight.detach()])[self.order]
+            self._head = (stamp, rows)
+        return self._head[1]
 
     @property
     def weight(self) -> torch.Tensor:

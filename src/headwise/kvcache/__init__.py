@@ -9,6 +9,7 @@ from ..lazy import attach as _lazy
 
 if TYPE_CHECKING:
     from .apply import apply_kv_policy, policy_cache, policy_forward, policy_of, remove_kv_policy
+    from .baselines import BASELINES, equal_bytes_policies, streaming_policy
     from .cache import PolicyCache
     from .choose import full_heads_for_budget, kv_policy, rank_kv_heads
     from .config import FULL, HeadCache, KVPolicy, streaming
@@ -25,5 +26,5 @@ __all__ = [
     "apply_kv_policy", "policy_cache", "policy_forward", "policy_of", "remove_kv_policy", "PolicyCache", "FULL",
     "HeadCache", "KVPolicy", "streaming", "full_heads_for_budget", "kv_policy", "rank_kv_heads", "passkey_prompts",
     "HeadScores", "ScoreConfig", "head_scores", "KVGate", "add_kv_gates", "kv_gate_values", "remove_kv_gates",
-    "KVGateConfig", "LearnedGates",
+    "KVGateConfig", "LearnedGates", "BASELINES", "equal_bytes_policies", "streaming_policy",
 ]

@@ -13,6 +13,7 @@ from .config import FULL, KVPolicy, latent_layers, model_shape, streaming
 from .scores import HeadScores, ScoreConfig, head_scores
 
 RANKINGS = ("combined", "retrieval", "copy", "induction", "echo", "outside", "learned", "random")
+GRANULARITIES = ("head", "layer")
 
 
 def full_heads_for_budget(num_heads: int, kv_budget: float, context: int, sink: int, window: int,
@@ -90,7 +91,8 @@ def calibration_length(ranking: str, sink: int, window: int) -> int:
 def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context: int = 2048, sink: int = 4,
               window: int | None = None, ranking: str = "retrieval", texts: list[str] | None = None,
               config: ScoreConfig | None = None, scores: HeadScores | None = None,
-              progress: bool = True, scaled: bool = True) -> tuple[KVPolicy, HeadScores]:
+              progress: bool = True, scaled: bool = True, granularity: str = "head",
+              seed: int = 0) -> tuple[KVPolicy, HeadScores]:
     """Score the heads (or reuse ``scores``), keep the top-ranked KV heads full and give the others
     ``streaming(sink, window, context)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
 
@@ -104,17 +106,21 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     ``scores=headwise.training.train_kv_gates(model, tokenizer, KVGateConfig(sink=sink, window=window)).scores(H)``
     (the gates' sink and window must be the policy's).
 
-    On a latent-converted model (``convert_latent``: a layer's KV heads share one cached latent) whole layers are
-    kept full or streamed, ranked by their best-ranked KV head, as many as fit the budget.
+    ``granularity="layer"`` keeps whole layers full or streamed (the only granularity today's serving engines
+    support), ranked by their best-ranked KV head, as many as fit the budget; a latent-converted model
+    (``convert_latent``: a layer's KV heads share one cached latent) always gets that. ``seed``: the shuffle of
+    ``ranking="random"``.
 
     Returns ``(policy, scores)``; apply with ``headwise.apply_kv_policy(model, policy)``.
     """
+    if granularity not in GRANULARITIES:
+        raise HeadwiseError(f"granularity={granularity!r}: use one of {', '.join(GRANULARITIES)}")
     window = default_window(kv_budget, context, sink) if window is None else window
     scaled = scaled and window <= context
     shape = model_shape(model)
     if len(set(shape)) != 1:
         raise HeadwiseError(f"layers have different KV head counts {shape}; rank heads per layer by hand")
-    per_layer = bool(latent_layers(model))
+    per_layer = granularity == "layer" or bool(latent_layers(model))
     n_full = full_heads_for_budget(len(shape) if per_layer else sum(shape), kv_budget, context, sink, window, scaled)
     if ranking == "learned":
         if scores is None:
@@ -126,7 +132,7 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
                              progress=progress, haystack_text="\n".join(texts) if texts else None)
     if scores is None:
         scores = HeadScores({}, shape)
-    order = rank_kv_heads(scores, ranking)
+    order = rank_kv_heads(scores, ranking, seed)
     other = streaming(sink, window, context if scaled else None)
     if per_layer:
         layers = list(dict.fromkeys(layer for layer, _ in order))[:n_full]

@@ -1,5 +1,6 @@
 """Tasks: what a model is evaluated and trained on — ``stsb`` (sentence similarity), ``lm`` (perplexity),
-``translation`` (BLEU), ``classification`` (accuracy, F1, Matthews, Pearson/Spearman) — behind one interface
+``translation`` (BLEU), ``classification`` (accuracy, F1, Matthews, Pearson/Spearman), ``long`` (a RULER-style
+long-context suite) — behind one interface
 (``Task``: ``check``, ``evaluate``, ``examples``, ``loss``, ``calibration_inputs``, ``finetune``).
 
 ``get_task("lm", data="valid.txt", max_length=1024)`` builds one; the task's ``head`` tells ``load_model`` which
@@ -19,13 +20,14 @@ from .corpus import (ParallelCorpus, SyntheticGrammar, build_synthetic_corpus, r
 from .embeddings import encode, ensure_encoder, fidelity, mean_pool
 from .distillation import distillation_loss, embedding_distillation, logit_distillation
 from .lm import LanguageModeling
+from .long import LongContext
 from .stsb import Stsb, StsbResult, evaluate_stsb, stsb_scores
 from .stsb_data import StsbPairs, read_stsb, stsb_file
 from .translation import Translation, read_parallel
 from .recovery import CachedTeacher, DistillationObjective, recover
 
 TASKS: dict[str, type[Task]] = {"stsb": Stsb, "lm": LanguageModeling, "translation": Translation,
-                                "classification": Classification}
+                                "classification": Classification, "long": LongContext}
 
 
 def get_task(name: str | Task, **options: Any) -> Task:
@@ -45,7 +47,7 @@ def get_task(name: str | Task, **options: Any) -> Task:
 __all__ = [
     "TASKS", "get_task", "Task", "HEADS", "TaskObjective", "TaskOutputs", "recover", "DistillationObjective", "CachedTeacher",
     "distillation_loss", "logit_distillation", "embedding_distillation", "check_head", "model_inputs", "Stsb",
-    "LanguageModeling",
+    "LanguageModeling", "LongContext",
     "Translation", "Classification", "Examples", "batches", "collate", "check_context", "context_length",
     "read_parallel", "StsbPairs", "read_stsb", "stsb_file", "encode", "ensure_encoder", "fidelity", "mean_pool",
     "StsbResult", "evaluate_stsb", "stsb_scores", "corpus_bleu", "BleuMetric", "BleuResult", "translate",

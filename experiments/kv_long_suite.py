@@ -1,0 +1,293 @@
+"""Long-context accuracy at equal KV bytes (issue 49): the long-context suite (``headwise eval long``'s task) on
+SmolLM2-135M through every way of spending a KV budget, on the same samples.
+
+Arms (``--arms``; budgets ``--budgets`` of the full cache at each length):
+  full             every head keeps every token (the default cache);
+  policy@B         headwise.kv_policy: the retrieval-ranked KV heads full, the others sink 4 + a window scaled with
+                   the sequence (its defaults at B × the length);
+  streaming@B      every KV head sink + window holding B of the cache (StreamingLLM);
+  random@B         as many full heads as policy@B with its window, chosen by a seeded shuffle;
+  layer@B          whole layers full or sink + window (the granularity serving engines support), ranked by their
+                   best head, as many as fit B with policy@B's window;
+  gqa              convert gqa --kv-heads 1 (1/3 of SmolLM2's KV bytes), calibrated one-shot, no uptraining;
+  latent@B         convert latent --kv-budget B, calibrated one-shot, no uptraining.
+The x axis of the chart is what each cache really holds after the context (``stored_bytes``), over the full cache's.
+Head scores (for policy and layer) come from kv_policy's calibration: passkey prompts in filler text, seed 0, 512
+tokens; the suite's samples come from seed 4949, the generated haystack and other needle formats (hidden values,
+VAR chains, facts): the results name both.
+
+Every scored sample is appended to ``RESULTS/kv_long_suite.samples.jsonl`` (``--log``): a killed run resumes where
+it stopped, and arms can run in separate invocations. Per-arm progress lines go to stderr.
+
+  python experiments/kv_long_suite.py run --lengths 2k --samples 2 --tag pilot        # a pilot
+  python experiments/kv_long_suite.py size --tag pilot                                  # samples for ±3 points
+  python experiments/kv_long_suite.py run --lengths 2k --samples-file experiments/results/kv_long_suite_samples.json
+  python experiments/kv_long_suite.py run --lengths 4k --budgets 0.375,0.5 --arms full,policy,streaming,random,layer
+Each ``run`` rewrites ``RESULTS/kv_long_suite[_TAG].json`` and ``.md`` and ``docs/kv_long_suite[_TAG].svg`` from every
+sample in the log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import common
+from headwise.errors import HeadwiseError
+
+ARMS = ("full", "policy", "streaming", "random", "layer", "gqa", "latent")
+BUDGETS = (0.25, 0.375, 0.5, 0.75)
+COMPARED = (0.375, 0.5)  # the budgets at which the policy must beat every baseline
+HALF_WIDTH = 3.0  # target: each arm's 95% interval of the macro-average within ±3 points
+RETAIN, FLOOR, COUNTED = 0.95, 0.85, 20.0  # policy@0.5 ≥ 95% of full over families where full ≥ 20; none < 85%
+
+
+def paths(tag: str | None) -> dict[str, Path]:
+    name = "kv_long_suite" + (f"_{tag}" if tag else "")
+    return {"json": common.RESULTS / f"{name}.json", "md": common.RESULTS / f"{name}.md",
+            "log": common.RESULTS / f"{name}.samples.jsonl", "svg": f"{name}.svg"}
+
+
+def load(args) -> tuple[Any, Any]:
+    import headwise
+
+    model, tokenizer = headwise.load_model(args.model, task="lm", dtype=args.dtype)
+    headwise.enable(model)
+    return model.eval(), tokenizer
+
+
+def calibration(tokenizer, limit: int = 16) -> list[dict]:
+    """WikiText-2 (its train part: the first 90% of valid.txt's lines) in 1,024-token windows, for the one-shot
+    conversions."""
+    from headwise.tasks import get_task
+
+    task = get_task("lm", data=str(common.data_file(None, common.WIKITEXT)), max_length=1024)
+    return task.calibration_inputs(tokenizer, limit=limit, batch_size=4)
+
+
+def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
+    """``{arm name: (model to run, make_cache)}`` for the requested arms (conversions run on copies)."""
+    from transformers.cache_utils import DynamicCache
+
+    import headwise
+    from headwise.conversion.cache import latent_cache
+    from headwise.kvcache import PolicyCache, ScoreConfig, equal_bytes_policies, head_scores
+
+    arms: dict[str, tuple[Any, Any]] = {}
+    if "full" in args.arms:
+        arms["full"] = (model, lambda m, n: DynamicCache(config=m.config))
+    wanted = [a for a in ("policy", "streaming", "random", "layer") if a in args.arms]
+    if wanted:
+        print("scoring heads (kv_policy's calibration: passkeys in filler text, seed 0)", file=sys.stderr, flush=True)
+        scores = head_scores(model, tokenizer, ScoreConfig(), progress=True)
+        for budget in args.budgets:  # sized at the first length: the windows scale with the sequence
+            policies = equal_bytes_policies(model, tokenizer, budget, scores, context=args.lengths[0],
+                                            arms=tuple(wanted))
+            for arm, policy in policies.items():
+                arms[f"{arm}@{budget:g}"] = (model, lambda m, n, p=policy: PolicyCache(p, length=n))
+    if "gqa" in args.arms or "latent" in args.arms:  # the attention inputs' moments, computed once for both
+        from headwise.conversion import input_moments
+        from headwise.conversion.checks import convertible_sites
+
+        moments = input_moments(model, convertible_sites(model, "convert"), calibration(tokenizer), True)
+    if "gqa" in args.arms:
+        print("converting: gqa --kv-heads 1 (calibrated, one-shot)", file=sys.stderr, flush=True)
+        gqa = headwise.convert_gqa(copy.deepcopy(model), kv_heads=1, init="calibrated", moments=moments)
+        arms["gqa"] = (gqa.eval(), lambda m, n: DynamicCache(config=m.config))
+    if "latent" in args.arms:
+        for budget in args.budgets:
+            print(f"converting: latent --kv-budget {budget:g} (calibrated, one-shot)", file=sys.stderr, flush=True)
+            latent = headwise.convert_latent(copy.deepcopy(model), kv_budget=budget, init="calibrated",
+                                             moments=moments)
+            arms[f"latent@{budget:g}"] = (latent.eval(), lambda m, n: latent_cache(m))
+    return arms
+
+
+def samples_of(args) -> int | dict[str, int]:
+    if args.samples_file:
+        return json.loads(Path(args.samples_file).read_text())["samples"]
+    return args.samples
+
+
+def run(args) -> None:
+    from headwise.tasks.long import LongContext
+
+    model, tokenizer = load(args)
+    task = LongContext(lengths=args.lengths, samples=samples_of(args))
+    where = paths(args.tag)
+    log = task.log(where["log"], model, f"{args.model} ({args.dtype or 'float32'})")
+    for name, (arm_model, make) in arm_caches(args, model, tokenizer).items():
+        start, cpu = time.perf_counter(), time.process_time()
+        task.run(arm_model, tokenizer, log=log, arm=name, make_cache=make, progress=True)
+        print(f"arm {name}: done ({time.perf_counter() - start:.0f} s wall, {time.process_time() - cpu:.0f} s CPU; "
+              "timed under whatever else ran)", file=sys.stderr, flush=True)
+    write(task, log, args, where)
+
+
+def byte_share(records: list[dict], full: list[dict]) -> float:
+    """Mean over lengths of (mean KV bytes held after the context) / (the full cache's)."""
+    shares = []
+    for length in sorted({r["length"] for r in records}):
+        a = statistics.fmean(r["kv_bytes"] for r in records if r["length"] == length)
+        b = statistics.fmean(r["kv_bytes"] for r in full if r["length"] == length)
+        shares.append(a / b)
+    return statistics.fmean(shares)
+
+
+def targets(arms: dict[str, dict], diffs: dict[str, dict]) -> dict[str, Any]:
+    """The issue's targets, each with the numbers behind it."""
+    out: dict[str, Any] = {}
+    full, half = arms.get("full"), arms.get("policy@0.5")
+    if full and half:
+        counted = [f for f, s in full["families"].items() if s >= COUNTED]
+        mine = statistics.fmean(half["families"][f] for f in counted) if counted else None
+        base = statistics.fmean(full["families"][f] for f in counted) if counted else None
+        ratios = {f: half["families"][f] / full["families"][f] for f in counted}
+        out["retention_at_0.5"] = {"families_counted": counted, "ratio": None if not counted else mine / base,
+                                   "per_family": ratios,
+                                   "met": bool(counted) and mine / base >= RETAIN and min(ratios.values()) >= FLOOR}
+    beats = {}
+    for budget in COMPARED:
+        for baseline in ("streaming", "random", "layer"):
+            d = diffs.get(f"policy@{budget:g} - {baseline}@{budget:g}")
+            if d:
+                beats[f"{baseline}@{budget:g}"] = {**d, "met": d["ci"][0] > 0}
+    out["beats_baselines"] = beats
+    widths = {a: (s["score_ci"][1] - s["score_ci"][0]) / 2 for a, s in arms.items()}
+    out["interval"] = {"half_widths": widths, "met": all(w <= HALF_WIDTH for w in widths.values())}
+    return out
+
+
+def write(task, log, args, where) -> None:
+    from headwise.report.long import arms_chart
+    from headwise.tasks.long import paired_difference, summarize
+
+    by_arm = {}
+    for (arm, _), record in log.records.items():
+        by_arm.setdefault(arm, []).append(record)
+    if "full" not in by_arm:
+        raise HeadwiseError("no 'full' arm in the log: run it first (--arms full)")
+    arms = {arm: summarize(records) | {"bytes": byte_share(records, by_arm["full"]),
+                                       "seconds_per_sample": statistics.fmean(r.get("seconds", math.nan)
+                                                                              for r in records)}
+            for arm, records in by_arm.items()}
+    diffs = {f"{a} - full": paired_difference(by_arm[a], by_arm["full"]) for a in by_arm if a != "full"}
+    budgets = sorted({arm.split("@")[1] for arm in by_arm if "@" in arm}, key=float)  # every budget in the log
+    for budget in budgets:
+        for baseline in ("streaming", "random", "layer"):
+            a, b = f"policy@{budget}", f"{baseline}@{budget}"
+            if a in by_arm and b in by_arm:
+                diffs[f"{a} - {b}"] = paired_difference(by_arm[a], by_arm[b])
+    results = {"model": args.model, "dtype": args.dtype or "float32", "drawn_from": task.spec().describe(),
+               "calibration": "head scores: kv_policy's passkey prompts (filler haystack, 'The pass key is N' with "
+                              "5-digit keys, seed 0, 512 tokens); conversions: WikiText-2 valid.txt, its first 90% "
+                              "of lines, 16 windows of 1,024 tokens",
+               "arms": arms, "differences": diffs, "targets": targets(arms, diffs)}
+    common.save_results(where["json"], results)
+    lines: dict[str, list[tuple[float, float]]] = {}
+    for arm, s in arms.items():
+        lines.setdefault(arm.split("@")[0], []).append((s["bytes"], s["score"]))
+    common.write_doc(where["svg"], arms_chart(lines, f"{args.model}: long-context suite against KV bytes held"))
+    common.atomic_write_text(where["md"], markdown(results, where["svg"]))
+    print(f"wrote {where['json']}, {where['md']}, docs/{where['svg']}", file=sys.stderr)
+
+
+def markdown(results: dict, svg: str) -> str:
+    arms = results["arms"]
+    tasks = list(next(iter(arms.values()))["tasks"])
+    families = list(next(iter(arms.values()))["families"])
+    head = "| arm | KV bytes / full | macro (95% CI) | " + " | ".join(families) + " | " + " | ".join(tasks) + " |"
+    rows = [head, "|" + "---|" * (3 + len(families) + len(tasks))]
+    for arm, s in sorted(arms.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])):
+        lo, hi = s["score_ci"]
+        rows.append(f"| {arm} | {s['bytes']:.3f} | {s['score']:.1f} ({lo:.1f}–{hi:.1f}) | "
+                    + " | ".join(f"{s['families'][f]:.1f}" for f in families) + " | "
+                    + " | ".join(f"{s['tasks'][t]:.1f}" for t in tasks) + " |")
+    diffs = ["| difference | points | 95% CI | samples |", "|---|---|---|---|"]
+    diffs += [f"| {k} | {d['difference']:+.1f} | {d['ci'][0]:+.1f} to {d['ci'][1]:+.1f} | {d['samples']} |"
+              for k, d in results["differences"].items()]
+    drawn = results["drawn_from"]
+    t = results["targets"]
+    verdict = [f"- interval ±{HALF_WIDTH:g} per arm: {'met' if t['interval']['met'] else 'not met'} (widest "
+               f"±{max(t['interval']['half_widths'].values()):.1f})"]
+    if "retention_at_0.5" in t:
+        r = t["retention_at_0.5"]
+        verdict.append(f"- policy@0.5 over full on families where full ≥ {COUNTED:g} ({', '.join(r['families_counted']) or 'none'}): "
+                       + (f"{r['ratio']:.2f}" if r["ratio"] is not None else "—")
+                       + f" — {'met' if r['met'] else 'not met'}")
+    for name, b in t["beats_baselines"].items():
+        verdict.append(f"- policy beats {name}: {b['difference']:+.1f} ({b['ci'][0]:+.1f} to {b['ci'][1]:+.1f}) — "
+                       f"{'met' if b['met'] else 'not met'}")
+    return "\n".join([f"# Long-context suite at equal KV bytes: {results['model']} ({results['dtype']})", "",
+                      f"Samples: seed {drawn['seed']}, haystack {drawn['haystack']}, lengths {drawn['lengths']}, "
+                      f"samples per task and length {drawn['samples']}. Calibration: {results['calibration']}.", "",
+                      f"![score against KV bytes](../../docs/{svg})", "", *rows, "", "## Paired differences", "",
+                      *diffs, "", "## Targets", "", *verdict, ""])
+
+
+def size(args) -> None:
+    """Samples per (task, length) cell so that the worst arm's macro-average has a 95% interval within ±3 points
+    (Neyman allocation: a cell's count proportional to its largest per-sample SD over the arms), from a pilot's log,
+    and what ``--arms`` at ``--budgets`` would cost at the pilot's median seconds per sample (timed under whatever
+    else ran)."""
+    from headwise.tasks.long import LOG_FORMAT
+
+    log = paths(args.tag)["log"]
+    records = [json.loads(line) for line in log.read_text().splitlines()[1:] if line.strip()]
+    if not records or json.loads(log.read_text().splitlines()[0])["format"] != LOG_FORMAT:
+        raise HeadwiseError(f"{log}: no pilot samples")
+    cells: dict[tuple[str, int], dict[str, list[float]]] = {}
+    seconds: dict[tuple[str, int], list[float]] = {}
+    for r in records:
+        cells.setdefault((r["task"], r["length"]), {}).setdefault(r["arm"], []).append(r["score"])
+        seconds.setdefault((r["task"], r["length"]), []).append(r.get("seconds", math.nan))
+    sd = {c: max((statistics.stdev(v) if len(v) > 1 else 50.0) for v in arms.values()) for c, arms in cells.items()}
+    count = len(cells)
+    total = (1.96 / (HALF_WIDTH * count)) ** 2 * sum(max(s, 5.0) for s in sd.values()) ** 2
+    per_cell = {c: max(2, math.ceil(total * max(s, 5.0) / sum(max(x, 5.0) for x in sd.values()))) for c, s in sd.items()}
+    arms = sum(len(args.budgets) if a in ("policy", "streaming", "random", "layer", "latent") else 1 for a in args.arms)
+    cost = sum(per_cell[c] * statistics.median(seconds[c]) for c in per_cell) * arms
+    tasks: dict[str, int] = {}
+    for (task, _), n in per_cell.items():
+        tasks[task] = max(tasks.get(task, 0), n)
+    out = {"samples": tasks, "sd": {f"{t}/{n}": s for (t, n), s in sd.items()}, "arms": arms,
+           "estimated_seconds": cost, "note": "seconds from the pilot's samples, timed under whatever else ran"}
+    common.save_results(common.RESULTS / "kv_long_suite_samples.json", out)
+    print(json.dumps(out, indent=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("command", choices=("run", "size"))
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the checkpoint's, float32)")
+    p.add_argument("--lengths", default="2k")
+    p.add_argument("--samples", type=int, default=2, help="samples per task and length")
+    p.add_argument("--samples-file", default=None, help="per-task counts written by `size`")
+    p.add_argument("--budgets", default=",".join(f"{b:g}" for b in BUDGETS))
+    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--tag", default=None, help="results under kv_long_suite_TAG.* (e.g. pilot)")
+    args = p.parse_args(argv)
+    from headwise.tasks.long_data import parse_lengths
+
+    args.lengths = parse_lengths(args.lengths)
+    args.budgets = tuple(float(b) for b in args.budgets.split(","))
+    args.arms = tuple(a.strip() for a in args.arms.split(","))
+    unknown = [a for a in args.arms if a not in ARMS]
+    if unknown:
+        p.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    {"run": run, "size": size}[args.command](args)
+
+
+if __name__ == "__main__":
+    main()
