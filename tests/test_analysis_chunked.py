@@ -54,8 +54,8 @@ def _assert_same(got: dict, ref: dict, atol: float, rtol: float = 1e-4) -> None:
                                        atol=atol, rtol=rtol, equal_nan=True, err_msg=name)
     np.testing.assert_allclose(np.array(got["histogram"]["counts"], dtype=float),
                                np.array(ref["histogram"]["counts"], dtype=float), atol=atol, rtol=0)
-    for mine, theirs in zip(got["examples"], ref["examples"]):
-        np.testing.assert_allclose(np.array(mine["maps"]), np.array(theirs["maps"]), atol=atol, rtol=0)
+    for mine, theirs in zip(got["examples"], ref["examples"]):  # maps are rounded to 5 decimals: allow one step
+        np.testing.assert_allclose(np.array(mine["maps"]), np.array(theirs["maps"]), atol=atol + 1e-5, rtol=0)
 
 
 @pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])

@@ -27,7 +27,7 @@ def base_args(tmp_path) -> list[str]:
     saved_lm_and_text(tmp_path)
     return ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
             "--window", "16", "--calibration-length", "160", "--eval-length", "100", "--measure-new", "2",
-            "--eval-keys", "1"]
+            "--eval-keys", "1", "--check", "passkey"]
 
 
 def test_runs_without_any_data_and_says_what_it_skipped(no_shared, capsys):

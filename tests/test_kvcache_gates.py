@@ -221,7 +221,8 @@ def test_gates_refuse_encoders_busy_sites_and_saving(tmp_path):
 def test_kv_policy_command_with_learned_scores(tmp_path, capsys):
     saved_lm_and_text(tmp_path)
     args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
-            "--window", "16", "--data", str(tmp_path / "calib.txt"), "--eval-keys", "0", "--no-perplexity",
+            "--window", "16", "--data", str(tmp_path / "calib.txt"), "--check", "passkey", "--eval-keys", "0",
+            "--no-perplexity",
             "--scores", "learned", "--gate-steps", "4", "--gate-length", "160", "--out", str(tmp_path / "out")]
     assert main(args) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -167,7 +167,7 @@ def test_kv_policy_command(tmp_path, capsys):
     model, _, _ = saved_lm_and_text(tmp_path)
     args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
             "--window", "16", "--calibration-length", "160", "--data", str(tmp_path / "calib.txt"),
-            "--eval-length", "100", "--prefill-chunk", "48", "--out", str(tmp_path / "out")]
+            "--eval-length", "100", "--prefill-chunk", "48", "--check", "passkey", "--out", str(tmp_path / "out")]
     assert main(args) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert list(summary)[0] == "verdict" and "policy.json" in summary["verdict"]["use"]
@@ -281,7 +281,7 @@ def test_kv_policy_command_without_measuring(tmp_path):
     saved_lm_and_text(tmp_path)
     args = ["kv-policy", "--model", str(tmp_path / "lm"), "--kv-budget", "0.6", "--context", "160", "--sink", "2",
             "--window", "16", "--data", str(tmp_path / "calib.txt"), "--no-perplexity",
-            "--calibration-families", "numbers,text-raw", "--out", str(tmp_path / "out")]
+            "--calibration-families", "numbers,text-raw", "--check", "passkey", "--out", str(tmp_path / "out")]
     assert main(args + ["--no-measure"]) == 0
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["measured"] is None and summary["passkey_check"] == {}

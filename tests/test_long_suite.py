@@ -372,3 +372,27 @@ def test_half_precision_policy_cache_forks_and_counts_its_bytes(tokenizer, dtype
     rows = greedy(model, fork(cache, 2, model), ids[:, :5].repeat(2, 1), 90, [5, 5], set())
     assert rows[0] == rows[1] and len(rows[0]) == 5
     assert all(torch.equal(a, b) for a, b in zip(before, cache.layers[1].stored_tensors()))
+
+
+def test_kv_policy_checks_its_policy_with_the_suite_on_the_samples_eval_long_draws(tokenizer, tmp_path, capsys):
+    """``headwise kv-policy``'s default check is the suite's retrieval and QA subset at --context tokens: its two
+    arms are what ``headwise eval long`` scores on the same samples for the unedited folder and for the folder with
+    the policy saved in it; a context below the suite's shortest prompt is refused before the model loads."""
+    base = tmp_path / "lm"
+    headwise.save_pretrained(causal_lm(tokenizer), base, tokenizer=tokenizer)
+    args = ["kv-policy", "--model", str(base), "--kv-budget", "0.5", "--context", str(LENGTH), "--sink", "4",
+            "--window", "60", "--samples", "1", "--no-perplexity", "--measure-new", "2"]
+    assert main(args + ["--save-model", "--out", str(tmp_path / "kv")]) == 0
+    summary = json.loads((tmp_path / "kv" / "summary.json").read_text())
+    check, verified = summary["long_check"], ("niah_single", "niah_multi", "qa")
+    assert "passkey_check" not in summary and summary["inputs"]["long_check"]["seed"] != 0  # not the calibration's
+    assert check["full"]["samples"] == check["policy"]["samples"] == {t: {str(LENGTH): 1} for t in verified}
+    assert "long-context check" in summary["verdict"]["quality"] and "with the full cache" in summary["verdict"]["quality"]
+    for arm, folder in (("full", base), ("policy", tmp_path / "kv" / "model")):
+        capsys.readouterr()
+        assert main(["eval", "long", "--model", str(folder), "--lengths", str(LENGTH), "--samples", "1", "--json"]) == 0
+        scored = json.loads(capsys.readouterr().out)["tasks"]
+        assert {t: check[arm]["tasks"][t] for t in verified} == pytest.approx({t: scored[t] for t in verified})
+    assert check["difference"]["difference"] == pytest.approx(check["policy"]["score"] - check["full"]["score"])
+    assert main(args[:5] + ["--context", "200", "--out", str(tmp_path / "short")]) == 2
+    assert "--check passkey" in capsys.readouterr().err and not (tmp_path / "short").exists()

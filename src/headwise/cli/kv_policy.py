@@ -1,8 +1,10 @@
 """``headwise kv-policy``: the KV-policy experiment (``headwise.workflows.kv_policy``, callable from Python): score
 the heads of a decoder-only LM, keep the ones that need it full, stream the rest, so that the KV cache fits
 ``--kv-budget``; then tells the user what they got at ``--context`` tokens: the KV bytes the cache holds, peak memory
-and decode tokens/s beside the full cache's (``generate()`` in this process), passkey retrieval of both on a prompt
-family other than the calibration's, and the ``lm`` task's perplexity through both; writes policy.json,
+and decode tokens/s beside the full cache's (``generate()`` in this process), the long-context suite's retrieval
+and QA subset through both on the same samples (``--check suite``, drawn apart from the calibration: its own seed,
+haystack and needle formats; ``--check passkey``: passkeys on a prompt family other than the calibration's), and
+the ``lm`` task's perplexity through both; writes policy.json,
 scores.json, summary.json (verdict first) and report.html.
 
 It needs no data folder: the default ranking calibrates on synthetic prompts, and a text (``--data``, else
@@ -76,12 +78,20 @@ def register(verbs, parents) -> None:
                    help="comma-separated passkey prompt families the retrieval scores are measured on: a haystack "
                         "(filler, text: the --data text, numbers) with -chat, -raw or nothing (the tokenizer's chat "
                         "template when it has one); default filler")
+    p.add_argument("--check", default="suite", choices=["suite", "passkey"],
+                   help="how the policy is checked against the full cache on the same prompts: suite, the long-context "
+                        "suite's retrieval and QA tasks at --context tokens (its own seed, generated haystack and "
+                        "needle formats, never the calibration's; a few minutes at 2k on a 2-core CPU), or passkey "
+                        "(five depths of --eval-keys passkeys in --eval-family prompts)")
+    add(p, "--samples", default=4, shown="4 per task (--check suite); 0: skip the check")
     p.add_argument("--eval-family", default=None,
-                   help="prompt family of the passkey check (default text: running text from the evaluated part of "
-                        "--data, a family the default calibration never saw; numbers when there is no text)")
+                   help="--check passkey: prompt family of the passkey check (default text: running text from the "
+                        "evaluated part of --data, a family the default calibration never saw; numbers when there "
+                        "is no text)")
     p.add_argument("--eval-length", type=int, default=None,
-                   help="passkey prompt length for the check (default: --context)")
-    p.add_argument("--eval-keys", type=int, default=1, help="passkeys per depth (5 depths) for the check; 0: skip")
+                   help="--check passkey: passkey prompt length (default: --context)")
+    p.add_argument("--eval-keys", type=int, default=1,
+                   help="--check passkey: passkeys per depth (5 depths); 0: skip")
     p.add_argument("--no-measure", action="store_true",
                    help="skip the measurements through generate(): KV bytes held, peak memory, decode speed and the "
                         "passkey check of the full cache and the policy")
@@ -130,6 +140,7 @@ def text_source(args: argparse.Namespace) -> str | None:
 
 PERPLEXITY = "perplexity (its last 10%)"
 PASSKEY = "the passkey check and the measured prompt ('text' family, its last 10%)"
+MEASURED = "the measured prompt ('text' family, its last 10%)"
 
 
 def data_uses(args: argparse.Namespace, settings, gates) -> dict[str, bool]:
@@ -143,7 +154,7 @@ def data_uses(args: argparse.Namespace, settings, gates) -> dict[str, bool]:
     if gates is not None and gates.haystack == "text":
         uses["the learned gates' haystack (--gate-haystack text)"] = True
     if not args.no_measure and (args.eval_family or "text").startswith("text"):
-        uses[PASSKEY] = args.eval_family is not None
+        uses[PASSKEY if args.check == "passkey" else MEASURED] = args.eval_family is not None
     if not args.no_perplexity:
         uses[PERPLEXITY] = False
     return uses
@@ -155,7 +166,8 @@ def inputs_line(data: str | None, uses: dict[str, bool], ranking: str) -> str:
         return "; ".join(["no text (--data) given and shared/data/wikitext-2/valid.txt not found: the ranking "
                           "calibrates on synthetic prompts"]
                          + (["perplexity skipped"] if PERPLEXITY in uses else [])
-                         + (["the passkey check uses the 'numbers' family"] if PASSKEY in uses else []))
+                         + (["the passkey check uses the 'numbers' family"] if PASSKEY in uses else [])
+                         + (["the measured prompt uses the 'numbers' family"] if MEASURED in uses else []))
     if not uses:
         return f"--data {data} is not used by these options (--kv-ranking {ranking} calibrates on synthetic prompts)"
     return f"--data {data} is used only for {'; '.join(uses)} with --kv-ranking {ranking}"
@@ -180,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
     from ..kvcache.choose import default_window
     from ..report import Report
     from ..report.kv_policy import add_kv_policy_section
-    from ..workflows.kv_policy import KVPolicySettings, PasskeyCheck, eval_text, kv_policy_experiment
+    from ..workflows.kv_policy import KVPolicySettings, PasskeyCheck, SuiteCheck, eval_text, kv_policy_experiment
 
     if args.task != "lm":
         raise HeadwiseError(f"--task {args.task}: kv-policy measures a decoder-only KV cache, on the lm task only")
@@ -201,18 +213,20 @@ def run(args: argparse.Namespace) -> int:
                                 "not found either): pass --data FILE (a UTF-8 text file)")
         settings.eval_family, settings.perplexity = settings.eval_family or "numbers", False
     task = lm_task(args, data)  # bad data fails before the model loads
+    verify = SuiteCheck(args.context, args.samples) if args.check == "suite" else \
+        PasskeyCheck(settings.eval_family or "text", args.eval_length or args.context, args.eval_keys, args.seed,
+                     eval_text(task) if data is not None else None)
     model, tokenizer = load_for_task(args, task)
     print(f"headwise: {inputs_line(data, uses, settings.ranking)}", file=sys.stderr)  # once the inputs are known good
-    verify = PasskeyCheck(settings.eval_family or "text", args.eval_length or args.context, args.eval_keys,
-                          args.seed, eval_text(task) if data is not None else None)
     found = kv_policy_experiment(model, tokenizer, task, settings, has_text=data is not None, verify=verify,
                                  out=str(Path(args.out)))
-    policy, scores, check, ppl = found.policy, found.scores, found.summary["passkey_check"], found.summary["perplexity"]
+    policy, scores, check, ppl = found.policy, found.scores, found.summary[verify.name], found.summary["perplexity"]
     summary = {"verdict": found.summary["verdict"], "model": args.model, **found.summary,
                "inputs": {"data": data, "data_used_for": list(uses) if data is not None else [],
                           "calibration": found.calibrated_on,
                           "perplexity": None if ppl is None else f"the last 10% of {data}",
-                          "passkey_check": None if not check else f"{check['family']} prompts"},
+                          verify.name: None if not check else f"{check['family']} prompts" if args.check == "passkey"
+                          else check["drawn_from"]},
                **run_record(task, None if ppl is None else ppl["full"][task.metric],
                             None if ppl is None else ppl["policy"][task.metric], None, model_costs(model), model)}
     with atomic_dir(args.out, overwrite=args.force) as tmp:

@@ -16,10 +16,10 @@ def add_kv_policy_section(report: Report, summary: dict, scores: dict) -> None:
     verdict = summary["verdict"]
     section = report.add_section("KV cache policy", f"{verdict['memory']}. {verdict['quality']}. "
                                                     f"Use it: `{verdict['use']}`")
-    measured, check = summary.get("measured"), summary.get("passkey_check") or {}
+    measured, check = summary.get("measured"), summary.get("passkey_check") or summary.get("long_check") or {}
     if measured or check:
         section.heading("What you get (measured in this run)")
-        section.table(_measured_rows(measured, check), ["", "full cache", "policy", "policy / full"])
+        section.table(_measured_rows(measured, check), ["", "full cache", "policy", "policy vs full"])
         if measured:
             section.text(verdict["measured"])
     kv = scores["per_kv_head"]
@@ -59,8 +59,17 @@ def _measured_rows(measured: dict | None, check: dict) -> list[list[object]]:
                  ["prefill s", f"{full['prefill_s']:.2f}", f"{policy['prefill_s']:.2f}", times(ratio["prefill_s"])],
                  ["decode tokens/s", f"{full['decode_tokens_per_s']:.1f}", f"{policy['decode_tokens_per_s']:.1f}",
                   times(ratio["decode_tokens_per_s"])]]
-    if check:
+    if check and "correct" in check["full"]:  # the passkey check
         rows.append([f"passkeys found ({check['family']}, up to {check['length']} tokens)",
                      f"{check['full']['correct']}/{check['full']['prompts']}",
                      f"{check['policy']['correct']}/{check['policy']['prompts']}", ""])
+    elif check:  # the long-context suite's subset: macro-average and each task, same samples for both
+        full, policy = check["full"], check["policy"]
+        rows.append(["long-context score (0-100, 95% interval)",
+                     f"{full['score']:.1f} ({full['score_ci'][0]:.1f}-{full['score_ci'][1]:.1f})",
+                     f"{policy['score']:.1f} ({policy['score_ci'][0]:.1f}-{policy['score_ci'][1]:.1f})",
+                     f"{check['difference']['difference']:+.1f} points"])
+        rows += [[f"  {task} ({sum(policy['samples'][task].values())} samples)", f"{full['tasks'][task]:.1f}",
+                  f"{policy['tasks'][task]:.1f}", f"{policy['tasks'][task] - full['tasks'][task]:+.1f} points"]
+                 for task in policy["tasks"]]
     return rows

@@ -6,8 +6,9 @@ the full cache and measure the ``lm`` task's perplexity through both.
 >>> run = kv_policy_experiment(model, tokenizer, task, KVPolicySettings(kv_budget=0.5, context=2048))
 >>> run.policy, run.scores, run.summary["verdict"]
 
-The verification is a seam: ``verify`` is any ``Verification`` (default: ``PasskeyCheck``, passkey retrieval on a
-prompt family other than the calibration's); the long-context suite replaces it without touching the rest.
+The verification is a seam: ``verify`` is any ``Verification``: ``SuiteCheck`` (the long-context suite's small
+subset, what ``headwise kv-policy`` runs by default) or ``PasskeyCheck`` (passkey retrieval on a prompt family other
+than the calibration's).
 """
 
 from __future__ import annotations
@@ -117,6 +118,45 @@ class PasskeyCheck:
         return (f"passkey ({result['family']} prompts, up to {result['length']} tokens): "
                 f"{result['policy']['correct']}/{result['policy']['prompts']} with the policy vs "
                 f"{result['full']['correct']}/{result['full']['prompts']} with the full cache")
+
+
+@dataclass
+class SuiteCheck:
+    """The long-context suite's small subset with the full cache and through the policy on the same samples
+    (``tasks.long.verify_policy``: retrieval with distractors and several values, and facts placed in the text;
+    ``samples`` per task at ``length`` tokens). Its samples come from the suite's own seed, generated haystack and
+    needle formats, never from the calibration's passkeys in filler. ``samples=0``: skipped."""
+
+    length: int
+    samples: int = 4
+    name: str = "long_check"
+
+    def __post_init__(self) -> None:
+        from ..tasks.long_data import MIN_LENGTH
+
+        if self.samples > 0 and self.length < MIN_LENGTH:
+            raise HeadwiseError(f"the long-context check runs at the policy's length, {self.length} tokens, below the "
+                                f"suite's shortest prompt ({MIN_LENGTH}): raise --context or use --check passkey")
+
+    def run(self, model: nn.Module, tokenizer: Any, policy: KVPolicy, prefill_chunk: int | str | None
+            ) -> dict[str, Any]:
+        from ..tasks.long import verify_policy
+
+        if self.samples < 1:
+            return {}
+        return verify_policy(model, tokenizer, policy, length=self.length, samples=self.samples)
+
+    def line(self, result: dict[str, Any]) -> str:
+        if not result:
+            return "long-context check not run (--no-measure or --samples 0)"
+        full, policy, diff = result["full"], result["policy"], result["difference"]
+        counts = {t: sum(per.values()) for t, per in policy["samples"].items()}
+        drawn = result["drawn_from"]
+        return (f"long-context check ({', '.join(f'{t} ×{n}' for t, n in counts.items())} at {self.length} tokens; "
+                f"seed {drawn['seed']}, {drawn['haystack']} haystack): {policy['score']:.1f} with the policy vs "
+                f"{full['score']:.1f} with the full cache (policy − full {diff['difference']:+.1f}, 95% interval "
+                f"{diff['ci'][0]:+.1f} to {diff['ci'][1]:+.1f}, {diff['samples']} samples and {policy['questions']} "
+                f"questions per arm)")
 
 
 @dataclass
