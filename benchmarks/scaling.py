@@ -131,7 +131,9 @@ def build(shape: str, context: int, device: str = "cpu", dtype: str = "float32")
             for p in model.parameters():
                 p.data = p.data.clone()
         return model, tokenizer
-    folder = os.environ.get("SCALING_TOKENIZER") or headwise.models.resolve_model("smollm2-135m")
+    from headwise.models import resolve_model
+
+    folder = os.environ.get("SCALING_TOKENIZER") or resolve_model("smollm2-135m")
     tokenizer = tf.AutoTokenizer.from_pretrained(folder)
     torch.manual_seed(0)
     config = tf.LlamaConfig(**SHAPES[shape], max_position_embeddings=max(8192, context), rms_norm_eps=1e-5)
