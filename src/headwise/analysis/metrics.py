@@ -170,6 +170,7 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
 
 
 ENTRY_BYTES = 16  # peak bytes of ``batch_sums``' temporaries per attention entry of a block (tested)
+ROW_BYTES = 16 * (HIST_BINS + 1)  # and per query row and head: its histogram counts, as integers then floats
 CPU_BLOCK_BYTES = 32 << 20  # a block's temporaries on a CPU: cache-sized, a small fixed margin at any length
 ACCELERATOR_BLOCK_BYTES = 1 << 30  # the most on an accelerator, where larger blocks mean fewer launches
 
@@ -186,8 +187,9 @@ def block_bytes(device: torch.device) -> int:
 
 def block_rows(batch: int, heads: int, keys: int, device: torch.device) -> int:
     """Query rows per block (at least 1) so that a block's temporaries (``ENTRY_BYTES`` per entry of
-    ``batch × heads × rows × keys``) stay within ``block_bytes(device)``, whatever the length."""
-    return max(1, block_bytes(device) // (ENTRY_BYTES * max(1, batch * heads * keys)))
+    ``batch × heads × rows × keys``, ``ROW_BYTES`` per row and head) stay within ``block_bytes(device)``,
+    whatever the length."""
+    return max(1, block_bytes(device) // (max(1, batch * heads) * (ENTRY_BYTES * keys + ROW_BYTES)))
 
 
 def _key_end(keep: torch.Tensor | None, keys: int) -> int:
@@ -233,6 +235,70 @@ def _output_gram(out: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     return gram
 
 
+def _add_block(sums: dict[str, torch.Tensor], acc: dict[str, torch.Tensor], q0: int, q1: int, Av: torch.Tensor,
+               keep: torch.Tensor | None, real: torch.Tensor, special: torch.Tensor, plain: torch.Tensor,
+               thresholds: tuple[float, ...], edges: torch.Tensor) -> None:
+    """Add the block ``Av[B, H, n, k]`` (query rows ``q0:q1``, keys ``:k``; changed in place) with its mask
+    ``keep[B|1, 1|H, n, k]`` into ``batch_sums``' per-head ``sums`` and its accumulators ``acc`` (its temporaries
+    end with the call)."""
+    B, H, n, k = Av.shape
+    q = slice(q0, q1)
+    valid = real[:, None, q, None] & real[:, None, None, :k]  # [B, 1|H, n, k]: not expanded over heads
+    if keep is not None:
+        valid = valid & keep.bool()
+    invalid = ~valid
+    Av.masked_fill_(invalid, 0.0)  # the valid entries' weights, 0 elsewhere
+    rows = real[:, None, q].to(Av.dtype)  # [B, 1, n]
+    pos = torch.arange(max(q1, k), device=Av.device)
+    distance = (pos[q, None] - pos[None, :k]).abs().to(Av.dtype)
+    diagonal = lambda offset: Av.diagonal(q0 + offset, -2, -1)  # noqa: E731  [B, H, ≤ n]: A[i, i + offset]
+    prev, nxt = diagonal(-1), diagonal(1)
+    per_row = {
+        "confidence": Av.amax(-1),
+        "entropy": torch.special.entr(Av).sum(-1),
+        "distance": (Av * distance).sum(-1),
+        "self": diagonal(0),
+        "prev": F.pad(prev, (n - prev.shape[-1], 0)),  # row 0 has no previous token
+        "next": F.pad(nxt, (0, n - nxt.shape[-1])),  # row T − 1 has no next token
+    }
+    # special keys are few (BOS, CLS, SEP): their columns alone give the mass on them and, set to 0 for a moment,
+    # the largest weight on the others
+    columns = special[:, :k].any(0).nonzero().flatten()  # keys special in some sentence
+    held = Av[..., columns]  # [B, H, n, c] (a copy)
+    mine = special[:, None, None, columns]  # [B, 1, 1, c]
+    per_row["special"] = (held * mine).sum(-1)
+    Av[..., columns] = held.masked_fill(mine, 0.0)
+    no_special = Av.amax(-1)
+    Av[..., columns] = held
+    for name, value in per_row.items():
+        sums[name] += (value * rows).sum((0, 2)).double()
+    sums["confidence_no_special"] += (no_special * plain[:, None, q]).sum((0, 2)).double()
+    torch.maximum(acc["block_max"], Av.amax((-2, -1)), out=acc["block_max"])
+    column_max = acc["column_max"][..., :k]
+    torch.maximum(column_max, Av.amax(-2), out=column_max)
+
+    row_entries = valid.sum(-1, dtype=torch.int32).expand(B, H, n)  # valid keys of each query row
+    block_entries = row_entries.sum((0, 2), dtype=torch.int64)  # [H]
+    acc["entries"] += block_entries
+    # invalid entries are 0 in Av, hence ≤ every threshold (thresholds lie in [0, 1]): count all, take them off
+    for j, t in enumerate(thresholds):
+        acc["below"][j] += (Av <= t).sum(-1, dtype=torch.int32).sum((0, 2)) - (B * n * k - block_entries)
+
+    # each valid row adds 1 spread over its entries' bins: its entries counted per bin (invalid ones in the dropped
+    # bin HIST_BINS), each row's counts divided by its valid count
+    bins = histogram_bins(Av, edges)  # [B, H, n, k] uint8
+    bins.masked_fill_(invalid, HIST_BINS)
+    offsets = torch.arange(B * H * n, device=Av.device, dtype=torch.int32).view(B, H, n, 1) * (HIST_BINS + 1)
+    index = (bins + offsets).flatten()
+    del bins
+    counts = torch.bincount(index, minlength=B * H * n * (HIST_BINS + 1)).view(B, H, n, HIST_BINS + 1)
+    del index
+    counts = counts[..., :HIST_BINS].double().div_(row_entries.clamp(min=1)[..., None])
+    acc["histogram"] += counts.sum((0, 2))
+    del counts
+    acc["gram"] += _gram(Av.flatten(2))
+
+
 @torch.no_grad()
 def batch_sums(
     probs: torch.Tensor | ProbRows,
@@ -263,69 +329,26 @@ def batch_sums(
     real, special = real.bool(), special.bool() & real.bool()
     plain = real & ~special  # Av is 0 off the valid block: dropping special keys leaves the plain block
     sentence = real.any(1).double()  # [B]
-    pos = torch.arange(T, device=probs.device)
     f64 = dict(dtype=torch.float64, device=probs.device)
     sums = {name: torch.zeros(H, **f64) for name in (*ROW_METRICS, "confidence_no_special")}
-    block_max = torch.zeros(B, H, device=probs.device)  # [B, H]: max over the valid block
-    column_max = torch.zeros(B, H, T, device=probs.device)  # [B, H, Tk]: max over query rows
-    below = torch.zeros(len(thresholds), H, dtype=torch.int64, device=probs.device)
-    entries = torch.zeros(H, dtype=torch.int64, device=probs.device)
-    histogram = torch.zeros(H, HIST_BINS, **f64)
-    gram = torch.zeros(B, H, H, **f64)
-    for q0, q1, Av, keep_q in query_blocks(probs, keep, diagonal=True):  # [B, H, n, k] float32, [B|1, 1|H, n, k]
-        q, n, k = slice(q0, q1), q1 - q0, Av.shape[-1]
-        valid = real[:, None, q, None] & real[:, None, None, :k]  # [B, 1|H, n, k]: not expanded over heads
-        if keep_q is not None:
-            valid = valid & keep_q.bool()
-        invalid = ~valid
-        Av.masked_fill_(invalid, 0.0)  # the valid entries' weights, 0 elsewhere
-        rows = real[:, None, q].to(Av.dtype)  # [B, 1, n]
-        distance = (pos[q, None] - pos[None, :k]).abs().to(Av.dtype)
-        diagonal = lambda offset: Av.diagonal(q0 + offset, -2, -1)  # noqa: E731  [B, H, ≤ n]: A[i, i + offset]
-        prev, nxt = diagonal(-1), diagonal(1)
-        per_row = {
-            "confidence": Av.amax(-1),
-            "entropy": torch.special.entr(Av).sum(-1),
-            "distance": (Av * distance).sum(-1),
-            "special": (Av * special[:, None, None, :k]).sum(-1),
-            "self": diagonal(0),
-            "prev": F.pad(prev, (n - prev.shape[-1], 0)),  # row 0 has no previous token
-            "next": F.pad(nxt, (0, n - nxt.shape[-1])),  # row T − 1 has no next token
-        }
-        for name, value in per_row.items():
-            sums[name] += (value * rows).sum((0, 2)).double()
-        sums["confidence_no_special"] += (Av.masked_fill(special[:, None, None, :k], 0.0).amax(-1)
-                                          * plain[:, None, q]).sum((0, 2)).double()
-        block_max = torch.maximum(block_max, Av.amax((-2, -1)))
-        column_max[..., :k] = torch.maximum(column_max[..., :k], Av.amax(-2))
-
-        row_entries = valid.sum(-1, dtype=torch.int32).expand(B, H, n)  # valid keys of each query row
-        block_entries = row_entries.sum((0, 2), dtype=torch.int64)  # [H]
-        entries += block_entries
-        # invalid entries are 0 in Av, hence ≤ every threshold (thresholds lie in [0, 1]): count all, take them off
-        for j, t in enumerate(thresholds):
-            below[j] += (Av <= t).sum(-1, dtype=torch.int32).sum((0, 2)) - (B * n * k - block_entries)
-
-        # each valid row adds 1 spread over its entries' bins: its entries counted per bin (invalid ones in the
-        # dropped bin HIST_BINS), each row's counts divided by its valid count
-        bins = histogram_bins(Av, edges)  # [B, H, n, k] uint8
-        bins.masked_fill_(invalid, HIST_BINS)
-        offsets = torch.arange(B * H * n, device=Av.device, dtype=torch.int32).view(B, H, n, 1) * (HIST_BINS + 1)
-        counts = torch.bincount((bins + offsets).flatten(), minlength=B * H * n * (HIST_BINS + 1))
-        counts = counts.view(B, H, n, HIST_BINS + 1)[..., :HIST_BINS].double()
-        histogram += (counts / row_entries.clamp(min=1)[..., None].double()).sum((0, 2))
-        gram += _gram(Av.flatten(2))
-        del Av, valid, invalid, bins, counts  # freed before the next block is computed
-
+    acc = {"block_max": torch.zeros(B, H, device=probs.device),  # [B, H]: max over the valid block
+           "column_max": torch.zeros(B, H, T, device=probs.device),  # [B, H, Tk]: max over query rows
+           "below": torch.zeros(len(thresholds), H, dtype=torch.int64, device=probs.device),
+           "entries": torch.zeros(H, dtype=torch.int64, device=probs.device),
+           "histogram": torch.zeros(H, HIST_BINS, **f64), "gram": torch.zeros(B, H, H, **f64)}
+    for q0, q1, Av, keep_q in query_blocks(probs, keep, diagonal=True):
+        _add_block(sums, acc, q0, q1, Av, keep_q, real, special, plain, thresholds, edges)
+        del Av, keep_q  # freed before the next block is computed
+    block_max, column_max = acc["block_max"], acc["column_max"]
     sums["mhr_base"] = (block_max.double() * sentence[:, None]).sum(0)
     n_keys = real.sum(1).clamp(min=1).double()  # [B]
     column_mean = (column_max * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
     sums["mhr_advanced"] = (column_mean * sentence[:, None]).sum(0)
-    sums["sparsity"] = below.double() if thresholds else torch.zeros(0, H, **f64)
-    sums["entries"] = entries.double()
-    sums["histogram"] = histogram
+    sums["sparsity"] = acc["below"].double() if thresholds else torch.zeros(0, H, **f64)
+    sums["entries"] = acc["entries"].double()
+    sums["histogram"] = acc["histogram"]
 
-    sims = [*_pairwise(gram), *_pairwise(_output_gram(out, real))]
+    sims = [*_pairwise(acc["gram"]), *_pairwise(_output_gram(out, real))]
     sums["similarity"] = torch.stack([(s * sentence[:, None, None]).sum(0) for s in sims])
 
     sums["n_rows"] = real.sum().double()
