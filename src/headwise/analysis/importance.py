@@ -202,7 +202,8 @@ def _segment_forwards(blocks: list[nn.Module]) -> list[Callable]:
 def _chunked_mlp(mlp: nn.Module, tokens: int) -> Callable:
     """``mlp``'s forward over chunks of ``tokens`` positions (it is position-wise), each chunk under ``checkpoint``
     when gradients are on: its activations are those of one chunk, recomputed in the backward."""
-    inner = mlp.forward
+    def inner(part: torch.Tensor, forward: Callable = mlp.forward) -> torch.Tensor:
+        return forward(part.contiguous())  # a view's copy, made inside: the checkpoint keeps only the view
 
     def run(x: torch.Tensor) -> torch.Tensor:
         if x.shape[-2] <= tokens:
