@@ -70,10 +70,7 @@ def headed_kl(student: TaskOutputs, teacher: TaskOutputs, temperature: float = 1
     goal = None if target is None else target.reshape(-1)
 
     def losses(logits: torch.Tensor, rows: slice) -> torch.Tensor:  # student logits [n, V] → [n, 1 or 2]
-        log_s = F.log_softmax(logits.float() / temperature, dim=-1)
-        with torch.no_grad():
-            log_t = F.log_softmax(_logits(teacher, t[rows]).float() / temperature, dim=-1)
-        kl = (log_t.exp() * (log_t - log_s)).sum(-1) * temperature**2
+        kl = _kl(logits, _logits(teacher, t[rows]), temperature)
         return kl[:, None] if goal is None else torch.stack([kl, nll_of(logits, goal[rows])], -1)
 
     if student.head is not None:
@@ -86,6 +83,19 @@ def headed_kl(student: TaskOutputs, teacher: TaskOutputs, temperature: float = 1
                             if keep else losses(s[rows], rows) for rows in spans])
     shape = student.values.shape[:-1]
     return values.view(shape) if goal is None else values.view(*shape, 2)
+
+
+def _kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``T² · KL(softmax(t / T) ‖ softmax(s / T))`` ``[n]`` of logits ``[n, V]`` (float32), as
+    ``T² · (Σ p_t log p_t − Σ p_t log p_s)``: the teacher's side without a gradient, so the graph keeps the
+    student's log-probabilities and ``p_t`` only (four ``[n, V]`` tensors at most, not six)."""
+    log_s = F.log_softmax(student.float() / temperature, dim=-1)
+    with torch.no_grad():
+        log_t = F.log_softmax(teacher.float() / temperature, dim=-1)
+        p_t = log_t.exp()
+        own = (p_t * log_t).sum(-1)
+        del log_t
+    return (own - (p_t * log_s).sum(-1)) * temperature**2
 
 
 def _check_temperature(temperature: float) -> None:

@@ -38,7 +38,7 @@ SPLITS = ("eval", "train", "calibration", "all")
 
 
 LOSS_CHUNK_BYTES = 8 * 2**20  # float32 logits of one chunk of positions (bounds the loss's memory)
-LOSS_CHUNK_MIN_ROWS = 64  # the least positions per chunk (a large vocabulary keeps its matmuls efficient)
+LOSS_CHUNK_MIN_ROWS = 16  # the least positions per chunk (a large vocabulary keeps its matmuls efficient)
 
 
 @contextmanager
