@@ -229,7 +229,6 @@ def run_verb(verb: str, model, tokenizer, context: int, text: str) -> None:
         kv_policy(model, tokenizer, 0.5, context, 4, None, "retrieval",
                   config=ScoreConfig(length=min(512, context), sink=4, window=max(8, context // 4)), progress=False)
     elif verb == "prune":
-        from headwise.pruning.schedule import site_importance
         from headwise.planning.proxies import head_scores, removal_order
         from headwise.pruning.method import removal
 
