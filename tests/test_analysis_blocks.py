@@ -146,3 +146,27 @@ def test_a_layers_statistics_hold_one_block_beside_their_accumulators(length, mo
     peak = _peak_bytes(lambda: batch_sums(*args))
     accumulators = heads * length * 4 + (64 << 10)  # the column maximum, and small per-head sums
     assert peak <= budget + accumulators, (peak, length)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["llama", "bert", "gpt2"])
+def test_analyze_by_blocks_equals_the_dense_statistics_on_tiny_models(family, dtype, monkeypatch):
+    """End to end on tiny models — Llama (causal, GQA), BERT (an encoder) and GPT-2 (causal, one key head per query
+    head) — over padded batches of texts of 4 to 13 tokens: ``analyze`` with blocks of 5 query rows (they divide no
+    length here) equals ``analyze`` with every row in one block (the dense statistics), table by table, in float32
+    and in bfloat16 weights (the same forward in both runs: only the blocks differ)."""
+    from headwise.analysis import analyze
+    from test_analysis_support import loud_model, random_texts, word_tokenizer
+
+    tokenizer, texts = word_tokenizer(family), random_texts(8, seed=12, shortest=3, longest=12)
+    options = dict(batch_size=3, thresholds=THRESHOLDS, importance=(), examples=0, progress=False)
+    model = loud_model(family).to(dtype)
+    monkeypatch.setattr(metrics, "block_rows", lambda *shape: 1 << 20)
+    dense = analyze(model, tokenizer, texts, **options).finalize()
+    monkeypatch.setattr(metrics, "block_rows", lambda *shape: 5)
+    blocked = analyze(model, tokenizer, texts, **options).finalize()
+    for name, table in dense["heads"].items():
+        torch.testing.assert_close(blocked["heads"][name], table, atol=1e-6, rtol=1e-5, equal_nan=True, msg=name)
+    torch.testing.assert_close(blocked["histogram"], dense["histogram"], atol=1e-9, rtol=0, equal_nan=True)
+    for name, table in dense["similarity"].items():
+        torch.testing.assert_close(blocked["similarity"][name], table, atol=1e-6, rtol=1e-5, equal_nan=True, msg=name)
