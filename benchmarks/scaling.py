@@ -14,6 +14,7 @@ memory-mapped checkpoint and the pages of the libraries' code). Verbs (the Pytho
   backward when they fit the margin (0.2x the weights), else recomputed as ``recompute_plan`` fits them (blocks,
   segments of blocks, MLP chunks); rows at 512, 2k and 8k tokens (SmolLM2's context is 8,192);
 - ``analyze-recompute``: the same with ``recompute=True`` (``--activations recompute``: always recomputed);
+- ``analyze-stats``: the statistics alone (``--importance none``: no gradient pass);
 - ``kv-policy``: ``kv_policy`` (retrieval ranking, budget 0.5 at ``context``);
 - ``prune``: gradient importance of the lm loss (2 windows) then removal of a quarter of the KV groups;
 - ``plan``: ``headwise.plan`` with ``--methods prune_heads,quantization`` (budget heads=0.75, 2 importance windows);
@@ -53,9 +54,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("SCALING_DATA", "/work/shared/data/wikitext-2/valid.txt"))
-VERBS = ("eval", "analyze", "analyze-recompute", "kv-policy", "prune", "plan", "apply", "recover", "recover-bounded")
-BOUNDS = {"eval": 1.3, "analyze": 1.3, "analyze-recompute": 1.3, "kv-policy": 1.3, "prune": 2.0, "plan": 2.0, "apply": 2.0, "recover": 1.3,
-          "recover-bounded": 1.3}
+VERBS = ("eval", "analyze", "analyze-recompute", "analyze-stats", "kv-policy", "prune", "plan", "apply", "recover",
+         "recover-bounded")
+BOUNDS = {"eval": 1.3, "analyze": 1.3, "analyze-recompute": 1.3, "analyze-stats": 1.3, "kv-policy": 1.3, "prune": 2.0,
+          "plan": 2.0, "apply": 2.0, "recover": 1.3, "recover-bounded": 1.3}
 SHAPES = {  # transformers LlamaConfig fields of each shape (SmolLM2 is a Llama)
     "smollm2-135m": None,  # the packaged model itself
     "smollm2-360m": dict(hidden_size=960, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
@@ -219,10 +221,11 @@ def run_verb(verb: str, model, tokenizer, context: int, text: str) -> None:
     task = LanguageModeling(data=text, max_length=context, max_tokens=2 * context)
     if verb == "eval":
         task.evaluate(model, tokenizer, progress=False)
-    elif verb in ("analyze", "analyze-recompute"):
+    elif verb in ("analyze", "analyze-recompute", "analyze-stats"):
         texts = [" ".join(Path(text).read_text().split()[: context])]
-        analyze(model, tokenizer, texts, importance=("gradient",), examples=0, batch_size=1, max_length=context,
-                loss_fn=task.loss, recompute=True if verb == "analyze-recompute" else None, progress=False)
+        analyze(model, tokenizer, texts, importance=() if verb == "analyze-stats" else ("gradient",), examples=0,
+                batch_size=1, max_length=context, loss_fn=task.loss,
+                recompute=True if verb == "analyze-recompute" else None, progress=False)
     elif verb == "kv-policy":
         from headwise.kvcache import ScoreConfig, kv_policy
 
