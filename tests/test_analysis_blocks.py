@@ -170,3 +170,25 @@ def test_analyze_by_blocks_equals_the_dense_statistics_on_tiny_models(family, dt
     torch.testing.assert_close(blocked["histogram"], dense["histogram"], atol=1e-9, rtol=0, equal_nan=True)
     for name, table in dense["similarity"].items():
         torch.testing.assert_close(blocked["similarity"][name], table, atol=1e-6, rtol=1e-5, equal_nan=True, msg=name)
+
+
+def test_the_statistics_forward_keeps_no_cache_and_no_full_logits():
+    """``analyze`` without a gradient pass runs a causal LM for its attention calls only: its head projects the last
+    position (no ``[B, T, V]`` logits) and no key/value cache is filled."""
+    import transformers as tf
+
+    from headwise.analysis import analyze
+    from test_analysis_support import random_texts, word_tokenizer
+    from tiny import VOCAB
+
+    torch.manual_seed(3)
+    config = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+    seen = []
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
+    model.register_forward_hook(lambda module, args, out: seen.append(out.past_key_values))
+    stats = analyze(model, word_tokenizer("llama"), random_texts(4, seed=1, shortest=5), batch_size=2,
+                    importance=(), examples=0, progress=False)
+    assert stats.acc["sentences"] == 4
+    assert seen == [(2, 1, VOCAB), None] * 2
