@@ -9,11 +9,12 @@ recorded apart, ``anon_load_peak_mb``) — and the raw peak RSS (which also coun
 memory-mapped checkpoint and the pages of the libraries' code). Verbs (the Python calls the CLI verbs make):
 
 - ``eval``: ``lm`` perplexity over ``2 × context`` tokens of WikiText-2 in windows of ``context``;
-- ``analyze``: streaming statistics + gradient importance of the text's own next-token loss (``analyze --task lm``,
-  one text of ``context`` tokens), the
-  default ``recompute=None``: activations kept for the backward when they fit a quarter of free memory;
-- ``analyze-recompute``: the same with ``recompute=True`` (``--activations recompute``: each block recomputed in
-  the backward, only its input kept), the bounded-memory mode;
+- ``analyze``: statistics by blocks of query rows + gradient importance of the text's own next-token loss
+  (``analyze --task lm``, one text of ``context`` tokens), the default ``recompute=None``: activations kept for the
+  backward when they fit the margin (0.2x the weights), else recomputed as ``recompute_plan`` fits them (blocks,
+  segments of blocks, MLP chunks); rows at 512, 2k and 8k tokens (SmolLM2's context is 8,192);
+- ``analyze-recompute``: the same with ``recompute=True`` (``--activations recompute``: always recomputed);
+- ``analyze-stats``: the statistics alone (``--importance none``: no gradient pass);
 - ``kv-policy``: ``kv_policy`` (retrieval ranking, budget 0.5 at ``context``);
 - ``prune``: gradient importance of the lm loss (2 windows) then removal of a quarter of the KV groups;
 - ``plan``: ``headwise.plan`` with ``--methods prune_heads,quantization`` (budget heads=0.75, 2 importance windows);
@@ -35,8 +36,9 @@ tokenizer folder where ``shared/`` or the packaged SmolLM2 is not there (a rando
 tokenizer).
 
 Run: ``python benchmarks/scaling.py [--quick] [--shapes smollm2-135m,smollm2-360m,llama-3.2-1b]
-[--contexts 512,2048] [--verbs eval,analyze,...] [--device cuda --dtype bfloat16]``. Writes
-benchmarks/results/scaling_cpu.json and benchmarks/results/scaling_cpu.md (``--out``).
+[--contexts 512,2048] [--verbs eval,analyze,...] [--device cuda --dtype bfloat16] [--note "how it was measured"]``.
+Writes benchmarks/results/scaling_cpu.json and benchmarks/results/scaling_cpu.md (``--out``); the Markdown names
+the rows above their bound.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("SCALING_DATA", "/work/shared/data/wikitext-2/valid.txt"))
-VERBS = ("eval", "analyze", "analyze-recompute", "kv-policy", "prune", "plan", "apply", "recover", "recover-bounded")
-BOUNDS = {"eval": 1.3, "analyze": 1.3, "analyze-recompute": 1.3, "kv-policy": 1.3, "prune": 2.0, "plan": 2.0, "apply": 2.0, "recover": 1.3,
-          "recover-bounded": 1.3}
+VERBS = ("eval", "analyze", "analyze-recompute", "analyze-stats", "kv-policy", "prune", "plan", "apply", "recover",
+         "recover-bounded")
+BOUNDS = {"eval": 1.3, "analyze": 1.3, "analyze-recompute": 1.3, "analyze-stats": 1.3, "kv-policy": 1.3, "prune": 2.0,
+          "plan": 2.0, "apply": 2.0, "recover": 1.3, "recover-bounded": 1.3}
 SHAPES = {  # transformers LlamaConfig fields of each shape (SmolLM2 is a Llama)
     "smollm2-135m": None,  # the packaged model itself
     "smollm2-360m": dict(hidden_size=960, num_hidden_layers=32, num_attention_heads=15, num_key_value_heads=5,
@@ -131,7 +134,9 @@ def build(shape: str, context: int, device: str = "cpu", dtype: str = "float32")
             for p in model.parameters():
                 p.data = p.data.clone()
         return model, tokenizer
-    folder = os.environ.get("SCALING_TOKENIZER") or headwise.models.resolve_model("smollm2-135m")
+    from headwise.models import resolve_model
+
+    folder = os.environ.get("SCALING_TOKENIZER") or resolve_model("smollm2-135m")
     tokenizer = tf.AutoTokenizer.from_pretrained(folder)
     torch.manual_seed(0)
     config = tf.LlamaConfig(**SHAPES[shape], max_position_embeddings=max(8192, context), rms_norm_eps=1e-5)
@@ -216,17 +221,17 @@ def run_verb(verb: str, model, tokenizer, context: int, text: str) -> None:
     task = LanguageModeling(data=text, max_length=context, max_tokens=2 * context)
     if verb == "eval":
         task.evaluate(model, tokenizer, progress=False)
-    elif verb in ("analyze", "analyze-recompute"):
+    elif verb in ("analyze", "analyze-recompute", "analyze-stats"):
         texts = [" ".join(Path(text).read_text().split()[: context])]
-        analyze(model, tokenizer, texts, importance=("gradient",), examples=0, batch_size=1, max_length=context,
-                loss_fn=task.loss, recompute=True if verb == "analyze-recompute" else None, progress=False)
+        analyze(model, tokenizer, texts, importance=() if verb == "analyze-stats" else ("gradient",), examples=0,
+                batch_size=1, max_length=context, loss_fn=task.loss,
+                recompute=True if verb == "analyze-recompute" else None, progress=False)
     elif verb == "kv-policy":
         from headwise.kvcache import ScoreConfig, kv_policy
 
         kv_policy(model, tokenizer, 0.5, context, 4, None, "retrieval",
                   config=ScoreConfig(length=min(512, context), sink=4, window=max(8, context // 4)), progress=False)
     elif verb == "prune":
-        from headwise.pruning.schedule import site_importance
         from headwise.planning.proxies import head_scores, removal_order
         from headwise.pruning.method import removal
 
@@ -274,13 +279,24 @@ def table(rows: list[dict]) -> str:
         if "error" in r:
             lines.append(f"| {r['shape']} | | | {r['context']} | {r['verb']} | error: {r['error'][:80]} | | | | | |")
             continue
-        bound = BOUNDS[r["verb"]] + r.get("optimizer_mb", 0) / r["weights_mb"]
-        mark = "ok" if r["ratio"] <= bound else "**over**"
+        mark = "ok" if r["ratio"] <= bound(r) else "**over**"
         lines.append(f"| {r['shape']} | {r['layers']} | {r['heads']} | {r['context']} | {r['verb']} | "
                      f"{r['seconds']:.1f} | {r['weights_mb']:.0f} | {r['loaded_ratio']:.2f} | {r['anon_peak_mb']:.0f} | "
                      f"{r['ratio']:.2f} | "
-                     f"≤ {bound:.2f} {mark} | {_threshold(r)} |")
+                     f"≤ {bound(r):.2f} {mark} | {_threshold(r)} |")
     return "\n".join(lines)
+
+
+def over(rows: list[dict]) -> str:
+    """The sentence naming every row above its bound (or saying none is)."""
+    bad = [f"{r['shape']} {r['verb']} at {r['context']} ({r['ratio']:.2f} > {bound(r):.2f})" for r in rows
+           if "error" not in r and r["ratio"] > bound(r)]
+    return ("Over their bound: " + "; ".join(bad) + ".") if bad else "Every row is within its bound."
+
+
+def bound(row: dict) -> float:
+    """A row's bound: its verb's, plus AdamW's moments over the weights for a recovery."""
+    return BOUNDS[row["verb"]] + row.get("optimizer_mb", 0) / row["weights_mb"]
 
 
 def slope(points: list[tuple[float, float]]) -> float | None:
@@ -324,6 +340,8 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true", help="keep the rows of --out's JSON this run does not redo")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda (memory: the device's allocator)")
     parser.add_argument("--dtype", default="float32", help="the weights' dtype (float32, bfloat16, float16)")
+    parser.add_argument("--note", default="under load unless re-run on an idle machine",
+                        help="how the run was measured (written above the table)")
     parser.add_argument("--child", nargs=3, metavar=("SHAPE", "VERB", "CONTEXT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -362,13 +380,13 @@ def main() -> None:
         rows = [r for r in json.loads(out.with_suffix(".json").read_text())["rows"] if key(r) not in fresh] + rows
     meta = {"quick": args.quick, "python": sys.version.split()[0], "machine": os.uname().machine,
             "cpus": os.cpu_count(), "device": args.device, "dtype": args.dtype,
-            "note": "under load unless re-run on an idle machine"}
+            "note": args.note}
     from headwise.io import atomic_write_text
 
     title = ("# Scaling (CPU)\n\n" if args.device == "cpu" else
              f"# Scaling ({args.device}, {args.dtype})\n\nMemory columns are the device allocator's: peak "
              "`torch.cuda.max_memory_allocated` during the verb, the weights included; the last column names the GPU."
-             "\n\n")
+             "\n\n") + f"Measured: {args.note}. {over(rows)}\n\n"
     atomic_write_text(out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1))
     atomic_write_text(out.with_suffix(".md"), title + table(rows) + "\n\n## Fitted growth\n\n"
                       + growth(rows) + "\n")

@@ -356,3 +356,110 @@ def test_activation_estimate_matches_what_autograd_keeps(kind):
     tokens = batch.input_ids.numel()
     estimate = activation_bytes(model, rows, tokens)
     assert 0.9 * sum(seen.values()) <= estimate <= 2 * sum(seen.values())
+
+
+def _layered_lm(family: str, layers: int = 5, **extra):
+    """A tiny causal LM of ``family`` with ``layers`` blocks (5: segments of 2 do not divide them)."""
+    import transformers as tf
+
+    from test_analysis_support import VOCAB
+
+    torch.manual_seed(4)
+    if family == "gpt2":
+        config = tf.GPT2Config(n_embd=32, n_layer=layers, n_head=4, vocab_size=VOCAB, bos_token_id=0,
+                               eos_token_id=0, n_positions=64)
+    else:
+        config = getattr(tf, f"{family.capitalize()}Config")(
+            hidden_size=32, num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64, **extra)
+    return tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_segments_and_mlp_chunks_give_the_same_gradient(family, monkeypatch):
+    """``Recompute(segment=2, mlp_tokens=3)`` on 5 blocks (segments of 2, 2 and 1) with the lm task's loss: the
+    gradient of every head equals the one with every activation kept; blocks run again as the segments say, each
+    MLP over chunks of at most 3 positions; nothing stays patched."""
+    from headwise.analysis import importance
+    from headwise.analysis.activations import Recompute
+    from headwise.analysis.importance import gradient_sums
+    from headwise.tasks import LanguageModeling
+
+    model, tokenizer = _layered_lm(family), word_tokenizer("llama" if family == "llama" else family)
+    loss = LanguageModeling().loss
+    texts = random_texts(5, seed=2, shortest=6, longest=12)
+    kept, n = gradient_sums(model, tokenizer, texts, batch_size=2, loss_fn=loss, checkpoint_blocks=False)
+    runs, widths = [], []
+    plain, chunked = importance.checkpoint, importance._chunked_mlp
+
+    def counted(fn, *args, **kwargs):
+        return plain(lambda *a, **k: runs.append(fn) or fn(*a, **k), *args, **kwargs)
+
+    def measured(mlp, tokens):
+        run = chunked(mlp, tokens)
+        return lambda x: widths.append(x.shape[-2]) or run(x)
+
+    monkeypatch.setattr(importance, "checkpoint", counted)
+    monkeypatch.setattr(importance, "_chunked_mlp", measured)
+    recomputed, m = gradient_sums(model, tokenizer, texts, batch_size=2, loss_fn=loss,
+                                  checkpoint_blocks=Recompute(segment=2, mlp_tokens=3))
+    assert n == m == 5 and kept.min() > 0
+    torch.testing.assert_close(recomputed, kept, rtol=1e-5, atol=1e-9)
+    blocks = model.model.layers if family == "llama" else model.transformer.h
+    block_runs = sum(1 for fn in runs if getattr(fn, "__self__", None) in set(blocks))
+    # per batch, a segment of s blocks runs each block in the forward and again alone in the backward; the
+    # segment's own recomputation stops once it has its last block's input (s − 1 runs): 5 + 5 + 2 of 5 blocks
+    assert block_runs == 3 * 12
+    assert widths and max(widths) > 3  # the MLPs saw whole batches and chunked them
+    assert not any("forward" in module.__dict__ for module in model.modules())
+
+
+def test_segments_refuse_blocks_with_different_masks():
+    """Sliding-window and full layers get different masks: ``recompute_plan`` keeps segments of one block for such
+    a model however small the margin, and segments forced on it are refused in one line (the segment would run
+    every block with its first block's mask)."""
+    from headwise.analysis import activations
+    from headwise.analysis.activations import Recompute, recompute_plan
+    from headwise.analysis.importance import gradient_sums
+    from headwise.tasks import LanguageModeling
+
+    model = _layered_lm("qwen2", layers=4, use_sliding_window=True, sliding_window=3, max_window_layers=2)
+    assert len(set(model.config.layer_types)) == 2
+    tokenizer, texts = word_tokenizer("llama"), random_texts(2, seed=2, shortest=8, longest=8)
+    rows = rows_of(model)
+    original = activations.margin_bytes
+    try:
+        activations.margin_bytes = lambda model: 1
+        assert recompute_plan(model, rows, 2, 10).segment == 1
+    finally:
+        activations.margin_bytes = original
+    with pytest.raises(HeadwiseError, match="different arguments"):
+        gradient_sums(model, tokenizer, texts, batch_size=2, loss_fn=LanguageModeling().loss,
+                      checkpoint_blocks=Recompute(segment=3))  # blocks 0-1 full, block 2 sliding
+    assert not any("forward" in module.__dict__ for module in model.modules())
+
+
+def test_recompute_plan_fits_the_margin(monkeypatch):
+    """The plan by the margin, on SmolLM2-135M's shape (30 blocks, hidden 576, MLP 1,536; built on ``meta``): a
+    margin of 0.2x its 513 MiB keeps nothing at 512 tokens, recomputes each block with whole MLPs at 128 tokens,
+    and at 2,048 tokens recomputes segments of 6 blocks (11 hidden states held instead of 30) with MLP chunks
+    whose activations fit a quarter of the margin; a margin of 64 MiB (the floor) on a tiny model keeps them."""
+    import transformers as tf
+
+    from headwise.analysis.activations import MARGIN, Recompute, keep_activations, margin_bytes, recompute_plan
+
+    config = tf.LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                            intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True, head_dim=64)
+    with torch.device("meta"):
+        model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise")
+    rows = rows_of(model)
+    weights = sum(p.numel() * 4 for p in model.parameters())
+    monkeypatch.setattr("headwise.analysis.activations.available_bytes", lambda device: 1 << 40)
+    assert margin_bytes(model) == int(MARGIN * weights)
+    assert not keep_activations(model, rows, 512)
+    assert recompute_plan(model, rows, 1, 128) == Recompute(1, None)
+    plan = recompute_plan(model, rows, 1, 2048)
+    assert plan.segment == 6 and 128 <= plan.mlp_tokens < 2048
+    assert 6 * plan.mlp_tokens * 1536 * 4 <= margin_bytes(model) // 4
+    tiny = _layered_lm("llama")
+    assert keep_activations(tiny, rows_of(tiny), 4 * 64)

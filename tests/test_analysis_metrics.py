@@ -18,13 +18,13 @@ from tiny import CAUSAL
 NO_IMPORTANCE = dict(importance=(), examples=0)
 
 
-@pytest.mark.parametrize("chunk", [None, 1], ids=["whole", "row-by-row"])
+@pytest.mark.parametrize("chunk", [None, 1], ids=["default", "row-by-row"])
 @pytest.mark.parametrize("family", ["bert", "gpt2", "albert", "llama"])
 def test_every_metric_matches_eager_reference(family, chunk, monkeypatch):
-    """``chunk``: attention entries per chunk of query rows in ``batch_sums`` (1: one query row at a time; None: the
-    default, the whole batch in one chunk at these sizes)."""
+    """``chunk``: query rows per block in ``batch_sums`` (1: one query row at a time; None: the default, the whole
+    batch in one block at these sizes)."""
     if chunk is not None:
-        monkeypatch.setattr(metrics, "CHUNK_ENTRIES", chunk)
+        monkeypatch.setattr(metrics, "block_rows", lambda *shape: chunk)
     tokenizer = word_tokenizer(family)
     texts = random_texts(7, seed=3)
     stats = analyze(loud_model(family), tokenizer, texts, batch_size=3, thresholds=THRESHOLDS, progress=False,
@@ -56,7 +56,7 @@ def test_batch_sums_do_not_depend_on_the_chunks_of_query_rows(rows_per_chunk, mo
     special[:, 3] = True
     args = (probs, keep, torch.randn(B, T, H, d, generator=gen), real, special, (0.01, 0.1, 0.5), histogram_edges())
     whole = batch_sums(*args)
-    monkeypatch.setattr(metrics, "CHUNK_ENTRIES", B * H * T * rows_per_chunk)
+    monkeypatch.setattr(metrics, "block_rows", lambda *shape: rows_per_chunk)
     chunked = batch_sums(*args)
     assert whole.keys() == chunked.keys()
     for name, value in whole.items():

@@ -433,3 +433,50 @@ def test_auto_training_memory_bounds_it_when_gradients_and_optimizer_state_would
     assert choose_memory("auto", model) == "bounded" and choose_memory("keep", model) == "keep"
     model.requires_grad_(False)
     assert choose_memory("auto", model) == "keep"
+
+
+def _most_held(run, size: int) -> int:
+    """The most CPU allocations of exactly ``size`` bytes alive at once while ``run()`` runs (the profiler's
+    allocation and free events, in order)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    held = most = 0
+    for _, nbytes in events:
+        held += (nbytes == size) - (nbytes == -size)
+        most = max(most, held)
+    return most
+
+
+def test_bounded_recovery_of_a_tied_head_holds_one_gradient_of_it(tmp_path, tokenizer, monkeypatch):
+    """A causal LM whose token embedding is its output head (1,000 × 32 floats, a size no other tensor has): under
+    memory="bounded" the loss adds the head's weight gradient into ``.grad`` and the lookup's rows come sparse
+    (``trainer.memory.bounded``), so at most three such matrices exist at once: AdamW's two moments and one
+    gradient. The usual step holds the head's part, the lookup's dense part and their sum beside the moments.
+    Both train the same weights."""
+    from headwise.tasks import lm
+
+    monkeypatch.setattr(lm, "LOSS_CHUNK_MIN_ROWS", 8)  # logit chunks of 8 × 1,000 floats: not the head's size
+    monkeypatch.setattr(lm, "LOSS_CHUNK_BYTES", 8 * 1000 * 4)
+    (tmp_path / "text.txt").write_text("\n".join(sentence(i) for i in range(60)) + "\n")
+    torch.manual_seed(0)
+    config = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=37, vocab_size=1000, max_position_embeddings=64,
+                            tie_word_embeddings=True)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    headwise.apply_masks(model, {s.name: [1.0, 0.0, 1.0, 1.0] for s in headwise.find_sites(model)})
+    task = LanguageModeling(data=str(tmp_path / "text.txt"), max_length=16)
+    trained, most = [], {}
+    for memory in ("keep", "bounded"):
+        student = copy.deepcopy(model)
+        most[memory] = _most_held(lambda: headwise.recover(
+            student, tokenizer, task, teacher="off", max_steps=2, batch_size=2, learning_rate=1e-3,
+            max_grad_norm=0.0, progress=False, memory=memory), 1000 * 32 * 4)
+        assert not student.get_input_embeddings().sparse and all(p.grad is None for p in student.parameters())
+        trained.append(student.state_dict())
+    assert most == {"keep": most["keep"], "bounded": 3} and most["keep"] >= 4, most
+    for name, value in trained[0].items():
+        torch.testing.assert_close(trained[1][name], value, rtol=1e-4, atol=1e-6)

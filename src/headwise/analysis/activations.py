@@ -1,8 +1,12 @@
-"""Whether the one-pass analysis keeps every block's activations for its backward or recomputes them block by block.
+"""How the gradient pass holds its activations: all kept, or recomputed within a memory margin.
 
 Keeping them is one forward and one backward per batch; recomputing adds a forward but holds only the blocks'
-inputs (``importance.checkpointed``). ``keep_activations`` keeps them when their estimate fits in
-``AVAILABLE_SHARE`` of the memory still free on the model's device.
+inputs (``importance.checkpointed``). ``margin_bytes`` is what the pass may hold beside the weights:
+``MARGIN`` of the weights' bytes (at least ``MIN_MARGIN``), at most ``AVAILABLE_SHARE`` of the memory still free
+on the model's device — the same at any length. ``keep_activations`` keeps them when their estimate fits the
+margin; otherwise ``recompute_plan`` picks the least recomputation whose estimate fits: each block alone, then
+the stack in segments of ``⌈√L⌉`` blocks (``⌈L/s⌉ + s`` hidden states held instead of ``L``: one forward more),
+and the MLP in chunks of positions when one block's MLP activations alone would take more than a quarter of it.
 
 The estimate counts what autograd saves per token and layer when every weight is frozen (measured with
 ``torch.autograd.graph.saved_tensors_hooks`` on SmolLM2: the linear layers save nothing, as their weights need no
@@ -14,12 +18,27 @@ rows (``runtime.probs.ProbRows``), so no ``[H, T, T]`` map is kept. An upper est
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from .rows import Row
 
-AVAILABLE_SHARE = 0.25  # the share of free memory the kept activations may take
+AVAILABLE_SHARE = 0.25  # the most of the free memory the gradient pass may hold
+MARGIN = 0.2  # what the gradient pass may hold beside the weights, as a share of their bytes
+MIN_MARGIN = 64 << 20  # bytes: small models keep their activations, as recomputing saves nothing that matters
+MIN_MLP_TOKENS = 128  # the shortest MLP chunk (positions)
+
+
+@dataclass(frozen=True)
+class Recompute:
+    """How the backward recomputes: ``segment`` blocks per outer checkpoint (1: each block alone) and
+    ``mlp_tokens`` positions per MLP chunk (None: the MLP over every position at once)."""
+
+    segment: int = 1
+    mlp_tokens: int | None = None
 
 
 def activation_bytes(model: nn.Module, rows: list[Row], tokens: int) -> int:
@@ -46,8 +65,35 @@ def available_bytes(device: torch.device) -> int | None:
     return None
 
 
-def keep_activations(model: nn.Module, rows: list[Row], tokens: int) -> bool:
-    """True when the activations of the largest batch (``tokens``) fit in ``AVAILABLE_SHARE`` of the free
-    memory of the model's device (False when that is unknown)."""
+def margin_bytes(model: nn.Module) -> int:
+    """What the gradient pass may hold beside the weights: ``MARGIN`` of their bytes (at least ``MIN_MARGIN``),
+    at most ``AVAILABLE_SHARE`` of the free memory of their device (when known)."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    margin = max(MIN_MARGIN, int(MARGIN * weights))
     free = available_bytes(next(model.parameters()).device)
-    return free is not None and activation_bytes(model, rows, tokens) <= AVAILABLE_SHARE * free
+    return margin if free is None else min(margin, int(AVAILABLE_SHARE * free))
+
+
+def keep_activations(model: nn.Module, rows: list[Row], tokens: int) -> bool:
+    """True when the activations of the largest batch (``tokens``) fit in ``margin_bytes``."""
+    return activation_bytes(model, rows, tokens) <= margin_bytes(model)
+
+
+def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -> Recompute:
+    """The least recomputation whose estimate fits ``margin_bytes`` for batches of ``batch × length`` tokens (or
+    the one that holds least). Estimates, in elements of the weights' dtype per token: each held hidden state
+    ``D``; one block recomputed with its backward ``8·D + 4·Hkv·d`` plus ``6·I`` per token of an MLP chunk (the
+    MLP's three activations and their gradients). Segments need blocks that all get the same masks (one kind of
+    layer in ``config.layer_types``)."""
+    margin, site, config = margin_bytes(model), rows[0].site, getattr(model, "config", None)
+    element, tokens = next(model.parameters()).element_size(), batch * length
+    inner = getattr(config, "intermediate_size", None) or 4 * site.hidden_size
+    mlp_tokens = None
+    if 6 * tokens * inner * element > margin // 4:
+        mlp_tokens = max(MIN_MLP_TOKENS, margin // 4 // (6 * batch * inner * element))
+    block = element * (tokens * (8 * site.hidden_size + 4 * site.num_kv_heads * site.head_dim)
+                       + 6 * batch * min(length, mlp_tokens or length) * inner)
+    held = len(rows) * tokens * site.hidden_size * element  # every block's input
+    one_kind = len(set(getattr(config, "layer_types", None) or ())) <= 1
+    segment = math.ceil(math.sqrt(len(rows))) if one_kind and held + block > margin else 1
+    return Recompute(segment, mlp_tokens)

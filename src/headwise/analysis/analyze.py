@@ -15,7 +15,7 @@ from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from .activations import keep_activations
-from .attach import per_site
+from .attach import observed_call, per_site
 from .config import AnalysisConfig
 from .importance import LossFn, Pairs, ablation_sums, gradient_sums
 from ..batching import Batch, resolve_max_length, text_batches
@@ -61,7 +61,7 @@ def observe(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[R
     with observing(model, rows, stats, len(texts), progress) as (seen, _):
         for batch in text_batches(tokenizer, texts, batch_size, max_length, device):
             seen(batch)
-            model(**batch.inputs)
+            observed_call(model, batch.inputs)
 
 
 @torch.no_grad()

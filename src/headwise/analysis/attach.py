@@ -7,10 +7,12 @@ model resets the counts at the start of every forward, so a forward that failed 
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
+import torch
 from torch import nn
 
 from ..runtime import add_observer, attach, detach
@@ -54,3 +56,13 @@ def per_site(
         hook.remove()
         for site in sites:
             detach(site, name)
+
+
+def observed_call(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
+    """``model(**inputs)`` for the attention calls its observers read: no key/value cache, and a language model's
+    head on the last position only (``logits_to_keep=1``), where its forward takes those keywords — the outputs
+    are not read, and at long context the cache and a ``[B, T, vocab]`` logits tensor would be the largest tensors
+    of the pass."""
+    params = inspect.signature(model.forward).parameters
+    extra = {name: value for name, value in (("use_cache", False), ("logits_to_keep", 1)) if name in params}
+    return model(**inputs, **extra)

@@ -54,6 +54,7 @@ from .gates import row_gates
 from ..batching import Batch, pooled, resolve_max_length, text_batches
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
+from .activations import Recompute, recompute_plan
 from .rows import Row, rows_of
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
@@ -137,38 +138,128 @@ def _loss_batches(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None,
             yield len(batch.index), projection
 
 
+def _hidden(args: tuple, kwargs: dict) -> torch.Tensor:
+    """A block's hidden-state input: its first positional argument or ``hidden_states=``."""
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _same_call(a: tuple[tuple, dict], b: tuple[tuple, dict]) -> bool:
+    """Whether two blocks got the same arguments besides the hidden states (the same objects: masks, rotary
+    tables, caches)."""
+    (args_a, kw_a), (args_b, kw_b) = a, b
+    if len(args_a) != len(args_b) or kw_a.keys() != kw_b.keys():
+        return False
+    pairs = [*zip(args_a, args_b), *((kw_a[k], kw_b[k]) for k in kw_a)]
+    return all(x is y or (not isinstance(x, (torch.Tensor, tuple, list, dict)) and x == y) for x, y in pairs)
+
+
+def _rest(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A block's arguments without its hidden states."""
+    return (args[1:], kwargs) if args else ((), {k: v for k, v in kwargs.items() if k != "hidden_states"})
+
+
+def _segment_forwards(blocks: list[nn.Module]) -> list[Callable]:
+    """Forwards for ``blocks`` (consecutive blocks of one stack) that recompute them as one segment: with gradients
+    on, the first block's forward runs the whole segment under ``checkpoint``, each block inside under its own
+    ``checkpoint``, and returns the segment's output; the later blocks pass it on, after checking that they got the
+    arguments the first one did (a model whose blocks get different masks, e.g. sliding-window layers, is refused:
+    the segment ran them with the first block's). Without gradients every block runs as before."""
+    inners = [block.forward for block in blocks]
+    state: dict[str, Any] = {"call": None}
+
+    def first(*args: Any, **kwargs: Any) -> Any:
+        state["call"] = None
+        if not torch.is_grad_enabled():
+            return inners[0](*args, **kwargs)
+        if len(inners) == 1:
+            return checkpoint(inners[0], *args, use_reentrant=False, **kwargs)
+        state["call"] = _rest(args, kwargs)
+        rest, kw = state["call"]
+
+        def segment(hidden: torch.Tensor) -> torch.Tensor:
+            for inner in inners:
+                hidden = checkpoint(inner, hidden, *rest, use_reentrant=False, **kw)
+                if not isinstance(hidden, torch.Tensor):
+                    raise HeadwiseError(f"{type(blocks[0]).__name__} returns {type(hidden).__name__}, not the hidden "
+                                        "states: its blocks cannot be recomputed in segments (use segment=1)")
+            return hidden
+
+        return checkpoint(segment, _hidden(args, kwargs), use_reentrant=False)
+
+    def later(index: int) -> Callable:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if state["call"] is None:
+                return inners[index](*args, **kwargs)
+            if not _same_call(state["call"], _rest(args, kwargs)):
+                raise HeadwiseError(f"{type(blocks[index]).__name__} blocks of this model get different arguments "
+                                    "(masks, positions): they cannot be recomputed in segments (use segment=1)")
+            return _hidden(args, kwargs)
+        return run
+
+    return [first, *(later(i) for i in range(1, len(blocks)))]
+
+
+def _chunked_mlp(mlp: nn.Module, tokens: int) -> Callable:
+    """``mlp``'s forward over chunks of ``tokens`` positions (it is position-wise), each chunk under ``checkpoint``
+    when gradients are on: its activations are those of one chunk, recomputed in the backward."""
+    def inner(part: torch.Tensor, forward: Callable = mlp.forward) -> torch.Tensor:
+        return forward(part.contiguous())  # a view's copy, made inside: the checkpoint keeps only the view
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-2] <= tokens:
+            return inner(x)
+        parts = [x[..., t0 : t0 + tokens, :] for t0 in range(0, x.shape[-2], tokens)]
+        if torch.is_grad_enabled():
+            return torch.cat([checkpoint(inner, part, use_reentrant=False) for part in parts], dim=-2)
+        return torch.cat([inner(part) for part in parts], dim=-2)
+    return run
+
+
+def mlps_of(stack: nn.ModuleList) -> list[nn.Module]:
+    """The position-wise MLP of each block of ``stack`` that has one (a child ``mlp`` whose class is an ``...MLP``:
+    Llama, Qwen2, Mistral, GPT-2, ...; not a mixture of experts)."""
+    return [block.mlp for block in stack
+            if isinstance(getattr(block, "mlp", None), nn.Module) and type(block.mlp).__name__.endswith("MLP")]
+
+
 @contextmanager
-def checkpointed(model: nn.Module, rows: list[Row]) -> Iterator[None]:
-    """Each block of the model's layer stack (``_block_stack``) under ``torch.utils.checkpoint`` for the block:
-    a backward keeps only the blocks' inputs and recomputes one block's activations at a time, instead of
-    holding every block's (the same gradients; one more forward). The model runs without a key/value cache
-    (``config.use_cache`` off for the block): a recomputed block would append its keys to it a second time.
-    Models without one stack run unchanged."""
+def checkpointed(model: nn.Module, rows: list[Row], plan: Recompute = Recompute()) -> Iterator[None]:
+    """The blocks of the model's layer stack (``_block_stack``) recomputed in the backward for the block (the same
+    gradients; more forwards): each block under ``torch.utils.checkpoint``, so a backward keeps only the blocks'
+    inputs and one block's activations at a time; with ``plan.segment = s > 1`` the stack in segments of ``s``
+    blocks, each checkpointed whole and every block inside it too, so only the segments' inputs are kept and, while
+    one segment is recomputed, its blocks' (``⌈L/s⌉ + s`` hidden states instead of ``L``, one forward more); with
+    ``plan.mlp_tokens`` each block's MLP (``mlps_of``) runs over chunks of that many positions, checkpointed. The
+    model runs without a key/value cache (``config.use_cache`` off for the block): a recomputed block would append
+    its keys to it a second time. Models without one stack run unchanged."""
     found = _block_stack(model, rows)
     if found is None:
         yield
         return
-    stack = found[0]
+    stack = list(found[0])
+    mlps = mlps_of(found[0]) if plan.mlp_tokens else []
+    patched = [*stack, *mlps]
+    saved = [module.__dict__.get("forward") for module in patched]  # keep hooks that wrap forward
     config = getattr(model, "config", None)
     use_cache = getattr(config, "use_cache", None)
     if use_cache:
         config.use_cache = False
-    saved = [block.__dict__.get("forward") for block in stack]  # keep hooks that wrap forward
-    for block in stack:
-        def run(*args: Any, inner: Callable = block.forward, **kwargs: Any) -> Any:
-            return checkpoint(inner, *args, use_reentrant=False, **kwargs) if torch.is_grad_enabled() \
-                else inner(*args, **kwargs)
-        block.forward = run
+    for mlp in mlps:
+        mlp.forward = _chunked_mlp(mlp, plan.mlp_tokens)
+    for start in range(0, len(stack), plan.segment):
+        blocks = stack[start : start + plan.segment]
+        for block, forward in zip(blocks, _segment_forwards(blocks)):
+            block.forward = forward
     try:
         yield
     finally:
         if use_cache:
             config.use_cache = use_cache
-        for block, forward in zip(stack, saved):
+        for module, forward in zip(patched, saved):
             if forward is None:
-                del block.__dict__["forward"]
+                del module.__dict__["forward"]
             else:
-                block.forward = forward
+                module.forward = forward
 
 
 @contextmanager
@@ -192,7 +283,7 @@ def gradient_sums(
     abs_scope: str = "example", seed: int = 0, score_scale: float = 5.0, progress: bool | None = None,
     inputs: Sequence[dict[str, torch.Tensor]] | None = None, cross_attention: bool = False,
     on_batch: Callable[[Batch], None] | None = None, after_forward: Callable[[], None] | None = None,
-    seconds: dict[str, float] | None = None, checkpoint_blocks: bool = True,
+    seconds: dict[str, float] | None = None, checkpoint_blocks: bool | Recompute = True,
 ) -> tuple[torch.Tensor, int]:
     """This process's ``(Σ |∂L/∂g| [rows, H] float64 on CPU, number of examples)``; see the module docstring.
     ``inputs``: ready batches (any keys ``loss_fn`` reads, e.g. a task's collated batches) instead of texts;
@@ -200,7 +291,8 @@ def gradient_sums(
     ``on_batch(batch)``: called before each text batch's forward and ``after_forward()`` once it is done, before
     its backward (``analyze`` feeds its statistics observers from the forwards, not from the recomputations);
     ``seconds``: ``"forward"`` and ``"backward"`` wall times are added into it; ``checkpoint_blocks``: recompute
-    each block in the backward (``checkpointed``)."""
+    the blocks in the backward (``checkpointed``) as ``activations.recompute_plan`` fits them in the memory margin
+    for the longest batch (True), as a given ``Recompute``, or keep every activation (False)."""
     if abs_scope not in ABS_SCOPES:
         raise HeadwiseError(f"unknown abs_scope {abs_scope!r}; use one of {', '.join(ABS_SCOPES)}")
     rows = rows_of(model, cross_attention)
@@ -210,8 +302,13 @@ def gradient_sums(
     bar = progress_bar(total=total, desc="gradient importance", unit="sent",
                        disable=None if progress is None else not progress)
     sums, count = None, 0
+    if checkpoint_blocks is True:  # the largest batch: ready batches as given, texts and pairs at most this long
+        shapes = [b.get("input_ids", next(iter(b.values()))).shape for b in inputs or ()]
+        largest = max(shapes, key=lambda shape: shape.numel()) if shapes else None
+        batch, length = (batch_size, max_length) if largest is None else (largest[0], largest[1:].numel())
+        checkpoint_blocks = recompute_plan(model, rows, batch, length)
     with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
-            checkpointed(model, rows) if checkpoint_blocks else _nothing(), torch.enable_grad():
+            checkpointed(model, rows, checkpoint_blocks) if checkpoint_blocks else _nothing(), torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
                                           seed, score_scale, inputs, on_batch):

@@ -28,6 +28,7 @@ the reference code (docs/reference-methods.md):
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -90,12 +91,16 @@ def _bin_tables(edges: tuple[float, ...]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def histogram_bins(probs: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     """``bucketize(probs.double() + HIST_OFFSET, edges[1:-1], right=True)`` as uint8, ``probs``' shape, for
-    float32 ``probs``, by table lookup (``_bin_tables``); entries ``≥ OUTSIDE`` get ``HIST_BINS``."""
+    float32 ``probs``, by table lookup (``_bin_tables``); entries ``≥ OUTSIDE`` get ``HIST_BINS``. Temporaries:
+    9 bytes per entry (the cell index, the cut and the bin)."""
     first, cut = _bin_tables(tuple(edges.tolist()))
     first, cut = first.to(probs.device), cut.to(probs.device)
     bits = probs.float().contiguous().view(torch.int32).flatten()
-    cell = ((bits >> 16) + 32768).int()
-    return (first.index_select(0, cell) + (bits >= cut.index_select(0, cell))).view(probs.shape)
+    cell = bits >> 16
+    cell += 32768
+    bins = first.index_select(0, cell)
+    bins += bits >= cut.index_select(0, cell)
+    return bins.view(probs.shape)
 
 
 def sparsity_name(t: float) -> str:
@@ -164,16 +169,134 @@ def _gram(x: torch.Tensor) -> torch.Tensor:
     return x @ x.transpose(1, 2)
 
 
-def _chunk(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, q0: int, q1: int
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Query rows ``q0:q1`` of the maps, float32 ``[B, H, n, Tk]``, and their mask (from ``keep`` or the
-    ``ProbRows``)."""
-    if isinstance(probs, ProbRows):
-        return probs.rows(q0, q1).float(), probs.keep(q0, q1)
-    return probs[:, :, q0:q1].float(), None if keep is None else keep[:, :, q0:q1]
+ENTRY_BYTES = 16  # peak bytes of ``batch_sums``' temporaries per attention entry of a block (tested)
+ROW_BYTES = 16 * (HIST_BINS + 1)  # and per query row and head: its histogram counts, as integers then floats
+CPU_BLOCK_BYTES = 32 << 20  # a block's temporaries on a CPU: cache-sized, a small fixed margin at any length
+ACCELERATOR_BLOCK_BYTES = 1 << 30  # the most on an accelerator, where larger blocks mean fewer launches
 
 
-CHUNK_ENTRIES = 1 << 22  # attention entries (B·H·rows·T) one chunk of query rows holds: its temporaries stay small
+def block_bytes(device: torch.device) -> int:
+    """What the temporaries of one block of query rows may take on ``device``: ``CPU_BLOCK_BYTES`` on a CPU (or
+    ``meta``); on an accelerator a sixteenth of its free memory, between ``CPU_BLOCK_BYTES`` and
+    ``ACCELERATOR_BLOCK_BYTES``."""
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+        return int(min(ACCELERATOR_BLOCK_BYTES, max(CPU_BLOCK_BYTES, free // 16)))
+    return CPU_BLOCK_BYTES
+
+
+def block_rows(batch: int, heads: int, keys: int, device: torch.device) -> int:
+    """Query rows per block (at least 1) so that a block's temporaries (``ENTRY_BYTES`` per entry of
+    ``batch × heads × rows × keys``, ``ROW_BYTES`` per row and head) stay within ``block_bytes(device)``,
+    whatever the length."""
+    return max(1, block_bytes(device) // (max(1, batch * heads) * (ENTRY_BYTES * keys + ROW_BYTES)))
+
+
+def _key_end(keep: torch.Tensor | None, keys: int) -> int:
+    """One past the last key ``keep[..., n, Tk]`` lets any row see (``keys`` when None; at least 1)."""
+    if keep is None:
+        return keys
+    seen = keep.reshape(-1, keep.shape[-1]).any(0).nonzero()
+    return max(1, int(seen[-1]) + 1) if len(seen) else 1
+
+
+def query_blocks(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, diagonal: bool = False
+                 ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
+    """The maps by blocks of query rows: ``(q0, q1, A[B, H, q1 − q0, k1] float32, keep[B|1, 1|H, q1 − q0, k1] |
+    None)``, ``block_rows`` rows at a time (each row whole: its softmax needs no other block). Keys past
+    ``k1`` are seen by none of the block's rows (a causal block ``q0:q1`` stops at key ``q1``), hence have no
+    weight and are left out; ``diagonal`` keeps at least the keys up to ``q1`` (``A[i, i + 1]`` exists).
+    ``A`` is the block's own tensor (never a view of ``probs``): callers may change it in place."""
+    B, H, Tq, Tk = probs.shape
+    step = block_rows(B, H, Tk, probs.device)
+    for q0 in range(0, Tq, step):
+        q1 = min(Tq, q0 + step)
+        lazy = isinstance(probs, ProbRows)
+        k1 = probs.key_end(q0, q1) if lazy else _key_end(None if keep is None else keep[:, :, q0:q1], Tk)
+        if diagonal:
+            k1 = max(k1, min(Tk, q1 + 1))
+        if lazy:
+            yield q0, q1, probs.rows(q0, q1, k1).float(), probs.keep(q0, q1, k1)
+        else:
+            A = probs[:, :, q0:q1, :k1]
+            yield q0, q1, A.float() if A.dtype != torch.float32 else A.clone(), \
+                None if keep is None else keep[:, :, q0:q1, :k1]
+
+
+def _output_gram(out: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """``_gram`` of the heads' outputs over real positions, ``out[B, T, H, d]`` → ``[B, H, H]``, summed over blocks
+    of positions (each a float64 copy of at most ``block_bytes``)."""
+    B, T, H, d = out.shape
+    step = max(1, block_bytes(out.device) // (16 * B * H * d))  # two float32 copies and a float64 one per value
+    gram = torch.zeros(B, H, H, dtype=torch.float64, device=out.device)
+    for t0 in range(0, T, step):
+        z = out[:, t0 : t0 + step].float() * real[:, t0 : t0 + step, None, None]
+        gram += _gram(z.transpose(1, 2).flatten(2))  # [B, H, n·d]
+    return gram
+
+
+def _add_block(sums: dict[str, torch.Tensor], acc: dict[str, torch.Tensor], q0: int, q1: int, Av: torch.Tensor,
+               keep: torch.Tensor | None, real: torch.Tensor, special: torch.Tensor, plain: torch.Tensor,
+               thresholds: tuple[float, ...], edges: torch.Tensor) -> None:
+    """Add the block ``Av[B, H, n, k]`` (query rows ``q0:q1``, keys ``:k``; changed in place) with its mask
+    ``keep[B|1, 1|H, n, k]`` into ``batch_sums``' per-head ``sums`` and its accumulators ``acc`` (its temporaries
+    end with the call)."""
+    B, H, n, k = Av.shape
+    q = slice(q0, q1)
+    valid = real[:, None, q, None] & real[:, None, None, :k]  # [B, 1|H, n, k]: not expanded over heads
+    if keep is not None:
+        valid = valid & keep.bool()
+    invalid = ~valid
+    Av.masked_fill_(invalid, 0.0)  # the valid entries' weights, 0 elsewhere
+    rows = real[:, None, q].to(Av.dtype)  # [B, 1, n]
+    pos = torch.arange(max(q1, k), device=Av.device)
+    distance = (pos[q, None] - pos[None, :k]).abs().to(Av.dtype)
+    diagonal = lambda offset: Av.diagonal(q0 + offset, -2, -1)  # noqa: E731  [B, H, ≤ n]: A[i, i + offset]
+    prev, nxt = diagonal(-1), diagonal(1)
+    per_row = {
+        "confidence": Av.amax(-1),
+        "entropy": torch.special.entr(Av).sum(-1),
+        "distance": (Av * distance).sum(-1),
+        "self": diagonal(0),
+        "prev": F.pad(prev, (n - prev.shape[-1], 0)),  # row 0 has no previous token
+        "next": F.pad(nxt, (0, n - nxt.shape[-1])),  # row T − 1 has no next token
+    }
+    # special keys are few (BOS, CLS, SEP): their columns alone give the mass on them and, set to 0 for a moment,
+    # the largest weight on the others
+    columns = special[:, :k].any(0).nonzero().flatten()  # keys special in some sentence
+    held = Av[..., columns]  # [B, H, n, c] (a copy)
+    mine = special[:, None, None, columns]  # [B, 1, 1, c]
+    per_row["special"] = (held * mine).sum(-1)
+    Av[..., columns] = held.masked_fill(mine, 0.0)
+    no_special = Av.amax(-1)
+    Av[..., columns] = held
+    for name, value in per_row.items():
+        sums[name] += (value * rows).sum((0, 2)).double()
+    sums["confidence_no_special"] += (no_special * plain[:, None, q]).sum((0, 2)).double()
+    torch.maximum(acc["block_max"], Av.amax((-2, -1)), out=acc["block_max"])
+    column_max = acc["column_max"][..., :k]
+    torch.maximum(column_max, Av.amax(-2), out=column_max)
+
+    row_entries = valid.sum(-1, dtype=torch.int32).expand(B, H, n)  # valid keys of each query row
+    block_entries = row_entries.sum((0, 2), dtype=torch.int64)  # [H]
+    acc["entries"] += block_entries
+    # invalid entries are 0 in Av, hence ≤ every threshold (thresholds lie in [0, 1]): count all, take them off
+    for j, t in enumerate(thresholds):
+        acc["below"][j] += (Av <= t).sum(-1, dtype=torch.int32).sum((0, 2)) - (B * n * k - block_entries)
+
+    # each valid row adds 1 spread over its entries' bins: its entries counted per bin (invalid ones in the dropped
+    # bin HIST_BINS), each row's counts divided by its valid count
+    bins = histogram_bins(Av, edges)  # [B, H, n, k] uint8
+    bins.masked_fill_(invalid, HIST_BINS)
+    offsets = torch.arange(B * H * n, device=Av.device, dtype=torch.int32).view(B, H, n, 1) * (HIST_BINS + 1)
+    index = (bins + offsets).flatten()
+    del bins
+    counts = torch.bincount(index, minlength=B * H * n * (HIST_BINS + 1)).view(B, H, n, HIST_BINS + 1)
+    del index
+    counts = counts[..., :HIST_BINS].double().div_(row_entries.clamp(min=1)[..., None])
+    acc["histogram"] += counts.sum((0, 2))
+    del counts
+    acc["gram"] += _gram(Av.flatten(2))
 
 
 @torch.no_grad()
@@ -189,15 +312,16 @@ def batch_sums(
     """Sums of every statistic over one batch of one layer.
 
     Shapes: ``probs[B, H, T, T]`` with ``keep[B|1, 1|H, T, T]`` or None, or a ``ProbRows`` (``keep`` None: each
-    chunk's rows and masks are computed from it), ``out[B, T, H, d]`` (per-head outputs Z),
+    block's rows and masks are computed from it), ``out[B, T, H, d]`` (per-head outputs Z),
     ``real`` and ``special`` ``[B, T]`` bool, ``edges[101]``. Returns float64 tensors: ``[H]`` for each name of
     ``ROW_METRICS``, ``SENTENCE_METRICS`` and ``confidence_no_special``; ``sparsity[len(thresholds), H]`` (entry
     counts ≤ t), ``entries[H]`` (valid entries), ``histogram[H, 100]`` (each valid row adds 1 spread over the bins
     of its valid entries), ``similarity[4, H, H]`` (per-sentence matrices summed over sentences, ``SIMILARITIES``
     order), and the counts ``n_rows`` (real query rows), ``n_rows_no_special`` and ``n_sentences`` (scalars).
-    Query rows are taken in chunks of about ``CHUNK_ENTRIES`` entries, so the temporaries beside ``probs`` stay
-    small at any length (with a ``ProbRows``, no whole map exists at all); the result does not depend on the
-    chunking beyond float rounding.
+    The maps are read by blocks of query rows (``query_blocks``), so the memory beside ``probs`` is one block's
+    temporaries (``block_rows``) and ``O(B·H·T)`` accumulators at any length (with a ``ProbRows``, no whole map
+    exists at all). Every statistic is a sum, a count or a maximum over rows or entries, so the blocks change
+    nothing beyond the float rounding of the float64 sums (docs/analysis.md).
     """
     B, H, T, Tk = probs.shape
     if T != Tk or real.shape != (B, T):
@@ -205,71 +329,26 @@ def batch_sums(
     real, special = real.bool(), special.bool() & real.bool()
     plain = real & ~special  # Av is 0 off the valid block: dropping special keys leaves the plain block
     sentence = real.any(1).double()  # [B]
-    pos = torch.arange(T, device=probs.device)
     f64 = dict(dtype=torch.float64, device=probs.device)
     sums = {name: torch.zeros(H, **f64) for name in (*ROW_METRICS, "confidence_no_special")}
-    block_max = torch.zeros(B, H, device=probs.device)  # [B, H]: max over the valid block
-    column_max = torch.zeros(B, H, T, device=probs.device)  # [B, H, Tk]: max over query rows
-    below = torch.zeros(len(thresholds), H, dtype=torch.int64, device=probs.device)
-    entries = torch.zeros(H, dtype=torch.int64, device=probs.device)
-    classes = torch.zeros(H * (T + 1) * (HIST_BINS + 1), dtype=torch.int64, device=probs.device)
-    gram = torch.zeros(B, H, H, **f64)
-    step = max(1, CHUNK_ENTRIES // max(1, B * H * T))
-    for q0 in range(0, T, step):
-        q = slice(q0, min(T, q0 + step))
-        n = q.stop - q0
-        A, keep_q = _chunk(probs, keep, q0, q.stop)  # [B, H, n, T] float32, [B|1, 1|H, n, T] | None
-        valid = real[:, None, q, None] & real[:, None, None, :]  # [B, 1|H, n, T]: not expanded over heads
-        if keep_q is not None:
-            valid = valid & keep_q.bool()
-        Av = A.masked_fill(~valid, 0.0)
-        rows = real[:, None, q].to(A.dtype)  # [B, 1, n]
-        distance = (pos[q, None] - pos[None, :]).abs().to(A.dtype)
-        diagonal = lambda offset: Av.diagonal(q0 + offset, -2, -1)  # noqa: E731  [B, H, ≤ n]: A[i, i + offset]
-        prev, nxt = diagonal(-1), diagonal(1)
-        per_row = {
-            "confidence": Av.amax(-1),
-            "entropy": torch.special.entr(Av).sum(-1),
-            "distance": (Av * distance).sum(-1),
-            "special": (Av * special[:, None, None, :]).sum(-1),
-            "self": diagonal(0),
-            "prev": F.pad(prev, (n - prev.shape[-1], 0)),  # row 0 has no previous token
-            "next": F.pad(nxt, (0, n - nxt.shape[-1])),  # row T − 1 has no next token
-        }
-        for name, value in per_row.items():
-            sums[name] += (value * rows).sum((0, 2)).double()
-        sums["confidence_no_special"] += (Av.masked_fill(special[:, None, None, :], 0.0).amax(-1)
-                                          * plain[:, None, q]).sum((0, 2)).double()
-        block_max = torch.maximum(block_max, Av.amax((-2, -1)))
-        column_max = torch.maximum(column_max, Av.amax(-2))
-
-        row_entries = valid.sum(-1, dtype=torch.int32).expand(B, H, n)  # valid keys of each query row
-        chunk_entries = row_entries.sum((0, 2), dtype=torch.int64)  # [H]
-        entries += chunk_entries
-        # invalid entries are 0 in Av, hence ≤ every threshold (thresholds lie in [0, 1]): count all, take them off
-        for k, t in enumerate(thresholds):
-            below[k] += (Av <= t).sum(-1, dtype=torch.int32).sum((0, 2)) - (B * n * T - chunk_entries)
-
-        # each valid row adds 1 spread over its entries' bins: entries counted per (head, row's valid count, bin),
-        # then each count divided by its row's valid count (integer counts, one division: no per-entry weights)
-        bins = histogram_bins(A.masked_fill(~valid, OUTSIDE), edges)  # [B, H, n, T] uint8, invalid → HIST_BINS
-        row_class = torch.arange(H, device=A.device, dtype=torch.int32)[None, :, None] * (T + 1) + row_entries
-        index = (row_class * (HIST_BINS + 1))[..., None] + bins  # [B, H, n, T] int32
-        classes += torch.bincount(index.flatten(), minlength=classes.numel())
-        gram += _gram(Av.flatten(2))
-
+    acc = {"block_max": torch.zeros(B, H, device=probs.device),  # [B, H]: max over the valid block
+           "column_max": torch.zeros(B, H, T, device=probs.device),  # [B, H, Tk]: max over query rows
+           "below": torch.zeros(len(thresholds), H, dtype=torch.int64, device=probs.device),
+           "entries": torch.zeros(H, dtype=torch.int64, device=probs.device),
+           "histogram": torch.zeros(H, HIST_BINS, **f64), "gram": torch.zeros(B, H, H, **f64)}
+    for q0, q1, Av, keep_q in query_blocks(probs, keep, diagonal=True):
+        _add_block(sums, acc, q0, q1, Av, keep_q, real, special, plain, thresholds, edges)
+        del Av, keep_q  # freed before the next block is computed
+    block_max, column_max = acc["block_max"], acc["column_max"]
     sums["mhr_base"] = (block_max.double() * sentence[:, None]).sum(0)
     n_keys = real.sum(1).clamp(min=1).double()  # [B]
     column_mean = (column_max * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
     sums["mhr_advanced"] = (column_mean * sentence[:, None]).sum(0)
-    sums["sparsity"] = below.double() if thresholds else torch.zeros(0, H, **f64)
-    sums["entries"] = entries.double()
-    counts = classes.view(H, T + 1, HIST_BINS + 1)[..., :HIST_BINS].double()
-    per_entry = 1.0 / torch.arange(T + 1, **f64).clamp(min=1)
-    sums["histogram"] = (counts * per_entry[None, :, None]).sum(1)
+    sums["sparsity"] = acc["below"].double() if thresholds else torch.zeros(0, H, **f64)
+    sums["entries"] = acc["entries"].double()
+    sums["histogram"] = acc["histogram"]
 
-    z = (out.float() * real[:, :, None, None]).transpose(1, 2).flatten(2)  # [B, H, T·d]
-    sims = [*_pairwise(gram), *_pairwise(_gram(z))]
+    sims = [*_pairwise(acc["gram"]), *_pairwise(_output_gram(out, real))]
     sums["similarity"] = torch.stack([(s * sentence[:, None, None]).sum(0) for s in sims])
 
     sums["n_rows"] = real.sum().double()

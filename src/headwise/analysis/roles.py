@@ -33,7 +33,9 @@ from ..errors import HeadwiseError
 from ..sites import AttentionSite, find_sites
 from ..runtime import eval_mode, using_headwise
 from ..runtime.gates import layer_of
-from .attach import per_site
+from ..runtime.probs import ProbRows
+from .attach import observed_call, per_site
+from .metrics import query_blocks
 from .rows import Row
 
 ROLES = ("positional", "rare", "alignment")
@@ -77,48 +79,65 @@ def _rank(real: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def role_sums(probs: torch.Tensor, keep: torch.Tensor | None, kind: str, q_real: torch.Tensor, k_real: torch.Tensor,
-              k_rarest: torch.Tensor | None = None, alignment: torch.Tensor | None = None,
+def role_sums(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, kind: str, q_real: torch.Tensor,
+              k_real: torch.Tensor, k_rarest: torch.Tensor | None = None, alignment: torch.Tensor | None = None,
               window: int = 1) -> dict[str, torch.Tensor]:
     """Counts behind the roles for one batch of one layer.
 
-    ``probs[B, H, Tq, Tk]``; ``keep[B|1, 1|H, Tq, Tk]`` or None; ``q_real[B, Tq]``, ``k_real[B, Tk]``,
-    ``k_rarest[B, Tk]`` bool; ``alignment[B, Tq, Tk]`` bool (``dec-enc`` only). Returns float64 ``[H]`` hit counts
-    ``prev``, ``next`` (self kinds), ``rare``, ``alignment`` and ``confidence`` (sum of row maxima) with their row
-    counts ``rows``, ``rare_rows``, ``alignment_rows`` (scalars).
+    ``probs[B, H, Tq, Tk]`` with ``keep[B|1, 1|H, Tq, Tk]`` or None, or a ``ProbRows`` (``keep`` None); ``q_real[B,
+    Tq]``, ``k_real[B, Tk]``, ``k_rarest[B, Tk]`` bool; ``alignment[B, Tq, Tk]`` bool (``dec-enc`` only). Returns
+    float64 ``[H]`` hit counts ``prev``, ``next`` (self kinds), ``rare``, ``alignment`` and ``confidence`` (sum of
+    row maxima) with their row counts ``rows``, ``rare_rows``, ``alignment_rows`` (scalars). Every count is a sum
+    over query rows of each row's argmax: the maps are read by blocks of rows (``metrics.query_blocks``) and the
+    counts are those of the whole map.
     """
     B, H, Tq, Tk = probs.shape
-    valid = q_real.bool()[:, None, :, None] & k_real.bool()[:, None, None, :]
-    if keep is not None:
-        valid = valid & keep.bool()
-    valid = valid.expand(B, H, Tq, Tk)
-    weights = probs.float().masked_fill(~valid, -1.0)  # invalid keys never win the argmax
-    top = weights.argmax(-1)  # [B, H, Tq]
-    rows = valid.any(-1)  # [B, H, Tq]: real rows that see a key
-    sums: dict[str, torch.Tensor] = {"rows": rows[:, 0].sum().double(),
-                                     "confidence": (weights.amax(-1).clamp(min=0) * rows).sum((0, 2)).double()}
+    device = q_real.device
+    q_real, k_real = q_real.bool(), k_real.bool()
+    sums: dict[str, torch.Tensor] = {"rows": torch.zeros((), dtype=torch.float64, device=device),
+                                     "confidence": torch.zeros(H, dtype=torch.float64, device=device)}
+    if kind != "dec-enc":
+        sums["prev"], sums["next"] = torch.zeros_like(sums["confidence"]), torch.zeros_like(sums["confidence"])
+    if k_rarest is not None:
+        sums["rare"], sums["rare_rows"] = torch.zeros_like(sums["confidence"]), torch.zeros_like(sums["rows"])
+    if kind == "dec-enc":
+        sums["alignment"], sums["alignment_rows"] = torch.zeros_like(sums["confidence"]), torch.zeros_like(sums["rows"])
+        if alignment is None:
+            q_rank, k_rank = _rank(q_real), _rank(k_real)
+            slope = (k_real.sum(1) - 1).double() / (q_real.sum(1) - 1).clamp(min=1).double()  # [B]
+            expected = q_rank * slope[:, None]  # [B, Tq]
 
     def hits(hit: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
         return (hit & where).sum((0, 2)).double()
 
-    if kind != "dec-enc":
-        pos = torch.arange(Tq, device=probs.device)[None, None, :]
-        sums["prev"], sums["next"] = hits(top == pos - 1, rows), hits(top == pos + 1, rows)
-    if k_rarest is not None:
-        eligible = rows & k_rarest.any(1)[:, None, None]
-        sums["rare"] = hits(k_rarest[:, None, :].expand(B, H, Tk).gather(2, top), eligible)
-        sums["rare_rows"] = eligible[:, 0].sum().double()
-    if kind == "dec-enc":
-        if alignment is not None:
-            aligned = rows & alignment.bool().any(-1)[:, None, :]
-            hit = alignment.bool()[:, None].expand(B, H, Tq, Tk).gather(3, top[..., None])[..., 0]
-        else:
-            q_rank, k_rank = _rank(q_real), _rank(k_real)
-            slope = (k_real.sum(1) - 1).double() / (q_real.sum(1) - 1).clamp(min=1).double()  # [B]
-            expected = q_rank * slope[:, None]  # [B, Tq]
-            got = k_rank[:, None, :].expand(B, H, Tk).gather(2, top)  # [B, H, Tq]
-            hit, aligned = (got - expected[:, None]).abs() <= window, rows
-        sums["alignment"], sums["alignment_rows"] = hits(hit, aligned), aligned[:, 0].sum().double()
+    for q0, q1, weights, keep_q in query_blocks(probs, keep):  # [B, H, n, k] float32, [B|1, 1|H, n, k] | None
+        q, n, k = slice(q0, q1), q1 - q0, weights.shape[-1]
+        valid = q_real[:, None, q, None] & k_real[:, None, None, :k]
+        if keep_q is not None:
+            valid = valid & keep_q.bool()
+        weights.masked_fill_(~valid, -1.0)  # invalid keys never win the argmax
+        top = weights.argmax(-1)  # [B, H, n]
+        rows = valid.any(-1).expand(B, H, n)  # real rows that see a key
+        sums["rows"] += rows[:, 0].sum().double()
+        sums["confidence"] += (weights.amax(-1).clamp(min=0) * rows).sum((0, 2)).double()
+        if kind != "dec-enc":
+            pos = torch.arange(q0, q1, device=device)[None, None, :]
+            sums["prev"] += hits(top == pos - 1, rows)
+            sums["next"] += hits(top == pos + 1, rows)
+        if k_rarest is not None:
+            eligible = rows & k_rarest.any(1)[:, None, None]
+            sums["rare"] += hits(k_rarest[:, None, :k].expand(B, H, k).gather(2, top), eligible)
+            sums["rare_rows"] += eligible[:, 0].sum().double()
+        if kind == "dec-enc":
+            if alignment is not None:
+                aligned = rows & alignment[:, q].bool().any(-1)[:, None, :]
+                hit = alignment[:, None, q, :k].bool().expand(B, H, n, k).gather(3, top[..., None])[..., 0]
+            else:
+                got = k_rank[:, None, :k].expand(B, H, k).gather(2, top)  # [B, H, n]
+                hit, aligned = (got - expected[:, None, q]).abs() <= window, rows
+            sums["alignment"] += hits(hit, aligned)
+            sums["alignment_rows"] += aligned[:, 0].sum().double()
+        del weights, valid, top  # freed before the next block is computed
     return sums
 
 
@@ -198,12 +217,16 @@ class _Batch:
 
 
 class _RoleObserver:
+    """Adds ``role_sums`` of every call into ``totals[row]``; takes rows (``ProbRows``), so the module runs SDPA."""
+
+    takes_rows = True
+
     def __init__(self, site: AttentionSite, first_row: int, n_layers: int, batch: _Batch,
                  totals: dict[int, dict[str, torch.Tensor]], window: int) -> None:
         self.site, self.first_row, self.n_layers, self.batch, self.totals = site, first_row, n_layers, batch, totals
         self.window, self.calls = window, 0
 
-    def __call__(self, probs: torch.Tensor, keep: torch.Tensor | None, out: torch.Tensor) -> None:
+    def __call__(self, probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, out: torch.Tensor) -> None:
         row, b, kind = self.first_row + layer_of(self, self.n_layers), self.batch, self.site.kind
         q_real, q_rarest = (b.src_real, b.src_rarest) if kind == "enc-self" else (b.tgt_real, b.tgt_rarest)
         k_real, k_rarest = (q_real, q_rarest) if kind != "dec-enc" else (b.src_real, b.src_rarest)
@@ -288,7 +311,7 @@ def head_roles(model: nn.Module, batches: Sequence[Mapping[str, torch.Tensor]], 
             state.src_rarest = rarest_positions(src_ids.to(device), state.src_real, frequency, specials)
             state.tgt_rarest = rarest_positions(tgt_ids.to(device), state.tgt_real, frequency, specials)
             state.alignment = None if batch.get("alignment") is None else batch["alignment"].to(device)
-            model(**{k: v.to(device) for k, v in batch.items() if k != "alignment"})
+            observed_call(model, {k: v.to(device) for k, v in batch.items() if k != "alignment"})
     scores: dict[str, list] = {name: [] for name in SCORES}
     roles = []
     for r in rows:

@@ -54,46 +54,84 @@ def attention_probs(
 ) -> torch.Tensor:
     """``softmax(q·kᵀ·scaling + bias + mask)`` in float32, then ``dtype``: ``probs[B, H, n, Tk]`` for the ``n``
     query rows of ``query[B, H, n, d]`` against ``key[B, H, Tk, d]`` (``query_heads``). ``attention_mask``,
-    ``position_bias`` and ``keep`` are those rows' (``query_rows``, ``keep_mask``); a float mask is added, a boolean
-    one (or a causal ``keep``) sets dropped scores to the dtype's minimum (a fully masked row becomes uniform)."""
-    k_len = key.shape[2]
+    ``position_bias`` and ``keep`` are those rows' (``query_rows``, ``keep_mask``); see ``probs_of_scores``."""
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    return probs_of_scores(scores, attention_mask, keep, position_bias, dtype)
+
+
+def grouped_scores(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``query[B, H, n, d] · key[B, Hkv, Tk, d]ᵀ · scaling`` → ``[B, H, n, Tk]``, each query head against its key
+    head ``h // (H / Hkv)`` (as ``repeat_kv`` pairs them) without repeating the keys: a group's query rows are
+    stacked into one matrix product."""
+    B, H, n, d = query.shape
+    groups = H // key.shape[1]
+    if groups == 1:
+        return torch.matmul(query, key.transpose(-1, -2)).mul_(scaling)
+    stacked = query.reshape(B, key.shape[1], groups * n, d)
+    return torch.matmul(stacked, key.transpose(-1, -2)).mul_(scaling).view(B, H, n, key.shape[2])
+
+
+def probs_of_scores(scores: torch.Tensor, attention_mask: torch.Tensor | None, keep: torch.Tensor | None,
+                    position_bias: torch.Tensor | None, dtype: torch.dtype, inplace: bool = False) -> torch.Tensor:
+    """``softmax(scores + bias + mask)`` in float32, then ``dtype``, for ``scores[B, H, n, Tk]`` and those rows'
+    mask, bias and ``keep`` (a float mask is added, a boolean one or a causal ``keep`` sets dropped scores to the
+    dtype's minimum: a fully masked row becomes uniform). ``inplace``: bias and mask go into ``scores`` itself (a
+    caller's own scores, no graph: one copy fewer)."""
+    k_len = scores.shape[-1]
     if position_bias is not None:
-        scores = scores + position_bias[..., :k_len]
+        scores = scores.add_(position_bias[..., :k_len]) if inplace else scores + position_bias[..., :k_len]
     if attention_mask is not None and attention_mask.dtype != torch.bool:
-        scores = scores + attention_mask[..., :k_len]
+        scores = scores.add_(attention_mask[..., :k_len]) if inplace else scores + attention_mask[..., :k_len]
     elif keep is not None:
-        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        fill = torch.finfo(scores.dtype).min
+        scores = scores.masked_fill_(~keep, fill) if inplace else scores.masked_fill(~keep, fill)
     return F.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
 
 
 class ProbRows:
     """The probabilities ``[B, H, Tq, Tk]`` of one attention call, computed when asked, by spans of query rows.
 
-    Holds the call's ``query[B, H, Tq, d]``, its ``key`` repeated to the query heads, the mask, scaling and position
-    bias (nothing that grows with ``Tq × Tk`` beyond the caller's own mask); ``shape`` is the map's. ``rows(q0, q1)``
-    gives ``probs[B, H, q1 − q0, Tk]`` exactly as ``softmax_attention`` computes those rows (float32 softmax, then
-    ``dtype``), under ``no_grad``; ``keep(q0, q1)`` their "may attend" mask ``[B|1, 1|H, q1 − q0, Tk]`` or None;
-    ``full()`` the whole map at once, for consumers that need it.
+    Holds the call's ``query[B, H, Tq, d]``, its ``key[B, Hkv, Tk, d]`` (not repeated to the query heads), the
+    mask, scaling and position bias (nothing that grows with ``Tq × Tk`` beyond the caller's own mask); ``shape``
+    is the map's. ``rows(q0, q1, k1)`` gives ``probs[B, H, q1 − q0, k1]``, the first ``k1`` keys (default: all) of
+    those rows exactly as ``softmax_attention`` computes them (float32 softmax, then ``dtype``), under ``no_grad``
+    — exact for any ``k1 ≥ key_end(q0, q1)``, as the rows give the keys past it no weight; ``keep(q0, q1, k1)``
+    their "may attend" mask ``[B|1, 1|H, q1 − q0, k1]`` or None; ``full()`` the whole map at once, for consumers
+    that need it.
     """
 
     def __init__(self, query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, scaling: float,
                  causal: bool, position_bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         self.query = query.detach()
-        self.key = query_heads(key.detach(), query, attention_mask, causal)
+        self.key = key.detach()
+        if attention_mask is None and causal and query.shape[2] > 1 and key.shape[2] > query.shape[2]:
+            self.key = self.key[:, :, : query.shape[2]]  # an empty static cache, cropped as SDPA crops it
         self.mask = attention_mask
         self.bias = None if position_bias is None else position_bias.detach()
         self.scaling, self.causal, self.dtype = scaling, causal, dtype
         self.shape = torch.Size((*query.shape[:3], self.key.shape[2]))
         self.device = query.device
 
-    def keep(self, q0: int, q1: int) -> torch.Tensor | None:
-        return keep_mask(self.mask, self.shape[2], self.shape[3], self.causal, self.device, q0, q1)
+    def keep(self, q0: int, q1: int, k1: int | None = None) -> torch.Tensor | None:
+        keep = keep_mask(self.mask, self.shape[2], self.shape[3], self.causal, self.device, q0, q1)
+        return keep if keep is None or k1 is None else keep[..., :k1]
+
+    def key_end(self, q0: int, q1: int) -> int:
+        """One past the last key any of rows ``q0:q1`` may attend to (at least 1): a causal row ``i`` sees keys
+        ``≤ i``; with a mask, the last key its rows keep."""
+        keep = self.keep(q0, q1)
+        if keep is None:
+            return self.shape[3]
+        seen = keep.reshape(-1, keep.shape[-1]).any(0).nonzero()
+        return max(1, int(seen[-1]) + 1) if len(seen) else 1
 
     @torch.no_grad()
-    def rows(self, q0: int, q1: int) -> torch.Tensor:
-        return attention_probs(self.query[:, :, q0:q1], self.key, query_rows(self.mask, q0, q1), self.keep(q0, q1),
-                               self.scaling, query_rows(self.bias, q0, q1), self.dtype)
+    def rows(self, q0: int, q1: int, k1: int | None = None) -> torch.Tensor:
+        k1 = self.shape[3] if k1 is None else k1
+        mask, bias = query_rows(self.mask, q0, q1), query_rows(self.bias, q0, q1)
+        scores = grouped_scores(self.query[:, :, q0:q1], self.key[:, :, :k1], self.scaling)
+        return probs_of_scores(scores, None if mask is None else mask[..., :k1], self.keep(q0, q1, k1),
+                               None if bias is None else bias[..., :k1], self.dtype, inplace=True)
 
     def full(self) -> torch.Tensor:
         return self.rows(0, self.shape[2])

@@ -150,7 +150,7 @@ class Task:
         from transformers import TrainingArguments, set_seed
         from transformers.trainer_utils import get_last_checkpoint
 
-        from ..trainer.memory import choose_memory, recomputed_blocks
+        from ..trainer.memory import bounded as bounded_memory, choose_memory
         from ..trainer.trainer import HeadwiseTrainer
 
         model = getattr(objective, "model", objective)
@@ -177,7 +177,7 @@ class Task:
                                   data_collator=lambda items: collate(items, pad_id_of(tokenizer)),
                                   penalties=penalties, head_learning_rate=head_learning_rate,
                                   callbacks=list(callbacks), step_in_backward=bounded)
-        with recomputed_blocks(model) if bounded else nullcontext():
+        with bounded_memory(model) if bounded else nullcontext():
             trainer.train(resume_from_checkpoint=True if resume else None)
 
 

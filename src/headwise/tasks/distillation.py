@@ -28,7 +28,7 @@ def logit_distillation(student: torch.Tensor, teacher: torch.Tensor, mask: torch
     log_s = F.log_softmax(student.float() / temperature, dim=-1)
     log_t = F.log_softmax(teacher.float() / temperature, dim=-1)
     kl = (log_t.exp() * (log_t - log_s)).sum(-1) * temperature**2
-    return _mean_over_positions(kl, mask)
+    return mean_over_positions(kl, mask)
 
 
 def embedding_distillation(student: torch.Tensor, teacher: torch.Tensor, mask: torch.Tensor | None = None,
@@ -44,31 +44,58 @@ def embedding_distillation(student: torch.Tensor, teacher: torch.Tensor, mask: t
         per_position = 1 - F.cosine_similarity(s, t, dim=-1)
     else:
         per_position = (s - t).pow(2).mean(-1)
-    return _mean_over_positions(per_position, mask)
+    return mean_over_positions(per_position, mask)
 
 
 def headed_logit_distillation(student: TaskOutputs, teacher: TaskOutputs, temperature: float = 1.0
                               ) -> torch.Tensor:
     """``logit_distillation`` of outputs whose logits come through an output head (``TaskOutputs.head``, either
-    side): ``[B]``, the logits built ``logit_rows(V)`` positions at a time. With gradients on, each chunk is
-    checkpointed (its logits recomputed in the backward), so no ``[B, T, V]`` tensor exists, forward or backward."""
-    from .lm import logit_rows
+    side): ``[B]``, the logits built ``logit_rows(V)`` positions at a time (``headed_kl``), so no ``[B, T, V]``
+    tensor exists, forward or backward."""
+    return mean_over_positions(headed_kl(student, teacher, temperature), student.mask)
+
+
+def headed_kl(student: TaskOutputs, teacher: TaskOutputs, temperature: float = 1.0,
+              target: torch.Tensor | None = None) -> torch.Tensor:
+    """Per position ``T² · KL(p_teacher ‖ p_student)`` ``[B, T]`` of outputs whose logits come through an output head
+    (either side), ``logit_rows(V)`` positions at a time; with ``target`` ``[B, T]`` (≥ 0) also the student's
+    next-token NLL of the same logits: ``[B, T, 2]`` (KL, NLL). Through the student's head (``tasks.lm.head_losses``)
+    the backward rebuilds each chunk's logits and holds one gradient of the head's weight for both; student logits
+    given whole are read a chunk at a time, each chunk checkpointed."""
+    from .lm import head_losses, logit_rows, nll_of
 
     _check_temperature(temperature)
     s = student.values.reshape(-1, student.values.shape[-1])  # [N, D or V]
     t = teacher.values.reshape(-1, teacher.values.shape[-1])
+    goal = None if target is None else target.reshape(-1)
 
-    def chunk_kl(s_rows: torch.Tensor, t_rows: torch.Tensor) -> torch.Tensor:  # [n, ·] → [n]
-        log_s = F.log_softmax(_logits(student, s_rows).float() / temperature, dim=-1)
-        with torch.no_grad():
-            log_t = F.log_softmax(_logits(teacher, t_rows).float() / temperature, dim=-1)
-        return (log_t.exp() * (log_t - log_s)).sum(-1) * temperature**2
+    def losses(logits: torch.Tensor, rows: slice) -> torch.Tensor:  # student logits [n, V] → [n, 1 or 2]
+        kl = _kl(logits, _logits(teacher, t[rows]), temperature)
+        return kl[:, None] if goal is None else torch.stack([kl, nll_of(logits, goal[rows])], -1)
 
-    step = logit_rows(student.classes)
-    keep = torch.is_grad_enabled() and s.requires_grad
-    parts = [checkpoint(chunk_kl, s[i : i + step], t[i : i + step], use_reentrant=False) if keep
-             else chunk_kl(s[i : i + step], t[i : i + step]) for i in range(0, len(s), step)]
-    return _mean_over_positions(torch.cat(parts).view(student.values.shape[:-1]), student.mask)
+    if student.head is not None:
+        values = head_losses(student.head, s, losses, student.classes)
+    else:
+        step = logit_rows(student.classes)
+        spans = [slice(i, i + step) for i in range(0, len(s), step)]
+        keep = torch.is_grad_enabled() and s.requires_grad
+        values = torch.cat([checkpoint(lambda rows_s, rows=rows: losses(rows_s, rows), s[rows], use_reentrant=False)
+                            if keep else losses(s[rows], rows) for rows in spans])
+    shape = student.values.shape[:-1]
+    return values.view(shape) if goal is None else values.view(*shape, 2)
+
+
+def _kl(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``T² · KL(softmax(t / T) ‖ softmax(s / T))`` ``[n]`` of logits ``[n, V]`` (float32), as
+    ``T² · (Σ p_t log p_t − Σ p_t log p_s)``: the teacher's side without a gradient, so the graph keeps the
+    student's log-probabilities and ``p_t`` only (four ``[n, V]`` tensors at most, not six)."""
+    log_s = F.log_softmax(student.float() / temperature, dim=-1)
+    with torch.no_grad():
+        log_t = F.log_softmax(teacher.float() / temperature, dim=-1)
+        p_t = log_t.exp()
+        own = (p_t * log_t).sum(-1)
+        del log_t
+    return (own - (p_t * log_s).sum(-1)) * temperature**2
 
 
 def _check_temperature(temperature: float) -> None:
@@ -96,7 +123,7 @@ def distillation_loss(student: TaskOutputs, teacher: TaskOutputs, *, temperature
     return embedding_distillation(student.values, teacher.values, student.mask, distance)
 
 
-def _mean_over_positions(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+def mean_over_positions(values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``[B, ...]`` → ``[B]``: the mean over the positions ``mask`` keeps (all when None)."""
     values = values.reshape(values.shape[0], -1)
     if mask is None:

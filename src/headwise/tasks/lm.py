@@ -16,7 +16,7 @@ import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +25,9 @@ from torch.utils.checkpoint import checkpoint
 
 from ..batching import LABEL_PAD, Examples, check_context
 from ..errors import HeadwiseError
+from ..trainer.memory import head_gradient_into_grad
 from .base import Task, TaskOutputs
+from .distillation import distillation_loss, headed_kl, mean_over_positions
 from .metrics import finite_metrics
 from .paths import existing_file, read_lines, shared_data
 from ..progress import progress_bar
@@ -36,7 +38,7 @@ SPLITS = ("eval", "train", "calibration", "all")
 
 
 LOSS_CHUNK_BYTES = 8 * 2**20  # float32 logits of one chunk of positions (bounds the loss's memory)
-LOSS_CHUNK_MIN_ROWS = 64  # the least positions per chunk (a large vocabulary keeps its matmuls efficient)
+LOSS_CHUNK_MIN_ROWS = 16  # the least positions per chunk (a large vocabulary keeps its matmuls efficient)
 
 
 @contextmanager
@@ -91,15 +93,11 @@ def logit_rows(vocab: int) -> int:
     return max(LOSS_CHUNK_MIN_ROWS, LOSS_CHUNK_BYTES // (4 * vocab))
 
 
-def _chunk_nll(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Next-token NLL ``[n]`` (float32) of ``n`` positions: ``hidden`` ``[n, D]``, ``target`` ``[n]`` (≥ 0)."""
-    return F.cross_entropy(head(hidden).float(), target, reduction="none")
-
-
 class _FrozenHeadNLL(torch.autograd.Function):
-    """``_chunk_nll`` through a frozen ``nn.Linear`` head whose input needs a gradient: the forward also computes
-    ``∂nll_i/∂hidden_i = (softmax(logits_i) − onehot(target_i)) · W`` (``[n, D]``, the head's dtype) and keeps only
-    that, so the backward is one scaling (no logits kept, none recomputed: two head matmuls per chunk, not three)."""
+    """Next-token NLL ``[n]`` through a frozen ``nn.Linear`` head whose input needs a gradient: the forward also
+    computes ``∂nll_i/∂hidden_i = (softmax(logits_i) − onehot(target_i)) · W`` (``[n, D]``, the head's dtype) and
+    keeps only that, so the backward is one scaling (no logits kept, none recomputed: two head matmuls per chunk,
+    not three)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -117,12 +115,62 @@ class _FrozenHeadNLL(torch.autograd.Function):
         return (grad_nll[:, None] * unit).to(unit.dtype), None, None, None
 
 
-def _nll_with_grad(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """``_chunk_nll`` of ``hidden`` that needs a gradient, never holding the chunk's logits for the backward: the
-    fused frozen-head form for a plain ``nn.Linear`` head without trainable parameters, else a checkpoint."""
-    if type(head) is nn.Linear and not any(p.requires_grad for p in head.parameters()):
-        return _FrozenHeadNLL.apply(hidden, head.weight, head.bias, target)
-    return checkpoint(_chunk_nll, head, hidden, target, use_reentrant=False)
+ChunkLosses = Callable[[torch.Tensor, slice], torch.Tensor]  # (logits [n, V], their rows) -> losses [n, K]
+
+
+class _HeadChunks(torch.autograd.Function):
+    """Per-position losses ``[N, K]`` of a plain ``nn.Linear`` head's logits, built ``step`` rows at a time; the
+    backward rebuilds each chunk's logits, takes the losses' gradient on them and adds the head's weight (and bias)
+    gradient into one buffer: the backward holds one ``[V, D]`` weight gradient, not one per chunk and a sum (a
+    checkpoint per chunk makes a ``[V, D]`` gradient in every chunk's backward, and autograd adds them up)."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, losses: ChunkLosses,
+                step: int) -> torch.Tensor:
+        ctx.save_for_backward(hidden, weight, bias)
+        ctx.losses, ctx.step = losses, step
+        return torch.cat([losses(F.linear(hidden[i : i + step], weight, bias), slice(i, i + step))
+                          for i in range(0, len(hidden), step)])
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias = ctx.saved_tensors
+        wants_hidden, wants_weight, wants_bias = ctx.needs_input_grad[:3]
+        d_hidden = torch.empty_like(hidden) if wants_hidden else None
+        d_weight = torch.zeros_like(weight) if wants_weight else None
+        d_bias = torch.zeros_like(bias) if wants_bias else None
+        for i in range(0, len(hidden), ctx.step):
+            rows = slice(i, i + ctx.step)
+            with torch.enable_grad():
+                logits = F.linear(hidden[rows], weight, bias).detach().requires_grad_()
+                (d_logits,) = torch.autograd.grad(ctx.losses(logits, rows), logits, grad[rows])
+            d_logits = d_logits.to(weight.dtype)  # [n, V]
+            if wants_hidden:
+                d_hidden[rows] = d_logits @ weight
+            if wants_weight:
+                d_weight.addmm_(d_logits.t(), hidden[rows])
+            if wants_bias:
+                d_bias += d_logits.sum(0)
+        if wants_weight and head_gradient_into_grad(weight):  # a tied embedding's sparse rows follow, in place
+            weight.grad = d_weight if weight.grad is None else weight.grad.add_(d_weight)
+            d_weight = None
+        return d_hidden, d_weight, d_bias, None, None
+
+
+def head_losses(head: nn.Module, hidden: torch.Tensor, losses: ChunkLosses, vocab: int) -> torch.Tensor:
+    """``losses(head(hidden[rows]), rows)`` ``[N, K]`` over ``hidden`` ``[N, D]``, ``logit_rows(vocab)`` rows at a
+    time, never holding more than one chunk's logits: without gradients a plain loop; with them, through a plain
+    ``nn.Linear`` head, ``_HeadChunks`` (one weight gradient buffer), through another head a checkpoint per chunk
+    (its logits recomputed in the backward)."""
+    step = logit_rows(vocab)
+    spans = [slice(i, i + step) for i in range(0, len(hidden), step)]
+    trains = any(p.requires_grad for p in head.parameters())
+    if not torch.is_grad_enabled() or not (hidden.requires_grad or trains):
+        return torch.cat([losses(head(hidden[rows]), rows) for rows in spans])
+    if type(head) is nn.Linear:
+        return _HeadChunks.apply(hidden, head.weight, head.bias, losses, step)
+    return torch.cat([checkpoint(lambda h, rows=rows: losses(head(h), rows), hidden[rows], use_reentrant=False)
+                      for rows in spans])
 
 
 def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -150,12 +198,21 @@ def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 def head_nll(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor, vocab: int) -> torch.Tensor:
     """Next-token NLL ``[B, T]`` (float32) of ``head(hidden)`` (``hidden`` ``[B, T, D]``, ``target`` ``[B, T]`` ≥ 0)
-    built a chunk of ``logit_rows(vocab)`` positions at a time (see ``next_token_nll``)."""
+    built a chunk of ``logit_rows(vocab)`` positions at a time (see ``next_token_nll``): through a frozen plain
+    ``nn.Linear`` head with a gradient for ``hidden``, ``_FrozenHeadNLL``; else ``head_losses``."""
     flat, goal = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)  # [B·T, D], [B·T]
-    step = logit_rows(vocab)
-    chunk_nll = _nll_with_grad if torch.is_grad_enabled() and flat.requires_grad else _chunk_nll
-    parts = [chunk_nll(head, flat[i : i + step], goal[i : i + step]) for i in range(0, len(flat), step)]
-    return torch.cat(parts).view_as(target)
+    frozen = type(head) is nn.Linear and not any(p.requires_grad for p in head.parameters())
+    if torch.is_grad_enabled() and flat.requires_grad and frozen:
+        step = logit_rows(vocab)
+        parts = [_FrozenHeadNLL.apply(flat[i : i + step], head.weight, head.bias, goal[i : i + step])
+                 for i in range(0, len(flat), step)]
+        return torch.cat(parts).view_as(target)
+    return head_losses(head, flat, lambda logits, rows: nll_of(logits, goal[rows])[:, None], vocab).view_as(target)
+
+
+def nll_of(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Next-token NLL ``[n]`` (float32) of logits ``[n, V]`` for ``target`` ``[n]`` (≥ 0)."""
+    return F.cross_entropy(logits.float(), target, reduction="none")
 
 
 @dataclass
@@ -317,8 +374,17 @@ class LanguageModeling(Task):
             nll = head_nll(outputs.head, outputs.values, target, outputs.classes)
         else:
             nll = F.cross_entropy(outputs.values.float().transpose(1, 2), target, reduction="none")
-        scored = outputs.mask
-        return (nll * scored).sum(1) / scored.sum(1).clamp(min=1)
+        return mean_over_positions(nll, outputs.mask)
+
+    def loss_and_distillation(self, student: TaskOutputs, teacher: TaskOutputs, batch: dict[str, torch.Tensor],
+                              temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(loss_from(student, batch), headed_logit_distillation(student, teacher))`` ``[B]`` each, from one pass
+        over the student's logits when they come through its head (``headed_kl`` with the targets): the backward
+        holds one gradient of the head's weight for both losses, not one each."""
+        if student.head is None:
+            return self.loss_from(student, batch), distillation_loss(student, teacher, temperature=temperature)
+        both = headed_kl(student, teacher, temperature, batch["labels"][:, 1:].clamp(min=0))  # [B, T, 2]
+        return mean_over_positions(both[..., 1], student.mask), mean_over_positions(both[..., 0], student.mask)
 
 
 def _disjoint(n: int, length: int) -> list[tuple[int, int, int]]:

@@ -158,8 +158,13 @@ class DistillationObjective(nn.Module):
     def forward(self, **batch: torch.Tensor) -> dict[str, torch.Tensor]:
         student = self.task.outputs(self.model, batch)
         target = self._target(batch, student.values.device)
-        task_loss = self.task.loss_from(student, batch).mean()
-        distill = distillation_loss(student, target, temperature=self.temperature, distance=self.distance).mean()
+        both = getattr(self.task, "loss_and_distillation", None)  # one pass over a causal LM's logits for both
+        if both is not None and student.head is not None:
+            task_loss, distill = (value.mean() for value in both(student, target, batch, self.temperature))
+        else:
+            task_loss = self.task.loss_from(student, batch).mean()
+            distill = distillation_loss(student, target, temperature=self.temperature,
+                                        distance=self.distance).mean()
         return {"loss": (1 - self.alpha) * task_loss + self.alpha * distill, "task_loss": task_loss.detach(),
                 "distill_loss": distill.detach()}
 

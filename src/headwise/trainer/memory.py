@@ -7,16 +7,21 @@
   blocks' inputs kept) and each parameter updated in the backward as soon as its gradient is complete
   (``backward_step``: gradients never held together). Peak ≈ weights + optimizer state + the largest gradient +
   the blocks' inputs and one block's activations, for one more forward per step; no gradient accumulation and no
-  clipping by the global norm.
+  clipping by the global norm. A causal LM's tied embedding and output head (one matrix, often the largest) gets
+  its gradient from the head at the start of the backward and from the token lookup at its end: the lookup's part
+  comes as a sparse gradient (the rows of the batch's tokens) added into the head's, not as a second dense
+  ``[V, D]`` (``bounded``).
 - ``auto``: ``keep`` when the gradients and the optimizer state (3x the trained bytes) fit in ``AUTO_SHARE`` of
   the memory still free on the model's device, else ``bounded``.
 """
 
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Iterator
 
+import torch
 from torch import nn
 
 from ..errors import HeadwiseError
@@ -59,6 +64,39 @@ def recomputed_blocks(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
+
+
+_INTO_GRAD: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()  # by id: tensors
+
+
+def head_gradient_into_grad(weight: torch.Tensor) -> bool:
+    """Whether an output head's loss should add its weight gradient into ``weight.grad`` itself rather than hand it
+    to autograd (``bounded``: a tied embedding's lookup then adds its sparse rows to it in place)."""
+    return _INTO_GRAD.get(id(weight)) is weight
+
+
+@contextmanager
+def bounded(model: nn.Module) -> Iterator[None]:
+    """``memory="bounded"`` for the block: the blocks recomputed (``recomputed_blocks``) and, for a trained embedding
+    tied to the output head, one dense ``[V, D]`` gradient in the backward instead of three: the head's loss
+    (``tasks.lm.head_losses``) adds its part into ``.grad`` as soon as it has it (``head_gradient_into_grad``), and
+    the token lookup's part comes sparse (``nn.Embedding.sparse``: the batch's rows), added into it in place; the
+    update (``backward_step``) follows once both are in. Autograd would otherwise hold the head's part until the
+    lookup's dense part arrives and add the two into a third."""
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    tied = (isinstance(embedding, nn.Embedding) and isinstance(head, nn.Module) and embedding.weight.requires_grad
+            and getattr(head, "weight", None) is embedding.weight and not embedding.sparse)
+    with recomputed_blocks(model):
+        if tied:
+            embedding.sparse = True
+            _INTO_GRAD[id(embedding.weight)] = embedding.weight
+        try:
+            yield
+        finally:
+            if tied:
+                embedding.sparse = False
+                _INTO_GRAD.pop(id(embedding.weight), None)
 
 
 def is_recomputing(model: nn.Module) -> bool:
