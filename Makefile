@@ -57,13 +57,13 @@ test: $(STAMP)
 		  DEBIAN_FRONTEND=noninteractive $(INSTALL_BROWSER) -qq >/dev/null; } || echo "make test: the install failed"; \
 	fi
 	@if $(FIND_BROWSER) >/dev/null 2>&1; then \
-		$(BIN)/python -m pytest -q tests; \
+		$(BIN)/python -m pytest -q --durations=20 tests; \
 	elif [ "$${HEADWISE_REQUIRE_BROWSER:-0}" = 1 ]; then \
 		echo "make test: HEADWISE_REQUIRE_BROWSER=1 but no Chromium; install it with: sudo $(INSTALL_BROWSER)"; exit 1; \
 	else \
 		echo "make test: no Chromium, so the report tests in a real browser (-m browser) are deselected;" \
 		     "install it with: sudo $(INSTALL_BROWSER)  (Debian/Ubuntu), then run make test again"; \
-		$(BIN)/python -m pytest -q -m "not browser" tests; \
+		$(BIN)/python -m pytest -q --durations=20 -m "not browser" tests; \
 	fi
 
 $(FLOOR_STAMP): pyproject.toml Makefile
