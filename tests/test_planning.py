@@ -264,10 +264,13 @@ def test_plan_measures_every_point_and_recommends_one_in_budget(request, which):
     assert "prune_heads" in {m for p in plan.points for m in p.methods}
 
 
-def test_llama_plan_tries_kv_merges_and_combines_them_with_removal(llama_plan):
+def test_llama_plan_tries_kv_merges_and_latents_and_combines_them_with_removal(llama_plan):
     _, _, plan = llama_plan
     names = {p.name for p in plan.points}
-    assert "kv-1" in names and any(p.kind == "combined" and "gqa" in p.methods for p in plan.points)
+    assert {"kv-1", "latent-0.5", "latent-0.25"} <= names
+    assert any(p.kind == "combined" and {"gqa", "latent"} & set(p.methods) for p in plan.points)
+    latent = next(p for p in plan.points if p.name == "latent-0.25")  # the cache holds the latent: a quarter
+    assert latent.measured["kv_bytes"] * 4 == plan.base.measured["kv_bytes"]
     kv1 = next(p for p in plan.points if p.name == "kv-1")
     assert kv1.measured["kv_bytes"] * 2 == plan.base.measured["kv_bytes"]
     removed = [p for p in plan.points if p.methods == ["prune_heads"]]
@@ -283,7 +286,8 @@ def test_apply_reproduces_the_measured_score_and_the_plan_round_trips(request, w
     assert again.to_dict() == plan.to_dict()
     fresh = tiny_bert() if which == "bert_plan" else tiny_llama_lm()
     again.apply(fresh, tokenizer)
-    got = task.evaluate(fresh, tokenizer, progress=False)[task.metric]
+    with headwise.contract.measured(fresh):  # through what the edit attaches (a KV policy's cache), as planned
+        got = task.evaluate(fresh, tokenizer, progress=False)[task.metric]
     assert got == pytest.approx(plan.recommended_point.measured["score"], abs=1e-5)
     assert static_costs(fresh, plan.settings["sequence_length"]).attention_params == \
         plan.recommended_point.measured["attention_params"]
@@ -520,8 +524,9 @@ def test_plan_leaves_the_model_bit_identical_and_its_scores_match_edited_copies(
     for p in plan.points[1::3]:  # an independent recomputation on a fresh model, edited the old way
         edited = apply_edit(tiny_bert() if which == "bert_plan" else tiny_llama_lm(), p.edit,
                             calibration if p.edit.needs_calibration() else None)
-        assert task.evaluate(edited, tokenizer, progress=False)[task.metric] == pytest.approx(p.measured["score"],
-                                                                                                abs=1e-6)
+        with headwise.contract.measured(edited):
+            assert task.evaluate(edited, tokenizer, progress=False)[task.metric] == pytest.approx(
+                p.measured["score"], abs=1e-6)
 
 
 def test_plan_with_recovery_restores_every_trained_weight(tokenizer, stsb_dir):
@@ -531,6 +536,203 @@ def test_plan_with_recovery_restores_every_trained_weight(tokenizer, stsb_dir):
     plan = headwise.plan(model, tokenizer, task, "heads=6", methods=("prune_heads", "quantization"), recover="distill",
                          recover_epochs=1, **FAST)
     assert len(plan.points) > 2 and _identical(model, state, config)
+
+
+def test_the_stand_ins_share_the_models_tensors_and_an_edit_builds_only_what_it_changes():
+    """No tensor is copied to measure an edit: the modules an edit leaves alone keep the model's very storage."""
+    from headwise.planning.edits import edited
+    from plan_edits import edit
+
+    model = tiny_llama_lm()
+    storage = {name: p.untyped_storage().data_ptr() for name, p in model.named_parameters()}
+    with edited(model, edit(prune={"dec-self.0": [0, 1]})):
+        now = {name: p.untyped_storage().data_ptr() for name, p in model.named_parameters()}
+        assert {n for n in storage if now.get(n) != storage[n]} == {
+            f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"}  # only the pruned layer's, rebuilt
+    assert {name: p.untyped_storage().data_ptr() for name, p in model.named_parameters()} == storage
+
+
+def test_a_method_that_writes_the_models_tensors_in_place_is_stopped_before_it_does(tokenizer, text_file):
+    """A plan measures on stand-ins sharing the model's tensors: a method writing into one is refused before the
+    write (naming the tensor and the op), so the model stays bit-identical; the plan skips it with that reason."""
+    from headwise.contract import METHODS, Method, MethodHooks, _add
+    from headwise.declaration import Declaration, Levels, Planned
+    from headwise.planning.edits import Edit, edited
+
+    @dataclasses.dataclass
+    class HalveConfig(headwise.contract.MethodConfig):
+        """Halve every query projection in place."""
+
+    class Halve(MethodHooks):
+        def apply(self, model, config):
+            with torch.no_grad():
+                for site in headwise.find_sites(model):
+                    site.q.module.weight.mul_(0.5)
+
+        def example(self, model):
+            return HalveConfig()
+
+        def levels(self, model, context):
+            return Levels([("halved", HalveConfig())])
+
+        def describe(self, config):
+            return "queries halved"
+
+    _add(Method(declaration=Declaration(name="toy_halve_in_place", config=HalveConfig, planned=Planned(order=60)),
+                hooks=Halve()))
+    try:
+        model = tiny_llama_lm()
+        state, config = _state(model), model.config.to_dict()
+        with pytest.raises(headwise.HeadwiseError, match=r"wrote into the model's model\.layers\.0\.self_attn\."
+                                                         r"q_proj\.weight in place \(mul_"):
+            with edited(model, Edit((HalveConfig(),))):
+                pass
+        assert _identical(model, state, config)
+        task = get_task("lm", data=str(text_file), max_length=16)
+        plan = headwise.plan(model, tokenizer, task, "heads=0.75", methods=("prune_heads", "toy_halve_in_place"),
+                             **FAST)
+        assert "wrote into the model's" in plan.skipped["toy_halve_in_place"]
+        assert "toy_halve_in_place" not in {m for p in plan.points for m in p.methods}
+        assert _identical(model, state, config)
+    finally:
+        METHODS.pop("toy_halve_in_place", None)
+
+
+# ---- KV-cache budgets: per-head KV policies and latent keys/values (issue 53) ----------------------------------
+def _policy_perplexity(model, tokenizer, task, policy) -> float:
+    """The task's perplexity with every head's rule as a mask on eager attention, each window its own sequence
+    (``test_kvcache.reference_logits``: the masked dense reference), computed by hand from the logits."""
+    from test_kvcache import reference_logits
+
+    ids = task.token_stream(tokenizer, task.split)
+    total = count = 0.0
+    for begin, end, first in task.windows(len(ids)):
+        window = ids[begin:end][None]
+        logits = reference_logits(model, policy.at(end - begin), window, torch.ones_like(window))[0, :-1]
+        nll = torch.nn.functional.cross_entropy(logits.float(), window[0, 1:], reduction="none")[max(first - 1, 0):]
+        total, count = total + float(nll.sum()), count + len(nll)
+    return float(torch.tensor(total / count).exp())
+
+
+def test_a_kv_cache_budget_plans_kv_policies_counted_and_scored_through_the_policy(llama_plan, tokenizer):
+    """``plan --budget kv-cache=-50%`` on a tiny Llama lists kv_policy points. Their KV bytes are what the policy's
+    cache holds after a sequence of the task's length (counted by hand from the rules), and their perplexity is
+    measured through the policy: equal to the masked dense reference, not to a plain forward (which ignores it)."""
+    from headwise.kvcache import KVPolicy
+
+    model, task, plan = llama_plan
+    points = [p for p in plan.points if p.methods == ["kv_policy"]]
+    assert [p.name for p in points] == ["kv-policy-0.75", "kv-policy-0.5"]  # 0.25 leaves no window at 16 tokens
+    length = round(plan.settings["sequence_length"])
+    for p in points:
+        policy = KVPolicy.from_dict(p.edit.config("kv_policy").policy)
+        held = sum(min(length, length if c.full else c.sink + c.at(length).window) for layer in policy.heads
+                   for c in layer)  # token slots over every (layer, KV head)
+        assert p.measured["kv_bytes"] == pytest.approx(2 * 8 * 4 * held / length)  # head_dim 8, float32
+        assert p.measured["kv_bytes"] <= float(p.name.rpartition("-")[2]) * plan.base.measured["kv_bytes"]
+        assert p.measured["attention_params"] == plan.base.measured["attention_params"]
+        fresh = tiny_llama_lm()
+        assert p.measured["score"] == pytest.approx(_policy_perplexity(fresh, tokenizer, task, policy), rel=1e-5)
+    assert points[-1].measured["score"] != pytest.approx(plan.base.measured["score"], rel=1e-3)
+    assert points[-1].meets_budget
+
+
+def test_a_kv_policy_point_applies_as_measured_and_its_folder_reloads_with_the_policy(llama_plan, tokenizer,
+                                                                                     tmp_path):
+    from headwise.kvcache import policy_of
+    from headwise.workflows.apply_plan import apply_plan
+
+    _, task, plan = llama_plan
+    point = next(p for p in plan.points if p.methods == ["kv_policy"])
+    model = tiny_llama_lm()
+    summary = apply_plan(model, tokenizer, plan, point.name, task=task)
+    assert summary["metric_edited"] == pytest.approx(point.measured["score"], rel=1e-6)  # through the policy
+    assert summary["metric_before"] == pytest.approx(plan.base.measured["score"], rel=1e-6)
+    assert policy_of(model).to_dict() == point.edit.config("kv_policy").policy
+    headwise.save_pretrained(model, tmp_path / "model")
+    assert policy_of(headwise.from_pretrained(tmp_path / "model")) == policy_of(model)
+
+
+def test_the_plan_and_apply_verbs_with_a_kv_cache_budget_on_a_tiny_llama(tmp_path, tokenizer, text_file, capsys):
+    """The acceptance of issue 53: the verb lists kv_policy points; apply performs one; the folder reloads."""
+    from headwise.kvcache import policy_of
+
+    folder = tmp_path / "llama"
+    tiny_llama_lm().save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    out, applied = tmp_path / "plan", tmp_path / "applied"
+    common = ["--model", str(folder), "--task", "lm", "--data", str(text_file), "--max-length", "16"]
+    assert main(["plan", *common, "--budget", "kv-cache=-50%", "--methods", "prune_heads,kv_policy", "--repeats",
+                 "1", "--importance-examples", "8", "--calibration-limit", "4", "--top-k", "1", "--out",
+                 str(out)]) == 0
+    data = json.loads((out / "plan.json").read_text())
+    policies = [p["name"] for p in data["points"] if p["methods"] == ["kv_policy"]]
+    assert policies == ["kv-policy-0.75", "kv-policy-0.5"]
+    assert "KV policy: " in (out / "report.html").read_text()
+    assert main(["apply", str(out / "plan.json"), "--point", "kv-policy-0.5", *common[:2], "--out", str(applied),
+                 "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    point = next(p for p in data["points"] if p["name"] == "kv-policy-0.5")
+    assert summary["metric_edited"] == pytest.approx(point["measured"]["score"], rel=1e-6)
+    assert summary["plain"].startswith("no plain/: ")  # generate() in plain transformers would keep every token
+    assert policy_of(headwise.from_pretrained(applied / "model")).to_dict() == point["edit"][0]["config"]["policy"]
+
+
+# ---- calibration shortfalls: more data, or said before any work ------------------------------------------------
+def test_too_few_calibration_tokens_take_more_examples_with_a_note(tokenizer, text_file):
+    from headwise.errors import HeadwiseNote
+    from headwise.planning.candidates import plannable
+    from headwise.planning.plan import calibration_set, settle_calibration
+
+    model = tiny_llama_lm()  # hidden size 32: a calibrated fit needs 32 tokens per site
+    task = get_task("lm", data=str(text_file), max_length=16)
+    with pytest.warns(HeadwiseNote, match=r"1 calibration examples hold 16 tokens, fewer than gqa, latent need "
+                                          r"\(32, the hidden size\); calibrating on 2 examples: 32 tokens"):
+        settled, short = settle_calibration(model, tokenizer, task, 1, plannable(("gqa", "latent")), explicit=True)
+    assert (settled.count, settled.uncapped, settled.tokens, short) == (2, False, 32, {})
+    same = calibration_set(task, tokenizer, 2)
+    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(settled.batches, same))
+    capped = get_task("lm", data=str(text_file), max_length=16, max_tokens=20)  # 20 tokens of every split
+    with pytest.warns(HeadwiseNote, match="of the whole text"):
+        settled, short = settle_calibration(model, tokenizer, capped, 1, plannable(("gqa",)), explicit=True)
+    assert settled.uncapped and settled.tokens >= 32 and short == {}
+    assert sum(int(b["attention_mask"].sum()) for b in calibration_set(capped, tokenizer, settled.count, True)) == \
+        settled.tokens  # what Plan.calibration rebuilds from the settings
+
+
+def test_a_plan_calibrated_on_more_examples_applies_as_measured(tokenizer, text_file):
+    from headwise.errors import HeadwiseNote
+
+    task = get_task("lm", data=str(text_file), max_length=16)
+    with pytest.warns(HeadwiseNote, match="calibrating on 2 examples"):
+        plan = headwise.plan(tiny_llama_lm(), tokenizer, task, "kv-cache=-50%", methods=("gqa",),
+                             **{**FAST, "calibration": 1})
+    assert plan.settings["calibration"] == 2 and plan.settings["calibration_tokens"] == 32
+    fresh = tiny_llama_lm()
+    plan.apply(fresh, tokenizer, "kv-1", task)
+    assert task.evaluate(fresh, tokenizer, progress=False)["perplexity"] == pytest.approx(
+        plan.point("kv-1").measured["score"], rel=1e-6)
+
+
+def test_a_calibration_the_data_cannot_give_is_refused_or_skipped_before_any_work(tokenizer, tmp_path, monkeypatch):
+    from headwise.errors import HeadwiseNote
+    from headwise.planning.candidates import plannable
+    from headwise.planning.plan import settle_calibration
+
+    short = tmp_path / "short.txt"
+    short.write_text("\n".join(sentence(i, 3) for i in range(4)) + "\n")  # its train part: under 32 tokens
+    task = get_task("lm", data=str(short), max_length=16)
+    model = tiny_llama_lm()
+    monkeypatch.setattr(type(task), "evaluate", lambda *a, **k: pytest.fail("measured before the shortfall was said"))
+    with pytest.raises(headwise.HeadwiseError, match=r"gqa fits on calibration data and needs at least 32 tokens "
+                                                     r"\(the model's hidden size\); the task's calibration data holds "
+                                                     r"\d+ \(\d+ examples\): give more text \(--data\), or leave gqa "
+                                                     "out of the methods"):
+        headwise.plan(model, tokenizer, task, "kv-cache=-50%", methods=("prune_heads", "gqa"), **FAST)
+    with pytest.warns(HeadwiseNote, match="not trying gqa: its fit needs 32 calibration tokens"):
+        settled, skipped = settle_calibration(model, tokenizer, task, 8, plannable(), explicit=False)
+    assert set(skipped) == {"gqa", "latent", "collaborative"} and settled.tokens < 32
+    assert all("give more text" in why for why in skipped.values())
 
 
 # ---- a method added in one module is planned, applied and saved (nothing else edited) ---------------------------
@@ -621,8 +823,8 @@ def test_a_method_registered_in_a_plugin_module_is_planned_applied_and_reloaded(
 
 def test_plan_refuses_a_method_that_is_not_planned_naming_the_plannable_ones(bert_plan, tokenizer, stsb_dir):
     model, task, _ = bert_plan
-    with pytest.raises(headwise.HeadwiseError, match="plan can try prune_heads, gqa, collaborative, replace, "
-                                                     "quantization"):
+    with pytest.raises(headwise.HeadwiseError, match="plan can try prune_heads, gqa, latent, collaborative, replace, "
+                                                     "quantization, kv_policy"):
         headwise.plan(model, tokenizer, task, "heads=6", methods=("masks",), **FAST)
 
 

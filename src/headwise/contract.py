@@ -19,13 +19,15 @@ attached at sites (gates, quantizers, ...) are saved beside it by the runtime.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import importlib
 import sys
 import typing
 import warnings
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from .declaration import AttentionCost, Declaration, Levels, PlanContext, Ranking
 from .errors import HeadwiseError
@@ -74,7 +76,12 @@ class MethodHooks:
     planned method (``Declaration.planned``) gives ``levels(model, context) -> Levels`` and ``describe(config) ->
     str`` (and ``at_site(config, site name) -> str | None`` for the plan's per-layer table); one of role
     ``"heads"`` also ``rank(model, context) -> Ranking``. ``cost(site, length) -> AttentionCost | None`` says what
-    the method changes at a site that its shapes do not show (a window, a shared width, a kernel).
+    the method changes at a site that its shapes do not show (a window, a shared width, a kernel, the bytes its cache
+    keeps). ``measure_through(model) -> ContextManager | None``: where a plain forward does not compute what the
+    method does (a KV policy acts only on ``generate()``'s cache), a context under which the model's forwards do;
+    the planner measures every score, output and latency of an edit with the method inside it. A calibrated
+    method gives ``calibration_tokens(model) -> int``: the real tokens per site its fit needs on ``model``, which
+    the planner checks before any work.
 
     ``identity``: the example changes no output; ``meta``: it applies on the ``meta`` device (False for methods
     that fit or decompose weights)."""
@@ -92,6 +99,8 @@ class MethodHooks:
     at_site: Callable[[Any, str], str | None] | None = None
     rank: Callable[[nn.Module, PlanContext], Ranking] | None = None
     cost: Callable[[AttentionSite, float], AttentionCost | None] | None = None
+    measure_through: Callable[[nn.Module], AbstractContextManager | None] | None = None
+    calibration_tokens: Callable[[nn.Module], int] | None = None
 
 
 def missing_hooks(declaration: Declaration, hooks: MethodHooks) -> list[str]:
@@ -261,6 +270,19 @@ def apply(model: nn.Module, config: Any, **inputs: Any) -> Any:
         raise HeadwiseError(f"{method.name} fits the model's weights, which are on the meta device; load the real "
                             "weights first")
     return method.apply(model, config, **inputs)
+
+
+@contextlib.contextmanager
+def measured(model: nn.Module) -> Iterator[nn.Module]:
+    """Inside the block, ``model``'s forwards compute what every method it carries does (each method's
+    ``measure_through`` context, e.g. a KV policy's cache): how a plan scores, probes and times an edit, and how
+    ``headwise apply`` scores the applied one."""
+    with contextlib.ExitStack() as stack:
+        for method in METHODS.values():
+            context = method.measure_through(model) if method.measure_through is not None else None
+            if context is not None:
+                stack.enter_context(context)
+        yield model
 
 
 def remove(model: nn.Module, method: "str | type | Any", *, missing_ok: bool = False) -> nn.Module:

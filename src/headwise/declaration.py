@@ -34,8 +34,8 @@ NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 class Planned:
     """How ``headwise.plan`` tries a method; its hooks ``levels``, ``describe`` (and ``at_site``) give the configs.
 
-    ``order``: where it goes in a combined edit, lower first (built-in: heads removed 10, KV merge 20,
-    collaborative 30, replace 40, quantization 50). ``role``: ``"heads"`` (its levels are the head-removal axis; its
+    ``order``: where it goes in a combined edit, lower first (built-in: heads removed 10, KV merge 20, latent
+    keys/values 25, collaborative 30, replace 40, quantization 50, KV policy 70). ``role``: ``"heads"`` (its levels are the head-removal axis; its
     ``rank`` hook orders the heads, by one of ``rankings``, the first by default), ``"pair"`` (each level is also
     measured on top of the head-removal levels) or ``"alone"``. ``calibrated``: applying it takes calibration
     batches. ``trains``: a level means something only after recovery. ``label``: its name in plots and tables.
@@ -141,6 +141,7 @@ class PlanContext:
     ranking: str = ""
     examples: int = 256
     batch_size: int = 8
+    budget: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

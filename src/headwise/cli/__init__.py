@@ -279,9 +279,12 @@ def _run_json(args: argparse.Namespace) -> int:
 
 def _notice(message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None,
             line: str | None = None) -> None:
-    """How a run shows headwise's own ``FutureWarning`` (a former name or keyword that still works): one line,
-    ``headwise: note: ...``; any other warning as Python shows it."""
-    if issubclass(category, FutureWarning) and f"{os.sep}headwise{os.sep}" in filename:
+    """How a run shows headwise's own ``FutureWarning`` (a former name or keyword that still works) and its
+    ``HeadwiseNote`` (a fallback taken): one line, ``headwise: note: ...``; any other warning as Python shows it."""
+    from ..errors import HeadwiseNote
+
+    if issubclass(category, HeadwiseNote) or (issubclass(category, FutureWarning)
+                                              and f"{os.sep}headwise{os.sep}" in filename):
         print(f"headwise: note: {message}", file=sys.stderr)
     else:
         _PYTHON_SHOWWARNING(message, category, filename, lineno, file, line)

@@ -15,7 +15,7 @@ from ..contract import record, with_keywords
 from ..progress import progress_bar
 from ..runtime.ops import ops_of
 from ..sites import AttentionSite, family_layout, recorded_sites, supported_families
-from .calibration import input_moments
+from .calibration import input_moments, input_moments_in_groups
 from .config import CollaborativeConfig
 from .decompose import decompose, relative_error
 from .families import CROSS_ATTENTION_FORMS, FORWARDS, install, is_collaborative
@@ -205,12 +205,23 @@ def compress(
     Everything is checked and decomposed before the model changes, so an error leaves it untouched.
     The edit is recorded in ``config.headwise``: ``headwise.save_pretrained`` / ``from_pretrained`` round-trip it.
     """
-    config, sites, moments = _prepare(model, dk, config, calibration, tokenizer, progress, moments)
+    config = with_keywords(CollaborativeConfig, config, dk=dk)
+    sites = config.sites(model)
+    check_compressible(model, sites, config.dk)
     exact = max(exact_rank(s) for s in sites)
     if isinstance(config.dk, int) and config.dk > exact:
         warnings.warn(f"dk={config.dk} is more than the exact form needs ({exact} = heads × head_dim); using the "
                       f"exact form, dk={exact}", stacklevel=2)
-    result, plan = _decompose_sites(sites, config, moments, progress)
+    if moments is not None or calibration is None:
+        groups = iter([(sites, moments)])
+    else:  # a group of sites at a time: every site's moments at once would take a third of the weights' bytes
+        groups = input_moments_in_groups(model, sites, calibration, tokenizer, config.batch_size, config.max_length,
+                                         progress)
+    done, plan = [], []
+    for group, found in groups:
+        part, built = _decompose_sites(group, config, found, progress)
+        done, plan = done + part.sites, plan + built
+    result = Compression(config.dk if isinstance(config.dk, float) else min(config.dk, exact), part.objective, done)
     for site, rank, factors, content in plan:
         install(site, rank, factors, content)
     record(model, "collaborative", config, {"dk": {s.path: s.dk for s in result.sites}})

@@ -11,7 +11,7 @@ from torch import nn
 
 from ..contract import MethodHooks, register
 from ..declaration import AttentionCost, Levels, PlanContext
-from ..sites import AttentionSite
+from ..sites import AttentionSite, find_sites
 from .apply import EDIT_KIND, compress, replay_collaborative
 from .config import CollaborativeConfig
 from .declaration import COLLABORATIVE
@@ -30,6 +30,11 @@ def describe(config: CollaborativeConfig) -> str:
         else f"collaborative heads dk={dk}"
 
 
+def calibration_tokens(model: nn.Module) -> int:
+    """Real tokens the data-aware objective needs: the hidden size (fewer leave the input covariances singular)."""
+    return max((s.hidden_size for s in find_sites(model)), default=0)
+
+
 @register(COLLABORATIVE)
 class Collaborative(MethodHooks):
     meta = False
@@ -37,6 +42,7 @@ class Collaborative(MethodHooks):
     replay = staticmethod(replay_collaborative)
     levels = staticmethod(width_levels)
     describe = staticmethod(describe)
+    calibration_tokens = staticmethod(calibration_tokens)
 
     def apply(self, model: nn.Module, config: CollaborativeConfig, progress: bool = False, **inputs: Any) -> Any:
         return compress(model, config=config, progress=progress, **inputs)

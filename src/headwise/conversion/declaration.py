@@ -1,5 +1,5 @@
-"""KV-cache conversion as the tools that do not run it see it (``headwise.declaration``): grouped-query merging,
-which the planner tries (calibrated), and latent keys/values."""
+"""KV-cache conversion as the tools that do not run it see it (``headwise.declaration``): grouped-query merging
+and latent keys/values, which the planner tries (both calibrated)."""
 
 from ..declaration import Declaration, Planned
 from .config import GQAConfig, LatentConfig
@@ -11,6 +11,7 @@ GQA = Declaration(
                     former=("kv_heads",)))  # its name in plan format 1
 LATENT = Declaration(
     name="latent", config=LatentConfig, doc="docs/kv-cache.md",
-    examples=("headwise edit latent --model smollm2-135m --kv-budget 0.5 --latent-init svd --out smol-latent",))
+    examples=("headwise edit latent --model smollm2-135m --kv-budget 0.5 --latent-init svd --out smol-latent",),
+    planned=Planned(order=25, role="pair", calibrated=True, label="latent keys/values"))
 
 DECLARATIONS = (GQA, LATENT)

@@ -9,6 +9,7 @@ so unchanged ``kv_heads`` with contiguous grouping is exact. Llama/Mistral/Qwen2
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
 import torch
@@ -18,12 +19,12 @@ from ..errors import HeadwiseError
 from ..contract import record, with_keywords
 from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
-from .calibration import input_moments
+from .calibration import moments_by_group
 from .checks import check_calibration, convertible_sites, kv_heads_in_config
 from .config import GQAConfig
 from .grouping import balanced_groups, contiguous_groups, similarity
 from .merge import Merged, merge_group
-from .weights import SiteWeights, linear_from_rows, write_heads
+from .weights import SiteWeights, linear_from_rows, rebind, rewritten
 
 EDIT_KIND = "gqa_kv_heads"
 
@@ -57,27 +58,53 @@ def _plan(weights: SiteWeights, site: AttentionSite, config: GQAConfig, sigma: t
     return [merge_group(weights, g, config.init, fit_sigma, rotary, config.ridge) for g in groups]
 
 
-def resize_kv(site: AttentionSite, kv_heads: int,
-              k_rows: torch.Tensor | None = None, v_rows: torch.Tensor | None = None, bias: bool = False) -> None:
-    """Give ``site`` ``kv_heads`` key/value heads: new k/v projections (from ``[G·d, n]`` rows, or empty for a
-    replay) and the module's group count."""
-    attn = site.module
+def kv_projections(site: AttentionSite, kv_heads: int, k_rows: torch.Tensor | None = None,
+                   v_rows: torch.Tensor | None = None, bias: bool = False) -> tuple[nn.Linear, nn.Linear]:
+    """New key and value projections of ``site`` for ``kv_heads`` heads, from ``[G·d, n]`` rows (or empty, for a
+    replay); the site is left as it is."""
+    out = []
     for name, rows in (("k_proj", k_rows), ("v_proj", v_rows)):
-        old = getattr(attn, name)
+        old = getattr(site.module, name)
         if rows is None:
             rows = torch.zeros(kv_heads * site.head_dim, old.in_features + int(old.bias is not None))
             bias = old.bias is not None
-        setattr(attn, name, linear_from_rows(rows, bias, old))
+        out.append(linear_from_rows(rows, bias, old))
+    return out[0], out[1]
+
+
+def resize_kv(site: AttentionSite, kv_heads: int, k: nn.Linear, v: nn.Linear) -> None:
+    """Give ``site`` ``kv_heads`` key/value heads: the projections ``k`` and ``v`` and the module's group count."""
+    attn = site.module
+    attn.k_proj, attn.v_proj = k, v
     attn.num_key_value_groups = site.num_heads // kv_heads
     if hasattr(attn, "num_key_value_heads"):
         attn.num_key_value_heads = kv_heads
 
 
+@dataclass
+class _Converted:
+    """A site's new projections, built from its merged heads before any site changes: new q and o tensors, new k/v
+    projections."""
+
+    q: tuple[torch.Tensor, torch.Tensor | None]
+    o: tuple[torch.Tensor, torch.Tensor | None]
+    k: nn.Linear
+    v: nn.Linear
+    kv_heads: int
+
+
 @torch.no_grad()
-def _apply(site: AttentionSite, merged: list[Merged], bias: bool) -> None:
-    write_heads(site.q, torch.cat([m.q for m in merged]), bias)
-    write_heads(site.o, torch.cat([m.o for m in merged]), bias)
-    resize_kv(site, len(merged), torch.cat([m.k for m in merged]), torch.cat([m.v for m in merged]), bias)
+def _build(site: AttentionSite, merged: list[Merged], bias: bool) -> _Converted:
+    k, v = kv_projections(site, len(merged), torch.cat([m.k for m in merged]), torch.cat([m.v for m in merged]),
+                          bias)
+    return _Converted(rewritten(site.q, torch.cat([m.q for m in merged]), bias),
+                      rewritten(site.o, torch.cat([m.o for m in merged]), bias), k, v, len(merged))
+
+
+def _install(site: AttentionSite, new: _Converted) -> None:
+    rebind(site.q.module, *new.q)
+    rebind(site.o.module, new.o[0], None)  # the output bias is not per head: unchanged
+    resize_kv(site, new.kv_heads, new.k, new.v)
 
 
 def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | None = None, init: str | None = None,
@@ -87,26 +114,27 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | N
     """Convert every decoder self-attention of ``model`` to ``kv_heads`` key/value heads, in place.
 
     ``calibration``: input-id tensors ``[B, T]`` or model-input dicts (needed by ``init="calibrated"``; also used by
-    ``grouping="similarity"``), or ``moments`` computed once with :func:`input_moments` (to try several options).
-    Everything is validated and fitted before the model changes. Returns the model.
+    ``grouping="similarity"``; read a group of sites at a time, ``input_moments_in_groups``), or ``moments``
+    computed once with :func:`input_moments` (to try several options). Everything is validated and fitted before
+    the model changes, each site's new projections built as it is fitted. Returns the model.
     """
     if config is None and kv_heads is None:
         raise HeadwiseError("convert_gqa needs kv_heads (key/value heads per layer after conversion) or a GQAConfig")
     config = with_keywords(GQAConfig, config, kv_heads=kv_heads, grouping=grouping, init=init, ridge=ridge)
     sites = _check(model, config)
     check_calibration(config.init, calibration if moments is None else moments, config.grouping)
-    if moments is None:
-        moments = input_moments(model, sites, calibration, progress) if calibration is not None else {}
-    elif any(s.path not in moments for s in sites):
-        raise HeadwiseError("moments lack some sites; compute them with headwise.conversion.input_moments(model, sites, batches)")
-    plans = {}
-    for site in progress_bar(sites, desc="fit kv heads", unit="layer",
-                             disable=None if progress is None else not progress):
-        weights = SiteWeights.of(site)
-        sigma = moments.get(site.path, torch.eye(weights.q.shape[-1], dtype=torch.float64))
-        plans[site.path] = (_plan(weights, site, config, sigma), weights.bias)
+    built = {}
+    bar = progress_bar(total=len(sites), desc="fit kv heads", unit="layer",
+                       disable=None if progress is None else not progress)
+    for group, sigmas in moments_by_group(model, sites, calibration, moments, progress):
+        for site in group:
+            weights = SiteWeights.of(site)
+            sigma = sigmas.get(site.path, torch.eye(weights.q.shape[-1], dtype=torch.float64))
+            built[site.path] = _build(site, _plan(weights, site, config, sigma), weights.bias)
+            bar.update()
+    bar.close()
     for site in sites:
-        _apply(site, *plans[site.path])
+        _install(site, built.pop(site.path))
     if kv_heads_in_config(model):
         model.config.num_key_value_heads = config.kv_heads
     state = {} if kv_heads_in_config(model) else {"kv_heads": {s.path: config.kv_heads for s in sites}}
@@ -120,4 +148,4 @@ def replay_gqa(model: nn.Module, entry: dict) -> None:
     kv_heads = entry["state"].get("kv_heads", {})
     sites = recorded_sites(model, kv_heads, f"edit {EDIT_KIND}")
     for path, kv in kv_heads.items():
-        resize_kv(sites[path], int(kv))
+        resize_kv(sites[path], int(kv), *kv_projections(sites[path], int(kv)))

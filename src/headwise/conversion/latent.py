@@ -26,7 +26,7 @@ from ..contract import record, with_keywords
 from ..progress import progress_bar
 from ..sites import AttentionSite, recorded_sites
 from .cache import use_latent_cache
-from .calibration import input_moments
+from .calibration import moments_by_group
 from .checks import check_calibration, convertible_sites
 from .config import LatentConfig
 from .fit import regress, shared_rows
@@ -106,18 +106,24 @@ def _order(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(cat).scatter_(0, cat, torch.arange(cat.numel()))
 
 
-def install(site: AttentionSite, fit: dict) -> None:
-    """Replace ``site``'s k/v projections by latent ones built from ``fit`` (rows in float64, or zeros)."""
-    attn, bias = site.module, fit["bias"]
-    like = attn.k_proj
+def projections(site: AttentionSite, fit: dict) -> tuple[LatentProjection, LatentProjection]:
+    """``site``'s latent k/v projections built from ``fit`` (rows in float64, or zeros), in the weights' dtype; the
+    site is left as it is."""
+    bias = fit["bias"]
+    like = site.module.k_proj
     down = linear_from_rows(fit["down"], bias, like)
     up_k = linear_from_rows(fit["up_k"], False, like)
     up_v = linear_from_rows(fit["up_v"], False, like)
     rope = linear_from_rows(fit["rope"], bias, like) if fit["rope_index"].numel() else None
     order_k = _order(fit["rope_index"], fit["nope_index"]).to(like.weight.device)
     values = fit["up_v"].shape[0]
-    attn.k_proj = LatentProjection(down, up_k, rope, order_k)
-    attn.v_proj = LatentProjection(down, up_v, None, torch.arange(values, device=like.weight.device))
+    return (LatentProjection(down, up_k, rope, order_k),
+            LatentProjection(down, up_v, None, torch.arange(values, device=like.weight.device)))
+
+
+def install(site: AttentionSite, k: LatentProjection, v: LatentProjection) -> None:
+    """Replace ``site``'s k/v projections by latent ones."""
+    site.module.k_proj, site.module.v_proj = k, v
 
 
 def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int | None = None,
@@ -128,25 +134,26 @@ def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int |
     """Give every decoder self-attention of ``model`` a low-rank latent key/value path, in place (see module doc).
 
     ``kv_budget``: fraction of today's cached values per token (``rank = budget·2·G·d − 2·G·rope_pairs``), or
-    ``rank`` directly. Validated and fitted before the model changes; recorded for ``headwise.from_pretrained``."""
+    ``rank`` directly. Validated and fitted before the model changes (the calibration read a group of sites at a
+    time, each site's projections built as it is fitted); recorded for ``headwise.from_pretrained``."""
     config = with_keywords(LatentConfig, config, kv_budget=kv_budget, rank=rank, rope_pairs=rope_pairs, init=init,
                            ridge=ridge)
     sites = _check(model, config)
     check_calibration(config.init, calibration if moments is None else moments)
-    if moments is None:
-        moments = input_moments(model, sites, calibration, progress) if calibration is not None else {}
-    elif any(s.path not in moments for s in sites):
-        raise HeadwiseError("moments lack some sites; compute them with headwise.conversion.input_moments(model, sites, batches)")
-    fits = {}
-    for site in progress_bar(sites, desc="fit latent kv", unit="layer",
-                             disable=None if progress is None else not progress):
-        n = SiteWeights.of(site).q.shape[-1]
-        fits[site.path] = _fit(site, config, moments.get(site.path, torch.eye(n, dtype=torch.float64)))
+    built = {}
+    bar = progress_bar(total=len(sites), desc="fit latent kv", unit="layer",
+                       disable=None if progress is None else not progress)
+    for group, sigmas in moments_by_group(model, sites, calibration, moments, progress):
+        for site in group:
+            n = site.hidden_size + int(site.k.module.bias is not None)
+            built[site.path] = projections(site, _fit(site, config, sigmas.get(site.path,
+                                                                               torch.eye(n, dtype=torch.float64))))
+            bar.update()
+    bar.close()
     for site in sites:
-        install(site, fits[site.path])
+        install(site, *built[site.path])
     record(model, "latent", config, {"sites": {
-        s.path: {"rank": fits[s.path]["down"].shape[0], "rope_rows": int(fits[s.path]["rope_index"].numel())}
-        for s in sites}})
+        s.path: {"rank": built[s.path][0].rank, "rope_rows": built[s.path][0].rope_rows} for s in sites}})
     use_latent_cache(model)
     return model
 
@@ -161,8 +168,8 @@ def replay_latent(model: nn.Module, entry: dict) -> None:
         n = site.hidden_size + int(site.k.module.bias is not None)
         rows = site.num_kv_heads * site.head_dim
         rope_rows, rank = int(spec["rope_rows"]), int(spec["rank"])
-        install(site, {"down": torch.zeros(rank, n), "up_k": torch.zeros(rows - rope_rows, rank),
-                       "up_v": torch.zeros(rows, rank), "rope": torch.zeros(rope_rows, n),
-                       "rope_index": torch.arange(rope_rows), "nope_index": torch.arange(rope_rows, rows),
-                       "bias": site.k.module.bias is not None})
+        install(site, *projections(site, {
+            "down": torch.zeros(rank, n), "up_k": torch.zeros(rows - rope_rows, rank), "up_v": torch.zeros(rows, rank),
+            "rope": torch.zeros(rope_rows, n), "rope_index": torch.arange(rope_rows),
+            "nope_index": torch.arange(rope_rows, rows), "bias": site.k.module.bias is not None}))
     use_latent_cache(model)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import torch
 from torch import nn
@@ -68,3 +69,21 @@ def write_heads(proj: HeadProjection, rows: torch.Tensor, bias: bool) -> None:
     target.copy_(rows[..., :-1] if bias else rows)
     if bias:
         proj.bias.copy_(rows[..., -1])
+
+
+def rewritten(proj: HeadProjection, rows: torch.Tensor, bias: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """New weight (and bias) tensors of ``proj``'s module with ``rows`` written at its heads (``write_heads``);
+    the module and its tensors are left as they are (a fit builds every site's before it installs any)."""
+    module = proj.module
+    holder = SimpleNamespace(weight=module.weight.detach().clone(),
+                             bias=None if module.bias is None else module.bias.detach().clone())
+    write_heads(replace(proj, module=holder), rows, bias)
+    return holder.weight, holder.bias
+
+
+def rebind(module: nn.Module, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Give ``module`` new parameters holding ``weight`` (and ``bias``, when given): its old tensors are left to
+    whoever shares them (e.g. the model a plan measures an edit on)."""
+    for name, value in (("weight", weight), ("bias", bias)):
+        if value is not None:
+            setattr(module, name, nn.Parameter(value, requires_grad=getattr(module, name).requires_grad))

@@ -6,7 +6,8 @@ FLOPs per sequence of ``T`` tokens and attention site (multiply-adds count 2):
 ``T · 2 · (weights of the q/k/v/o projections and whatever replaced them)`` plus
 ``T · 2 · H · (d_qk + d_v) · T_k`` for the scores and ``A·V``, where ``T_k`` is ``T`` (bidirectional) or
 ``(T + 1) / 2`` on average (causal), ``d_qk`` the query/key width per head and ``d_v`` the head dim.
-KV bytes per token: ``Σ`` over decoder self-attention layers of ``(k width + v width) × element size``.
+KV bytes per token: ``Σ`` over decoder self-attention layers of ``(k width + v width) × element size``, or what a
+method's cache holds there after a sequence of the task's length, over that length (a latent, a per-head policy).
 
 What a site's shapes do not show comes from the registered methods' ``cost`` hooks (``AttentionCost``): a shorter
 key span (a local window), another score width (collaborative heads' shared width), the bytes a cache keeps. A site
@@ -43,7 +44,7 @@ class Costs:
     kv_heads: int
     attention_params: int
     flops: float | None  # attention FLOPs per sequence at the task's length (None: not counted, see uncounted)
-    kv_bytes: int  # key/value cache bytes per token (0 without decoder self-attention)
+    kv_bytes: float  # key/value cache bytes per token at the length (0 without decoder self-attention)
     latency: float | None = None  # measured forward time / the unedited model's, same batch
     latency_ms: float | None = None  # median forward time
     uncounted: list[str] = field(default_factory=list)  # why the FLOPs are not counted (empty: they are)
@@ -53,13 +54,16 @@ class Costs:
 
 
 def _linears(site: AttentionSite) -> list[nn.Module]:
-    """The modules holding the site's projections (q/k/v/o and replacements), without headwise ops."""
+    """The modules holding the site's projections (q/k/v/o and replacements), without headwise ops: those whose
+    ``weight`` is a 2-d parameter (a module that composes others, e.g. a latent projection's dense view, is
+    counted through its parts)."""
     seen: dict[int, nn.Module] = {}
     for module in [site.module, site.o.module]:
         for name, sub in module.named_modules():
             if ATTR in name.split("."):
                 continue
-            if getattr(sub, "weight", None) is not None and sub.weight.dim() == 2:
+            weight = sub._parameters.get("weight")
+            if weight is not None and weight.dim() == 2:
                 seen.setdefault(id(sub), sub)
     return list(seen.values())
 
@@ -121,12 +125,12 @@ def site_flops(site: AttentionSite, length: float) -> float | None:
     return length * (proj + 2 * site.num_heads * (dqk + site.head_dim) * key_span(site, length, cost))
 
 
-def kv_bytes(site: AttentionSite) -> int:
-    """Key/value cache bytes per token of one site (0 unless decoder self-attention; a method's ``cost`` hook may
-    say what its cache keeps instead)."""
+def kv_bytes(site: AttentionSite, length: float) -> float:
+    """Key/value cache bytes per token of one site after a sequence of ``length`` tokens (0 unless decoder
+    self-attention; a method's ``cost`` hook may say what its cache keeps instead)."""
     if not site.causal or site.kind == "dec-enc":
         return 0
-    said = attention_cost(site, 1.0).kv_bytes
+    said = attention_cost(site, length).kv_bytes
     if said is not None:
         return said * len(site.layers)
     k, v = _out_width(site, site.k), _out_width(site, site.v)
@@ -144,7 +148,7 @@ def static_costs(model: nn.Module, length: float) -> Costs:
         kv_heads=sum(s.num_kv_heads * len(s.layers) for s in sites),
         attention_params=sum(site_params(s) for s in sites),
         flops=None if uncounted else float(sum(f * len(s.layers) for s, f in flops)),
-        kv_bytes=sum(kv_bytes(s) for s in sites),
+        kv_bytes=sum(kv_bytes(s, length) for s in sites),
         uncounted=uncounted,
     )
 

@@ -134,14 +134,16 @@ def apply_edit(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, tor
 def edited(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, torch.Tensor]] | None = None,
            progress: bool | None = False) -> Iterator[AttentionSnapshot]:
     """Perform ``edit`` on ``model`` in place for the block and restore it exactly afterwards (every tensor,
-    module and config value as before; also after an error). Only the attention modules are copied — with their
-    tensors when the edit rewrites weights (removal, KV merge, collaborative heads), sharing them when every
-    method only attaches ops (``Edit.reversible``: mechanism, quantization) — so the extra memory is at most one copy of the attention
-    weights, never a copy of the model."""
-    state = AttentionSnapshot(model, share_tensors=edit.reversible or not edit.configs)
+    module, config value and model attribute as before; also after an error). No tensor is copied: the attention
+    modules are set aside and stand-ins sharing their tensors take their place (``snapshot.AttentionSnapshot``);
+    the edit builds the new tensors it needs, and a method that would write into one of the model's tensors is
+    refused before it does (``AttentionSnapshot.read_only``). So the extra memory is what the edited modules hold
+    beyond the originals (e.g. the merged projections of a KV merge), never a copy of the model."""
+    state = AttentionSnapshot(model)
     state._install(state.copies)
     try:
-        apply_edit(model, edit, calibration, progress)
+        with state.read_only(f"edit '{edit.describe()}'"):
+            apply_edit(model, edit, calibration, progress)
         yield state
     finally:
         state.restore()

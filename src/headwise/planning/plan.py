@@ -1,16 +1,17 @@
 """``headwise.plan``: a budget in, a measured Pareto front and a recommended edit out.
 
 The steps of ``plan``, each a named function: ``_check`` (the settings, the budget against the model, before any
-work), ``Bench`` (the calibration, timing and probe batches; ``Bench.base`` measures the unedited model),
+work), ``settle_calibration`` (enough calibration tokens for every calibrated method, or a method skipped or refused,
+before any work), ``Bench`` (the calibration, timing and probe batches; ``Bench.base`` measures the unedited model),
 ``rank_heads`` (the head order, by the ``rank`` hook of a method of role ``"heads"``, only when one is tried),
 ``candidates.candidates`` (every planned method's levels; the output error on the probe ranks layers for a
 mechanism), ``measure_singles`` (each level applied in place and measured: task score on the dev data, costs after
-physical removal, latency beside the unedited model; the model is restored exactly, ``edits.edited``: only the
-attention modules an edit rewrites are copied, one edit at a time, and the model itself never, except once as the
-recovery teacher and restore source when ``recover`` trains every weight), ``measure_combined`` (pairs of heads
-removed × another method, predicted from the singles, the best inside the budget measured too) and ``_finish`` (the
-front over measured points only; the recommended plan is the best-scoring measured point that meets the whole
-budget).
+physical removal, latency beside the unedited model; the model is restored exactly, ``edits.edited``: no tensor
+is copied, the attention modules are set aside while stand-ins sharing their tensors take the edit, and the model
+is copied only once, as the recovery teacher and restore source when ``recover`` trains every weight),
+``measure_combined`` (pairs of heads removed × another method, predicted from the singles, the best inside the
+budget measured too) and ``_finish`` (the front over measured points only; the recommended plan is the best-scoring
+measured point that meets the whole budget).
 """
 
 from __future__ import annotations
@@ -22,16 +23,18 @@ import math
 import os
 import shlex
 import time
+import warnings
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 import torch
 from torch import nn
 
-from ..contract import Method
+from ..contract import Method, measured
 from ..declaration import PlanContext, Ranking
-from ..errors import HeadwiseError
+from ..errors import HeadwiseError, HeadwiseNote
 from ..io import atomic_write_text, json_text, read_text
 from ..progress import progress_bar
 from ..sites import find_sites
@@ -158,9 +161,9 @@ class Plan:
         return get_task(self.task["name"], **self.task["options"])
 
     def calibration(self, tokenizer: Any, task: Task | None = None, device: torch.device | str = "cpu") -> list[dict]:
-        task = task or self.make_task()
-        n = self.settings["calibration"]
-        return task.calibration_inputs(tokenizer, limit=n, batch_size=min(16, n), device=device)
+        """The calibration batches the plan measured with (``calibration_set`` of its settings)."""
+        return calibration_set(task or self.make_task(), tokenizer, self.settings["calibration"],
+                               self.settings.get("calibration_uncapped", False), device)
 
     def apply(self, model: nn.Module, tokenizer: Any = None, point: str | None = None, task: Task | None = None,
               progress: bool | None = False) -> nn.Module:
@@ -205,15 +208,17 @@ class Plan:
         edits = [p for p in self.points if p.kind != "base"]
         bar = dict(unit="edit", disable=None if progress is None else not progress)
         calibration = None
-        measured = {}
+        times = {}
         for p in progress_bar(edits, desc="re-time", **bar):
             if p.edit.needs_calibration() and calibration is None:
                 calibration = self.calibration(tokenizer, task, device)
             with edited(model, p.edit, calibration if p.edit.needs_calibration() else None) as state:
-                measured[p.name] = measure_latency(model, state.original, timing, repeats)
-        base_ms = measure_latency(model, model, timing, repeats)[1]
+                times[p.name] = measure_latency(_through(lambda: nullcontext(model)), _through(state.original),
+                                                   timing, repeats)
+        base_ms = measure_latency(_through(lambda: nullcontext(model)), _through(lambda: nullcontext(model)), timing,
+                                  repeats)[1]
         for p in self.points:
-            p.measured["latency"], p.measured["latency_ms"] = measured.get(p.name, (1.0, base_ms))
+            p.measured["latency"], p.measured["latency_ms"] = times.get(p.name, (1.0, base_ms))
         self.settings["latency_repeats"] = repeats
         self.recommended = _finish(self.points, Budget.parse(self.budget), self.base, self.sign)
 
@@ -318,38 +323,122 @@ def recover_model(model: nn.Module, tokenizer: Any, task: Task, pristine: nn.Mod
     recover(model, tokenizer, task, teacher=pristine, mode=mode, epochs=epochs, progress=False)
 
 
+def _through(enter: Callable[[], ContextManager[nn.Module]]) -> Callable[[], ContextManager[nn.Module]]:
+    """What ``measure_latency`` times: the model ``enter()`` yields, its forwards through the methods it carries
+    (``contract.measured``)."""
+    @contextmanager
+    def timed() -> Iterator[nn.Module]:
+        with enter() as model, measured(model):
+            yield model
+
+    return timed
+
+
+def calibration_set(task: Task, tokenizer: Any, count: int, uncapped: bool = False,
+                    device: torch.device | str = "cpu") -> list[dict]:
+    """A plan's calibration batches: the first ``count`` examples of the task's calibration split (``uncapped``:
+    of its whole text, past the task's ``max_tokens``, which caps what is evaluated)."""
+    source = replace(task, max_tokens=None) if uncapped else task
+    return source.calibration_inputs(tokenizer, limit=count, batch_size=min(16, count), device=device)
+
+
+def _tokens(batches: Sequence[dict]) -> int:
+    """Real tokens in calibration batches."""
+    return sum(int(b["attention_mask"].sum()) if "attention_mask" in b else b["input_ids"].numel() for b in batches)
+
+
+@dataclass
+class Calibration:
+    """The calibration a plan measures with: ``batches`` of ``count`` examples (``uncapped``: past the task's
+    ``max_tokens``) holding ``tokens`` real tokens."""
+
+    batches: list[dict]
+    count: int
+    uncapped: bool
+    tokens: int
+
+
+def settle_calibration(model: nn.Module, tokenizer: Any, task: Task, count: int, tried: list[Method],
+                       explicit: bool) -> tuple[Calibration, dict[str, str]]:
+    """The plan's calibration, settled before any work: ``count`` examples of the task's calibration split; where
+    they hold fewer tokens than a calibrated method's fit needs (its ``calibration_tokens`` hook), more examples of
+    that split, past ``max_tokens`` if the text holds more (a ``HeadwiseNote`` says so). A method whose need the
+    data cannot meet is refused when it was asked for by name (``explicit``), else skipped; returns the
+    calibration and ``{method: why it is skipped}``."""
+    device = next(model.parameters()).device
+    needs = {m.name: int(m.calibration_tokens(model)) for m in tried
+             if m.planned.calibrated and m.calibration_tokens is not None}
+    need = max(needs.values(), default=0)
+    batches = calibration_set(task, tokenizer, count, False, device)
+    found = Calibration(batches, count, False, _tokens(batches))
+    first = found.tokens
+    if first < need:
+        for uncapped in (False, True) if getattr(task, "max_tokens", None) is not None else (False,):
+            n = count
+            while found.tokens < need:
+                batches = calibration_set(task, tokenizer, n, uncapped, device)
+                held, examples = _tokens(batches), sum(len(b["input_ids"]) for b in batches)
+                if held > found.tokens:
+                    found = Calibration(batches, n, uncapped, held)
+                if examples < n:  # the split holds no more
+                    break
+                n = max(n + 1, math.ceil(n * need / max(held, 1)))
+        if found.count != count:
+            wanting = ", ".join(name for name, n in needs.items() if n > first)
+            warnings.warn(f"{count} calibration examples hold {first} tokens, fewer than {wanting} need ({need}, the "
+                          f"hidden size); calibrating on {found.count} examples"
+                          + (" of the whole text (past max_tokens, which caps the evaluation)" if found.uncapped
+                             else "") + f": {found.tokens} tokens", HeadwiseNote, stacklevel=3)
+    short = {name: n for name, n in needs.items() if n > found.tokens}
+    where = f"{found.count} examples{' of its whole text' if found.uncapped else ''}"
+    if short and explicit:
+        name, n = next(iter(short.items()))
+        raise HeadwiseError(f"{name} fits on calibration data and needs at least {n} tokens (the model's hidden "
+                            f"size); the task's calibration data holds {found.tokens} ({where}): give more text "
+                            f"(--data), or leave {name} out of the methods")
+    skipped = {name: f"its fit needs {n} calibration tokens (the hidden size) and the task's calibration data "
+                     f"holds {found.tokens} ({where}); give more text to try it" for name, n in short.items()}
+    if skipped:
+        warnings.warn("not trying " + "; ".join(f"{name}: {why}" for name, why in skipped.items()), HeadwiseNote,
+                      stacklevel=3)
+    return found, skipped
+
+
 class Bench:
     """The model a plan measures edits on, with what every measurement shares: the calibration batches, the
     timing batch, the probe (the first four calibration examples) and its unedited outputs, and, when ``recover``
     trains every weight, one pristine copy (the recovery teacher and what the weights are restored from: the only
-    copy of the model a plan makes)."""
+    copy of the model a plan makes). Every score, output and latency is measured with the model's forwards through
+    the methods it carries (``contract.measured``: e.g. a KV policy's cache)."""
 
-    def __init__(self, model: nn.Module, tokenizer: Any, task: Task, calibration: int, repeats: int, recover: str,
-                 recover_epochs: float) -> None:
+    def __init__(self, model: nn.Module, tokenizer: Any, task: Task, calibration: list[dict], repeats: int,
+                 recover: str, recover_epochs: float) -> None:
         self.model, self.tokenizer, self.task = model, tokenizer, task
         self.repeats, self.recover, self.recover_epochs = repeats, recover, recover_epochs
         device = next(model.parameters()).device
-        self.calibration = task.calibration_inputs(tokenizer, limit=calibration, batch_size=min(16, calibration),
-                                                   device=device)
+        self.calibration = calibration
         shape_size = getattr(task, "batch_size", None) or 1
         self.timing = task.calibration_inputs(tokenizer, limit=shape_size, batch_size=shape_size, device=device)[0]
         self.length = sequence_length(self.calibration)
         self.probe = [{k: v[:4] for k, v in self.calibration[0].items()}]
-        self.reference = outputs(model, self.probe)
+        with measured(model):
+            self.reference = outputs(model, self.probe)
         self.pristine = copy.deepcopy(model) if recover != "none" else None
 
     def base(self) -> Point:
         """The unedited model's point."""
-        metrics = self.task.evaluate(self.model, self.tokenizer, progress=False)
+        with measured(self.model):
+            metrics = self.task.evaluate(self.model, self.tokenizer, progress=False)
         costs = static_costs(self.model, self.length)
-        costs.latency, costs.latency_ms = measure_latency(self.model, self.model, self.timing, self.repeats)
+        model = _through(lambda: nullcontext(self.model))
+        costs.latency, costs.latency_ms = measure_latency(model, model, self.timing, self.repeats)
         costs.latency = 1.0
         return Point("base", "base", [], Edit(), {"score": float(metrics[self.task.metric]),
                                                   "metrics": _plain(metrics), **costs.to_dict()})
 
     def probe_error(self, configs: Sequence[Any]) -> float:
         """The relative output error on the probe of ``configs`` applied in place (the model restored after)."""
-        with edited(self.model, Edit(tuple(configs)), self.calibration):
+        with edited(self.model, Edit(tuple(configs)), self.calibration), measured(self.model):
             return relative_error(self.reference, outputs(self.model, self.probe))
 
     def measure(self, edit: Edit) -> tuple[float, dict[str, Any]]:
@@ -359,11 +448,14 @@ class Bench:
         model, task = self.model, self.task
         with edited(model, edit, self.calibration if edit.needs_calibration() else None) as state:
             try:
-                proxy = relative_error(self.reference, outputs(model, self.probe))
+                with measured(model):
+                    proxy = relative_error(self.reference, outputs(model, self.probe))
                 recover_model(model, self.tokenizer, task, self.pristine, self.recover, self.recover_epochs)
-                metrics = task.evaluate(model, self.tokenizer, progress=False)
+                with measured(model):
+                    metrics = task.evaluate(model, self.tokenizer, progress=False)
                 costs = static_costs(model, self.length)
-                costs.latency, costs.latency_ms = measure_latency(model, state.original, self.timing, self.repeats)
+                costs.latency, costs.latency_ms = measure_latency(_through(lambda: nullcontext(model)),
+                                                                  _through(state.original), self.timing, self.repeats)
             finally:
                 if self.pristine is not None:  # the weights outside the attention modules were trained in place
                     with state.original(), torch.no_grad():
@@ -381,28 +473,33 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     docstring. ``methods`` restricts the methods tried (registered planned methods, by name; a former name warns;
     default: all of them, ``candidates.plannable``); ``ranking``: how the method of role ``"heads"`` orders heads
     (one of its declared ``rankings``; ``examples`` training examples, ``importance_batch`` per backward: lower
-    it to lower the plan's peak memory); ``recover`` recovers every measured edit first (costly); ``repeats``:
-    latency repeats per point."""
+    it to lower the plan's peak memory); ``calibration``: calibration examples (more when a calibrated method
+    needs more tokens, ``settle_calibration``); ``recover`` recovers every measured edit first (costly);
+    ``repeats``: latency repeats per point."""
     task = get_task(task) if isinstance(task, str) else task
     budget = Budget.parse(budget)
     tried = plannable(methods)
     _check(model, tokenizer, task, budget, tried, ranking, recover, allow_empty_layers,
            top_k=top_k, repeats=repeats, calibration=calibration, examples=examples, importance_batch=importance_batch)
     model.eval()
-    bench = Bench(model, tokenizer, task, calibration, repeats, recover, recover_epochs)
+    settled, short = settle_calibration(model, tokenizer, task, calibration, tried, explicit=methods is not None)
+    tried = [m for m in tried if m.name not in short]
+    bench = Bench(model, tokenizer, task, settled.batches, repeats, recover, recover_epochs)
     base = bench.base()
     context = PlanContext([], budget.head_count(base.measured["heads"]), bench.length, allow_empty_layers,
-                          bench.probe_error, progress, task, tokenizer, ranking, examples, importance_batch)
+                          bench.probe_error, progress, task, tokenizer, ranking, examples, importance_batch,
+                          budget.to_dict())
     ranked = rank_heads(model, context, tried)
     found = candidates(model, replace(context, removal_order=ranked.order), tried, recover)
-    skipped = dict(found.skipped)
+    skipped = short | found.skipped
     singles = measure_singles(bench, found.singles, skipped, progress)
     sign = 1.0 if task.higher_is_better else -1.0
     combined = measure_combined(bench, found.singles, singles, base, budget, sign, top_k, skipped, progress)
     points = [base, *singles, *combined]
     settings = {"ranking": ranking if ranked.scores else None, "importance_examples": examples,
                 "importance_batch": importance_batch, "top_k": top_k, "latency_repeats": repeats,
-                "calibration": calibration, "recover": recover, "recover_epochs": recover_epochs,
+                "calibration": settled.count, "calibration_uncapped": settled.uncapped,
+                "calibration_tokens": settled.tokens, "recover": recover, "recover_epochs": recover_epochs,
                 "allow_empty_layers": allow_empty_layers, "sequence_length": bench.length,
                 "timing_batch": list(bench.timing["input_ids"].shape), "device": str(next(model.parameters()).device),
                 "evaluated_on": _subsample(task), "methods": [m.name for m in tried]}

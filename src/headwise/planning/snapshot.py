@@ -1,8 +1,14 @@
-"""A snapshot of what an edit may rewrite: every attention site's outermost module and the model's config (nested
-sub-configs included), set aside while copies stand in the model, so that an edit applied in place changes only
-the copies and the model is restored exactly afterwards (``edits.edited``). Only the attention modules are copied:
-with their tensors when the edit rewrites weights, sharing them when it only attaches ops; Accelerate's offloaded
-weights are always shared."""
+"""A snapshot of what an edit may rewrite, kept without copying a tensor: every attention site's outermost module
+and the model's config (nested sub-configs included) are set aside while stand-ins take their place, so that an
+edit applied in place changes only the stand-ins and the model is restored exactly afterwards (``edits.edited``).
+
+A stand-in is a copy of the module's Python objects whose parameters are new ``Parameter`` objects over the same
+storage (its buffers and Accelerate's offloaded weights are the same objects): it costs no tensor memory. An edit
+may therefore replace a stand-in's projections, attributes, class or ops, rebind its parameters and build new
+tensors, but never write into a tensor it did not create: ``read_only`` refuses such a write before it happens,
+naming the op and the tensor, so a method that would corrupt the model is stopped with the model intact. The
+model's own attributes (e.g. ``generate``'s cache hook that a KV policy or a latent cache wraps on the instance)
+are restored too."""
 
 from __future__ import annotations
 
@@ -10,8 +16,11 @@ import copy
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
+import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..errors import HeadwiseError
 from ..sites import find_sites
 
 
@@ -53,25 +62,63 @@ def _shared_hook_state(module: nn.Module) -> dict[int, Any]:
     return memo
 
 
-class AttentionSnapshot:
-    """The attention modules an edit may rewrite (every site's module and projections) and the model's config,
-    set aside untouched while copies of those modules stand in the model: an edit applied in place then changes
-    only the copies (``edited``). ``original()`` swaps the originals back in for a block (the base of a
-    side-by-side latency, or a teacher); ``restore()`` puts them back for good. (Formerly ``EditedModel``.)"""
+def _stand_in_tensors(module: nn.Module) -> dict[int, Any]:
+    """The deep-copy memo that gives a copy of ``module`` its tensors without copying them: each plain parameter
+    becomes a new ``Parameter`` over the same storage (rebinding it, ``.data =`` or ``requires_grad_``, leaves the
+    original alone); buffers and parameters of other types are the same objects."""
+    memo: dict[int, Any] = {}
+    for p in module.parameters():
+        memo[id(p)] = nn.Parameter(p.detach(), requires_grad=p.requires_grad) if type(p) is nn.Parameter else p
+    memo |= {id(b): b for b in module.buffers()}
+    return memo
 
-    def __init__(self, model: nn.Module, share_tensors: bool) -> None:
+
+def _storage(t: torch.Tensor) -> int:
+    """The address of ``t``'s storage (0: none to protect, e.g. on ``meta`` or empty)."""
+    return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
+
+
+class _ReadOnly(TorchDispatchMode):
+    """Refuses, before it runs, any op that writes into one of ``storages`` (``{address: tensor name}``)."""
+
+    def __init__(self, storages: dict[int, str], what: str) -> None:
+        super().__init__()
+        self.storages, self.what = storages, what
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            for t in value if isinstance(value, (list, tuple)) else [value]:
+                name = self.storages.get(_storage(t)) if isinstance(t, torch.Tensor) else None
+                if name is not None:
+                    raise HeadwiseError(
+                        f"{self.what} wrote into the model's {name} in place ({func.__name__}); a planned method builds "
+                        "new tensors instead (the plan measures edits without copying the model; docs/adding.md)")
+        return func(*args, **kwargs)
+
+
+class AttentionSnapshot:
+    """The attention modules an edit may rewrite (every site's module and projections), the model's config and its
+    own attributes, set aside untouched while stand-ins of those modules (sharing their tensors) take their place:
+    an edit applied in place then changes only the stand-ins (``edited``). ``original()`` swaps the originals back
+    in for a block (the base of a side-by-side latency, or a teacher); ``restore()`` puts them back for good.
+    (Formerly ``EditedModel``.)"""
+
+    def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.slots = _touched_slots(model)
         self.configs = _configs(model.config)
         keep = {id(c): c for c in self.configs}  # the copies refer to the model's own config objects
         self.saved = [copy.deepcopy(vars(c), memo=dict(keep)) for c in self.configs]
         self.attn = model.config._attn_implementation
-        self.copies = []
-        for parent, name, module in self.slots:
-            memo = dict(keep) | _shared_hook_state(module)
-            if share_tensors:  # reversible edits rewrite no tensor: the copy shares them
-                memo |= {id(t): t for t in [*module.parameters(), *module.buffers()]}
-            self.copies.append(copy.deepcopy(module, memo))
+        self.attributes = dict(vars(model))  # the model's own attributes (a hook an edit wraps on the instance)
+        paths = {id(m): path for path, m in model.named_modules()}
+        self.paths = [paths[id(module)] for _, _, module in self.slots]
+        self.copies = [copy.deepcopy(module, dict(keep) | _shared_hook_state(module) | _stand_in_tensors(module))
+                       for _, _, module in self.slots]
 
     def _install(self, modules: Sequence[nn.Module]) -> None:
         for (parent, name, _), module in zip(self.slots, modules):
@@ -89,6 +136,18 @@ class AttentionSnapshot:
         return now
 
     @contextmanager
+    def read_only(self, what: str = "the edit") -> Iterator[None]:
+        """Inside the block, an op writing into a tensor of the set-aside modules (shared with the stand-ins)
+        raises ``HeadwiseError`` naming ``what``, the op and the tensor, before anything is written."""
+        storages = {}
+        for path, (_, _, module) in zip(self.paths, self.slots):
+            for key, t in [*module.named_parameters(), *module.named_buffers()]:
+                if _storage(t):
+                    storages.setdefault(_storage(t), f"{path}.{key}")
+        with _ReadOnly(storages, what):
+            yield
+
+    @contextmanager
     def original(self) -> Iterator[nn.Module]:
         """The unedited model for the block (same object; the edited modules are put back after)."""
         modules, states = self._swap_in_originals()
@@ -99,8 +158,14 @@ class AttentionSnapshot:
             self._set_configs(states)
 
     def restore(self) -> None:
-        """Put the original modules and config back for good (the edited copies are dropped)."""
+        """Put the original modules, config and attributes back for good (the stand-ins are dropped)."""
         if self.model.config._attn_implementation != self.attn:
             self.model.set_attn_implementation(self.attn)
         self._swap_in_originals()
+        now = vars(self.model)
+        for key in [k for k in now if k not in self.attributes]:
+            del now[key]
+        for key, value in self.attributes.items():
+            if now.get(key) is not value:
+                now[key] = value
         self.copies = []

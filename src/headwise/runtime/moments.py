@@ -8,12 +8,18 @@ tokens for decoder sites of an encoder-decoder, read with the ``decoder_attentio
 constant over keys still varies with position); in cross-attention (``dec-enc``) the key side is the encoder's
 output (``key_value_states``, real where the ``attention_mask`` is). A module shared by several layers (ALBERT)
 pools every layer. Sums run in float64 on the inputs' device (float32 on MPS, which has no float64).
+
+A site's sums are ``D × D`` values in float64: over every site, a third of float32 weights (two thirds of
+bfloat16 ones). ``moments_in_groups`` therefore reads the sites a group at a time, one calibration pass per group
+with the group's sums within ``MOMENTS_SHARE`` of the weights' bytes, and a fit consumes each group before the
+next is read. A pass stops once it has read every site of its group (the layers after it, and the output head's
+vocabulary-sized logits, are never computed).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -53,7 +59,8 @@ class _Sums:
         dtype = moment_dtype(x.device)
         if self.xx is None:
             zeros = dict(dtype=dtype, device=x.device)
-            self.xx, self.kk = torch.zeros(self.dim, self.dim, **zeros), torch.zeros(self.dim, self.dim, **zeros)
+            self.xx = torch.zeros(self.dim, self.dim, **zeros)
+            self.kk = torch.zeros(self.dim, self.dim, **zeros) if self.keys else None
             self.x, self.count, self.key_count = torch.zeros(self.dim, **zeros), torch.zeros((), **zeros), \
                 torch.zeros((), **zeros)
         x, w = x.detach().to(dtype), real.to(device=x.device, dtype=dtype)[..., None]
@@ -74,9 +81,9 @@ class _Sums:
         if self.xx is None:  # a site the calibration never reached: zero moments, as an empty sum
             self.add(torch.zeros(1, 1, self.dim, device=device), torch.zeros(1, 1, dtype=torch.bool), None, None,
                      True)
-        count = self.count.clamp(min=1)
-        kk = self.kk / self.key_count.clamp(min=1) if self.keys else None
-        return SiteMoments(self.xx / count, self.x / count, kk, self.tokens)
+        count = self.count.clamp(min=1)  # averaged in place: the sums are not held twice
+        kk = self.kk.div_(self.key_count.clamp(min=1)) if self.keys else None
+        return SiteMoments(self.xx.div_(count), self.x.div_(count), kk, self.tokens)
 
 
 def _real(batch: dict, decoder_side: bool, shape: torch.Size) -> torch.Tensor:
@@ -89,13 +96,19 @@ def _real(batch: dict, decoder_side: bool, shape: torch.Size) -> torch.Tensor:
     return mask.bool()
 
 
+class _Read(Exception):
+    """Raised by the last site a pass needs: the rest of the forward is not computed."""
+
+
 @torch.no_grad()
 def site_moments(model: nn.Module, sites: list[AttentionSite], calibration: Iterable[dict | torch.Tensor],
                  keys: bool = False, progress: bool | None = None) -> dict[str, SiteMoments]:
     """``{site.path: SiteMoments}`` from running ``model`` on ``calibration``: model-input dicts or ``[B, T]``
-    tensors of input ids."""
+    tensors of input ids. Each forward stops once every site has read its input (unless a module serves several
+    layers, ALBERT's, which reads again)."""
     sums = {s.path: _Sums(s.hidden_size, keys) for s in sites}
     current: dict[str, dict] = {}
+    stop = not any(s.shared for s in sites)
 
     def hook(site: AttentionSite):
         decoder_side = site.kind != "enc-self"
@@ -108,6 +121,9 @@ def site_moments(model: nn.Module, sites: list[AttentionSite], calibration: Iter
             cross_real = None if cross is None else _real(batch, False, cross.shape[:2])
             sums[site.path].add(x, real, cross, cross_real, centre=site.positions != "rotary")
             sums[site.path].tokens += int(real.sum())
+            current["read"].add(site.path)
+            if stop and len(current["read"]) == len(sums):
+                raise _Read
         return capture
 
     handles = [s.module.register_forward_pre_hook(hook(s), with_kwargs=True) for s in sites]
@@ -116,9 +132,42 @@ def site_moments(model: nn.Module, sites: list[AttentionSite], calibration: Iter
         for batch in progress_bar(calibration, desc="calibration", unit="batch",
                                   disable=None if progress is None else not progress):
             batch = {"input_ids": batch} if torch.is_tensor(batch) else dict(batch)
-            current["batch"] = batch  # masks as given: counted where they are (the tokenizer's host tensors)
-            model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})
+            current["batch"], current["read"] = batch, set()  # masks as given: counted where they are
+            try:
+                model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})
+            except _Read:
+                pass
     finally:
         for handle in handles:
             handle.remove()
     return {path: s.result(device) for path, s in sums.items()}
+
+
+MOMENTS_SHARE = 1 / 16  # of the weights' bytes: what one group's running sums may take
+
+
+def moment_groups(model: nn.Module, sites: Sequence[AttentionSite], keys: bool = False,
+                  share: float = MOMENTS_SHARE) -> list[list[AttentionSite]]:
+    """``sites`` in consecutive groups whose sums (``D × D`` float64, twice with ``keys``) take at most ``share``
+    of the model's weights' bytes each (at least one site a group)."""
+    limit = share * sum(p.numel() * p.element_size() for p in model.parameters())
+    groups: list[list[AttentionSite]] = [[]]
+    held = 0.0
+    for site in sites:
+        size = (2 if keys else 1) * (site.hidden_size + 1) ** 2 * 8
+        if groups[-1] and held + size > limit:
+            groups.append([])
+            held = 0.0
+        groups[-1].append(site)
+        held += size
+    return [g for g in groups if g]
+
+
+def moments_in_groups(model: nn.Module, sites: Sequence[AttentionSite], calibration: Sequence[dict | torch.Tensor],
+                      keys: bool = False, progress: bool | None = None, share: float = MOMENTS_SHARE
+                      ) -> Iterator[tuple[list[AttentionSite], dict[str, SiteMoments]]]:
+    """``(group, site_moments of the group)`` for each of ``moment_groups(model, sites, keys, share)`` in turn (one
+    calibration pass each; ``calibration`` is read once per group): a consumer that fits a group's sites before
+    asking for the next never holds more than one group's sums."""
+    for group in moment_groups(model, sites, keys, share):
+        yield group, site_moments(model, group, calibration, keys, progress)

@@ -10,6 +10,7 @@ from typing import Any
 
 from torch import nn
 
+from ..contract import measured
 from ..planning import Plan
 from ..planning.axes import savings
 from ..tasks import Task
@@ -30,8 +31,11 @@ def apply_plan(model: nn.Module, tokenizer: Any, plan: Plan, point: str | None =
     # or a copy
     teacher = recovery.teacher_for(model, tokenizer, task, reversible=chosen.edit.reversible)
 
-    def metric() -> float | None:
-        return float(task.evaluate(model, tokenizer, progress=False)[task.metric]) if evaluate else None
+    def metric() -> float | None:  # through the methods the model carries, as the plan measured (a KV policy)
+        if not evaluate:
+            return None
+        with measured(model):
+            return float(task.evaluate(model, tokenizer, progress=False)[task.metric])
 
     before, costs = metric(), model_costs(model)
     plan.apply(model, tokenizer, chosen.name, task, progress=None)
