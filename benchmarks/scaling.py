@@ -354,6 +354,9 @@ def main() -> None:
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1")
     if args.threads:
         env["OMP_NUM_THREADS"] = str(args.threads)
+    out = Path(args.out)
+    earlier = json.loads(out.with_suffix(".json").read_text())["rows"] if args.merge and \
+        out.with_suffix(".json").exists() else []  # kept unless this run measures them again
     rows = []
     for shape in shapes:
         for context in contexts:
@@ -372,25 +375,28 @@ def main() -> None:
                     row = {"shape": shape, "verb": verb, "context": context, "error": f"over {args.timeout}s"}
                 rows.append(row)
                 print(table([row]).splitlines()[-1], flush=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    if args.merge and out.with_suffix(".json").exists():  # earlier rows stay unless this run measured them again
-        key = lambda r: (r["shape"], r["verb"], r["context"])  # noqa: E731
-        fresh = {key(r) for r in rows}
-        rows = [r for r in json.loads(out.with_suffix(".json").read_text())["rows"] if key(r) not in fresh] + rows
+                write(Path(args.out), rows, args, earlier)  # after every arm: a killed run keeps what it measured
+
+
+def write(out: Path, rows: list[dict], args: argparse.Namespace, earlier: list[dict]) -> None:
+    """``out``.json and .md: ``earlier``'s rows this run has not measured again, then ``rows``."""
+    from headwise.io import atomic_write_text
+
+    key = lambda r: (r["shape"], r["verb"], r["context"])  # noqa: E731
+    fresh = {key(r) for r in rows}
+    rows = [r for r in earlier if key(r) not in fresh] + rows
     meta = {"quick": args.quick, "python": sys.version.split()[0], "machine": os.uname().machine,
             "cpus": os.cpu_count(), "device": args.device, "dtype": args.dtype,
             "note": args.note}
-    from headwise.io import atomic_write_text
-
     title = ("# Scaling (CPU)\n\n" if args.device == "cpu" else
              f"# Scaling ({args.device}, {args.dtype})\n\nMemory columns are the device allocator's: peak "
              "`torch.cuda.max_memory_allocated` during the verb, the weights included; the last column names the GPU."
              "\n\n") + f"Measured: {args.note}. {over(rows)}\n\n"
+    out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out.with_suffix(".json"), json.dumps({"meta": meta, "rows": rows}, indent=1))
     atomic_write_text(out.with_suffix(".md"), title + table(rows) + "\n\n## Fitted growth\n\n"
                       + growth(rows) + "\n")
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}", flush=True)
 
 
 if __name__ == "__main__":
