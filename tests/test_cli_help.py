@@ -120,7 +120,7 @@ def test_the_light_copies_equal_the_library():
     assert constants.PREFILL_CHUNK == PREFILL_CHUNK
     assert {name: d.summary for name, d in declarations().items()} == {n: m.summary for n, m in METHODS.items()}
     plan_page = _parser(["plan"]).format_help()
-    assert ",".join(m.name for m in plannable()) in " ".join(plan_page.split())
+    assert ",".join(m.name for m in plannable()) in "".join(plan_page.split())  # the list may wrap at a comma
 
 
 def test_edit_method_pages_get_their_options_when_chosen(capsys):
