@@ -83,7 +83,7 @@ def register(verbs, parents) -> None:
                         "suite's retrieval and QA tasks at --context tokens (its own seed, generated haystack and "
                         "needle formats, never the calibration's; a few minutes at 2k on a 2-core CPU), or passkey "
                         "(five depths of --eval-keys passkeys in --eval-family prompts)")
-    add(p, "--samples", default=4, shown="4 per task (--check suite); 0: skip the check")
+    add(p, "--samples", default=4, shown="4 per task (--check suite; --no-measure skips the check)")
     p.add_argument("--eval-family", default=None,
                    help="--check passkey: prompt family of the passkey check (default text: running text from the "
                         "evaluated part of --data, a family the default calibration never saw; numbers when there "

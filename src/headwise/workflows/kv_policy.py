@@ -148,7 +148,7 @@ class SuiteCheck:
 
     def line(self, result: dict[str, Any]) -> str:
         if not result:
-            return "long-context check not run (--no-measure or --samples 0)"
+            return "long-context check not run (--no-measure, or samples=0)"
         full, policy, diff = result["full"], result["policy"], result["difference"]
         counts = {t: sum(per.values()) for t, per in policy["samples"].items()}
         drawn = result["drawn_from"]
