@@ -192,3 +192,42 @@ def test_the_statistics_forward_keeps_no_cache_and_no_full_logits():
                     importance=(), examples=0, progress=False)
     assert stats.acc["sentences"] == 4
     assert seen == [(2, 1, VOCAB), None] * 2
+
+
+def test_the_statistics_forward_runs_long_mlps_in_chunks_with_the_same_statistics(monkeypatch):
+    """At long context the statistics pass runs each MLP over chunks of positions (``forward_mlp_tokens``: its
+    ``4·I`` transient elements per token within ``block_bytes``), so the MLP's activations over the whole length
+    never exist. On a tiny Llama with a budget that forces chunks of 3 positions, every MLP projection sees at most 3
+    positions, and every table equals the one-call forward's (float32 tolerance); the model's forwards are its own
+    again afterwards."""
+    import transformers as tf
+
+    from headwise.analysis import activations, analyze
+    from test_analysis_support import random_texts, word_tokenizer
+    from tiny import VOCAB
+
+    torch.manual_seed(4)
+    config = tf.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64)
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
+    texts = random_texts(6, seed=2, shortest=7, longest=12)
+    options = dict(batch_size=3, thresholds=THRESHOLDS, importance=(), examples=0, progress=False)
+    widths: list[int] = []
+    hooks = [layer.mlp.gate_proj.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[-2]))
+             for layer in model.model.layers]
+    whole = analyze(model, word_tokenizer("llama"), texts, **options).finalize()
+    assert max(widths) > 3
+    widths.clear()
+    per_token = 4 * 3 * 37 * 4  # batch 3, intermediate 37, float32
+    monkeypatch.setattr(activations, "MIN_MLP_TOKENS", 1)
+    monkeypatch.setattr(activations, "block_bytes", lambda device: 3 * per_token)
+    assert activations.forward_mlp_tokens(model, 3, 12) == 3
+    chunked = analyze(model, word_tokenizer("llama"), texts, **options).finalize()
+    assert widths and max(widths) == 3
+    for hook in hooks:
+        hook.remove()
+    assert all("forward" not in layer.mlp.__dict__ for layer in model.model.layers)
+    for name, table in whole["heads"].items():
+        torch.testing.assert_close(chunked["heads"][name], table, atol=1e-6, rtol=1e-5, equal_nan=True, msg=name)
+    for name, table in whole["similarity"].items():
+        torch.testing.assert_close(chunked["similarity"][name], table, atol=1e-6, rtol=1e-5, equal_nan=True, msg=name)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .metrics import block_bytes
 from .rows import Row
 
 AVAILABLE_SHARE = 0.25  # the most of the free memory the gradient pass may hold
@@ -77,6 +78,19 @@ def margin_bytes(model: nn.Module) -> int:
 def keep_activations(model: nn.Module, rows: list[Row], tokens: int) -> bool:
     """True when the activations of the largest batch (``tokens``) fit in ``margin_bytes``."""
     return activation_bytes(model, rows, tokens) <= margin_bytes(model)
+
+
+def forward_mlp_tokens(model: nn.Module, batch: int, length: int) -> int | None:
+    """Positions per MLP chunk of a forward without gradients (the statistics pass), so that the MLP's transient
+    tensors (``4·I`` elements per token: gate, up, activation, product) stay within the block of query rows'
+    budget (``metrics.block_bytes``: fixed on a CPU, from the free memory on an accelerator); None when all
+    ``length`` positions fit at once."""
+    config, weight = getattr(model, "config", None), next(model.parameters())
+    inner = getattr(config, "intermediate_size", None) or 4 * getattr(config, "hidden_size", 0)
+    per_token = 4 * batch * inner * weight.element_size()
+    if not per_token or length * per_token <= block_bytes(weight.device):
+        return None
+    return max(MIN_MLP_TOKENS, block_bytes(weight.device) // per_token)
 
 
 def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -> Recompute:

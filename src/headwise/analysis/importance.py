@@ -223,43 +223,60 @@ def mlps_of(stack: nn.ModuleList) -> list[nn.Module]:
 
 
 @contextmanager
+def chunked_mlps(model: nn.Module, rows: list[Row], tokens: int | None) -> Iterator[None]:
+    """Each position-wise MLP of the model's layer stack (``mlps_of``) over chunks of ``tokens`` positions for the
+    block (checkpointed when gradients are on): the same outputs, with one chunk's activations alive at a time.
+    ``tokens=None``, or a model without one stack: unchanged."""
+    found = _block_stack(model, rows) if tokens else None
+    mlps = mlps_of(found[0]) if found is not None else []
+    saved = [mlp.__dict__.get("forward") for mlp in mlps]  # keep hooks that wrap forward
+    for mlp in mlps:
+        mlp.forward = _chunked_mlp(mlp, tokens)
+    try:
+        yield
+    finally:
+        for mlp, forward in zip(mlps, saved):
+            if forward is None:
+                del mlp.__dict__["forward"]
+            else:
+                mlp.forward = forward
+
+
+@contextmanager
 def checkpointed(model: nn.Module, rows: list[Row], plan: Recompute = Recompute()) -> Iterator[None]:
     """The blocks of the model's layer stack (``_block_stack``) recomputed in the backward for the block (the same
     gradients; more forwards): each block under ``torch.utils.checkpoint``, so a backward keeps only the blocks'
     inputs and one block's activations at a time; with ``plan.segment = s > 1`` the stack in segments of ``s``
     blocks, each checkpointed whole and every block inside it too, so only the segments' inputs are kept and, while
     one segment is recomputed, its blocks' (``⌈L/s⌉ + s`` hidden states instead of ``L``, one forward more); with
-    ``plan.mlp_tokens`` each block's MLP (``mlps_of``) runs over chunks of that many positions, checkpointed. The
-    model runs without a key/value cache (``config.use_cache`` off for the block): a recomputed block would append
-    its keys to it a second time. Models without one stack run unchanged."""
+    ``plan.mlp_tokens`` each block's MLP runs over chunks of that many positions, checkpointed (``chunked_mlps``).
+    The model runs without a key/value cache (``config.use_cache`` off for the block): a recomputed block would
+    append its keys to it a second time. Models without one stack run unchanged."""
     found = _block_stack(model, rows)
     if found is None:
         yield
         return
     stack = list(found[0])
-    mlps = mlps_of(found[0]) if plan.mlp_tokens else []
-    patched = [*stack, *mlps]
-    saved = [module.__dict__.get("forward") for module in patched]  # keep hooks that wrap forward
+    saved = [block.__dict__.get("forward") for block in stack]  # keep hooks that wrap forward
     config = getattr(model, "config", None)
     use_cache = getattr(config, "use_cache", None)
     if use_cache:
         config.use_cache = False
-    for mlp in mlps:
-        mlp.forward = _chunked_mlp(mlp, plan.mlp_tokens)
     for start in range(0, len(stack), plan.segment):
         blocks = stack[start : start + plan.segment]
         for block, forward in zip(blocks, _segment_forwards(blocks)):
             block.forward = forward
     try:
-        yield
+        with chunked_mlps(model, rows, plan.mlp_tokens):
+            yield
     finally:
         if use_cache:
             config.use_cache = use_cache
-        for module, forward in zip(patched, saved):
+        for block, forward in zip(stack, saved):
             if forward is None:
-                del module.__dict__["forward"]
+                del block.__dict__["forward"]
             else:
-                module.forward = forward
+                block.forward = forward
 
 
 @contextmanager
