@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 from headwise.analysis import metrics
 from headwise.analysis.metrics import ENTRY_BYTES, ROW_BYTES, batch_sums, histogram_edges, query_blocks
 from headwise.analysis.roles import role_sums
 from headwise.runtime.probs import ProbRows, keep_mask
+from peak_bytes import peak_tensor_bytes
 from test_analysis_support import THRESHOLDS
 
 B, T, D = 3, 13, 8  # 13 query rows: blocks of 4 and 5 rows do not divide them
@@ -111,18 +111,6 @@ def test_causal_blocks_read_only_the_keys_their_rows_see(monkeypatch):
     assert [A.shape[-1] for _, _, A, _ in query_blocks(encoder, None)] == [9, 9, 1]
 
 
-def _peak_bytes(fn) -> int:
-    """The most bytes ``fn``'s tensors held at once on the CPU (allocations and frees, in the profiler's order)."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    held = peak = 0
-    for _, size in events:
-        held += size
-        peak = max(peak, held)
-    return peak
-
-
 @pytest.mark.parametrize("length", [128, 512])
 def test_a_layers_statistics_hold_one_block_beside_their_accumulators(length, monkeypatch):
     """With blocks of 256 KiB of temporaries, the peak of ``batch_sums`` over a GQA causal layer stays within
@@ -143,7 +131,7 @@ def test_a_layers_statistics_hold_one_block_beside_their_accumulators(length, mo
     assert rows * heads * (length * ENTRY_BYTES + ROW_BYTES) <= budget < 2 * rows * heads * length * ENTRY_BYTES
     args = (probs, None, out, real, special, THRESHOLDS, histogram_edges())
     batch_sums(*args)  # the histogram's lookup tables, built once per process
-    peak = _peak_bytes(lambda: batch_sums(*args))
+    peak = peak_tensor_bytes(lambda: batch_sums(*args))
     accumulators = heads * length * 4 + (64 << 10)  # the column maximum, and small per-head sums
     assert peak <= budget + accumulators, (peak, length)
 

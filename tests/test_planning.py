@@ -11,6 +11,7 @@ import random
 import pytest
 import torch
 import transformers as tf
+from peak_bytes import peak_tensor_bytes
 from tiny import VOCAB, tiny_model
 
 import headwise
@@ -907,20 +908,6 @@ def test_the_deprecated_sweep_form_still_registers_a_planned_method_with_a_warni
         Sweep(lambda m, c: Levels(), str, order=1, role="twice")
 
 
-def _peak_tensor_bytes(fn) -> int:
-    """The most bytes of CPU tensors ``fn`` held at once (the profiler's allocation and free events, in order)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    held = peak = 0
-    for _, size in events:
-        held += size
-        peak = max(peak, held)
-    return peak
-
-
 def test_a_plan_holds_no_copy_of_the_model(tokenizer, text_file):
     """The plan's tensors above the loaded model, counted allocation by allocation (no timing, no RSS): removal and
     KV merges measured in place on an 8-layer Llama (MLP 4x wide, so the attention projections are a fifth of the
@@ -936,9 +923,9 @@ def test_a_plan_holds_no_copy_of_the_model(tokenizer, text_file):
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     task = get_task("lm", data=str(text_file), max_length=16)
     task.evaluate(model, tokenizer, progress=False)  # lazy tables built once, outside the measurement
-    evaluate = _peak_tensor_bytes(lambda: task.evaluate(model, tokenizer, progress=False))
+    evaluate = peak_tensor_bytes(lambda: task.evaluate(model, tokenizer, progress=False))
     found = {}
-    plan = _peak_tensor_bytes(lambda: found.setdefault("plan", headwise.plan(
+    plan = peak_tensor_bytes(lambda: found.setdefault("plan", headwise.plan(
         model, tokenizer, task, "heads=0.5", methods=("prune_heads", "gqa"), top_k=1, **FAST)))
     assert {"prune_heads", "gqa"} <= {m for p in found["plan"].points for m in p.methods}
     assert plan <= evaluate + 0.75 * weights, (plan / weights, evaluate / weights)
