@@ -87,10 +87,10 @@ def forward_mlp_tokens(model: nn.Module, batch: int, length: int) -> int | None:
     ``length`` positions fit at once."""
     config, weight = getattr(model, "config", None), next(model.parameters())
     inner = getattr(config, "intermediate_size", None) or 4 * getattr(config, "hidden_size", 0)
-    per_token = 4 * batch * inner * weight.element_size()
-    if not per_token or length * per_token <= block_bytes(weight.device):
+    per_token, budget = 4 * batch * inner * weight.element_size(), block_bytes(weight.device)
+    if not per_token or length * per_token <= budget:
         return None
-    return max(MIN_MLP_TOKENS, block_bytes(weight.device) // per_token)
+    return max(MIN_MLP_TOKENS, budget // per_token)
 
 
 def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -> Recompute:

@@ -223,23 +223,31 @@ def mlps_of(stack: nn.ModuleList) -> list[nn.Module]:
 
 
 @contextmanager
+def replaced_forwards(modules: Sequence[nn.Module], forwards: Sequence[Callable]) -> Iterator[None]:
+    """Each of ``modules`` runs ``forwards[i]`` for the block (set on the instance), and afterwards what it ran
+    before: its class's forward, or the instance's own (a wrapper such as Accelerate's hooks), also on error."""
+    saved = [module.__dict__.get("forward") for module in modules]
+    for module, forward in zip(modules, forwards):
+        module.forward = forward
+    try:
+        yield
+    finally:
+        for module, forward in zip(modules, saved):
+            if forward is None:
+                del module.__dict__["forward"]
+            else:
+                module.forward = forward
+
+
+@contextmanager
 def chunked_mlps(model: nn.Module, rows: list[Row], tokens: int | None) -> Iterator[None]:
     """Each position-wise MLP of the model's layer stack (``mlps_of``) over chunks of ``tokens`` positions for the
     block (checkpointed when gradients are on): the same outputs, with one chunk's activations alive at a time.
     ``tokens=None``, or a model without one stack: unchanged."""
     found = _block_stack(model, rows) if tokens else None
     mlps = mlps_of(found[0]) if found is not None else []
-    saved = [mlp.__dict__.get("forward") for mlp in mlps]  # keep hooks that wrap forward
-    for mlp in mlps:
-        mlp.forward = _chunked_mlp(mlp, tokens)
-    try:
+    with replaced_forwards(mlps, [_chunked_mlp(mlp, tokens) for mlp in mlps]):
         yield
-    finally:
-        for mlp, forward in zip(mlps, saved):
-            if forward is None:
-                del mlp.__dict__["forward"]
-            else:
-                mlp.forward = forward
 
 
 @contextmanager
@@ -257,26 +265,18 @@ def checkpointed(model: nn.Module, rows: list[Row], plan: Recompute = Recompute(
         yield
         return
     stack = list(found[0])
-    saved = [block.__dict__.get("forward") for block in stack]  # keep hooks that wrap forward
+    forwards = [f for start in range(0, len(stack), plan.segment)
+                for f in _segment_forwards(stack[start : start + plan.segment])]
     config = getattr(model, "config", None)
     use_cache = getattr(config, "use_cache", None)
     if use_cache:
         config.use_cache = False
-    for start in range(0, len(stack), plan.segment):
-        blocks = stack[start : start + plan.segment]
-        for block, forward in zip(blocks, _segment_forwards(blocks)):
-            block.forward = forward
     try:
-        with chunked_mlps(model, rows, plan.mlp_tokens):
+        with replaced_forwards(stack, forwards), chunked_mlps(model, rows, plan.mlp_tokens):
             yield
     finally:
         if use_cache:
             config.use_cache = use_cache
-        for block, forward in zip(stack, saved):
-            if forward is None:
-                del block.__dict__["forward"]
-            else:
-                block.forward = forward
 
 
 @contextmanager
@@ -420,22 +420,11 @@ def _from_block(stack: nn.ModuleList, start: int, below: torch.Tensor | None) ->
     if start == 0:
         yield
         return
-    saved = [block.__dict__.get("forward") for block in stack[:start]]  # keep hooks that wrap forward
-
     def passing(*args, **kwargs):
         return args[0] if args else kwargs["hidden_states"]
 
-    for block in stack[: start - 1]:
-        block.forward = passing
-    stack[start - 1].forward = lambda *args, **kwargs: below
-    try:
+    with replaced_forwards(stack[:start], [passing] * (start - 1) + [lambda *args, **kwargs: below]):
         yield
-    finally:
-        for block, forward in zip(stack[:start], saved):
-            if forward is None:
-                del block.__dict__["forward"]
-            else:
-                block.forward = forward
 
 
 def _sweep_plan(rows: list[Row], copies: int, method: str, blocks: list[int] | None
