@@ -331,6 +331,23 @@ def test_equal_bytes_baselines_and_the_verification_subset(tokenizer):
     assert check["policy"]["kv_bytes"][str(LENGTH)] < check["full"]["kv_bytes"][str(LENGTH)]
 
 
+def test_a_narrower_window_keeps_more_heads_full_at_the_same_bytes(tokenizer):
+    """``window=``: policy, random and layer take it; StreamingLLM still fills the budget with one window."""
+    from headwise.kvcache import HeadScores, equal_bytes_policies
+
+    model = causal_lm(tokenizer)
+    scores = HeadScores({"retrieval": torch.tensor([[0.1, 0.2, 0.9, 0.8], [0.3, 0.05, 0.4, 0.6]])}, [2, 2])
+    wide = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4)
+    narrow = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4, window=124)
+    # window 124: streaming heads hold 128/1024; (0.625·4 − 4·0.125)/0.875 → 2 full heads (1 with window 476)
+    assert narrow["policy"].full_heads() == [(0, 1), (1, 1)]  # the two best by retrieval (0.9, 0.6)
+    assert len(narrow["random"].full_heads()) == 2
+    for arm in ("policy", "random", "layer"):
+        assert narrow[arm].kv_fraction(1024) <= 0.625
+        assert {c.at(1024).window for layer in narrow[arm].heads for c in layer if not c.full} <= {124}
+    assert narrow["streaming"] == wide["streaming"]
+
+
 def test_a_latent_cache_holds_no_weights(tokenizer):
     """Issue 49 item 4: every byte the latent cache object holds is a latent, a rotary row or a position (and the
     positions' cos/sin table); the decoders in head layout live once on the model, the values' is the weight."""

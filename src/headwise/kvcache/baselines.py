@@ -37,14 +37,15 @@ def streaming_policy(model: nn.Module, kv_budget: float, context: int, sink: int
 
 def equal_bytes_policies(model: nn.Module, tokenizer: Any, kv_budget: float, scores: HeadScores, context: int = 2048,
                          sink: int = 4, ranking: str = "retrieval", seed: int = 0,
-                         arms: tuple[str, ...] = BASELINES) -> dict[str, KVPolicy]:
+                         arms: tuple[str, ...] = BASELINES, window: int | None = None) -> dict[str, KVPolicy]:
     """``{arm: KVPolicy}`` of ``arms`` (``BASELINES``, see the module docstring) for ``kv_budget`` at ``context``
     tokens; ``scores`` ranks the heads of ``policy`` and ``layer`` (``head_scores``, computed once for every
-    budget)."""
+    budget). ``window``: the streaming heads' window of ``policy``, ``random`` and ``layer`` (default
+    ``default_window``); StreamingLLM's fills the budget."""
     unknown = [a for a in arms if a not in BASELINES]
     if unknown:
         raise HeadwiseError(f"unknown arms {unknown}; choose from {', '.join(BASELINES)}")
-    window = default_window(kv_budget, context, sink)
+    window = default_window(kv_budget, context, sink) if window is None else window
     common = {"kv_budget": kv_budget, "context": context, "sink": sink, "window": window, "progress": False}
     make = {"policy": lambda: kv_policy(model, tokenizer, ranking=ranking, scores=scores, **common)[0],
             "random": lambda: kv_policy(model, tokenizer, ranking="random", seed=seed, **common)[0],
