@@ -11,9 +11,9 @@ Arms (``--arms``; budgets ``--budgets`` of the full cache at each length):
                    best head, as many as fit B with policy@B's window;
   gqa              convert gqa --kv-heads 1 (1/3 of SmolLM2's KV bytes), calibrated one-shot, no uptraining;
   latent@B         convert latent --kv-budget B, calibrated one-shot, no uptraining.
-``--window-share S`` gives policy, random and layer the window ``sink + window = S · B · length`` instead of kv_policy's
-default (S = 3/4), so more heads stay full at a narrower S; those arms are named ``policy~wS@B``, etc. (S = 0.25 was
-chosen on samples of seed 1234, not on the reported seed 4949.)
+``--window-share S`` gives policy, random and layer the window ``sink + window = S · B · length`` instead of
+kv_policy's default (S = 3/4), so more heads stay full at a narrower S; those arms are named ``policy~wS@B``, etc.
+(S = 0.25 was chosen on samples of seed 1234, not on the reported seed 4949.)
 The x axis of the chart is what each cache really holds after the context (``stored_bytes``), over the full cache's.
 Head scores (for policy and layer) come from kv_policy's calibration: passkey prompts in filler text, seed 0, 512
 tokens; the suite's samples come from seed 4949, the generated haystack and other needle formats (hidden values,
@@ -86,6 +86,7 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
     import headwise
     from headwise.conversion.cache import latent_cache
     from headwise.kvcache import PolicyCache, ScoreConfig, equal_bytes_policies, head_scores
+    from headwise.kvcache.choose import default_window
 
     arms: dict[str, tuple[Any, Any]] = {}
     if "full" in args.arms:
@@ -96,7 +97,7 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
         scores = head_scores(model, tokenizer, ScoreConfig(), progress=True)
         for budget in args.budgets:  # sized at the first length: the windows scale with the sequence
             share = args.window_share
-            window = None if share is None else int(share * budget * args.lengths[0]) - 4
+            window = None if share is None else default_window(budget, args.lengths[0], 4, share)
             policies = equal_bytes_policies(model, tokenizer, budget, scores, context=args.lengths[0],
                                             arms=tuple(wanted), window=window)
             for arm, policy in policies.items():
@@ -231,7 +232,8 @@ def markdown(results: dict, svg: str) -> str:
     rows = [head, "|" + "---|" * (4 + len(families) + len(tasks))]
     for arm, s in sorted(arms.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])):
         lo, hi = s["score_ci"]
-        rows.append(f"| {arm} | {sum(n for cell in s['samples'].values() for n in cell.values())} | {s['bytes']:.3f} | {s['score']:.1f} ({lo:.1f}–{hi:.1f}) | "
+        count = sum(n for cell in s["samples"].values() for n in cell.values())
+        rows.append(f"| {arm} | {count} | {s['bytes']:.3f} | {s['score']:.1f} ({lo:.1f}–{hi:.1f}) | "
                     + " | ".join(f"{s['families'][f]:.1f}" for f in families) + " | "
                     + " | ".join(f"{s['tasks'][t]:.1f}" for t in tasks) + " |")
     diffs = ["| difference | points | 95% CI | samples |", "|---|---|---|---|"]
@@ -243,7 +245,8 @@ def markdown(results: dict, svg: str) -> str:
                f"±{max(t['interval']['half_widths'].values()):.1f})"]
     for variant, r in t["retention_at_0.5"].items():
         floor = ", ".join(f"{f} {x:.2f}" for f, x in r["per_family"].items())
-        verdict.append(f"- {variant}@0.5 over full on families where full ≥ {COUNTED:g} (each ≥ {FLOOR:g}: {floor}): "
+        verdict.append(f"- {variant}@0.5 over full on families where full ≥ {COUNTED:g} "
+                       f"(each ≥ {FLOOR:g}: {floor}): "
                        + (f"{r['ratio']:.2f}" if r["ratio"] is not None else "—")
                        + f" — {'met' if r['met'] else 'not met'}")
     for name, b in t["beats_baselines"].items():

@@ -21,20 +21,24 @@ import argparse
 import common
 import headwise
 from headwise.kvcache import KVPolicy, PolicyCache, ScoreConfig, head_scores, kv_policy, policy_forward
+from headwise.kvcache.choose import default_window
 from headwise.tasks.long import LongContext, paired_difference, summarize
 
 SEED = 1234  # held out: the reported suite draws seed 4949
 CONTEXT = 2048
 
 
-def policies(model, tokenizer, budget: float, shares: list[float]) -> dict[str, KVPolicy]:
+def policies(model, tokenizer, budgets: list[float], shares: list[float]) -> dict[str, KVPolicy]:
+    """``{"B/shareS": the policy at budget B with window share S}``, every head ranked by one scoring."""
     scores = head_scores(model, tokenizer, ScoreConfig(), progress=False)
     out = {}
-    for share in shares:
-        window = int(share * budget * CONTEXT) - 4
-        out[f"{budget:g}/share{share:g}"] = kv_policy(model, tokenizer, kv_budget=budget, context=CONTEXT,
-                                                      window=window, scores=scores, progress=False)[0]
-        print(f"{budget:g}/share{share:g}: window {window}, {out[f'{budget:g}/share{share:g}'].describe()}", flush=True)
+    for budget in budgets:
+        for share in shares:
+            window = default_window(budget, CONTEXT, 4, share)
+            name = f"{budget:g}/share{share:g}"
+            out[name] = kv_policy(model, tokenizer, kv_budget=budget, context=CONTEXT, window=window, scores=scores,
+                                  progress=False)[0]
+            print(f"{name}: window {window}, {out[name].describe()}", flush=True)
     return out
 
 
@@ -43,7 +47,7 @@ def suite(args, model, tokenizer) -> None:
 
     task = LongContext(lengths=str(CONTEXT), samples=args.samples, seed=SEED)
     runs = {"full": lambda m, n: DynamicCache(config=m.config)}
-    for name, policy in policies(model, tokenizer, args.budget, args.shares).items():
+    for name, policy in policies(model, tokenizer, [args.budget], args.shares).items():
         runs[name] = lambda m, n, p=policy: PolicyCache(p, length=n)
     records = {}
     for arm, make in runs.items():
@@ -62,10 +66,9 @@ def suite(args, model, tokenizer) -> None:
 def perplexity(args, model, tokenizer) -> None:
     from headwise.tasks import LanguageModeling
 
-    task = LanguageModeling(data=str(common.data_file(args.data, common.WIKITEXT)), max_length=CONTEXT, max_tokens=args.tokens)
-    arms = {"full": KVPolicy.uniform(model)}
-    for budget in args.budgets:
-        arms.update(policies(model, tokenizer, budget, args.shares))
+    text = str(common.data_file(args.data, common.WIKITEXT))
+    task = LanguageModeling(data=text, max_length=CONTEXT, max_tokens=args.tokens)
+    arms = {"full": KVPolicy.uniform(model), **policies(model, tokenizer, args.budgets, args.shares)}
     for name, rules in arms.items():
         with policy_forward(model, rules):
             result = task.evaluate(model, tokenizer, progress=False)

@@ -40,15 +40,17 @@ def full_heads_for_budget(num_heads: int, kv_budget: float, context: int, sink: 
     return max(0, min(num_heads, *counts))
 
 
-def default_window(kv_budget: float, context: int, sink: int) -> int:
-    """The streaming heads' window when none is given: ``sink + window`` is three quarters of the per-head budget
-    (``3/4 · kv_budget · context``), so a fifth of the heads stay full at ``kv_budget = 0.5`` (e.g. window 764 at
-    0.5 × 2048 tokens: 18 of SmolLM2's 90 KV heads). Measured on SmolLM2 at 1k and 2k tokens (docs/kv-policy.md):
-    the retrieval heads kept full still find every passkey the full cache finds, and wide windows on the other heads
-    keep perplexity within +1.4% (2k) / +3.0% (1k), where a short window (124) on more streaming heads loses 8–11%."""
+def default_window(kv_budget: float, context: int, sink: int, share: float = 3 / 4) -> int:
+    """The streaming heads' window when none is given: ``sink + window`` is ``share`` of the per-head budget
+    (``share · kv_budget · context``; by default three quarters), so a fifth of the heads stay full at
+    ``kv_budget = 0.5`` (e.g. window 764 at 0.5 × 2048 tokens: 18 of SmolLM2's 90 KV heads). Measured on SmolLM2 at
+    1k and 2k tokens (docs/kv-policy.md): the retrieval heads kept full still find every passkey the full cache
+    finds, and wide windows on the other heads keep perplexity within +1.4% (2k) / +3.0% (1k), where a short window
+    (124) on more streaming heads loses 8–11%. On the long-context suite a smaller ``share`` (more heads full)
+    scores higher, at +5.5% perplexity (``share=0.25`` at 0.5 × 2048: docs/kv-policy.md, long-context suite)."""
     if not 0 < kv_budget <= 1:
         raise HeadwiseError(f"kv_budget={kv_budget} must be in (0, 1] (the share of the full cache's bytes to keep)")
-    window = int(kv_budget * context * 3 / 4) - sink
+    window = int(kv_budget * context * share) - sink
     if window < 1:
         raise HeadwiseError(f"kv_budget={kv_budget} at {context} tokens leaves no window after {sink} sink tokens; "
                             "give --window, a longer --context or a larger budget")
