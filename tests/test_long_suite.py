@@ -334,6 +334,7 @@ def test_equal_bytes_baselines_and_the_verification_subset(tokenizer):
 def test_a_narrower_window_keeps_more_heads_full_at_the_same_bytes(tokenizer):
     """``window=``: policy, random and layer take it; StreamingLLM still fills the budget with one window."""
     from headwise.kvcache import HeadScores, equal_bytes_policies
+    from headwise.kvcache.choose import default_window
 
     model = causal_lm(tokenizer)
     scores = HeadScores({"retrieval": torch.tensor([[0.1, 0.2, 0.9, 0.8], [0.3, 0.05, 0.4, 0.6]])}, [2, 2])
@@ -346,6 +347,8 @@ def test_a_narrower_window_keeps_more_heads_full_at_the_same_bytes(tokenizer):
         assert narrow[arm].kv_fraction(1024) <= 0.625
         assert {c.at(1024).window for layer in narrow[arm].heads for c in layer if not c.full} <= {124}
     assert narrow["streaming"] == wide["streaming"]
+    with pytest.raises(HeadwiseError, match="window share=1.5"):  # wider than the budget: refused, not a full cache
+        default_window(0.625, 1024, 4, share=1.5)
 
 
 def test_a_latent_cache_holds_no_weights(tokenizer):

@@ -50,6 +50,8 @@ def default_window(kv_budget: float, context: int, sink: int, share: float = 3 /
     scores higher, at +5.5% perplexity (``share=0.25`` at 0.5 × 2048: docs/kv-policy.md, long-context suite)."""
     if not 0 < kv_budget <= 1:
         raise HeadwiseError(f"kv_budget={kv_budget} must be in (0, 1] (the share of the full cache's bytes to keep)")
+    if not 0 < share <= 1:
+        raise HeadwiseError(f"window share={share} must be in (0, 1] (the part of the per-head budget the window takes)")
     window = int(kv_budget * context * share) - sink
     if window < 1:
         raise HeadwiseError(f"kv_budget={kv_budget} at {context} tokens leaves no window after {sink} sink tokens; "
