@@ -51,7 +51,8 @@ def default_window(kv_budget: float, context: int, sink: int, share: float = 3 /
     if not 0 < kv_budget <= 1:
         raise HeadwiseError(f"kv_budget={kv_budget} must be in (0, 1] (the share of the full cache's bytes to keep)")
     if not 0 < share <= 1:
-        raise HeadwiseError(f"window share={share} must be in (0, 1] (the part of the per-head budget the window takes)")
+        raise HeadwiseError(f"window share={share} must be in (0, 1] (the part of the per-head budget the window "
+                            "takes)")
     window = int(kv_budget * context * share) - sink
     if window < 1:
         raise HeadwiseError(f"kv_budget={kv_budget} at {context} tokens leaves no window after {sink} sink tokens; "
