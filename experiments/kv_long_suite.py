@@ -12,8 +12,9 @@ Arms (``--arms``; budgets ``--budgets`` of the full cache at each length):
   gqa              convert gqa --kv-heads 1 (1/3 of SmolLM2's KV bytes), calibrated one-shot, no uptraining;
   latent@B         convert latent --kv-budget B, calibrated one-shot, no uptraining.
 ``--window-share S`` gives policy, random and layer the window ``sink + window = S · B · length`` instead of
-kv_policy's default (S = 3/4), so more heads stay full at a narrower S; those arms are named ``policy~wS@B``, etc.
-(S = 0.25 was chosen on samples of seed 1234, not on the reported seed 4949.)
+kv_policy's default (``kvcache.choose.WINDOW_SHARE``), so more heads stay full at a narrower S; those arms are named
+``policy~wS@B``, etc. The default was 3/4 until S = 0.25, chosen on samples of seed 1234 (``kv_long_window.py``) and
+judged here on seed 4949, replaced it: the log's arms of the former default were renamed ``~w0.75`` then.
 The x axis of the chart is what each cache really holds after the context (``stored_bytes``), over the full cache's.
 Head scores (for policy and layer) come from kv_policy's calibration: passkey prompts in filler text, seed 0, 512
 tokens; the suite's samples come from seed 4949, the generated haystack and other needle formats (hidden values,
@@ -86,7 +87,7 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
     import headwise
     from headwise.conversion.cache import latent_cache
     from headwise.kvcache import PolicyCache, ScoreConfig, equal_bytes_policies, head_scores
-    from headwise.kvcache.choose import default_window
+    from headwise.kvcache.choose import WINDOW_SHARE, default_window
 
     arms: dict[str, tuple[Any, Any]] = {}
     if "full" in args.arms:
@@ -101,7 +102,7 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
             policies = equal_bytes_policies(model, tokenizer, budget, scores, context=args.lengths[0],
                                             arms=tuple(wanted), window=window)
             for arm, policy in policies.items():
-                name = arm if share is None or arm not in WINDOWED else f"{arm}~w{share:g}"
+                name = arm if share in (None, WINDOW_SHARE) or arm not in WINDOWED else f"{arm}~w{share:g}"
                 arms[f"{name}@{budget:g}"] = (model, lambda m, n, p=policy: PolicyCache(p, length=n))
     if "gqa" in args.arms or "latent" in args.arms:  # the attention inputs' moments, computed once for both
         from headwise.conversion import input_moments

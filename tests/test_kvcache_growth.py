@@ -28,7 +28,7 @@ def sixteen_kv_heads() -> tf.PreTrainedModel:
 
 
 def budget_policy(model, scaled: bool) -> KVPolicy:
-    """The policy kv_policy builds for BUDGET at CONTEXT (window 3/4 of the per-head budget), heads picked in order."""
+    """The policy kv_policy builds for BUDGET at CONTEXT (its default window), heads picked in order."""
     from headwise.kvcache.choose import default_window
 
     window = default_window(BUDGET, CONTEXT, SINK)

@@ -255,20 +255,21 @@ def test_passkey_prompt_uses_the_chat_template():
 
 
 def test_default_window_and_ranking():
-    """Without a window, streaming heads get three quarters of the per-head budget (sink + window = 3/4 · budget ·
+    """Without a window, streaming heads get a quarter of the per-head budget (sink + window = 1/4 · budget ·
     context) and heads are ranked by retrieval; `outside` on prompts no longer than the window is refused, naming the
     fix."""
     from headwise.kvcache.choose import calibration_length, default_window
-    assert default_window(0.5, 2048, 4) == 764 and default_window(0.5, 1024, 4) == 380
-    assert full_heads_for_budget(90, 0.5, 2048, 4, default_window(0.5, 2048, 4)) == 18
+    assert default_window(0.5, 2048, 4) == 252 and default_window(0.5, 1024, 4) == 124
+    assert default_window(0.5, 2048, 4, share=3 / 4) == 764
+    assert full_heads_for_budget(90, 0.5, 2048, 4, default_window(0.5, 2048, 4)) == 38  # (0.5·90·2048 − 90·256) / 1792
     with pytest.raises(HeadwiseError, match="no window"):
         default_window(0.01, 100, 4)
     model, tok = tiny_lm(), char_tokenizer()
     config = ScoreConfig(length=160, depths=(0.2, 0.8), random_length=24, sink=2, window=88)
     policy, scores = kv_policy(model, tok, kv_budget=0.75, context=160, sink=2, config=config, progress=False)
-    assert {rule.window for layer in policy.heads for rule in layer if rule.window} == {88}  # 3/4 · 0.75 · 160 − 2
-    assert len(policy.full_heads()) == full_heads_for_budget(4, 0.75, 160, 2, 88) == 1
-    assert sorted(rank_kv_heads(scores, "retrieval")[:1]) == policy.full_heads()
+    assert {rule.window for layer in policy.heads for rule in layer if rule.window} == {28}  # 1/4 · 0.75 · 160 − 2
+    assert len(policy.full_heads()) == full_heads_for_budget(4, 0.75, 160, 2, 28) == 2
+    assert sorted(rank_kv_heads(scores, "retrieval")[:2]) == policy.full_heads()
     assert "outside" not in scores.scores  # retrieval needs no calibration text
     assert calibration_length("retrieval", 4, 508) == 512 and calibration_length("combined", 4, 508) == 1024
     with pytest.raises(HeadwiseError, match="calibration-length"):

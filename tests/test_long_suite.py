@@ -320,9 +320,9 @@ def test_equal_bytes_baselines_and_the_verification_subset(tokenizer):
     at = {arm: p.kv_fraction(1024) for arm, p in arms.items()}
     assert at["streaming"] == pytest.approx(0.625, abs=1 / 1024)
     assert at["policy"] <= 0.625 and at["random"] == at["policy"] and at["layer"] <= 0.625
-    # window 476 at 0.625 × 1024: full heads hold 1, streaming ones 480/1024; (0.625·4 − 4·0.469)/0.531 → 1 head
-    assert arms["policy"].full_heads() == [(0, 1)]  # the KV head of query heads 2, 3 (retrieval 0.9)
-    assert len(arms["random"].full_heads()) == 1
+    # default window 156 at 0.625 × 1024: full heads hold 1, streaming ones 160/1024; (0.625·4 − 4·0.156)/0.844 → 2
+    assert arms["policy"].full_heads() == [(0, 1), (1, 1)]  # the two best by retrieval (0.9, 0.6)
+    assert len(arms["random"].full_heads()) == 2
     assert all(len(set(layer)) == 1 for layer in arms["layer"].heads)  # whole layers
     check = verify_policy(model, tokenizer, arms["streaming"], length=LENGTH, samples=1, progress=False)
     assert check["full"]["samples"] == check["policy"]["samples"] == {t: {str(LENGTH): 1}
@@ -338,11 +338,14 @@ def test_a_narrower_window_keeps_more_heads_full_at_the_same_bytes(tokenizer):
 
     model = causal_lm(tokenizer)
     scores = HeadScores({"retrieval": torch.tensor([[0.1, 0.2, 0.9, 0.8], [0.3, 0.05, 0.4, 0.6]])}, [2, 2])
-    wide = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4)
+    wide = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4,
+                                window=default_window(0.625, 1024, 4, share=3 / 4))
     narrow = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4, window=124)
-    # window 124: streaming heads hold 128/1024; (0.625·4 − 4·0.125)/0.875 → 2 full heads (1 with window 476)
+    # window 476: streaming heads hold 480/1024; (0.625·4 − 4·0.469)/0.531 → 1 full head
+    assert wide["policy"].full_heads() == [(0, 1)]  # the KV head of query heads 2, 3 (retrieval 0.9)
+    # window 124: streaming heads hold 128/1024; (0.625·4 − 4·0.125)/0.875 → 2 full heads
     assert narrow["policy"].full_heads() == [(0, 1), (1, 1)]  # the two best by retrieval (0.9, 0.6)
-    assert len(narrow["random"].full_heads()) == 2
+    assert len(wide["random"].full_heads()) == 1 and len(narrow["random"].full_heads()) == 2
     for arm in ("policy", "random", "layer"):
         assert narrow[arm].kv_fraction(1024) <= 0.625
         assert {c.at(1024).window for layer in narrow[arm].heads for c in layer if not c.full} <= {124}

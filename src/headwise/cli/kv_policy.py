@@ -48,8 +48,8 @@ def register(verbs, parents) -> None:
     p.add_argument("--context", type=int, default=2048, help="context length the budget is computed at (default 2048)")
     p.add_argument("--sink", type=int, default=4, help="sink tokens of streaming heads (default 4)")
     p.add_argument("--window", type=int, default=None,
-                   help="recent tokens of streaming heads (default: 3/4 x kv-budget x context - sink, 764 at 0.5 x "
-                        "2048)")
+                   help="recent tokens of streaming heads (default: 0.25 x kv-budget x context - sink, 252 at 0.5 x "
+                        "2048; a wider window keeps perplexity closer, a narrower one keeps more heads full)")
     p.add_argument("--fixed-window", action="store_true",
                    help="keep --window fixed at every length (default: the window scales with the sequence and "
                         "reaches --window at --context, so the budget holds at every length up to it)")
