@@ -94,7 +94,7 @@ def register(verbs, parents) -> None:
                    help="--check passkey: passkeys per depth (5 depths); 0: skip")
     p.add_argument("--no-measure", action="store_true",
                    help="skip the measurements through generate(): KV bytes held, peak memory, decode speed and the "
-                        "passkey check of the full cache and the policy")
+                        "--check (suite or passkey) of the full cache and the policy")
     p.add_argument("--measure-new", type=int, default=32,
                    help="tokens generated after a --context-token prompt to time decoding (default 32)")
     p.add_argument("--measure-repeats", type=int, default=1,
