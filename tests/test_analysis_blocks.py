@@ -74,6 +74,37 @@ def test_block_statistics_equal_the_dense_ones(kind, rows, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk", [1, 4, 5])
+@pytest.mark.parametrize("kind", ["causal", "causal-padded"])
+def test_layer_sums_added_by_chunks_of_queries_equal_the_whole_layer(kind, chunk, dtype):
+    """``LayerSums`` fed a causal layer chunk by chunk, as a layer run by chunks of queries calls its observers
+    (rows ``c0:c1`` against keys ``:c1``, the mask cut to them; chunks of 4 and 5 do not divide 13), equals the
+    whole layer in one call; chunks out of order, and finishing early, are refused."""
+    probs, real, special = _case(kind, dtype)
+    gen = torch.Generator().manual_seed(6)
+    out = torch.randn(B, T, probs.shape[1], D, generator=gen).to(dtype)
+    whole = batch_sums(probs, None, out, real, special, THRESHOLDS, histogram_edges())
+    sums = metrics.LayerSums(real, special, probs.shape[1], THRESHOLDS, histogram_edges())
+    for c0 in range(0, T, chunk):
+        c1 = min(T, c0 + chunk)
+        mask = None if probs.mask is None else probs.mask[..., c0:c1, :c1]
+        if mask is None:  # a chunk has no plain causal form: its mask is explicit
+            mask = (torch.arange(c0, c1)[:, None] >= torch.arange(c1))[None, None]
+        rows = ProbRows(probs.query[:, :, c0:c1], probs.key[:, :, :c1], mask, D ** -0.5, True, None, dtype)
+        if c0 == chunk:
+            with pytest.raises(ValueError, match="in order"):
+                sums.add(rows, None, out[:, c0:c1], c0 + 1)
+        sums.add(rows, None, out[:, c0:c1], c0)
+        if c1 < T:
+            with pytest.raises(ValueError, match="finished after"):
+                metrics.LayerSums(real, special, probs.shape[1], THRESHOLDS, histogram_edges()).finish()
+    chunked = sums.finish()
+    assert chunked.keys() == whole.keys()
+    for name, value in whole.items():
+        torch.testing.assert_close(chunked[name], value, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", KINDS)
 def test_block_roles_equal_the_dense_ones(kind, dtype, monkeypatch):
     """``role_sums`` (argmax per row: positional and rare-token hits, row maxima) by blocks of 4 rows against the
@@ -182,12 +213,17 @@ def test_the_statistics_forward_keeps_no_cache_and_no_full_logits():
     assert seen == [(2, 1, VOCAB), None] * 2
 
 
-def test_the_statistics_forward_runs_long_mlps_in_chunks_with_the_same_statistics(monkeypatch):
-    """At long context the statistics pass runs each MLP over chunks of positions (``forward_mlp_tokens``: its
-    ``4·I`` transient elements per token within ``block_bytes``), so the MLP's activations over the whole length
-    never exist. On a tiny Llama with a budget that forces chunks of 3 positions, every MLP projection sees at most 3
-    positions, and every table equals the one-call forward's (float32 tolerance); the model's forwards are its own
-    again afterwards."""
+@pytest.mark.parametrize("batch, chunk", [(3, 3), (1, 5), (2, 4)])
+def test_the_statistics_forward_runs_decoder_layers_by_chunks_of_queries_with_the_same_statistics(batch, chunk,
+                                                                                                 monkeypatch):
+    """At long context the statistics pass runs each decoder layer over chunks of query positions
+    (``forward_chunk_tokens``: the larger of the MLP's ``4·I`` and the attention's ``8·D`` transient elements per
+    token within ``block_bytes``; ``layer_stack.chunked_layers``), so no projection, rotary copy or MLP activation
+    over the whole length exists. On a tiny GQA Llama (4 query heads on 2 key heads) with a budget that forces chunks
+    of ``chunk`` positions (not dividing the lengths, 7 to 12 tokens), padded batches (``batch`` > 1: the model's
+    mask, cut by rows) and single texts (no mask: causal chunk masks), every query and MLP projection sees at most
+    ``chunk`` positions, the keys grow chunk by chunk, and every table equals the one-call forward's (float32
+    tolerance); the model's forwards are its own again afterwards."""
     import transformers as tf
 
     from headwise.analysis import activations, analyze
@@ -199,23 +235,31 @@ def test_the_statistics_forward_runs_long_mlps_in_chunks_with_the_same_statistic
                             intermediate_size=37, vocab_size=VOCAB, max_position_embeddings=64)
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="headwise").eval()
     texts = random_texts(6, seed=2, shortest=7, longest=12)
-    options = dict(batch_size=3, thresholds=THRESHOLDS, importance=(), examples=0, progress=False)
-    widths: list[int] = []
-    hooks = [layer.mlp.gate_proj.register_forward_pre_hook(lambda module, args: widths.append(args[0].shape[-2]))
-             for layer in model.model.layers]
+    options = dict(batch_size=batch, max_length=16, thresholds=THRESHOLDS, importance=(), examples=0, progress=False)
+    widths: list[tuple[str, int]] = []
+    record = lambda kind: lambda module, args: widths.append((kind, args[0].shape[-2]))  # noqa: E731
+    hooks = [h for layer in model.model.layers for h in (
+        layer.mlp.gate_proj.register_forward_pre_hook(record("mlp")),
+        layer.self_attn.q_proj.register_forward_pre_hook(record("query")),
+        layer.self_attn.register_forward_hook(lambda module, args, kwargs, out: widths.append(
+            ("keys", kwargs["position_embeddings"][0].shape[-2], kwargs["attention_mask"])), with_kwargs=True))]
     whole = analyze(model, word_tokenizer("llama"), texts, **options).finalize()
-    assert max(widths) > 3
+    assert max(w[1] for w in widths) > chunk
     widths.clear()
-    per_token = 4 * 3 * 37 * 4  # batch 3, intermediate 37, float32
-    monkeypatch.setattr(activations, "MIN_MLP_TOKENS", 1)
-    monkeypatch.setattr(activations, "block_bytes", lambda device: 3 * per_token)
-    assert activations.forward_mlp_tokens(model, 3, 12) == 3
+    per_token = batch * (8 * 32 * 4 + 16 * 5)  # 8·D above 4·I here, float32; a chunk's masks over 16 keys
+    monkeypatch.setattr(activations, "MIN_CHUNK_TOKENS", 1)
+    monkeypatch.setattr(activations, "block_bytes", lambda device: chunk * per_token)
+    assert activations.forward_chunk_tokens(model, batch, 16) == chunk
     chunked = analyze(model, word_tokenizer("llama"), texts, **options).finalize()
-    assert widths and max(widths) == 3
     for hook in hooks:
         hook.remove()
-    assert all("forward" not in layer.mlp.__dict__ for layer in model.model.layers)
+    assert max(w[1] for w in widths) == chunk
+    masks = [w[2] for w in widths if w[0] == "keys"]
+    assert all(m is not None and m.shape[-2] <= chunk for m in masks)  # every chunk attends with explicit masks
+    assert any(m.shape[-1] > chunk for m in masks)  # to the keys so far, more than its own rows
+    assert all("forward" not in m.__dict__ for m in model.modules())
     for name, table in whole["heads"].items():
         torch.testing.assert_close(chunked["heads"][name], table, atol=1e-6, rtol=1e-5, equal_nan=True, msg=name)
     for name, table in whole["similarity"].items():
         torch.testing.assert_close(chunked["similarity"][name], table, atol=1e-6, rtol=1e-5, equal_nan=True, msg=name)
+    torch.testing.assert_close(chunked["histogram"], whole["histogram"], atol=1e-6, rtol=1e-5, equal_nan=True)

@@ -169,10 +169,11 @@ def test_ablation_sweep_equals_one_run_per_head_gate(family, method):
 
 
 def test_the_layer_sweep_skips_the_layers_below_and_refuses_unknown_methods():
-    from headwise.analysis.importance import _block_stack, ablation_sums
+    from headwise.analysis.importance import ablation_sums
+    from headwise.analysis.layer_stack import block_stack
 
     tokenizer, model = word_tokenizer("llama"), loud_model("llama")
-    stack, blocks = _block_stack(model, rows_of(model))
+    stack, blocks = block_stack(model, rows_of(model))
     assert stack is model.layers and blocks == [0, 1]
     calls = []
     handles = [s.module.register_forward_pre_hook(lambda m, a, k, i=i: calls.append(i), with_kwargs=True)
@@ -380,7 +381,7 @@ def test_segments_and_mlp_chunks_give_the_same_gradient(family, monkeypatch):
     """``Recompute(segment=2, mlp_tokens=3)`` on 5 blocks (segments of 2, 2 and 1) with the lm task's loss: the
     gradient of every head equals the one with every activation kept; blocks run again as the segments say, each
     MLP over chunks of at most 3 positions; nothing stays patched."""
-    from headwise.analysis import importance
+    from headwise.analysis import importance, layer_stack
     from headwise.analysis.activations import Recompute
     from headwise.analysis.importance import gradient_sums
     from headwise.tasks import LanguageModeling
@@ -390,7 +391,7 @@ def test_segments_and_mlp_chunks_give_the_same_gradient(family, monkeypatch):
     texts = random_texts(5, seed=2, shortest=6, longest=12)
     kept, n = gradient_sums(model, tokenizer, texts, batch_size=2, loss_fn=loss, checkpoint_blocks=False)
     runs, widths = [], []
-    plain, chunked = importance.checkpoint, importance._chunked_mlp
+    plain, chunked = importance.checkpoint, layer_stack._chunked_mlp
 
     def counted(fn, *args, **kwargs):
         return plain(lambda *a, **k: runs.append(fn) or fn(*a, **k), *args, **kwargs)
@@ -400,7 +401,7 @@ def test_segments_and_mlp_chunks_give_the_same_gradient(family, monkeypatch):
         return lambda x: widths.append(x.shape[-2]) or run(x)
 
     monkeypatch.setattr(importance, "checkpoint", counted)
-    monkeypatch.setattr(importance, "_chunked_mlp", measured)
+    monkeypatch.setattr(layer_stack, "_chunked_mlp", measured)
     recomputed, m = gradient_sums(model, tokenizer, texts, batch_size=2, loss_fn=loss,
                                   checkpoint_blocks=Recompute(segment=2, mlp_tokens=3))
     assert n == m == 5 and kept.min() > 0

@@ -125,3 +125,31 @@ def test_gate_spec_round_trips():
 
 def test_causal_families_flagged():
     assert {f for f in FAMILIES if find_sites(tiny_model(f))[0].causal} == CAUSAL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("mask_kind", ["bool", "float"])
+def test_cpu_sdpa_reads_grouped_keys_under_a_mask_as_the_repeated_keys_do(mask_kind, dtype):
+    """On a CPU, a GQA call under a mask runs PyTorch's SDPA over the grouped keys (``enable_gqa``) instead of
+    transformers' repeated keys: the same output as transformers' path (its keys repeated to every query head) and as
+    an explicit softmax in float32, for chunk-shaped calls (4 queries, the last of 9 keys) with left padding."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from headwise.runtime.attention import sdpa
+
+    gen = torch.Generator().manual_seed(3)
+    B, H, Hkv, n, T, d = 2, 6, 2, 4, 9, 8
+    query, key, value = (torch.randn(B, h, t, d, generator=gen).to(dtype) for h, t in ((H, n), (Hkv, T), (Hkv, T)))
+    keep = (torch.arange(T - n, T)[:, None] >= torch.arange(T))[None, None].repeat(B, 1, 1, 1)
+    keep[1, ..., :3] = False  # left padding of the second sentence
+    additive = torch.zeros(keep.shape, dtype=dtype).masked_fill(~keep, torch.finfo(dtype).min)
+    mask = keep if mask_kind == "bool" else additive
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal, module.training = H // Hkv, True, False
+    ours = sdpa(module, query, key, value, mask, 0.0, d ** -0.5, True)
+    theirs, _ = sdpa_attention_forward(module, query, key, value, mask, dropout=0.0, scaling=d ** -0.5, is_causal=True)
+    scores = (query.float() @ key.float().repeat_interleave(H // Hkv, 1).transpose(-1, -2)) * d ** -0.5
+    reference = (scores.masked_fill(~keep, float("-inf")).softmax(-1) @ value.float().repeat_interleave(H // Hkv, 1))
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(ours, theirs, **tol)
+    torch.testing.assert_close(ours.float(), reference.transpose(1, 2), **tol)

@@ -30,7 +30,7 @@ from .rows import Row
 AVAILABLE_SHARE = 0.25  # the most of the free memory the gradient pass may hold
 MARGIN = 0.2  # what the gradient pass may hold beside the weights, as a share of their bytes
 MIN_MARGIN = 64 << 20  # bytes: small models keep their activations, as recomputing saves nothing that matters
-MIN_MLP_TOKENS = 128  # the shortest MLP chunk (positions)
+MIN_CHUNK_TOKENS = 128  # the shortest chunk of positions (an MLP's, a layer's queries)
 
 
 @dataclass(frozen=True)
@@ -80,17 +80,23 @@ def keep_activations(model: nn.Module, rows: list[Row], tokens: int) -> bool:
     return activation_bytes(model, rows, tokens) <= margin_bytes(model)
 
 
-def forward_mlp_tokens(model: nn.Module, batch: int, length: int) -> int | None:
-    """Positions per MLP chunk of a forward without gradients (the statistics pass), so that the MLP's transient
-    tensors (``4·I`` elements per token: gate, up, activation, product) stay within the block of query rows'
-    budget (``metrics.block_bytes``: fixed on a CPU, from the free memory on an accelerator); None when all
-    ``length`` positions fit at once."""
+def forward_chunk_tokens(model: nn.Module, batch: int, length: int) -> int | None:
+    """Positions per chunk of a forward without gradients (the statistics pass: decoder layers by chunks of
+    queries, other models' MLPs by chunks of positions), so that a chunk's transient tensors stay within the block
+    of query rows' budget (``metrics.block_bytes``: fixed on a CPU, from the free memory on an accelerator): per
+    token, the larger of the MLP's ``4·I`` elements (gate, up, activation, product) and the attention's ``8·D``
+    (normed input, queries, keys, values, their rotary copies, output, projection), plus the chunk's mask over the
+    ``length`` keys (a boolean, and the float copy SDPA makes of it); None when all ``length`` positions fit at
+    once."""
     config, weight = getattr(model, "config", None), next(model.parameters())
-    inner = getattr(config, "intermediate_size", None) or 4 * getattr(config, "hidden_size", 0)
-    per_token, budget = 4 * batch * inner * weight.element_size(), block_bytes(weight.device)
-    if not per_token or length * per_token <= budget:
+    hidden = getattr(config, "hidden_size", 0) or 0
+    inner = getattr(config, "intermediate_size", None) or 4 * hidden
+    element = weight.element_size()
+    per_token = batch * (max(4 * inner, 8 * hidden) * element + length * (1 + element))
+    budget = block_bytes(weight.device)
+    if not hidden or length * per_token <= budget:
         return None
-    return max(MIN_MLP_TOKENS, budget // per_token)
+    return max(MIN_CHUNK_TOKENS, budget // per_token)
 
 
 def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -> Recompute:
@@ -104,7 +110,7 @@ def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -
     inner = getattr(config, "intermediate_size", None) or 4 * site.hidden_size
     mlp_tokens = None
     if 6 * tokens * inner * element > margin // 4:
-        mlp_tokens = max(MIN_MLP_TOKENS, margin // 4 // (6 * batch * inner * element))
+        mlp_tokens = max(MIN_CHUNK_TOKENS, margin // 4 // (6 * batch * inner * element))
     block = element * (tokens * (8 * site.hidden_size + 4 * site.num_kv_heads * site.head_dim)
                        + 6 * batch * min(length, mlp_tokens or length) * inner)
     held = len(rows) * tokens * site.hidden_size * element  # every block's input

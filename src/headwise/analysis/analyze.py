@@ -14,10 +14,11 @@ from ..contract import with_keywords
 from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
-from .activations import forward_mlp_tokens, keep_activations
+from .activations import forward_chunk_tokens, keep_activations
 from .attach import observed_call, per_site
 from .config import AnalysisConfig
-from .importance import LossFn, Pairs, ablation_sums, chunked_mlps, gradient_sums
+from .importance import LossFn, Pairs, ablation_sums, gradient_sums
+from .layer_stack import chunked_layers
 from ..batching import Batch, resolve_max_length, text_batches
 from .observer import BatchContext, MapRecorder, StatsObserver
 from .rows import Row, rows_of
@@ -57,10 +58,11 @@ def observing(model: nn.Module, rows: list[Row], stats: HeadStats, total: int, p
 def observe(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows: list[Row], stats: HeadStats,
             batch_size: int, max_length: int, progress: bool | None = None) -> None:
     """Run ``texts`` through ``model`` with statistics observers attached, adding into ``stats``; at long context
-    each MLP runs over chunks of positions (``activations.forward_mlp_tokens``)."""
+    each decoder layer runs over chunks of query positions (``layer_stack.chunked_layers``; other models' MLPs over
+    chunks of positions), ``activations.forward_chunk_tokens`` at a time."""
     device = next(model.parameters()).device
-    mlp_tokens = forward_mlp_tokens(model, min(batch_size, len(texts)), max_length)
-    with observing(model, rows, stats, len(texts), progress) as (seen, _), chunked_mlps(model, rows, mlp_tokens):
+    tokens = forward_chunk_tokens(model, min(batch_size, len(texts)), max_length)
+    with observing(model, rows, stats, len(texts), progress) as (seen, _), chunked_layers(model, rows, tokens):
         for batch in text_batches(tokenizer, texts, batch_size, max_length, device):
             seen(batch)
             observed_call(model, batch.inputs)

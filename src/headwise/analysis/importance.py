@@ -55,6 +55,7 @@ from ..batching import Batch, pooled, resolve_max_length, text_batches
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from .activations import Recompute, recompute_plan
+from .layer_stack import block_stack, chunked_mlps, replaced_forwards
 from .rows import Row, rows_of
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
@@ -199,68 +200,17 @@ def _segment_forwards(blocks: list[nn.Module]) -> list[Callable]:
     return [first, *(later(i) for i in range(1, len(blocks)))]
 
 
-def _chunked_mlp(mlp: nn.Module, tokens: int) -> Callable:
-    """``mlp``'s forward over chunks of ``tokens`` positions (it is position-wise), each chunk under ``checkpoint``
-    when gradients are on: its activations are those of one chunk, recomputed in the backward."""
-    def inner(part: torch.Tensor, forward: Callable = mlp.forward) -> torch.Tensor:
-        return forward(part.contiguous())  # a view's copy, made inside: the checkpoint keeps only the view
-
-    def run(x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-2] <= tokens:
-            return inner(x)
-        parts = [x[..., t0 : t0 + tokens, :] for t0 in range(0, x.shape[-2], tokens)]
-        if torch.is_grad_enabled():
-            return torch.cat([checkpoint(inner, part, use_reentrant=False) for part in parts], dim=-2)
-        return torch.cat([inner(part) for part in parts], dim=-2)
-    return run
-
-
-def mlps_of(stack: nn.ModuleList) -> list[nn.Module]:
-    """The position-wise MLP of each block of ``stack`` that has one (a child ``mlp`` whose class is an ``...MLP``:
-    Llama, Qwen2, Mistral, GPT-2, ...; not a mixture of experts)."""
-    return [block.mlp for block in stack
-            if isinstance(getattr(block, "mlp", None), nn.Module) and type(block.mlp).__name__.endswith("MLP")]
-
-
-@contextmanager
-def replaced_forwards(modules: Sequence[nn.Module], forwards: Sequence[Callable]) -> Iterator[None]:
-    """Each of ``modules`` runs ``forwards[i]`` for the block (set on the instance), and afterwards what it ran
-    before: its class's forward, or the instance's own (a wrapper such as Accelerate's hooks), also on error."""
-    saved = [module.__dict__.get("forward") for module in modules]
-    for module, forward in zip(modules, forwards):
-        module.forward = forward
-    try:
-        yield
-    finally:
-        for module, forward in zip(modules, saved):
-            if forward is None:
-                del module.__dict__["forward"]
-            else:
-                module.forward = forward
-
-
-@contextmanager
-def chunked_mlps(model: nn.Module, rows: list[Row], tokens: int | None) -> Iterator[None]:
-    """Each position-wise MLP of the model's layer stack (``mlps_of``) over chunks of ``tokens`` positions for the
-    block (checkpointed when gradients are on): the same outputs, with one chunk's activations alive at a time.
-    ``tokens=None``, or a model without one stack: unchanged."""
-    found = _block_stack(model, rows) if tokens else None
-    mlps = mlps_of(found[0]) if found is not None else []
-    with replaced_forwards(mlps, [_chunked_mlp(mlp, tokens) for mlp in mlps]):
-        yield
-
-
 @contextmanager
 def checkpointed(model: nn.Module, rows: list[Row], plan: Recompute = Recompute()) -> Iterator[None]:
-    """The blocks of the model's layer stack (``_block_stack``) recomputed in the backward for the block (the same
-    gradients; more forwards): each block under ``torch.utils.checkpoint``, so a backward keeps only the blocks'
+    """The blocks of the model's layer stack (``layer_stack.block_stack``) recomputed in the backward for the block
+    (the same gradients; more forwards): each block under ``torch.utils.checkpoint``, so a backward keeps only the blocks'
     inputs and one block's activations at a time; with ``plan.segment = s > 1`` the stack in segments of ``s``
     blocks, each checkpointed whole and every block inside it too, so only the segments' inputs are kept and, while
     one segment is recomputed, its blocks' (``⌈L/s⌉ + s`` hidden states instead of ``L``, one forward more); with
     ``plan.mlp_tokens`` each block's MLP runs over chunks of that many positions, checkpointed (``chunked_mlps``).
     The model runs without a key/value cache (``config.use_cache`` off for the block): a recomputed block would
     append its keys to it a second time. Models without one stack run unchanged."""
-    found = _block_stack(model, rows)
+    found = block_stack(model, rows)
     if found is None:
         yield
         return
@@ -379,22 +329,6 @@ def _heads(rows: list[Row]) -> list[tuple[int, int]]:
 ABLATION_METHODS = ("layers", "batched", "exact")
 
 
-def _block_stack(model: nn.Module, rows: list[Row]) -> tuple[nn.ModuleList, list[int]] | None:
-    """``(the layer stack, block index of each row)`` when every row's site sits in its own element of one
-    ``ModuleList`` of ``model`` (a stack of blocks run in order); ``None`` otherwise (shared modules, several
-    stacks), where ``method="layers"`` runs the whole model."""
-    if any(r.site.shared for r in rows):
-        return None
-    for stack in model.modules():
-        if not isinstance(stack, nn.ModuleList):
-            continue
-        where = {id(sub): i for i, block in enumerate(stack) for sub in block.modules()}
-        blocks = [where.get(id(r.site.module)) for r in rows]
-        if all(b is not None for b in blocks) and len(set(blocks)) == len(rows):
-            return stack, blocks
-    return None
-
-
 @contextmanager
 def _captured(stack: nn.ModuleList) -> Iterator[list]:
     """Record each block's output during the block (``None`` for an output that is not a tensor)."""
@@ -455,7 +389,7 @@ def ablation_sums(
         raise HeadwiseError(f"unknown ablation method {method!r}; use one of {', '.join(ABLATION_METHODS)}")
     rows = rows_of(model)
     device, max_length = _device(model), resolve_max_length(model, tokenizer, max_length)
-    found = _block_stack(model, rows) if method == "layers" else None
+    found = block_stack(model, rows) if method == "layers" else None
     stack, blocks = found if found is not None else (None, None)
     bar = progress_bar(total=len(texts), desc="ablation sweep", unit="sent",
                        disable=None if progress is None else not progress)

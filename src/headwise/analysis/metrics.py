@@ -200,12 +200,13 @@ def _key_end(keep: torch.Tensor | None, keys: int) -> int:
     return max(1, int(seen[-1]) + 1) if len(seen) else 1
 
 
-def query_blocks(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, diagonal: bool = False
+def query_blocks(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, diagonal: bool = False, offset: int = 0
                  ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor | None]]:
     """The maps by blocks of query rows: ``(q0, q1, A[B, H, q1 − q0, k1] float32, keep[B|1, 1|H, q1 − q0, k1] |
     None)``, ``block_rows`` rows at a time (each row whole: its softmax needs no other block). Keys past
     ``k1`` are seen by none of the block's rows (a causal block ``q0:q1`` stops at key ``q1``), hence have no
-    weight and are left out; ``diagonal`` keeps at least the keys up to ``q1`` (``A[i, i + 1]`` exists).
+    weight and are left out; ``diagonal`` keeps at least the keys up to ``offset + q1`` (``A[i, i + 1]`` exists),
+    where ``offset`` is the position of the map's first query row among the keys (a chunk of a layer's queries).
     ``A`` is the block's own tensor (never a view of ``probs``): callers may change it in place."""
     B, H, Tq, Tk = probs.shape
     step = block_rows(B, H, Tk, probs.device)
@@ -214,7 +215,7 @@ def query_blocks(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, diag
         lazy = isinstance(probs, ProbRows)
         k1 = probs.key_end(q0, q1) if lazy else _key_end(None if keep is None else keep[:, :, q0:q1], Tk)
         if diagonal:
-            k1 = max(k1, min(Tk, q1 + 1))
+            k1 = max(k1, min(Tk, offset + q1 + 1))
         if lazy:
             yield q0, q1, probs.rows(q0, q1, k1).float(), probs.keep(q0, q1, k1)
         else:
@@ -224,8 +225,8 @@ def query_blocks(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, diag
 
 
 def _output_gram(out: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
-    """``_gram`` of the heads' outputs over real positions, ``out[B, T, H, d]`` → ``[B, H, H]``, summed over blocks
-    of positions (each a float64 copy of at most ``block_bytes``)."""
+    """``_gram`` of the heads' outputs over real positions, ``out[B, n, H, d]`` with ``real[B, n]`` → ``[B, H, H]``,
+    summed over blocks of positions (each a float64 copy of at most ``block_bytes``)."""
     B, T, H, d = out.shape
     step = max(1, block_bytes(out.device) // (16 * B * H * d))  # two float32 copies and a float64 one per value
     gram = torch.zeros(B, H, H, dtype=torch.float64, device=out.device)
@@ -299,6 +300,73 @@ def _add_block(sums: dict[str, torch.Tensor], acc: dict[str, torch.Tensor], q0: 
     acc["gram"] += _gram(Av.flatten(2))
 
 
+class LayerSums:
+    """Sums of every statistic over one batch of one layer, added by chunks of query rows in order.
+
+    ``real`` and ``special`` ``[B, T]`` bool; ``heads``: ``H``; ``edges[101]``. ``add(probs, keep, out, q0)``
+    takes the maps of query rows ``q0 : q0 + n`` (``probs[B, H, n, Tk]`` with ``keep[B|1, 1|H, n, Tk]`` or None, or
+    a ``ProbRows`` with ``keep`` None; keys ``:Tk``, ``Tk ≤ T``) and their per-head outputs ``out[B, n, H, d]``;
+    one call with ``q0 = 0`` and ``n = T`` is a whole layer. ``finish()`` returns float64 tensors: ``[H]`` for each
+    name of ``ROW_METRICS``, ``SENTENCE_METRICS`` and ``confidence_no_special``; ``sparsity[len(thresholds), H]``
+    (entry counts ≤ t), ``entries[H]`` (valid entries), ``histogram[H, 100]`` (each valid row adds 1 spread over the
+    bins of its valid entries), ``similarity[4, H, H]`` (per-sentence matrices summed over sentences,
+    ``SIMILARITIES`` order), and the counts ``n_rows`` (real query rows), ``n_rows_no_special`` and ``n_sentences``
+    (scalars). The maps are read by blocks of query rows (``query_blocks``), so the memory beside ``probs`` is one
+    block's temporaries (``block_rows``) and ``O(B·H·T)`` accumulators at any length (with a ``ProbRows``, no whole
+    map exists at all). Every statistic is a sum, a count or a maximum over rows or entries, and the similarities'
+    inner products are sums over entries, so neither the blocks nor the chunks change anything beyond the float
+    rounding of the float64 sums (docs/analysis.md)."""
+
+    def __init__(self, real: torch.Tensor, special: torch.Tensor, heads: int, thresholds: tuple[float, ...],
+                 edges: torch.Tensor) -> None:
+        self.real, self.special = real.bool(), special.bool() & real.bool()
+        self.plain = self.real & ~self.special  # Av is 0 off the valid block: dropping special keys leaves the plain
+        self.thresholds, self.edges, self.rows = thresholds, edges, 0  # rows: query rows added so far
+        B, T = real.shape
+        device, f64 = real.device, dict(dtype=torch.float64, device=real.device)
+        self.sums = {name: torch.zeros(heads, **f64) for name in (*ROW_METRICS, "confidence_no_special")}
+        self.acc = {"block_max": torch.zeros(B, heads, device=device),  # [B, H]: max over the valid block
+                    "column_max": torch.zeros(B, heads, T, device=device),  # [B, H, Tk]: max over query rows
+                    "below": torch.zeros(len(thresholds), heads, dtype=torch.int64, device=device),
+                    "entries": torch.zeros(heads, dtype=torch.int64, device=device),
+                    "histogram": torch.zeros(heads, HIST_BINS, **f64), "gram": torch.zeros(B, heads, heads, **f64),
+                    "output_gram": torch.zeros(B, heads, heads, **f64)}
+
+    @torch.no_grad()
+    def add(self, probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, out: torch.Tensor, q0: int = 0) -> None:
+        B, H, n, Tk = probs.shape
+        if q0 != self.rows or not (n <= Tk <= self.real.shape[1] and q0 + n <= Tk) or out.shape[:3] != (B, n, H):
+            raise ValueError(f"query rows {q0}:{q0 + n} of {tuple(probs.shape)} maps after {self.rows} rows of "
+                             f"{self.real.shape[1]} tokens: chunks of one layer come in order, within its keys")
+        for b0, b1, Av, keep_b in query_blocks(probs, keep, diagonal=True, offset=q0):
+            _add_block(self.sums, self.acc, q0 + b0, q0 + b1, Av, keep_b, self.real, self.special, self.plain,
+                       self.thresholds, self.edges)
+            del Av, keep_b  # freed before the next block is computed
+        self.acc["output_gram"] += _output_gram(out, self.real[:, q0 : q0 + n])
+        self.rows = q0 + n
+
+    @torch.no_grad()
+    def finish(self) -> dict[str, torch.Tensor]:
+        if self.rows != self.real.shape[1]:
+            raise ValueError(f"a layer's statistics finished after {self.rows} of {self.real.shape[1]} query rows")
+        sums, acc, real = dict(self.sums), self.acc, self.real
+        H, f64 = acc["entries"].shape[0], dict(dtype=torch.float64, device=real.device)
+        sentence = real.any(1).double()  # [B]
+        sums["mhr_base"] = (acc["block_max"].double() * sentence[:, None]).sum(0)
+        n_keys = real.sum(1).clamp(min=1).double()  # [B]
+        column_mean = (acc["column_max"] * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
+        sums["mhr_advanced"] = (column_mean * sentence[:, None]).sum(0)
+        sums["sparsity"] = acc["below"].double() if self.thresholds else torch.zeros(0, H, **f64)
+        sums["entries"] = acc["entries"].double()
+        sums["histogram"] = acc["histogram"]
+        sims = [*_pairwise(acc["gram"]), *_pairwise(acc["output_gram"])]
+        sums["similarity"] = torch.stack([(s * sentence[:, None, None]).sum(0) for s in sims])
+        sums["n_rows"] = real.sum().double()
+        sums["n_rows_no_special"] = self.plain.sum().double()
+        sums["n_sentences"] = sentence.sum()
+        return sums
+
+
 @torch.no_grad()
 def batch_sums(
     probs: torch.Tensor | ProbRows,
@@ -309,49 +377,10 @@ def batch_sums(
     thresholds: tuple[float, ...],
     edges: torch.Tensor,
 ) -> dict[str, torch.Tensor]:
-    """Sums of every statistic over one batch of one layer.
-
-    Shapes: ``probs[B, H, T, T]`` with ``keep[B|1, 1|H, T, T]`` or None, or a ``ProbRows`` (``keep`` None: each
-    block's rows and masks are computed from it), ``out[B, T, H, d]`` (per-head outputs Z),
-    ``real`` and ``special`` ``[B, T]`` bool, ``edges[101]``. Returns float64 tensors: ``[H]`` for each name of
-    ``ROW_METRICS``, ``SENTENCE_METRICS`` and ``confidence_no_special``; ``sparsity[len(thresholds), H]`` (entry
-    counts ≤ t), ``entries[H]`` (valid entries), ``histogram[H, 100]`` (each valid row adds 1 spread over the bins
-    of its valid entries), ``similarity[4, H, H]`` (per-sentence matrices summed over sentences, ``SIMILARITIES``
-    order), and the counts ``n_rows`` (real query rows), ``n_rows_no_special`` and ``n_sentences`` (scalars).
-    The maps are read by blocks of query rows (``query_blocks``), so the memory beside ``probs`` is one block's
-    temporaries (``block_rows``) and ``O(B·H·T)`` accumulators at any length (with a ``ProbRows``, no whole map
-    exists at all). Every statistic is a sum, a count or a maximum over rows or entries, so the blocks change
-    nothing beyond the float rounding of the float64 sums (docs/analysis.md).
-    """
+    """``LayerSums.finish()`` of one whole layer: ``probs[B, H, T, T]`` (or a ``ProbRows``), ``out[B, T, H, d]``."""
     B, H, T, Tk = probs.shape
     if T != Tk or real.shape != (B, T):
         raise ValueError(f"self-attention maps expected: probs {tuple(probs.shape)}, real mask {tuple(real.shape)}")
-    real, special = real.bool(), special.bool() & real.bool()
-    plain = real & ~special  # Av is 0 off the valid block: dropping special keys leaves the plain block
-    sentence = real.any(1).double()  # [B]
-    f64 = dict(dtype=torch.float64, device=probs.device)
-    sums = {name: torch.zeros(H, **f64) for name in (*ROW_METRICS, "confidence_no_special")}
-    acc = {"block_max": torch.zeros(B, H, device=probs.device),  # [B, H]: max over the valid block
-           "column_max": torch.zeros(B, H, T, device=probs.device),  # [B, H, Tk]: max over query rows
-           "below": torch.zeros(len(thresholds), H, dtype=torch.int64, device=probs.device),
-           "entries": torch.zeros(H, dtype=torch.int64, device=probs.device),
-           "histogram": torch.zeros(H, HIST_BINS, **f64), "gram": torch.zeros(B, H, H, **f64)}
-    for q0, q1, Av, keep_q in query_blocks(probs, keep, diagonal=True):
-        _add_block(sums, acc, q0, q1, Av, keep_q, real, special, plain, thresholds, edges)
-        del Av, keep_q  # freed before the next block is computed
-    block_max, column_max = acc["block_max"], acc["column_max"]
-    sums["mhr_base"] = (block_max.double() * sentence[:, None]).sum(0)
-    n_keys = real.sum(1).clamp(min=1).double()  # [B]
-    column_mean = (column_max * real[:, None, :]).sum(-1).double() / n_keys[:, None]  # [B, H]
-    sums["mhr_advanced"] = (column_mean * sentence[:, None]).sum(0)
-    sums["sparsity"] = acc["below"].double() if thresholds else torch.zeros(0, H, **f64)
-    sums["entries"] = acc["entries"].double()
-    sums["histogram"] = acc["histogram"]
-
-    sims = [*_pairwise(acc["gram"]), *_pairwise(_output_gram(out, real))]
-    sums["similarity"] = torch.stack([(s * sentence[:, None, None]).sum(0) for s in sims])
-
-    sums["n_rows"] = real.sum().double()
-    sums["n_rows_no_special"] = plain.sum().double()
-    sums["n_sentences"] = sentence.sum()
-    return sums
+    sums = LayerSums(real, special, H, thresholds, edges)
+    sums.add(probs, keep, out)
+    return sums.finish()

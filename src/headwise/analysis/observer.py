@@ -15,7 +15,7 @@ import torch
 from ..sites import AttentionSite
 from ..runtime.gates import layer_of
 from ..runtime.probs import ProbRows
-from .metrics import batch_sums, histogram_edges
+from .metrics import LayerSums, histogram_edges
 from .stats import HeadStats
 
 
@@ -37,7 +37,12 @@ class BatchContext:
 
 
 class StatsObserver:
-    """Adds the statistics of every call into ``stats`` at row ``first_row + layer``."""
+    """Adds the statistics of every layer into ``stats`` at row ``first_row + layer``.
+
+    A call holds a whole layer (``probs[B, H, T, T]``) or, when the layer runs over chunks of positions
+    (``layer_stack.chunked_layers``), one chunk's query rows against the keys so far (``[B, H, n, Tk]``: the
+    queries are the last ``n`` of the ``Tk`` keys); the layer's sums (``metrics.LayerSums``) are added once its last
+    row is in."""
 
     takes_rows = True
 
@@ -46,6 +51,7 @@ class StatsObserver:
         self.first_row, self.n_layers = first_row, n_layers
         self.edges = histogram_edges()
         self.calls = 0
+        self.layer: tuple[int, LayerSums] | None = None  # the row and sums of a layer whose chunks are coming in
 
     @property
     def active(self) -> bool:
@@ -55,13 +61,24 @@ class StatsObserver:
         return self.context.real is None or self.context.observing
 
     def __call__(self, probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, out: torch.Tensor) -> None:
-        row = self.first_row + layer_of(self, self.n_layers)
         ctx = self.context
-        if ctx.real is None or ctx.real.shape != (probs.shape[0], probs.shape[-1]):
+        B, H, n, Tk = probs.shape
+        if ctx.real is None or ctx.real.shape[0] != B or not n <= Tk <= ctx.real.shape[1]:
             raise RuntimeError("analysis observer called without a matching BatchContext (set it before forward)")
-        with torch.no_grad():
-            self.stats.add_(row, batch_sums(probs, keep, out, ctx.real, ctx.special, self.stats.thresholds,
-                                            self.edges))
+        q0 = Tk - n
+        if q0 == 0 and self.layer is not None:
+            raise RuntimeError(f"analysis observer: a layer's statistics stopped at query row {self.layer[1].rows} "
+                               f"of {ctx.real.shape[1]} (a forward shorter than its BatchContext?)")
+        if q0 == 0:
+            self.layer = (self.first_row + layer_of(self, self.n_layers),
+                          LayerSums(ctx.real, ctx.special, H, self.stats.thresholds, self.edges))
+        elif self.layer is None:
+            raise RuntimeError(f"analysis observer: query rows {q0}:{Tk} came before the layer's first rows")
+        row, sums = self.layer
+        sums.add(probs, keep, out, q0)
+        if Tk == ctx.real.shape[1]:
+            self.layer = None
+            self.stats.add_(row, sums.finish())
 
 
 @dataclass

@@ -77,6 +77,21 @@ def softmax_attention(
     return out, probs
 
 
+def sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+         attention_mask: torch.Tensor | None, dropout: float, scaling: float, causal: bool, **kwargs) -> torch.Tensor:
+    """transformers' ``sdpa_attention_forward`` → ``out[B, Tq, Hq, d]``; on a CPU, for grouped keys (``Hkv < Hq``)
+    under a mask, PyTorch's SDPA with ``enable_gqa`` (its CPU kernel reads each key head for its group of query
+    heads) where transformers would repeat keys and values to every query head (two ``[B, Hq, Tk, d]`` copies: the
+    largest tensors of a long masked call, e.g. a layer run by chunks of queries)."""
+    if (query.device.type == "cpu" and attention_mask is not None and key.shape[1] < query.shape[1]
+            and kwargs.get("position_bias") is None and kwargs.get("softcap") is None):
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask[..., : key.shape[-2]],
+                                             dropout_p=dropout, scale=scaling, enable_gqa=True)
+        return out.transpose(1, 2).contiguous()
+    return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                  is_causal=causal, **kwargs)[0]
+
+
 def headwise_attention(
     module: nn.Module,
     query: torch.Tensor,
@@ -116,9 +131,7 @@ def headwise_attention(
             module, query, key, value, attention_mask, scaling, dropout, causal, ops, kwargs.get("position_bias")
         )
     else:
-        out, _ = sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=causal, **kwargs
-        )
+        out = sdpa(module, query, key, value, attention_mask, dropout, scaling, causal, **kwargs)
         if observers:
             rows = ProbRows(query, key, attention_mask, scaling, causal, kwargs.get("position_bias"), value.dtype)
             for observe in observers:
