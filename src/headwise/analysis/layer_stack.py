@@ -119,10 +119,11 @@ def _chunk_mask(mask: Any, length: int, c0: int, c1: int, device: torch.device) 
     has another form (the layer then runs whole)."""
     if mask is None:
         return (torch.arange(c0, c1, device=device)[:, None] >= torch.arange(c1, device=device))[None, None]
-    if isinstance(mask, torch.Tensor) and mask.dim() == 4 and mask.shape[-1] == length and mask.shape[-2] in (1,
-                                                                                                           length):
-        return mask[..., :c1] if mask.shape[-2] == 1 else mask[..., c0:c1, :c1]
-    return None
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4 or mask.shape[-1] != length:
+        return None
+    if mask.shape[-2] == 1:
+        return mask[..., :c1]
+    return mask[..., c0:c1, :c1] if mask.shape[-2] == length else None
 
 
 def _chunked_layer(block: nn.Module, tokens: int) -> Callable:
