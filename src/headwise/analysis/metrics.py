@@ -320,7 +320,8 @@ class LayerSums:
     def __init__(self, real: torch.Tensor, special: torch.Tensor, heads: int, thresholds: tuple[float, ...],
                  edges: torch.Tensor) -> None:
         self.real, self.special = real.bool(), special.bool() & real.bool()
-        self.plain = self.real & ~self.special  # Av is 0 off the valid block: dropping special keys leaves the plain block
+        # Av is 0 off the valid block: dropping special keys leaves the plain block
+        self.plain = self.real & ~self.special
         self.thresholds, self.edges, self.rows = thresholds, edges, 0  # rows: query rows added so far
         B, T = real.shape
         device, f64 = real.device, dict(dtype=torch.float64, device=real.device)
