@@ -158,3 +158,15 @@ def test_ops_of_packages_not_imported_yet_reload_in_a_fresh_process(tmp_path):
                          env={"HF_HUB_OFFLINE": "1", "PATH": ""})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "BertModel"
+
+
+def test_a_package_reads_as_an_attribute_after_import_headwise_alone():
+    """``import headwise; headwise.io.export_plain`` in a fresh process (no other headwise import first), with
+    every method registered as for a public name; a name that is neither is still an AttributeError."""
+    code = ("import sys, headwise; assert 'headwise.io' not in sys.modules; f = headwise.io.export_plain; "
+            "from headwise.contract import METHODS; assert 'prune_heads' in METHODS\n"
+            "try:\n    headwise.no_such_name\nexcept AttributeError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"HF_HUB_OFFLINE": "1", "PATH": ""})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "module 'headwise' has no attribute 'no_such_name'"

@@ -403,6 +403,18 @@ def test_side_by_side_timing_brackets_every_round_with_the_base_and_rotates_the_
     assert set(per_model) == set("abc") and all(r > 0 and ms > 0 for r, ms in per_model.values()) and base_ms > 0
 
 
+def test_timing_a_causal_lm_builds_the_logits_of_the_last_position_only_and_an_encoder_times_as_it_is():
+    from headwise.planning.costs import measure_latency
+
+    seen = []
+    lm, encoder = tiny_llama_lm(), tiny_bert()
+    lm.lm_head.register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
+    ids = torch.randint(0, VOCAB, (2, 9))
+    ratio, ms = measure_latency(lm, lm, {"input_ids": ids}, repeats=1, warmup=0)
+    assert seen == [(2, 1, VOCAB)] * 3 and ratio > 0 and ms > 0  # base, model, base: never [2, 9, V]
+    assert measure_latency(encoder, encoder, {"input_ids": ids}, repeats=1, warmup=0)[1] > 0
+
+
 def test_l0_ranking_reads_gate_logits_and_leaves_the_model_alone(tokenizer, stsb_dir):
     from headwise.pruning.ranking import head_scores, removal_order
 

@@ -12,6 +12,7 @@ registered before any checkpoint is read.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from .errors import HeadwiseError
@@ -52,6 +53,9 @@ def _load_all() -> None:
 
 def __getattr__(name: str) -> Any:
     if name not in _SOURCES:
+        if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+            _load_all()  # a package (``headwise.io``), with every method registered as for a name
+            return importlib.import_module(f".{name}", __name__)
         raise AttributeError(f"module 'headwise' has no attribute {name!r}")
     _load_all()
     return globals()[name]

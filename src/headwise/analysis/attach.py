@@ -7,7 +7,6 @@ model resets the counts at the start of every forward, so a forward that failed 
 
 from __future__ import annotations
 
-import inspect
 import uuid
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
@@ -15,6 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
+from ..compat import taken_keywords
 from ..runtime import add_observer, attach, detach
 from ..runtime.gates import LayerCounted
 from ..sites import AttentionSite
@@ -63,6 +63,4 @@ def observed_call(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
     head on the last position only (``logits_to_keep=1``), where its forward takes those keywords — the outputs
     are not read, and at long context the cache and a ``[B, T, vocab]`` logits tensor would be the largest tensors
     of the pass."""
-    params = inspect.signature(model.forward).parameters
-    extra = {name: value for name, value in (("use_cache", False), ("logits_to_keep", 1)) if name in params}
-    return model(**inputs, **extra)
+    return model(**inputs, **taken_keywords(model, use_cache=False, logits_to_keep=1))

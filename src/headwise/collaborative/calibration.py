@@ -67,4 +67,6 @@ def input_moments_in_groups(model: nn.Module, sites: list[AttentionSite], calibr
     _nonempty(calibration)
     batches = list(_batches(calibration, tokenizer, batch_size, max_length))
     for group, moments in moments_in_groups(model, sites, batches, keys=True, progress=progress):
-        yield group, _checked(moments, group)
+        checked = _checked(moments, group)
+        yield group, checked
+        checked.clear()  # consumed (see runtime.moments_in_groups)

@@ -66,4 +66,6 @@ def moments_by_group(model: nn.Module, sites: list[AttentionSite], calibration: 
     else:
         batches = calibration if isinstance(calibration, (list, tuple)) else list(calibration)
         for group, found in moments_in_groups(model, sites, batches, progress=progress):
-            yield group, _fit_moments(found, group)
+            fitted = _fit_moments(found, group)
+            yield group, fitted
+            fitted.clear()  # consumed (see moments_in_groups)

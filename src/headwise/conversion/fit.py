@@ -22,7 +22,8 @@ def shared_rows(blocks: torch.Tensor, sigma: torch.Tensor, rank: int, ridge: flo
     ``min Σ_i min_e E(b_i x − e P x)²``, the top right singular subspace of ``blocks·S`` mapped back by ``S⁻¹``
     (reduced-rank regression). ``P Σ Pᵀ ≈ I``."""
     s, s_inv = whitener(sigma, ridge)
-    gram = (blocks.double() @ s).mT @ (blocks.double() @ s)
+    b = blocks.double()
+    gram = s.mT @ (b.mT @ b) @ s  # (B S)ᵀ (B S) without the two [m, n] products
     _, vectors = torch.linalg.eigh(gram)
     return vectors[:, -rank:].flip(-1).mT @ s_inv
 

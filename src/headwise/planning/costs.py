@@ -1,6 +1,7 @@
 """What an edited model costs: heads, attention parameters, attention FLOPs at the task's sequence length and
 key/value-cache bytes per token, counted on the model as it is (after physical removal), and forward latency
-measured on this machine beside the unedited model.
+measured on this machine beside the unedited model (a causal LM's head on the last position only, as ``generate``'s
+prefill runs it: no ``[B, T, vocab]`` logits, which would take more memory than the plan's own work).
 
 FLOPs per sequence of ``T`` tokens and attention site (multiply-adds count 2):
 ``T · 2 · (weights of the q/k/v/o projections and whatever replaced them)`` plus
@@ -27,6 +28,7 @@ from typing import Callable, Sequence, Union
 import torch
 from torch import nn
 
+from ..compat import taken_keywords
 from ..contract import METHODS
 from ..declaration import AttentionCost
 from ..runtime.ops import ATTR
@@ -157,10 +159,11 @@ def static_costs(model: nn.Module, length: float) -> Costs:
 def _time(timed: Timed, batch: dict[str, torch.Tensor]) -> float:
     with nullcontext(timed) if isinstance(timed, nn.Module) else timed() as model:
         device = next(model.parameters()).device
+        extra = taken_keywords(model, logits_to_keep=1)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start = time.perf_counter()
-        model(**batch)
+        model(**batch, **extra)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         return time.perf_counter() - start

@@ -13,7 +13,7 @@ A site's sums are ``D × D`` values in float64: over every site, a third of floa
 bfloat16 ones). ``moments_in_groups`` therefore reads the sites a group at a time, one calibration pass per group
 with the group's sums within ``MOMENTS_SHARE`` of the weights' bytes, and a fit consumes each group before the
 next is read. A pass stops once it has read every site of its group (the layers after it, and the output head's
-vocabulary-sized logits, are never computed).
+vocabulary-sized logits, are never computed), and fills no key/value cache (``compat.no_cache``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..compat import no_cache
 from ..progress import progress_bar
 from ..sites import AttentionSite
 
@@ -134,7 +135,7 @@ def site_moments(model: nn.Module, sites: list[AttentionSite], calibration: Iter
             batch = {"input_ids": batch} if torch.is_tensor(batch) else dict(batch)
             current["batch"], current["read"] = batch, set()  # masks as given: counted where they are
             try:
-                model(**{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()})
+                model(**{**no_cache(model), **{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}})
             except _Read:
                 pass
     finally:
@@ -168,6 +169,8 @@ def moments_in_groups(model: nn.Module, sites: Sequence[AttentionSite], calibrat
                       ) -> Iterator[tuple[list[AttentionSite], dict[str, SiteMoments]]]:
     """``(group, site_moments of the group)`` for each of ``moment_groups(model, sites, keys, share)`` in turn (one
     calibration pass each; ``calibration`` is read once per group): a consumer that fits a group's sites before
-    asking for the next never holds more than one group's sums."""
+    asking for the next never holds more than one group's sums: the dict it was given is emptied when it asks."""
     for group in moment_groups(model, sites, keys, share):
-        yield group, site_moments(model, group, calibration, keys, progress)
+        found = site_moments(model, group, calibration, keys, progress)
+        yield group, found
+        found.clear()  # the consumer is done with the group: its sums go before the next group's pass

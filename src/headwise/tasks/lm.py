@@ -24,6 +24,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..batching import LABEL_PAD, Examples, check_context
+from ..compat import no_cache
 from ..errors import HeadwiseError
 from ..trainer.memory import head_gradient_into_grad
 from .base import Task, TaskOutputs
@@ -76,15 +77,6 @@ def final_hidden(model: nn.Module, inputs: dict[str, torch.Tensor]) -> tuple[tor
             if not torch.equal(head(hidden[:, -1:]).to(logits.dtype), logits.detach()):
                 return None
     return hidden, logits.shape[-1]
-
-
-def no_cache(model: nn.Module) -> dict[str, bool]:
-    """``{"use_cache": False}`` for a model that would otherwise fill a key/value cache a loss never reads (every
-    layer's keys and values: 0.18x the weights of SmolLM2-135M at 2,048 tokens), else ``{}``. Not on ``meta``:
-    without a cache, transformers reads the position ids to detect packed sequences, which meta tensors refuse."""
-    if next(model.parameters()).device.type == "meta":
-        return {}
-    return {"use_cache": False} if getattr(getattr(model, "config", None), "use_cache", None) else {}
 
 
 def logit_rows(vocab: int) -> int:
