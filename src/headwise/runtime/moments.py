@@ -128,14 +128,14 @@ def site_moments(model: nn.Module, sites: list[AttentionSite], calibration: Iter
         return capture
 
     handles = [s.module.register_forward_pre_hook(hook(s), with_kwargs=True) for s in sites]
-    device = next(model.parameters()).device
+    device, extra = next(model.parameters()).device, no_cache(model)
     try:
         for batch in progress_bar(calibration, desc="calibration", unit="batch",
                                   disable=None if progress is None else not progress):
             batch = {"input_ids": batch} if torch.is_tensor(batch) else dict(batch)
             current["batch"], current["read"] = batch, set()  # masks as given: counted where they are
             try:
-                model(**{**no_cache(model), **{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}})
+                model(**{**extra, **{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}})
             except _Read:
                 pass
     finally:
