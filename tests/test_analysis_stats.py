@@ -111,3 +111,31 @@ def test_two_processes_give_the_one_process_statistics(tmp_path):
             doc = json.load(f)
         _close(doc.pop("examples"), single["examples"], 1e-4)  # maps are rounded to 5 decimals
         _close(doc, {k: v for k, v in single.items() if k != "examples"}, 1e-5)
+
+
+def test_the_observed_pass_fills_no_cache_and_builds_the_last_position_s_logits_only():
+    """``observed_call`` (the statistics pass) runs a causal LM that asks for a cache (``config.use_cache``) without
+    one and with ``logits_to_keep=1``: no ``[B, T, V]`` logits; on ``meta`` it leaves the cache as the config says
+    (``compat.no_cache``: without one, transformers reads position ids that meta tensors cannot give)."""
+    import transformers as tf
+
+    from headwise.analysis.attach import observed_call
+
+    config = tf.LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = tf.LlamaForCausalLM(config).eval()
+    assert model.config.use_cache
+    seen = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: seen.append(kwargs.get("use_cache")),
+                                    with_kwargs=True)
+    model.lm_head.register_forward_hook(lambda module, args, out: seen.append(tuple(out.shape)))
+    out = observed_call(model, {"input_ids": torch.randint(0, 50, (2, 9))})
+    assert seen == [False, (2, 1, 50)] and out.past_key_values is None
+    with torch.device("meta"):
+        meta = tf.LlamaForCausalLM(config).eval()
+    seen.clear()
+    meta.register_forward_pre_hook(lambda module, args, kwargs: seen.append("use_cache" in kwargs), with_kwargs=True)
+    assert observed_call(meta, {"input_ids": torch.zeros(2, 9, dtype=torch.long, device="meta")}).logits.shape == (
+        2, 1, 50)
+    assert seen == [False]

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from ..compat import taken_keywords
+from ..compat import no_cache, taken_keywords
 from ..runtime import add_observer, attach, detach
 from ..runtime.gates import LayerCounted
 from ..sites import AttentionSite
@@ -60,7 +60,7 @@ def per_site(
 
 def observed_call(model: nn.Module, inputs: dict[str, torch.Tensor]) -> Any:
     """``model(**inputs)`` for the attention calls its observers read: no key/value cache, and a language model's
-    head on the last position only (``logits_to_keep=1``), where its forward takes those keywords — the outputs
-    are not read, and at long context the cache and a ``[B, T, vocab]`` logits tensor would be the largest tensors
-    of the pass."""
-    return model(**inputs, **taken_keywords(model, use_cache=False, logits_to_keep=1))
+    head on the last position only (``logits_to_keep=1``), where its forward takes those keywords (``compat``) —
+    the outputs are not read, and at long context the cache and a ``[B, T, vocab]`` logits tensor would be the
+    largest tensors of the pass."""
+    return model(**inputs, **no_cache(model), **taken_keywords(model, logits_to_keep=1))
