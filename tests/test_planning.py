@@ -943,3 +943,37 @@ def test_a_plan_holds_no_copy_of_the_model(tokenizer, text_file):
     assert {"prune_heads", "gqa"} <= {m for p in found["plan"].points for m in p.methods}
     assert plan <= evaluate + 0.75 * weights, (plan / weights, evaluate / weights)
     assert _identical(model, state, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_probe_error_through_a_linear_head_equals_the_logits_error(dtype, bias):
+    """``relative_error`` through a plain linear head (quadratic forms in ``WᵀW``, no ``[n, V]`` logits) against
+    the logits built in float64; the Gram matrix kept for the head is rebuilt once its weight changes in place, and
+    another kind of head still goes through its logits."""
+    from torch import nn
+
+    from headwise.planning import proxies
+    from headwise.planning.proxies import Outputs, relative_error
+
+    torch.manual_seed(0)
+    head = nn.Linear(24, 300, bias=bias).to(dtype)
+    a = [torch.randn(2, 5, 24), torch.randn(3, 4, 24)]
+    b = [x + 0.05 * torch.randn_like(x) for x in a]
+
+    @torch.no_grad()
+    def dense(head):
+        w, c = head.weight.double(), 0 if head.bias is None else head.bias.double()
+        ya, yb = [x.double() @ w.mT + c for x in a], [x.double() @ w.mT + c for x in b]
+        return (sum(float((p - q).pow(2).sum()) for p, q in zip(ya, yb))
+                / sum(float(p.pow(2).sum()) for p in ya)) ** 0.5
+
+    got = relative_error(Outputs(a, head, 300), Outputs(b, head, 300))
+    assert got == pytest.approx(dense(head), rel=1e-5) and got > 0.01
+    assert head in proxies._grams
+    with torch.no_grad():
+        head.weight.mul_(-2.0).add_(0.3)  # a changed weight: the kept Gram matrix is stale
+    assert relative_error(Outputs(a, head, 300), Outputs(b, head, 300)) == pytest.approx(dense(head), rel=1e-5)
+    wrapped = nn.Sequential(head)  # not a plain nn.Linear: logits rebuilt chunk by chunk, in the head's dtype
+    assert relative_error(Outputs(a, wrapped, 300), Outputs(b, wrapped, 300)) == pytest.approx(
+        dense(head), rel=2e-3 if dtype == torch.float32 else 3e-2)

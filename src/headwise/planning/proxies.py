@@ -6,6 +6,7 @@ heads are ordered for removal is the ``rank`` hook of the method of role ``"head
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -47,7 +48,13 @@ def outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> Out
 
 def relative_error(reference: Outputs, got: Outputs) -> float:
     """``‖y − ŷ‖ / ‖y‖`` of the logits (or outputs) over all batches (padding positions included, identically
-    on both sides); logits rebuilt from hidden states ``logit_rows`` positions at a time."""
+    on both sides). Through one plain ``nn.Linear`` head (weight ``W [V, D]``) both norms are quadratic forms of
+    the hidden states in ``G = WᵀW`` (``head_gram``: ``[D, D]``, built once per head), so no ``[n, V]`` logits are
+    built (``‖(a − b)Wᵀ‖² = (a − b) G (a − b)ᵀ``: the bias cancels); through another head the logits are rebuilt
+    ``logit_rows`` positions at a time."""
+    head = reference.head
+    if head is not None and head is got.head and type(head) is nn.Linear:
+        return _error_by_gram(reference, got, head)
     num = den = 0.0
     with torch.inference_mode():
         for a, b in zip(reference.values, got.values):
@@ -60,8 +67,51 @@ def relative_error(reference: Outputs, got: Outputs) -> float:
 
 
 def _logits(values: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
-    """``values`` themselves, or the logits ``head`` makes of them (float32)."""
-    return values if head is None else head(values).float()
+    """``values`` themselves, or the logits ``head`` makes of them (float32; ``values`` in the head's dtype)."""
+    if head is None:
+        return values
+    weight = next(head.parameters(), None)
+    return head(values if weight is None else values.to(weight.dtype)).float()
+
+
+GRAM_ROWS = 8192  # rows of the head's weight per step of its Gram matrix (a [8192, D] float32 block at a time)
+_grams: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int], torch.Tensor, torch.Tensor]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def head_gram(head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(G = WᵀW [D, D], Wᵀb [D])`` of a linear head in float64 (``Wᵀb`` zero without a bias), kept while the
+    head lives and its weight is unchanged (the weight's version counter and storage are checked)."""
+    w = head.weight
+    key = (w.untyped_storage().data_ptr(), w._version)
+    kept = _grams.get(head)
+    if kept is not None and kept[0] == key:
+        return kept[1], kept[2]
+    with torch.inference_mode():
+        gram = torch.zeros(w.shape[1], w.shape[1], dtype=torch.float64, device=w.device)
+        for i in range(0, w.shape[0], GRAM_ROWS):
+            block = w[i : i + GRAM_ROWS].float()
+            gram += (block.mT @ block).double()
+        bias = head.bias
+        cross = torch.zeros(w.shape[1], dtype=torch.float64, device=w.device) if bias is None else (
+            w.double().mT @ bias.double())
+    _grams[head] = (key, gram, cross)
+    return gram, cross
+
+
+def _error_by_gram(reference: Outputs, got: Outputs, head: nn.Linear) -> float:
+    """``relative_error`` through the linear ``head``: ``Σ dGdᵀ / Σ (aGaᵀ + 2a·Wᵀb + ‖b‖²)`` over positions,
+    ``d = a − b``, in float64."""
+    gram, cross = head_gram(head)
+    num = den = 0.0
+    with torch.inference_mode():
+        bias = 0.0 if head.bias is None else float(head.bias.double().pow(2).sum())
+        for a, b in zip(reference.values, got.values):
+            a, b = a.reshape(-1, a.shape[-1]).double(), b.reshape(-1, b.shape[-1]).double()
+            d = a - b
+            num += float(((d @ gram) * d).sum())
+            den += float(((a @ gram) * a).sum() + 2 * (a @ cross).sum()) + bias * len(a)
+    return math.sqrt(max(num, 0.0) / max(den, 1e-30))
 
 
 def output_error(model: nn.Module, edit: Edit, batches: Sequence[dict[str, torch.Tensor]],
