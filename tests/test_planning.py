@@ -947,7 +947,7 @@ def test_a_plan_holds_no_copy_of_the_model(tokenizer, text_file):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
-def test_the_probe_error_through_a_linear_head_equals_the_logits_error(dtype, bias):
+def test_the_probe_error_through_a_linear_head_equals_the_logits_error(dtype, bias, monkeypatch):
     """``relative_error`` through a plain linear head (quadratic forms in ``WᵀW``, no ``[n, V]`` logits) against
     the logits built in float64; the Gram matrix kept for the head is rebuilt once its weight changes in place, and
     another kind of head still goes through its logits."""
@@ -956,6 +956,7 @@ def test_the_probe_error_through_a_linear_head_equals_the_logits_error(dtype, bi
     from headwise.planning import proxies
     from headwise.planning.proxies import Outputs, relative_error
 
+    monkeypatch.setattr(proxies, "GRAM_ROWS", 64)  # the Gram matrix (and Wᵀb) summed over five blocks of rows
     torch.manual_seed(0)
     head = nn.Linear(24, 300, bias=bias).to(dtype)
     a = [torch.randn(2, 5, 24), torch.randn(3, 4, 24)]

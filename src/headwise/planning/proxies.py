@@ -53,7 +53,7 @@ def relative_error(reference: Outputs, got: Outputs) -> float:
     built (``‖(a − b)Wᵀ‖² = (a − b) G (a − b)ᵀ``: the bias cancels); through another head the logits are rebuilt
     ``logit_rows`` positions at a time."""
     head = reference.head
-    if head is not None and head is got.head and type(head) is nn.Linear:
+    if head is not None and head is got.head and type(head) is nn.Linear and head.weight.device.type != "meta":
         return _error_by_gram(reference, got, head)
     num = den = 0.0
     with torch.inference_mode():
@@ -81,7 +81,8 @@ _grams: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int], torch.Tenso
 
 def head_gram(head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
     """``(G = WᵀW [D, D], Wᵀb [D])`` of a linear head in float64 (``Wᵀb`` zero without a bias), kept while the
-    head lives and its weight is unchanged (the weight's version counter and storage are checked)."""
+    head lives and its weight is unchanged (the weight's version counter and storage are checked); built from
+    ``GRAM_ROWS`` rows at a time, so no float64 copy of ``W`` is made."""
     w = head.weight
     key = (w.untyped_storage().data_ptr(), w._version)
     kept = _grams.get(head)
@@ -89,12 +90,12 @@ def head_gram(head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
         return kept[1], kept[2]
     with torch.inference_mode():
         gram = torch.zeros(w.shape[1], w.shape[1], dtype=torch.float64, device=w.device)
+        cross = torch.zeros(w.shape[1], dtype=torch.float64, device=w.device)
         for i in range(0, w.shape[0], GRAM_ROWS):
             block = w[i : i + GRAM_ROWS].float()
             gram += (block.mT @ block).double()
-        bias = head.bias
-        cross = torch.zeros(w.shape[1], dtype=torch.float64, device=w.device) if bias is None else (
-            w.double().mT @ bias.double())
+            if head.bias is not None:
+                cross += (block.mT @ head.bias[i : i + GRAM_ROWS].float()).double()
     _grams[head] = (key, gram, cross)
     return gram, cross
 
@@ -107,7 +108,7 @@ def _error_by_gram(reference: Outputs, got: Outputs, head: nn.Linear) -> float:
     with torch.inference_mode():
         bias = 0.0 if head.bias is None else float(head.bias.double().pow(2).sum())
         for a, b in zip(reference.values, got.values):
-            a, b = a.reshape(-1, a.shape[-1]).double(), b.reshape(-1, b.shape[-1]).double()
+            a, b = (x.reshape(-1, x.shape[-1]).to(gram.device, torch.float64) for x in (a, b))
             d = a - b
             num += float(((d @ gram) * d).sum())
             den += float(((a @ gram) * a).sum() + 2 * (a @ cross).sum()) + bias * len(a)
