@@ -129,6 +129,28 @@ def test_fitted_merges_beat_mean_pooling():
     assert errors["calibrated"] < errors["svd"] < 0.7 * errors["mean"], errors
 
 
+def test_a_conversion_never_holds_every_sites_new_query_and_output_at_once():
+    """A fit keeps ``[d, d]`` maps; each site's new q and o are built as it is changed, and its old ones go. Had
+    every site's new q and o been built before any site changed, the old and new would coexist: at least the q and
+    o bytes of all sites above the loaded model (counted allocation by allocation, the model built inside the count
+    so its freed tensors count too; the first call warms transformers' lazy tables)."""
+    from peak_bytes import peak_tensor_bytes
+
+    config = tf.LlamaConfig(hidden_size=64, num_hidden_layers=16, num_attention_heads=8, num_key_value_heads=4,
+                            intermediate_size=16, vocab_size=VOCAB, max_position_embeddings=64)
+
+    def build():
+        torch.manual_seed(0)
+        return tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+    layers = build().model.layers
+    qo = sum(a.self_attn.q_proj.weight.nbytes + a.self_attn.o_proj.weight.nbytes for a in layers)
+    for _ in range(2):
+        loaded = peak_tensor_bytes(build)
+        converted = peak_tensor_bytes(lambda: convert_gqa(build(), kv_heads=2, init="svd", progress=False))
+    assert converted - loaded < qo, (converted - loaded) / qo
+
+
 def _permute_heads(model, perm):
     """Permute the heads of an MHA Llama's layers (q, k, v rows and o columns together): same function."""
     for layer in model.model.layers:

@@ -23,7 +23,7 @@ from .calibration import moments_by_group
 from .checks import check_calibration, convertible_sites, kv_heads_in_config
 from .config import GQAConfig
 from .grouping import balanced_groups, contiguous_groups, similarity
-from .merge import Merged, merge_group
+from .merge import Compensation, Merged, merge_group
 from .weights import SiteWeights, linear_from_rows, rebind, rewritten
 
 EDIT_KIND = "gqa_kv_heads"
@@ -82,29 +82,32 @@ def resize_kv(site: AttentionSite, kv_heads: int, k: nn.Linear, v: nn.Linear) ->
 
 
 @dataclass
-class _Converted:
-    """A site's new projections, built from its merged heads before any site changes: new q and o tensors, new k/v
-    projections."""
+class _Fitted:
+    """A site's fit: its new key/value projections and its groups' compensations (``[d, d]`` maps); the new query
+    and output tensors are built when the site is changed (``_install``)."""
 
-    q: tuple[torch.Tensor, torch.Tensor | None]
-    o: tuple[torch.Tensor, torch.Tensor | None]
     k: nn.Linear
     v: nn.Linear
-    kv_heads: int
+    groups: list[Compensation]
+
+
+def _fit(weights: SiteWeights, site: AttentionSite, config: GQAConfig, sigma: torch.Tensor) -> _Fitted:
+    merged = _plan(weights, site, config, sigma)
+    k, v = kv_projections(site, len(merged), torch.cat([m.k for m in merged]), torch.cat([m.v for m in merged]),
+                          weights.bias)
+    return _Fitted(k, v, [m.members for m in merged])
 
 
 @torch.no_grad()
-def _build(site: AttentionSite, merged: list[Merged], bias: bool) -> _Converted:
-    k, v = kv_projections(site, len(merged), torch.cat([m.k for m in merged]), torch.cat([m.v for m in merged]),
-                          bias)
-    return _Converted(rewritten(site.q, torch.cat([m.q for m in merged]), bias),
-                      rewritten(site.o, torch.cat([m.o for m in merged]), bias), k, v, len(merged))
-
-
-def _install(site: AttentionSite, new: _Converted) -> None:
-    rebind(site.q.module, *new.q)
-    rebind(site.o.module, new.o[0], None)  # the output bias is not per head: unchanged
-    resize_kv(site, new.kv_heads, new.k, new.v)
+def _install(site: AttentionSite, fitted: _Fitted) -> None:
+    """Build ``site``'s new query and output tensors from today's and put the fit in place (the old tensors are
+    left to whoever shares them)."""
+    w = SiteWeights.of(site)
+    q = torch.cat([g.query_rows(w) for g in fitted.groups])
+    o = torch.cat([g.output_columns(w) for g in fitted.groups])
+    rebind(site.q.module, *rewritten(site.q, q, w.bias))
+    rebind(site.o.module, rewritten(site.o, o, w.bias)[0], None)  # the output bias is not per head: unchanged
+    resize_kv(site, len(fitted.groups), fitted.k, fitted.v)
 
 
 def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | None = None, init: str | None = None,
@@ -116,25 +119,27 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | N
     ``calibration``: input-id tensors ``[B, T]`` or model-input dicts (needed by ``init="calibrated"``; also used by
     ``grouping="similarity"``; read a group of sites at a time, ``input_moments_in_groups``), or ``moments``
     computed once with :func:`input_moments` (to try several options). Everything is validated and fitted before
-    the model changes, each site's new projections built as it is fitted. Returns the model.
+    the model changes; a fit keeps each site's new key/value projections and ``[d, d]`` query/output maps, and each
+    site's new tensors are built as it is changed, so the new q and o of every site never exist at once. Returns
+    the model.
     """
     if config is None and kv_heads is None:
         raise HeadwiseError("convert_gqa needs kv_heads (key/value heads per layer after conversion) or a GQAConfig")
     config = with_keywords(GQAConfig, config, kv_heads=kv_heads, grouping=grouping, init=init, ridge=ridge)
     sites = _check(model, config)
     check_calibration(config.init, calibration if moments is None else moments, config.grouping)
-    built = {}
+    fitted = {}
     bar = progress_bar(total=len(sites), desc="fit kv heads", unit="layer",
                        disable=None if progress is None else not progress)
     for group, sigmas in moments_by_group(model, sites, calibration, moments, progress):
         for site in group:
             weights = SiteWeights.of(site)
             sigma = sigmas.get(site.path, torch.eye(weights.q.shape[-1], dtype=torch.float64))
-            built[site.path] = _build(site, _plan(weights, site, config, sigma), weights.bias)
+            fitted[site.path] = _fit(weights, site, config, sigma)
             bar.update()
     bar.close()
     for site in sites:
-        _install(site, built.pop(site.path))
+        _install(site, fitted.pop(site.path))
     if kv_heads_in_config(model):
         model.config.num_key_value_heads = config.kv_heads
     state = {} if kv_heads_in_config(model) else {"kv_heads": {s.path: config.kv_heads for s in sites}}
