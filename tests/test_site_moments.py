@@ -76,3 +76,52 @@ def test_a_group_s_sums_are_freed_before_the_next_group_is_read():
         earlier.append(weakref.ref(found[group[0].path].xx))
     assert len(earlier) == len(sites) > 1 and not found
     assert all(not any(alive) for alive in alive_at_read if alive), alive_at_read
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "marian"])
+def test_a_batch_read_in_slices_gives_the_moments_of_the_whole_batch(family, monkeypatch):
+    """Each calibration batch runs in slices of examples (a forward's MLP intermediates stay within a share of the
+    weights); padded rows, masks and an encoder-decoder's two sides are cut together, so the sums equal those of
+    one forward of the whole batch (to float32 rounding: a smaller batch can take other kernels), with one forward
+    per slice."""
+    from headwise.runtime import moments
+    from tiny import seq2seq_inputs, tiny_seq2seq
+
+    if family == "marian":
+        model, inputs = tiny_seq2seq("marian", attn="sdpa"), seq2seq_inputs("marian")[0]
+    else:
+        model, inputs = tiny_model(family), tiny_inputs(family)[0]
+    sites = headwise.find_sites(model)
+    whole = site_moments(model, sites, [inputs], keys=True)
+    calls = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
+    monkeypatch.setattr(moments, "MIN_SLICE_TOKENS", 1)
+    monkeypatch.setattr(moments, "FORWARD_SHARE", 0.0)
+    sliced = site_moments(model, sites, [inputs], keys=True)
+    assert len(calls) == len(inputs["input_ids"])
+    for site in sites:
+        a, b = sliced[site.path], whole[site.path]
+        assert a.tokens == b.tokens
+        for got, want in ((a.xx, b.xx), (a.x, b.x), (a.kk, b.kk)):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_slice_size_keeps_a_forward_within_its_share_of_the_weights():
+    """Hand-computed: SmolLM2-135M's shape (D 576, MLP 1,536, float32, 134.5M weights): 1/32 of 538 MB over
+    ``4·1536·4`` bytes a token is 684 tokens, two 256-token windows; a short-sequence batch is never cut below
+    ``MIN_SLICE_TOKENS``."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from headwise.runtime.moments import slice_size
+
+    model = nn.Module()
+    model.config = SimpleNamespace(hidden_size=576, intermediate_size=1536)
+    model.w = nn.Parameter(torch.empty(134_515_008, device="meta"))
+    assert slice_size(model, 8, 256) == 2  # 134,515,008·4/32 // (4·1536·4) = 684 tokens
+    assert slice_size(model, 64, 12) == 57  # 684 // 12
+    assert slice_size(model, 3, 12) == 3
+    model.config = SimpleNamespace(d_model=16, decoder_ffn_dim=64)  # Marian's names
+    model.w = nn.Parameter(torch.empty(1_000_000, device="meta"))
+    assert slice_size(model, 64, 100) == 5  # max(512, 4e6/32 // 1024 = 122) = 512 tokens

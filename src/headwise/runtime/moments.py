@@ -13,7 +13,9 @@ A site's sums are ``D × D`` values in float64: over every site, a third of floa
 bfloat16 ones). ``moments_in_groups`` therefore reads the sites a group at a time, one calibration pass per group
 with the group's sums within ``MOMENTS_SHARE`` of the weights' bytes, and a fit consumes each group before the
 next is read. A pass stops once it has read every site of its group (the layers after it, and the output head's
-vocabulary-sized logits, are never computed), and fills no key/value cache (``compat.no_cache``).
+vocabulary-sized logits, are never computed), fills no key/value cache (``compat.no_cache``), and runs each
+batch in slices of examples whose forward stays within ``FORWARD_SHARE`` of the weights (``slices``): the sums do
+not depend on how a batch is split, and a decoder's MLP holds four ``[B, T, I]`` tensors at once.
 """
 
 from __future__ import annotations
@@ -101,6 +103,32 @@ class _Read(Exception):
     """Raised by the last site a pass needs: the rest of the forward is not computed."""
 
 
+FORWARD_SHARE = 1 / 32  # of the weights' bytes: what one calibration forward's transient tensors may take
+MIN_SLICE_TOKENS = 512  # a slice holds at least this many positions (or one example): tiny models keep their batches
+
+
+def slice_size(model: nn.Module, batch: int, length: int) -> int:
+    """Examples per forward of a ``[batch, length]`` calibration batch: the per-token transient of a layer (the
+    larger of the MLP's ``4·I`` and the attention's ``8·D`` elements) times the slice's tokens within
+    ``FORWARD_SHARE`` of the weights, at least ``MIN_SLICE_TOKENS`` positions."""
+    params, config = list(model.parameters()), getattr(model, "config", None)
+    hidden = getattr(config, "hidden_size", None) or getattr(config, "d_model", None) or 0
+    inner = getattr(config, "intermediate_size", None) or getattr(config, "decoder_ffn_dim", None) or 4 * hidden
+    per_token = max(4 * inner, 8 * hidden) * params[0].element_size()
+    if not per_token:
+        return batch
+    tokens = max(MIN_SLICE_TOKENS, int(FORWARD_SHARE * sum(p.numel() * p.element_size() for p in params)) // per_token)
+    return max(1, min(batch, tokens // max(1, length)))
+
+
+def slices(batch: dict, size: int) -> Iterator[dict]:
+    """``batch`` in pieces of ``size`` examples (every tensor whose first dimension is the batch's is cut)."""
+    count = next(v.shape[0] for v in batch.values() if torch.is_tensor(v) and v.dim())
+    for start in range(0, count, size):
+        yield {k: v[start:start + size] if torch.is_tensor(v) and v.dim() and v.shape[0] == count else v
+               for k, v in batch.items()}
+
+
 @torch.no_grad()
 def site_moments(model: nn.Module, sites: list[AttentionSite], calibration: Iterable[dict | torch.Tensor],
                  keys: bool = False, progress: bool | None = None) -> dict[str, SiteMoments]:
@@ -133,11 +161,13 @@ def site_moments(model: nn.Module, sites: list[AttentionSite], calibration: Iter
         for batch in progress_bar(calibration, desc="calibration", unit="batch",
                                   disable=None if progress is None else not progress):
             batch = {"input_ids": batch} if torch.is_tensor(batch) else dict(batch)
-            current["batch"], current["read"] = batch, set()  # masks as given: counted where they are
-            try:
-                model(**{**extra, **{k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}})
-            except _Read:
-                pass
+            ids = next(v for v in batch.values() if torch.is_tensor(v) and v.dim() >= 2)
+            for part in slices(batch, slice_size(model, ids.shape[0], ids.shape[1])):
+                current["batch"], current["read"] = part, set()  # masks as given: counted where they are
+                try:
+                    model(**{**extra, **{k: v.to(device) if torch.is_tensor(v) else v for k, v in part.items()}})
+                except _Read:
+                    pass
     finally:
         for handle in handles:
             handle.remove()
