@@ -55,12 +55,13 @@ def moments_by_group(model: nn.Module, sites: list[AttentionSite], calibration: 
     """``(group of sites, their input moments)`` as a fit reads them: ``moments`` given (every site's, computed
     once by ``input_moments``), none without ``calibration`` (weight-space fits), else ``input_moments`` of groups
     of sites in turn (``runtime.moments_in_groups``: one calibration pass a group, its moments within a share of
-    the weights' bytes), so a fit that consumes a group before asking for the next never holds every site's."""
+    the weights' bytes), so a fit that consumes a group before asking for the next never holds every site's. The
+    dict is the consumer's: it may ``pop`` each site's moments as it fits it (``moments`` given stays whole)."""
     if moments is not None:
         if any(s.path not in moments for s in sites):
             raise HeadwiseError("moments lack some sites; compute them with "
                                 "headwise.conversion.input_moments(model, sites, batches)")
-        yield sites, moments
+        yield sites, dict(moments)
     elif calibration is None:
         yield sites, {}
     else:

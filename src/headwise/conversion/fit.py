@@ -21,10 +21,14 @@ def shared_rows(blocks: torch.Tensor, sigma: torch.Tensor, rank: int, ridge: flo
     """The ``rank`` rows ``P[rank, n]`` whose outputs best explain every row of ``blocks[m, n]`` on ``Σ``:
     ``min Σ_i min_e E(b_i x − e P x)²``, the top right singular subspace of ``blocks·S`` mapped back by ``S⁻¹``
     (reduced-rank regression). ``P Σ Pᵀ ≈ I``."""
-    s, s_inv = whitener(sigma, ridge)
     b = blocks.double()
-    gram = s.mT @ (b.mT @ b) @ s  # (B S)ᵀ (B S) without the two [m, n] products
-    _, vectors = torch.linalg.eigh(gram)
+    return shared_rows_of_gram(b.mT @ b, sigma, rank, ridge)
+
+
+def shared_rows_of_gram(gram: torch.Tensor, sigma: torch.Tensor, rank: int, ridge: float) -> torch.Tensor:
+    """:func:`shared_rows` from the blocks' Gram matrix ``BᵀB [n, n]`` alone (the blocks need never exist)."""
+    s, s_inv = whitener(sigma, ridge)
+    _, vectors = torch.linalg.eigh(s.mT @ gram.double() @ s)  # (B S)ᵀ (B S)
     return vectors[:, -rank:].flip(-1).mT @ s_inv
 
 

@@ -134,7 +134,7 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | N
     for group, sigmas in moments_by_group(model, sites, calibration, moments, progress):
         for site in group:
             weights = SiteWeights.of(site)
-            sigma = sigmas.get(site.path, torch.eye(weights.q.shape[-1], dtype=torch.float64))
+            sigma = sigmas.pop(site.path, torch.eye(weights.q.shape[-1], dtype=torch.float64))
             fitted[site.path] = _fit(weights, site, config, sigma)
             bar.update()
     bar.close()

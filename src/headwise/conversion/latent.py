@@ -146,7 +146,7 @@ def convert_latent(model: nn.Module, kv_budget: float | None = None, rank: int |
     for group, sigmas in moments_by_group(model, sites, calibration, moments, progress):
         for site in group:
             n = site.hidden_size + int(site.k.module.bias is not None)
-            built[site.path] = projections(site, _fit(site, config, sigmas.get(site.path,
+            built[site.path] = projections(site, _fit(site, config, sigmas.pop(site.path,
                                                                                torch.eye(n, dtype=torch.float64))))
             bar.update()
     bar.close()

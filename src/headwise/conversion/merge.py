@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .fit import regress, shared_pairs, shared_rows
+from .fit import regress, shared_pairs, shared_rows, shared_rows_of_gram
 from .rotary import conjugate_rows, to_complex, to_real
 from .weights import SiteWeights
 
@@ -81,8 +81,9 @@ def merge_group(w: SiteWeights, members: list[int], init: str, sigma: torch.Tens
         lower = torch.linalg.cholesky(cov + 1e-9 * cov.diagonal(dim1=-2, dim2=-1).mean(-1)[:, None, None] * eye)
         new_k = shared_rows((lower.mT @ k).flatten(0, 1), sigma, d, ridge)
         q_map = torch.stack([regress(k[i], new_k, sigma, ridge) for i in range(len(members))]).mT  # [m, d, d]
-    outputs = o @ v  # [m, D_out, n]
-    new_v = shared_rows(outputs.flatten(0, 1), sigma, d, ridge)
+    # the members' outputs W_o^h v_h ([m·D_out, n]) only through their Gram matrix: Σ_h v_hᵀ (W_o^hᵀ W_o^h) v_h
+    gram = v.flatten(0, 1).mT @ (o.mT @ o @ v).flatten(0, 1)  # [n, n], no [m, n, n]
+    new_v = shared_rows_of_gram(gram, sigma, d, ridge)
     # W_o v ≈ E P (regress) with E = W_o·R, R = v Σ Pᵀ (P Σ Pᵀ)⁻¹: a [d, d] map of the member's own output columns
     o_map = torch.stack([regress(v[i], new_v, sigma, ridge) for i in range(len(members))])
     return Merged(new_k, new_v, Compensation(members, q_map, o_map))
