@@ -261,7 +261,8 @@ def test_pruned_models_of_every_family_export_plain_with_zero_padded_heads(famil
                                                         if seq2seq else tiny_model(family))]  # the config's counts
     with torch.no_grad():
         got = plain(**inputs)[0]
-    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
+    # float32 sums in another order (eager attention over zero-padded heads): 1.5e-5 at 1.56 on an AMD EPYC
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
 
 
 def test_plain_export_refuses_what_plain_transformers_cannot_hold(tmp_path):

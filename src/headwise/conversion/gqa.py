@@ -95,7 +95,7 @@ def _fit(weights: SiteWeights, site: AttentionSite, config: GQAConfig, sigma: to
     merged = _plan(weights, site, config, sigma)
     k, v = kv_projections(site, len(merged), torch.cat([m.k for m in merged]), torch.cat([m.v for m in merged]),
                           weights.bias)
-    return _Fitted(k, v, [m.members for m in merged])
+    return _Fitted(k, v, [m.compensation for m in merged])
 
 
 @torch.no_grad()

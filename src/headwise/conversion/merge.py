@@ -9,8 +9,7 @@ Values: a shared ``d``-row value explaining every member's output ``W_o^h v_h`` 
 
 Both compensations are ``[d, d]`` maps of a member's own rows (``q' = A q``, ``W_o' = W_o B``), so a fit keeps
 only them and the merged key/value rows: the new query and output tensors are built when the site is changed
-(:class:`Compensation`), and a whole-model conversion never holds every
-site's new q and o at once.
+(:class:`Compensation`), and a whole-model conversion never holds every site's new q and o at once.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ class Merged:
 
     k: torch.Tensor
     v: torch.Tensor
-    members: Compensation
+    compensation: Compensation
 
 
 def energy(rows: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,8 @@ bfloat16 ones). ``moments_in_groups`` therefore reads the sites a group at a tim
 with the group's sums within ``MOMENTS_SHARE`` of the weights' bytes, and a fit consumes each group before the
 next is read. A pass stops once it has read every site of its group (the layers after it, and the output head's
 vocabulary-sized logits, are never computed), fills no key/value cache (``compat.no_cache``), and runs each
-batch in slices of examples whose forward stays within ``FORWARD_SHARE`` of the weights (``slices``): the sums do
-not depend on how a batch is split, and a decoder's MLP holds four ``[B, T, I]`` tensors at once.
+batch in slices of examples whose forward stays within ``FORWARD_SHARE`` of the weights (``slices``; the sums are
+the whole batch's up to rounding): a decoder's MLP holds four ``[B, T, I]`` tensors at once.
 """
 
 from __future__ import annotations
