@@ -121,9 +121,14 @@ def slice_size(model: nn.Module, batch: int, length: int) -> int:
     return max(1, min(batch, tokens // max(1, length)))
 
 
-def slices(batch: dict, size: int) -> Iterator[dict]:
-    """``batch`` in pieces of ``size`` examples (every tensor whose first dimension is the batch's is cut)."""
-    count = next(v.shape[0] for v in batch.values() if torch.is_tensor(v) and v.dim())
+def slices(model: nn.Module, batch: dict) -> Iterator[dict]:
+    """``batch`` in pieces of ``slice_size`` examples, read off its first ``[B, T, …]`` tensor (every tensor whose
+    first dimension is ``B`` is cut); whole when it has none."""
+    ids = next((v for v in batch.values() if torch.is_tensor(v) and v.dim() >= 2), None)
+    if ids is None:
+        yield batch
+        return
+    count, size = ids.shape[0], slice_size(model, ids.shape[0], ids.shape[1])
     for start in range(0, count, size):
         yield {k: v[start:start + size] if torch.is_tensor(v) and v.dim() and v.shape[0] == count else v
                for k, v in batch.items()}
@@ -161,8 +166,7 @@ def site_moments(model: nn.Module, sites: list[AttentionSite], calibration: Iter
         for batch in progress_bar(calibration, desc="calibration", unit="batch",
                                   disable=None if progress is None else not progress):
             batch = {"input_ids": batch} if torch.is_tensor(batch) else dict(batch)
-            ids = next(v for v in batch.values() if torch.is_tensor(v) and v.dim() >= 2)
-            for part in slices(batch, slice_size(model, ids.shape[0], ids.shape[1])):
+            for part in slices(model, batch):
                 current["batch"], current["read"] = part, set()  # masks as given: counted where they are
                 try:
                     model(**{**extra, **{k: v.to(device) if torch.is_tensor(v) else v for k, v in part.items()}})
