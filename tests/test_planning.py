@@ -957,6 +957,7 @@ def test_the_probe_error_through_a_linear_head_equals_the_logits_error(dtype, bi
     from headwise.planning.proxies import Outputs, relative_error
 
     monkeypatch.setattr(proxies, "GRAM_ROWS", 64)  # the Gram matrix (and Wᵀb) summed over five blocks of rows
+    monkeypatch.setattr(proxies, "ERROR_ROWS", 4)  # the error's sums over blocks of positions that do not divide 10
     torch.manual_seed(0)
     head = nn.Linear(24, 300, bias=bias).to(dtype)
     a = [torch.randn(2, 5, 24), torch.randn(3, 4, 24)]
@@ -978,3 +979,27 @@ def test_the_probe_error_through_a_linear_head_equals_the_logits_error(dtype, bi
     wrapped = nn.Sequential(head)  # not a plain nn.Linear: logits rebuilt chunk by chunk, in the head's dtype
     assert relative_error(Outputs(a, wrapped, 300), Outputs(b, wrapped, 300)) == pytest.approx(
         dense(head), rel=2e-3 if dtype == torch.float32 else 3e-2)
+
+
+@pytest.mark.parametrize("make", [tiny_llama_lm, tiny_bert], ids=["llama-lm", "bert"])
+def test_the_probe_read_in_slices_gives_the_outputs_of_the_whole_batch(make, monkeypatch):
+    """The probe's outputs (hidden states before a linear head, or a base model's last hidden states) from one
+    forward per example equal one forward of the whole padded batch, to float32 rounding."""
+    from tiny import tiny_inputs
+
+    from headwise.planning.proxies import outputs
+    from headwise.runtime import moments
+
+    model = make()
+    batch = tiny_inputs("llama" if make is tiny_llama_lm else "bert", batch=3)[0]
+    whole = outputs(model, [batch])
+    calls = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: calls.append(1), with_kwargs=True)
+    monkeypatch.setattr(moments, "MIN_SLICE_TOKENS", 1)
+    monkeypatch.setattr(moments, "FORWARD_SHARE", 0.0)
+    sliced = outputs(model, [batch])
+    assert len(calls) == 3  # one forward per example
+    assert (sliced.head is None) == (make is tiny_bert) and sliced.vocab == whole.vocab
+    assert [v.shape for v in sliced.values] == [v.shape for v in whole.values]
+    for got, want in zip(sliced.values, whole.values):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -9,6 +9,8 @@ tokens on SmolLM2-135M that retained heap was 1.2 GiB of a gradient pass whose s
 sets) keeps the peak to what is alive, at the price of fresh (zeroed) pages for each large tensor: at 1 MiB, eval
 of a Llama-3.2-1B shape at 512 tokens took 27% longer and ``analyze --task lm`` on SmolLM2 16% longer (separate runs), so it is
 opt-in: ``HEADWISE_MMAP_THRESHOLD=1048576`` for the command line, ``return_freed_memory(1 << 20)`` in Python.
+Smaller tensors stay on the heap, where freed chunks between live ones keep their pages; ``trim`` returns those
+pages at a point where a step's tensors are gone (the planner, after each edit it measured).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from typing import Any
 
 from .errors import HeadwiseError
 
@@ -38,12 +41,32 @@ def return_freed_memory(threshold: int | None = None) -> bool:
         raise HeadwiseError(f"mmap threshold {threshold} bytes: give 0 (glibc's default) to {MAX_THRESHOLD} (32 MiB)")
     if threshold == 0:
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        mallopt = ctypes.CDLL(name).mallopt
-    except (OSError, AttributeError):  # not glibc (macOS, musl without mallopt)
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_THRESHOLD, threshold))
+
+
+def trim() -> bool:
+    """Give the heap's free pages back to the system now (glibc's ``malloc_trim(0)``: the pages of free chunks
+    anywhere in the heap, not only at its top). For the end of a step whose small tensors are all freed (an edit
+    the plan has measured and undone), so that the next step's peak is its own and not the last one's leftovers.
+    Returns whether it ran (False without glibc)."""
+    malloc_trim = _glibc("malloc_trim")
+    if malloc_trim is None:
+        return False
+    malloc_trim.argtypes, malloc_trim.restype = [ctypes.c_size_t], ctypes.c_int
+    malloc_trim(0)
+    return True
+
+
+def _glibc(function: str) -> Any:
+    """The C library's ``function``, or None where there is no such C library function (macOS, musl)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return getattr(ctypes.CDLL(name), function)
+    except (OSError, AttributeError):
+        return None

@@ -39,6 +39,11 @@ def regress(target: torch.Tensor, basis: torch.Tensor, sigma: torch.Tensor, ridg
     return torch.linalg.solve(gram, cross.mT).mT
 
 
+def _by_real(z: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``z @ m`` for a complex ``z`` and a real ``m`` (no complex copy of ``m``)."""
+    return torch.complex(z.real.contiguous() @ m, z.imag.contiguous() @ m)
+
+
 def shared_pairs(keys: torch.Tensor, weights: torch.Tensor, sigma: torch.Tensor, ridge: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary-compatible merge of ``m`` keys: per frequency pair ``f`` one shared complex functional ``r_f`` and
@@ -48,12 +53,14 @@ def shared_pairs(keys: torch.Tensor, weights: torch.Tensor, sigma: torch.Tensor,
     (how much each key's error costs per pair, e.g. the root energy of the queries that read it).
     Returns ``(r[d/2, n] complex, c[m, d/2] complex)``."""
     s, s_inv = whitener(sigma, ridge)
-    sc = s.to(torch.complex128)
-    weighted = (weights.double()[..., None] * keys.to(torch.complex128)).permute(1, 0, 2) @ sc  # [f, m, n]
-    _, _, vh = torch.linalg.svd(weighted, full_matrices=False)
-    shared = vh[:, 0, :] @ s_inv.to(torch.complex128)  # [f, n]: the functional r_f (r_f·x), S⁻¹ undoes whitening
-    sig = sigma.to(torch.complex128) + ridge * sigma.diagonal().mean() * torch.eye(sigma.shape[0], dtype=torch.complex128)
+    keys = keys.to(torch.complex128)
+    weighted = (weights.double()[..., None] * keys).permute(1, 0, 2)  # [f, m, n]
+    _, _, vh = torch.linalg.svd(_by_real(weighted, s), full_matrices=False)
+    shared = _by_real(vh[:, 0, :], s_inv)  # [f, n]: the functional r_f (r_f·x), S⁻¹ undoes whitening
+    sigma = sigma.double()
+    sig = sigma + ridge * sigma.diagonal().mean() * torch.eye(sigma.shape[0], dtype=torch.float64)
+    read = _by_real(shared.conj(), sig)  # [f, n]: E[conj(r_f x) xᵀ]
     # c_{i,f} = E[conj(r x) z_i x] / E|r x|²
-    cross = torch.einsum("fn,nk,mfk->mf", shared.conj(), sig, keys.to(torch.complex128))
-    norm = torch.einsum("fn,nk,fk->f", shared.conj(), sig, shared).real
+    cross = torch.einsum("fk,mfk->mf", read, keys)
+    norm = (read * shared).sum(-1).real
     return shared, cross / norm

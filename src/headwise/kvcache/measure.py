@@ -9,7 +9,6 @@ not the absolute figures, and repeat (``repeats``) when they matter.
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import torch
 from torch import nn
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from ..allocator import trim
 from ..compat import CACHE
 from ..errors import HeadwiseError
 from .apply import PREFILL_CHUNK, apply_kv_policy, policy_of, prefill_chunk_of, remove_kv_policy
@@ -57,10 +57,7 @@ def _memory_start(cuda: bool) -> int | None:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         return torch.cuda.memory_allocated()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap back to the system, so the peak is this call's
-    except (OSError, AttributeError):
-        pass
+    trim()  # freed heap back to the system, so the peak is this call's
     try:
         CLEAR_REFS.write_text("5")  # resets VmHWM to the current resident set
     except OSError:

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..allocator import trim
 from ..contract import apply, config_from_dict, config_to_dict, method_of
 from ..errors import HeadwiseError
 from ..sites import find_sites
@@ -138,12 +139,16 @@ def edited(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, torch.T
     modules are set aside and stand-ins sharing their tensors take their place (``snapshot.AttentionSnapshot``);
     the edit builds the new tensors it needs, and a method that would write into one of the model's tensors is
     refused before it does (``AttentionSnapshot.read_only``). So the extra memory is what the edited modules hold
-    beyond the originals (e.g. the merged projections of a KV merge), never a copy of the model."""
+    beyond the originals (e.g. the merged projections of a KV merge), never a copy of the model. The heap pages
+    freed by the edit's work (once it is built) and by the edit itself (once restored) go back to the system
+    (``allocator.trim``), so each step's peak is its own."""
     state = AttentionSnapshot(model)
     state._install(state.copies)
     try:
         with state.read_only(f"edit '{edit.describe()}'"):
             apply_edit(model, edit, calibration, progress)
+        trim()  # the fits' freed work, before the block measures the edited model
         yield state
     finally:
-        state.restore()
+        state.restore()  # drops the stand-ins and the tensors the edit built
+        trim()

@@ -13,6 +13,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from ..runtime import slices
 from ..tasks.lm import final_hidden, logit_rows
 from .edits import Edit, edited
 
@@ -30,20 +31,23 @@ class Outputs:
 
 
 def outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> Outputs:
-    """The model's ``Outputs`` on ``batches``."""
+    """The model's ``Outputs`` on ``batches``, each batch run in slices of examples (``runtime.slices``: a
+    forward's transient within its share of the weights) and its slices' outputs joined."""
     head = model.get_output_embeddings()
-    found, values = [], []
+    pieces: list[list[tuple[torch.Tensor, int | None]]] = []  # per batch: (hidden states and V, or logits and None)
     with torch.inference_mode():
         for b in batches:
-            found.append(final_hidden(model, b) if isinstance(head, nn.Module) else None)
-            if found[-1] is None:
-                y = model(**b)
-                values.append((y.logits if getattr(y, "logits", None) is not None else y[0]).float())
-            else:
-                values.append(found[-1][0].float())
-        if all(f is not None for f in found) and found:
-            return Outputs(values, head, found[0][1])
-        return Outputs([v if f is None else head(v).float() for v, f in zip(values, found)])
+            pieces.append([])
+            for piece in slices(model, b):
+                found = final_hidden(model, piece) if isinstance(head, nn.Module) else None
+                if found is None:
+                    y = model(**piece)
+                    found = ((y.logits if getattr(y, "logits", None) is not None else y[0]).float(), None)
+                pieces[-1].append((found[0].float(), found[1]))
+        vocabs = [v for batch in pieces for _, v in batch]
+        if vocabs and None not in vocabs:
+            return Outputs([torch.cat([h for h, _ in batch]) for batch in pieces], head, vocabs[0])
+        return Outputs([torch.cat([x if v is None else _logits(x, head) for x, v in batch]) for batch in pieces])
 
 
 def relative_error(reference: Outputs, got: Outputs) -> float:
@@ -75,6 +79,7 @@ def _logits(values: torch.Tensor, head: nn.Module | None) -> torch.Tensor:
 
 
 GRAM_ROWS = 8192  # rows of the head's weight per step of its Gram matrix (a [8192, D] float32 block at a time)
+ERROR_ROWS = 256  # positions per step of the error's quadratic forms (a few [256, D] float64 blocks at a time)
 _grams: "weakref.WeakKeyDictionary[nn.Linear, tuple[tuple[int, int], torch.Tensor, torch.Tensor]]" = \
     weakref.WeakKeyDictionary()
 
@@ -102,16 +107,18 @@ def head_gram(head: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _error_by_gram(reference: Outputs, got: Outputs, head: nn.Linear) -> float:
     """``relative_error`` through the linear ``head``: ``Σ dGdᵀ / Σ (aGaᵀ + 2a·Wᵀb + ‖b‖²)`` over positions,
-    ``d = a − b``, in float64."""
+    ``d = a − b``, in float64, ``ERROR_ROWS`` positions at a time."""
     gram, cross = head_gram(head)
     num = den = 0.0
     with torch.inference_mode():
         bias = 0.0 if head.bias is None else float(head.bias.double().pow(2).sum())
         for a, b in zip(reference.values, got.values):
-            a, b = (x.reshape(-1, x.shape[-1]).to(gram.device, torch.float64) for x in (a, b))
-            d = a - b
-            num += float(((d @ gram) * d).sum())
-            den += float(((a @ gram) * a).sum() + 2 * (a @ cross).sum()) + bias * len(a)
+            a, b = a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])
+            for i in range(0, len(a), ERROR_ROWS):
+                x, y = (t[i : i + ERROR_ROWS].to(gram.device, torch.float64) for t in (a, b))
+                d = x - y
+                num += float(((d @ gram) * d).sum())
+                den += float(((x @ gram) * x).sum() + 2 * (x @ cross).sum()) + bias * len(x)
     return math.sqrt(max(num, 0.0) / max(den, 1e-30))
 
 

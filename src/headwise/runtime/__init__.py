@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from .attention import NAME, enable, headwise_attention
     from .gates import Gate, HeadGate, HeadMask, RowGate, add_gates, gates_of, remove_gates
     from .hard_concrete import HardConcreteGate
-    from .moments import SiteMoments, site_moments
+    from .moments import SiteMoments, site_moments, slices
     from .ops import HeadOp, HeadOps, add_observer, attach, detach, detach_all, ops_of
     from .scope import eval_mode, using_headwise
 
@@ -19,5 +19,5 @@ __all__ = [
     "NAME", "enable", "headwise_attention", "Gate", "HeadGate", "HeadMask", "HardConcreteGate", "RowGate",
     "add_gates", "gates_of", "remove_gates", "detach_all",
     "HeadOp", "HeadOps", "add_observer", "attach", "detach", "ops_of", "eval_mode", "using_headwise",
-    "SiteMoments", "site_moments",
+    "SiteMoments", "site_moments", "slices",
 ]

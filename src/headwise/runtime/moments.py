@@ -26,6 +26,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..allocator import trim
 from ..compat import no_cache
 from ..progress import progress_bar
 from ..sites import AttentionSite
@@ -203,8 +204,10 @@ def moments_in_groups(model: nn.Module, sites: Sequence[AttentionSite], calibrat
                       ) -> Iterator[tuple[list[AttentionSite], dict[str, SiteMoments]]]:
     """``(group, site_moments of the group)`` for each of ``moment_groups(model, sites, keys, share)`` in turn (one
     calibration pass each; ``calibration`` is read once per group): a consumer that fits a group's sites before
-    asking for the next never holds more than one group's sums: the dict it was given is emptied when it asks."""
+    asking for the next never holds more than one group's sums: the dict it was given is emptied when it asks.
+    After each pass the freed heap goes back to the system (``allocator.trim``)."""
     for group in moment_groups(model, sites, keys, share):
         found = site_moments(model, group, calibration, keys, progress)
+        trim()  # the pass's activations and the last group's fits are freed: their heap pages go back
         yield group, found
         found.clear()  # the consumer is done with the group: its sums go before the next group's pass
