@@ -89,6 +89,37 @@ def test_lm_split_policy_and_max_tokens(tokenizer, text_file):
     assert len(LanguageModeling(data=str(text_file), max_tokens=7).token_stream(tokenizer, "eval")) == 7
 
 
+@pytest.mark.parametrize("which", ["bpe", "minilm-wordpiece"])
+def test_a_cut_stream_tokenises_a_prefix_and_keeps_the_whole_texts_tokens(tokenizer, text_file, monkeypatch, which):
+    """``--max-tokens`` reads a prefix of the text, doubled until it holds the margin past the cut; the tokens
+    kept are the first ones of the whole text's tokenisation (the reference: the whole text tokenised)."""
+    from transformers import AutoTokenizer
+
+    from headwise.models import packaged_minilm
+    from headwise.tasks import lm
+
+    if which != "bpe":
+        tokenizer = AutoTokenizer.from_pretrained(packaged_minilm())
+    monkeypatch.setattr(lm, "STREAM_CHARS_PER_TOKEN", 1)  # the first prefix is too short: it is doubled
+    monkeypatch.setattr(lm, "STREAM_MARGIN", 5)
+    seen = []
+
+    def counting(text, **kwargs):
+        seen.append(len(text))
+        return type(tokenizer).__call__(tokenizer, text, **kwargs)
+
+    whole = "\n".join(LanguageModeling(data=str(text_file)).texts("train"))
+    reference = tokenizer(whole, add_special_tokens=False)["input_ids"]
+    for n in (2, 7, 33, len(reference) - 3, len(reference) + 50):
+        seen.clear()
+        task = LanguageModeling(data=str(text_file), max_tokens=n)
+        got = task.token_stream(counting, "train").tolist()  # the tokenizer, counting the characters it reads
+        assert got == reference[:n]
+        assert len(seen) >= 2 and seen == sorted(seen) and seen[-1] <= len(whole)
+        if n <= 33:  # a short cut never reads the whole text
+            assert seen[-1] < len(whole)
+
+
 def test_lm_loss_is_the_mean_next_token_loss_of_each_window(causal, tokenizer, text_file):
     model, _ = causal
     task = LanguageModeling(data=str(text_file), max_length=12)
