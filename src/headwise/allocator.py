@@ -10,7 +10,7 @@ sets) keeps the peak to what is alive, at the price of fresh (zeroed) pages for 
 of a Llama-3.2-1B shape at 512 tokens took 27% longer and ``analyze --task lm`` on SmolLM2 16% longer (separate runs), so it is
 opt-in: ``HEADWISE_MMAP_THRESHOLD=1048576`` for the command line, ``return_freed_memory(1 << 20)`` in Python.
 Smaller tensors stay on the heap, where freed chunks between live ones keep their pages; ``trim`` returns those
-pages at a point where a step's tensors are gone (the planner, after each edit it measured).
+pages where a step's tensors are gone (after a calibration pass; once a planned edit is built, and once undone).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def return_freed_memory(threshold: int | None = None) -> bool:
 
 def trim() -> bool:
     """Give the heap's free pages back to the system now (glibc's ``malloc_trim(0)``: the pages of free chunks
-    anywhere in the heap, not only at its top). For the end of a step whose small tensors are all freed (an edit
-    the plan has measured and undone), so that the next step's peak is its own and not the last one's leftovers.
+    anywhere in the heap, not only at its top). For the end of a step whose small tensors are all freed, so that
+    the next step's peak is its own and not the last one's leftovers.
     Returns whether it ran (False without glibc)."""
     malloc_trim = _glibc("malloc_trim")
     if malloc_trim is None:

@@ -42,7 +42,7 @@ def outputs(model: nn.Module, batches: Sequence[dict[str, torch.Tensor]]) -> Out
                 found = final_hidden(model, piece) if isinstance(head, nn.Module) else None
                 if found is None:
                     y = model(**piece)
-                    found = ((y.logits if getattr(y, "logits", None) is not None else y[0]).float(), None)
+                    found = (y.logits if getattr(y, "logits", None) is not None else y[0], None)
                 pieces[-1].append((found[0].float(), found[1]))
         vocabs = [v for batch in pieces for _, v in batch]
         if vocabs and None not in vocabs:
