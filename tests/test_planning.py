@@ -475,16 +475,23 @@ def _identical(model, state, config):
                                                               headwise.find_sites(model)))
 
 
-EDITS = [{"prune": {"dec-self.0": [0, 1]}}, {"kv_heads": 1}, {"dk": 0.5},
+EDITS = [{"prune": {"dec-self.0": [0, 1]}}, {"kv_heads": 1}, {"latent": 0.5}, {"dk": 0.5},
          {"local": (3, ["dec-self.1"])},
          {"quantization": {"method": "log", "bits": 3}},
-         {"prune": {"dec-self.1": [2, 3]}, "kv_heads": 1, "dk": 0.5}]
+         {"prune": {"dec-self.1": [2, 3]}, "kv_heads": 1, "dk": 0.5},
+         {"prune": {"dec-self.1": [2, 3]}, "quantization": {"method": "log", "bits": 3}}]
+
+
+def _projections(model):
+    """``{name: tensor}`` of every site's q/k/v/o weights."""
+    return {f"{s.name}.{p}": getattr(s, p).module.weight for s in headwise.find_sites(model) for p in "qkvo"}
 
 
 @pytest.mark.parametrize("fields", EDITS, ids=lambda f: "+".join(f))
 def test_an_edit_in_place_equals_the_edited_copy_and_restores_the_model_exactly(fields, tokenizer):
     import copy
 
+    from headwise.contract import method_of
     from headwise.planning.edits import apply_edit, edited
     from headwise.planning.proxies import output_error
     from plan_edits import edit as make
@@ -500,12 +507,24 @@ def test_an_edit_in_place_equals_the_edited_copy_and_restores_the_model_exactly(
     state, config, base = _state(model), model.config.to_dict(), outputs(model, batches)
     edit = make(**fields)
     reference = outputs(apply_edit(copy.deepcopy(model), edit, batches), batches)  # the old way: an edited copy
+    originals = _projections(model)
     with edited(model, edit, batches) as now:
+        # the originals that methods rewriting weights replaced wait on disk, their memory freed (every edit here
+        # applies those first)
+        replaced = {n for n, w in _projections(model).items() if w.untyped_storage()._cdata
+                    != originals[n].untyped_storage()._cdata}
+        assert bool(replaced) == any(not method_of(c).reversible for c in edit.configs)
+        assert {n for n, w in originals.items() if w.untyped_storage().nbytes() == 0} == replaced
         assert all(torch.equal(a, b) for a, b in zip(outputs(model, batches), reference))
-        with now.original():  # the unedited modules swapped back in
+        ours = _projections(model)
+        with now.original():  # the unedited modules swapped back in, the edited ones' own tensors on disk
             assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(outputs(model, batches), base))
+            away = {n for n, w in ours.items() if w.untyped_storage().nbytes() == 0}
+            assert away == replaced or "latent" in fields and away <= replaced  # a latent layer's ops hold its k/v
+            assert all(originals[n].untyped_storage().nbytes() > 0 for n in replaced)
         assert all(torch.equal(a, b) for a, b in zip(outputs(model, batches), reference))
     assert _identical(model, state, config)
+    assert all(_projections(model)[n] is w for n, w in originals.items())  # the same tensors, read back
     assert all(torch.equal(a, b) for a, b in zip(outputs(model, batches), base))
     error = output_error(model, edit, batches, calibration=batches)
     num = sum(float((a - b).pow(2).sum()) for a, b in zip(reference, base))
@@ -552,17 +571,48 @@ def test_plan_with_recovery_restores_every_trained_weight(tokenizer, stsb_dir):
 
 
 def test_the_stand_ins_share_the_models_tensors_and_an_edit_builds_only_what_it_changes():
-    """No tensor is copied to measure an edit: the modules an edit leaves alone keep the model's very storage."""
+    """No tensor is copied to measure an edit: the modules an edit leaves alone keep the model's very storage (the
+    same memory); the replaced ones wait on disk and come back into the same storage objects."""
     from headwise.planning.edits import edited
     from plan_edits import edit
 
     model = tiny_llama_lm()
     storage = {name: p.untyped_storage().data_ptr() for name, p in model.named_parameters()}
+    identity = {name: p.untyped_storage()._cdata for name, p in model.named_parameters()}
     with edited(model, edit(prune={"dec-self.0": [0, 1]})):
         now = {name: p.untyped_storage().data_ptr() for name, p in model.named_parameters()}
         assert {n for n in storage if now.get(n) != storage[n]} == {
             f"model.layers.0.self_attn.{p}_proj.weight" for p in "qkvo"}  # only the pruned layer's, rebuilt
-    assert {name: p.untyped_storage().data_ptr() for name, p in model.named_parameters()} == storage
+    assert {name: p.untyped_storage()._cdata for name, p in model.named_parameters()} == identity
+
+
+def test_a_replaced_original_waits_on_disk_once_nothing_else_holds_it():
+    """The snapshot frees an original projection's memory as soon as only the set-aside module holds it (its use
+    count), never while a view, the live model or an op still reads it; ``original()`` brings it back bit for bit
+    and puts the edited projection on disk meanwhile; ``restore()`` gives back the very same tensors."""
+    from headwise.planning.snapshot import AttentionSnapshot
+
+    model = tiny_llama_lm()
+    attn = model.model.layers[0].self_attn
+    q, k = attn.q_proj.weight, attn.k_proj.weight
+    q_before, k_before = q.detach().clone(), k.detach().clone()
+    state = AttentionSnapshot(model)
+    state._install(state.copies)
+    stand_in = model.model.layers[0].self_attn
+    view = stand_in.k_proj.weight[:2]  # a reader of k's storage
+    stand_in.q_proj = torch.nn.Linear(32, 32, bias=False)  # the stand-in q is dropped: q goes to disk there and then
+    stand_in.k_proj = torch.nn.Linear(32, 16, bias=False)
+    assert q.untyped_storage().nbytes() == 0 and k.untyped_storage().nbytes() > 0  # the view still reads k
+    assert model.model.layers[1].self_attn.q_proj.weight.untyped_storage().nbytes() > 0  # still the live model's
+    del view
+    assert state.offload_unused() == k.numel() * k.element_size() and k.untyped_storage().nbytes() == 0
+    new_q = stand_in.q_proj.weight
+    with state.original():
+        assert torch.equal(q, q_before) and torch.equal(k, k_before)
+        assert new_q.untyped_storage().nbytes() == 0
+    assert new_q.untyped_storage().nbytes() > 0 and q.untyped_storage().nbytes() == 0  # on disk again
+    state.restore()
+    assert attn.q_proj.weight is q and torch.equal(q, q_before) and torch.equal(k, k_before)
 
 
 def test_a_method_that_writes_the_models_tensors_in_place_is_stopped_before_it_does(tokenizer, text_file):
@@ -712,6 +762,24 @@ def test_too_few_calibration_tokens_take_more_examples_with_a_note(tokenizer, te
     assert settled.uncapped and settled.tokens >= 32 and short == {}
     assert sum(int(b["attention_mask"].sum()) for b in calibration_set(capped, tokenizer, settled.count, True)) == \
         settled.tokens  # what Plan.calibration rebuilds from the settings
+
+
+def test_calibration_past_the_cap_reads_a_prefix_of_the_text_and_gives_the_whole_texts_examples(
+        tokenizer, text_file, monkeypatch):
+    from dataclasses import replace
+
+    from headwise.planning.plan import calibration_set
+
+    capped = get_task("lm", data=str(text_file), max_length=16, max_tokens=20)
+    whole = replace(capped, max_tokens=None).calibration_inputs(tokenizer, limit=3, batch_size=3)
+    read = []
+    call = type(tokenizer).__call__
+    monkeypatch.setattr(type(tokenizer), "__call__", lambda self, text, **k: read.append(len(text)) or call(
+        self, text, **k))
+    got = calibration_set(capped, tokenizer, 3, uncapped=True)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(got, whole) for k in a) and len(got) == len(whole)
+    assert got[0]["input_ids"].shape == (3, 16)
+    assert max(read) < len("\n".join(capped.texts("calibration")))  # never the whole split
 
 
 def test_a_plan_calibrated_on_more_examples_applies_as_measured(tokenizer, text_file):

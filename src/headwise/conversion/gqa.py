@@ -15,6 +15,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from ..allocator import trim
 from ..errors import HeadwiseError
 from ..contract import record, with_keywords
 from ..progress import progress_bar
@@ -138,6 +139,7 @@ def convert_gqa(model: nn.Module, kv_heads: int | None = None, grouping: str | N
             fitted[site.path] = _fit(weights, site, config, sigma)
             bar.update()
     bar.close()
+    trim()  # the fits' freed work goes back before the new tensors are built
     for site in sites:
         _install(site, fitted.pop(site.path))
     if kv_heads_in_config(model):

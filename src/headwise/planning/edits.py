@@ -139,14 +139,18 @@ def edited(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, torch.T
     modules are set aside and stand-ins sharing their tensors take their place (``snapshot.AttentionSnapshot``);
     the edit builds the new tensors it needs, and a method that would write into one of the model's tensors is
     refused before it does (``AttentionSnapshot.read_only``). So the extra memory is what the edited modules hold
-    beyond the originals (e.g. the merged projections of a KV merge), never a copy of the model. The heap pages
+    beyond the originals (e.g. the merged projections of a KV merge), never a copy of the model; and the originals
+    that nothing but the set-aside modules holds any more (the projections a removal or a merge replaced) wait on
+    disk until ``state.original()`` or the restore reads them back (``AttentionSnapshot``). The heap pages
     freed by the edit's work (once it is built) and by the edit itself (once restored) go back to the system
     (``allocator.trim``), so each step's peak is its own."""
     state = AttentionSnapshot(model)
     state._install(state.copies)
     try:
         with state.read_only(f"edit '{edit.describe()}'"):
-            apply_edit(model, edit, calibration, progress)
+            for config in edit.configs:
+                apply_edit(model, Edit((config,)), calibration, progress)
+                state.offload_unused()  # the originals it replaced, until state.original() or restore()
         trim()  # the fits' freed work, before the block measures the edited model
         yield state
     finally:

@@ -337,8 +337,9 @@ def _through(enter: Callable[[], ContextManager[nn.Module]]) -> Callable[[], Con
 def calibration_set(task: Task, tokenizer: Any, count: int, uncapped: bool = False,
                     device: torch.device | str = "cpu") -> list[dict]:
     """A plan's calibration batches: the first ``count`` examples of the task's calibration split (``uncapped``:
-    of its whole text, past the task's ``max_tokens``, which caps what is evaluated)."""
-    source = replace(task, max_tokens=None) if uncapped else task
+    of its whole text, past the task's ``max_tokens``, which caps what is evaluated: the stream is cut where
+    ``count`` windows of ``max_length`` tokens end, so only that prefix of the text is tokenised)."""
+    source = replace(task, max_tokens=max(task.max_tokens, count * task.max_length)) if uncapped else task
     return source.calibration_inputs(tokenizer, limit=count, batch_size=min(16, count), device=device)
 
 

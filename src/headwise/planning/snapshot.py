@@ -13,15 +13,18 @@ are restored too."""
 from __future__ import annotations
 
 import copy
+import weakref
 from contextlib import contextmanager
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..allocator import trim
 from ..errors import HeadwiseError
 from ..sites import find_sites
+from .spill import Spill, storage_key
 
 
 def _configs(config: Any) -> list[Any]:
@@ -74,8 +77,29 @@ def _stand_in_tensors(module: nn.Module) -> dict[int, Any]:
 
 
 def _storage(t: torch.Tensor) -> int:
-    """The address of ``t``'s storage (0: none to protect, e.g. on ``meta`` or empty)."""
-    return 0 if t.device.type == "meta" else t.untyped_storage().data_ptr()
+    """The identity of ``t``'s storage (``spill.storage_key``; 0: none to protect, on ``meta``)."""
+    return 0 if t.device.type == "meta" else storage_key(t.untyped_storage())
+
+
+def _tensors(modules: Iterable[nn.Module]) -> dict[int, torch.Tensor]:
+    """``{id: tensor}`` of the modules' parameters and buffers that have a storage (each tensor once)."""
+    return {id(t): t for m in modules for t in [*m.parameters(), *m.buffers()] if _storage(t)}
+
+
+def _spill_alone(tensors: Iterable[torch.Tensor], spill: Spill, keys: set[int], dying: int = 0) -> int:
+    """Spill each storage of ``keys`` over which no tensor lies but some of ``tensors`` (its use count: any other
+    tensor over it, a view, an op's reference or a parameter of the model, counts too) and ``dying`` tensors being
+    dropped (a weakref callback runs before the tensor lets go of its storage); returns the bytes freed."""
+    over: dict[int, list[torch.Tensor]] = {}
+    for t in tensors:
+        if _storage(t) in keys:
+            over.setdefault(_storage(t), []).append(t)
+    freed = 0
+    for key, ts in over.items():
+        storage = ts[0].untyped_storage()
+        if key not in spill and torch._C._storage_Use_Count(key) == len(ts) + dying + 1:  # + `storage`
+            freed += spill.add(storage)
+    return freed
 
 
 class _ReadOnly(TorchDispatchMode):
@@ -117,8 +141,39 @@ class AttentionSnapshot:
         self.attributes = dict(vars(model))  # the model's own attributes (a hook an edit wraps on the instance)
         paths = {id(m): path for path, m in model.named_modules()}
         self.paths = [paths[id(module)] for _, _, module in self.slots]
-        self.copies = [copy.deepcopy(module, dict(keep) | _shared_hook_state(module) | _stand_in_tensors(module))
-                       for _, _, module in self.slots]
+        memos = [_stand_in_tensors(module) for _, _, module in self.slots]
+        self.copies = [copy.deepcopy(module, dict(keep) | _shared_hook_state(module) | memo)
+                       for (_, _, module), memo in zip(self.slots, memos)]
+        self._spill_when_unused(memos)
+
+    def _spill_when_unused(self, memos: Sequence[dict[int, Any]]) -> None:
+        """Watch the storages the stand-ins only borrow (each plain parameter's, given a stand-in ``Parameter``):
+        once no tensor but the set-aside originals lies over one, it waits on disk (``spill.Spill``) until
+        ``original()`` or ``restore()`` reads it back. Checked when a stand-in parameter is dropped (a method
+        replacing one site's projections frees their memory there and then) and by ``offload_unused``."""
+        self.spill = Spill()
+        self.originals = _tensors(module for _, _, module in self.slots)
+        pairs = [(t, memo[id(t)]) for memo, (_, _, module) in zip(memos, self.slots)
+                 for t in _tensors([module]).values()]
+        shared = {_storage(t) for t, stand_in in pairs if stand_in is t}  # the live model holds these very tensors
+        self.borrowed = {_storage(t) for t, stand_in in pairs if stand_in is not t} - shared
+        self.releasing = True  # False inside original() and after restore(): the originals are the model's then
+        self.watched = [weakref.finalize(stand_in, self._release, _storage(t)) for t, stand_in in pairs
+                        if _storage(t) in self.borrowed]
+        for watch in self.watched:
+            watch.atexit = False
+
+    def _release(self, key: int) -> int:
+        """A stand-in over the storage ``key`` is being dropped: spill the storage if only the originals lie over
+        it besides; returns the bytes freed."""
+        if not self.releasing:
+            return 0
+        return _spill_alone(self.originals.values(), self.spill, {key}, dying=1)
+
+    def offload_unused(self) -> int:
+        """Spill every watched storage that only the originals lie over now (``_spill_when_unused``); returns the
+        bytes freed. ``edits.edited`` calls it after each method of an edit."""
+        return _spill_alone(self.originals.values(), self.spill, self.borrowed) if self.releasing else 0
 
     def _install(self, modules: Sequence[nn.Module]) -> None:
         for (parent, name, _), module in zip(self.slots, modules):
@@ -130,6 +185,9 @@ class AttentionSnapshot:
             vars(c).update(state)
 
     def _swap_in_originals(self) -> tuple[list[nn.Module], list[dict[str, Any]]]:
+        if len(self.spill):
+            trim()  # the heap pages the edited model's measurement freed, before the originals come back
+            self.spill.reload()
         now = [getattr(parent, name) for parent, name, _ in self.slots], [dict(vars(c)) for c in self.configs]
         self._install([m for _, _, m in self.slots])
         self._set_configs([copy.copy(s) for s in self.saved])
@@ -149,16 +207,30 @@ class AttentionSnapshot:
 
     @contextmanager
     def original(self) -> Iterator[nn.Module]:
-        """The unedited model for the block (same object; the edited modules are put back after)."""
+        """The unedited model for the block (same object; the edited modules are put back after). The two swap
+        places on disk: inside the block the tensors only the edited modules hold wait there, after it the
+        originals that only the set-aside modules hold, so both never take memory at once."""
+        releasing, self.releasing = self.releasing, False
+        edited = Spill()
+        ours = [t for t in _tensors(getattr(parent, name) for parent, name, _ in self.slots).values()
+                if id(t) not in self.originals]
+        _spill_alone(ours, edited, {_storage(t) for t in ours})
         modules, states = self._swap_in_originals()
         try:
             yield self.model
         finally:
+            trim()  # what the unedited model's forwards freed
+            edited.reload()
             self._install(modules)
             self._set_configs(states)
+            self.releasing = releasing
+            self.offload_unused()  # the originals back on disk
 
     def restore(self) -> None:
         """Put the original modules, config and attributes back for good (the stand-ins are dropped)."""
+        for watch in self.watched:
+            watch.detach()
+        self.watched, self.releasing = [], False
         if self.model.config._attn_implementation != self.attn:
             self.model.set_attn_implementation(self.attn)
         self._swap_in_originals()

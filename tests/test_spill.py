@@ -1,0 +1,75 @@
+"""Storages set aside on disk (``headwise.planning.spill``): the bytes come back exactly into the same storages,
+and whatever cannot be set aside is left alone."""
+
+import pytest
+import torch
+
+from headwise.errors import HeadwiseError, HeadwiseNote
+from headwise.planning import spill as spill_module
+from headwise.planning.spill import Spill, storage_key
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_storages_come_back_bit_for_bit_into_the_same_objects(dtype, monkeypatch):
+    monkeypatch.setattr(spill_module, "CHUNK", 1000)  # several chunks a storage
+    torch.manual_seed(0)
+    weight = torch.nn.Parameter(torch.randn(37, 101, dtype=dtype))
+    view = weight.detach()[3:9, ::2]  # a strided view keeps its meaning
+    small = torch.randn(3, dtype=dtype)
+    before = [weight.detach().clone(), view.clone(), small.clone()]
+    key = storage_key(weight.untyped_storage())
+    spill = Spill()
+    assert spill.add(weight.untyped_storage()) == weight.numel() * weight.element_size()
+    assert spill.add(small.untyped_storage()) == 3 * small.element_size()
+    assert spill.add(weight.untyped_storage()) == 0  # held already
+    assert weight.untyped_storage().nbytes() == 0 and key in spill and len(spill) == 2
+    spill.reload()
+    assert [torch.equal(a, b) for a, b in zip([weight.detach(), view, small], before)] == [True] * 3
+    assert storage_key(weight.untyped_storage()) == key and len(spill) == 0 and spill.file is None
+
+
+def test_what_cannot_be_set_aside_is_left_alone():
+    import numpy as np
+
+    spill = Spill()
+    shared = torch.from_numpy(np.arange(6, dtype=np.float32))  # numpy owns the memory: not resizable
+    assert spill.add(shared.untyped_storage()) == 0 and shared.tolist() == [0, 1, 2, 3, 4, 5]
+    assert spill.add(torch.empty(0).untyped_storage()) == 0
+    assert spill.add(torch.empty(4, device="meta").untyped_storage()) == 0
+    assert len(spill) == 0
+
+
+def test_a_failed_write_keeps_the_tensor_in_memory_with_a_note(monkeypatch):
+    spill = Spill()
+    kept = torch.arange(8.0)
+    assert spill.add(kept.untyped_storage()) == 32  # the file exists now
+    spill.reload()
+    spill.add(kept.untyped_storage())
+
+    class Full:
+        def __init__(self, file):
+            self.file = file
+
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.file, name)
+
+    spill.file = Full(spill.file)
+    other = torch.arange(5.0)
+    with pytest.warns(HeadwiseNote, match="No space left on device"):
+        assert spill.add(other.untyped_storage()) == 0
+    assert other.tolist() == [0, 1, 2, 3, 4] and len(spill) == 1
+    spill.file = spill.file.file
+    spill.reload()
+    assert kept.tolist() == list(map(float, range(8)))
+
+
+def test_a_short_file_is_refused_loudly():
+    spill = Spill()
+    t = torch.arange(10.0)
+    spill.add(t.untyped_storage())
+    spill.file.truncate(8)
+    with pytest.raises(HeadwiseError, match="ended early"):
+        spill.reload()
