@@ -615,6 +615,26 @@ def test_a_replaced_original_waits_on_disk_once_nothing_else_holds_it():
     assert attn.q_proj.weight is q and torch.equal(q, q_before) and torch.equal(k, k_before)
 
 
+def test_a_projection_tied_outside_the_attention_modules_stays_in_memory():
+    """A weight another module of the model registers too is the model's: replaced in the attention module, it
+    stays where the other module reads it, and the edited model's tied tensor stays during the latency base."""
+    from headwise.planning.edits import edited
+    from plan_edits import edit
+
+    model = tiny_llama_lm()
+    o = model.model.layers[0].self_attn.o_proj.weight
+    model.tied = torch.nn.Linear(32, 32, bias=False)
+    model.tied.weight = o
+    with edited(model, edit(prune={"dec-self.0": [0, 1]})) as state:
+        assert model.model.layers[0].self_attn.o_proj.weight.shape == (32, 16)
+        assert o.untyped_storage().nbytes() > 0 and len(state.spill) == 3  # q, k and v went to disk
+        model.tied.weight = model.model.layers[0].self_attn.q_proj.weight  # now an edited tensor is tied out there
+        with state.original():
+            assert model.tied.weight.untyped_storage().nbytes() > 0
+        model.tied.weight = o
+    assert model.model.layers[0].self_attn.o_proj.weight is o and model.tied.weight is o
+
+
 def test_a_method_that_writes_the_models_tensors_in_place_is_stopped_before_it_does(tokenizer, text_file):
     """A plan measures on stand-ins sharing the model's tensors: a method writing into one is refused before the
     write (naming the tensor and the op), so the model stays bit-identical; the plan skips it with that reason."""

@@ -10,7 +10,8 @@ sets) keeps the peak to what is alive, at the price of fresh (zeroed) pages for 
 of a Llama-3.2-1B shape at 512 tokens took 27% longer and ``analyze --task lm`` on SmolLM2 16% longer (separate runs), so it is
 opt-in: ``HEADWISE_MMAP_THRESHOLD=1048576`` for the command line, ``return_freed_memory(1 << 20)`` in Python.
 Smaller tensors stay on the heap, where freed chunks between live ones keep their pages; ``trim`` returns those
-pages where a step's tensors are gone (after a calibration pass; once a planned edit is built, and once undone).
+pages where a step's tensors are gone (after a calibration pass; between a KV merge's fits and its install; once
+a planned edit is built, around its latency base and once it is undone).
 """
 
 from __future__ import annotations

@@ -86,6 +86,14 @@ def _tensors(modules: Iterable[nn.Module]) -> dict[int, torch.Tensor]:
     return {id(t): t for m in modules for t in [*m.parameters(), *m.buffers()] if _storage(t)}
 
 
+def _held_outside(model: nn.Module, slots: Iterable[nn.Module]) -> set[int]:
+    """``id``s of the tensors that modules of ``model`` other than the ``slots`` (and theirs) register themselves:
+    a tensor tied into one of them is the model's whatever the slots hold."""
+    inside = {id(m) for slot in slots for m in slot.modules()}
+    return {id(t) for m in model.modules() if id(m) not in inside
+            for t in [*m._parameters.values(), *m._buffers.values()] if t is not None}
+
+
 def _spill_alone(tensors: Iterable[torch.Tensor], spill: Spill, keys: set[int], dying: int = 0) -> int:
     """Spill each storage of ``keys`` over which no tensor lies but some of ``tensors`` (its use count: any other
     tensor over it, a view, an op's reference or a parameter of the model, counts too) and ``dying`` tensors being
@@ -155,7 +163,8 @@ class AttentionSnapshot:
         self.originals = _tensors(module for _, _, module in self.slots)
         pairs = [(t, memo[id(t)]) for memo, (_, _, module) in zip(memos, self.slots)
                  for t in _tensors([module]).values()]
-        shared = {_storage(t) for t, stand_in in pairs if stand_in is t}  # the live model holds these very tensors
+        outside = _held_outside(self.model, [module for _, _, module in self.slots])
+        shared = {_storage(t) for t, stand_in in pairs if stand_in is t or id(t) in outside}  # the model's own
         self.borrowed = {_storage(t) for t, stand_in in pairs if stand_in is not t} - shared
         self.releasing = True  # False inside original() and after restore(): the originals are the model's then
         self.watched = [weakref.finalize(stand_in, self._release, _storage(t)) for t, stand_in in pairs
@@ -212,8 +221,9 @@ class AttentionSnapshot:
         originals that only the set-aside modules hold, so both never take memory at once."""
         releasing, self.releasing = self.releasing, False
         edited = Spill()
-        ours = [t for t in _tensors(getattr(parent, name) for parent, name, _ in self.slots).values()
-                if id(t) not in self.originals]
+        now = [getattr(parent, name) for parent, name, _ in self.slots]
+        outside = _held_outside(self.model, now)
+        ours = [t for t in _tensors(now).values() if id(t) not in self.originals and id(t) not in outside]
         _spill_alone(ours, edited, {_storage(t) for t in ours})
         modules, states = self._swap_in_originals()
         try:
