@@ -73,3 +73,26 @@ def test_a_short_file_is_refused_loudly():
     spill.file.truncate(8)
     with pytest.raises(HeadwiseError, match="ended early"):
         spill.reload()
+
+
+def test_an_interrupt_while_reading_back_waits_until_every_storage_is_back(monkeypatch):
+    import os
+    import signal
+
+    spill = Spill()
+    tensors = [torch.arange(float(n)) for n in (10, 20, 30)]
+    for t in tensors:
+        spill.add(t.untyped_storage())
+    frombuffer = torch.frombuffer
+    calls = []
+
+    def interrupted(*args, **kwargs):
+        if not calls:
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C after the first chunk
+        calls.append(1)
+        return frombuffer(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "frombuffer", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        spill.reload()
+    assert len(calls) == 3 and [t.tolist() for t in tensors] == [list(map(float, range(n))) for n in (10, 20, 30)]

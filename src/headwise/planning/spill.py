@@ -14,6 +14,7 @@ from typing import IO
 import torch
 
 from ..errors import HeadwiseError, HeadwiseNote
+from ..io.files import deferred_interrupt
 
 
 def storage_key(storage: torch.UntypedStorage) -> int:
@@ -69,20 +70,24 @@ class Spill:
         return size
 
     def reload(self) -> None:
-        """Read every held storage back into its own memory and close the file."""
+        """Read every held storage back into its own memory and close the file. An interrupt (Ctrl-C) waits until
+        every storage is back, then is raised."""
         if self.file is None:
             return
-        for key, (storage, offset, size) in list(self.held.items()):
-            storage.resize_(size)
-            flat = _flat(storage)
-            buffer = bytearray(min(CHUNK, size))
-            self.file.seek(offset)
-            for start in range(0, size, CHUNK):
-                n = min(CHUNK, size - start)
-                if self.file.readinto(memoryview(buffer)[:n]) != n:
-                    raise HeadwiseError("the plan's temporary file ended early while reading back a set-aside "
-                                        "attention weight; the model is incomplete: load it again")
-                flat[start:start + n].copy_(torch.frombuffer(buffer, dtype=torch.uint8, count=n))
-            del self.held[key]
-        self.file.close()
-        self.file = None
+        with deferred_interrupt() as interrupted:
+            for key, (storage, offset, size) in list(self.held.items()):
+                storage.resize_(size)
+                flat = _flat(storage)
+                buffer = bytearray(min(CHUNK, size))
+                self.file.seek(offset)
+                for start in range(0, size, CHUNK):
+                    n = min(CHUNK, size - start)
+                    if self.file.readinto(memoryview(buffer)[:n]) != n:
+                        raise HeadwiseError("the plan's temporary file ended early while reading back a set-aside "
+                                            "attention weight; the model is incomplete: load it again")
+                    flat[start:start + n].copy_(torch.frombuffer(buffer, dtype=torch.uint8, count=n))
+                del self.held[key]
+            self.file.close()
+            self.file = None
+        if interrupted[0]:
+            raise KeyboardInterrupt
