@@ -66,6 +66,19 @@ def test_a_failed_write_keeps_the_tensor_in_memory_with_a_note(monkeypatch):
     assert kept.tolist() == list(map(float, range(8)))
 
 
+def test_an_unwritable_temporary_folder_keeps_the_tensor_in_memory_with_a_note(monkeypatch):
+    import tempfile
+
+    def refused(**kwargs):
+        raise PermissionError(13, "Permission denied", "/tmp")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    kept = torch.arange(4.0)
+    with pytest.warns(HeadwiseNote, match="Permission denied"):
+        assert Spill().add(kept.untyped_storage()) == 0
+    assert kept.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
 def test_a_short_file_is_refused_loudly():
     spill = Spill()
     t = torch.arange(10.0)

@@ -52,17 +52,19 @@ class Spill:
         size = storage.nbytes()
         if key in self.held or size == 0 or storage.device.type != "cpu" or not storage.resizable():
             return 0
-        if self.file is None:
-            self.file = tempfile.TemporaryFile(prefix="headwise-spill-")
-        offset = self.file.seek(0, 2)
-        flat = _flat(storage)
+        offset = None
         try:
+            if self.file is None:
+                self.file = tempfile.TemporaryFile(prefix="headwise-spill-")
+            offset = self.file.seek(0, 2)
+            flat = _flat(storage)
             for start in range(0, size, CHUNK):
                 self.file.write(flat[start:start + CHUNK].clone().numpy().data)  # through a copy of the chunk
             self.file.flush()
         except OSError as err:
-            self.file.seek(offset)
-            warnings.warn(f"could not set {size} bytes of the model aside on disk ({err}); they stay in memory",
+            if offset is not None:
+                self.file.seek(offset)
+            warnings.warn(f"could not set the model's replaced tensors aside on disk ({err}); they stay in memory",
                           HeadwiseNote, stacklevel=2)
             return 0
         self.held[key] = (storage, offset, size)
