@@ -615,6 +615,23 @@ def test_a_replaced_original_waits_on_disk_once_nothing_else_holds_it():
     assert attn.q_proj.weight is q and torch.equal(q, q_before) and torch.equal(k, k_before)
 
 
+def test_a_torch_that_cannot_count_a_storages_users_keeps_the_originals_in_memory_and_says_so(monkeypatch):
+    from headwise.errors import HeadwiseNote
+    from headwise.planning import snapshot
+    from headwise.planning.edits import edited
+    from plan_edits import edit
+
+    monkeypatch.setattr(snapshot, "_use_count", None)
+    model = tiny_llama_lm()
+    q = model.model.layers[0].self_attn.q_proj.weight
+    with pytest.warns(HeadwiseNote, match="keeps the originals an edit replaced in memory"):
+        with edited(model, edit(prune={"dec-self.0": [0, 1]})) as state:
+            with state.original():
+                pass
+            assert q.untyped_storage().nbytes() > 0 and len(state.spill) == 0
+    assert model.model.layers[0].self_attn.q_proj.weight is q
+
+
 def test_a_projection_tied_outside_the_attention_modules_stays_in_memory():
     """A weight another module of the model registers too is the model's: replaced in the attention module, it
     stays where the other module reads it, and the edited model's tied tensor stays during the latency base."""

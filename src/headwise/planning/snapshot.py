@@ -13,6 +13,7 @@ are restored too."""
 from __future__ import annotations
 
 import copy
+import warnings
 import weakref
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator, Sequence
@@ -22,7 +23,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..allocator import trim
-from ..errors import HeadwiseError
+from ..errors import HeadwiseError, HeadwiseNote
 from ..sites import find_sites
 from .spill import Spill, storage_key
 
@@ -86,6 +87,9 @@ def _tensors(modules: Iterable[nn.Module]) -> dict[int, torch.Tensor]:
     return {id(t): t for m in modules for t in [*m.parameters(), *m.buffers()] if _storage(t)}
 
 
+_use_count = getattr(torch._C, "_storage_Use_Count", None)  # how many tensors (and storage objects) hold a storage
+
+
 def _held_outside(model: nn.Module, slots: Iterable[nn.Module]) -> set[int]:
     """``id``s of the tensors that modules of ``model`` other than the ``slots`` (and theirs) register themselves:
     a tensor tied into one of them is the model's whatever the slots hold."""
@@ -105,7 +109,7 @@ def _spill_alone(tensors: Iterable[torch.Tensor], spill: Spill, keys: set[int], 
     freed = 0
     for key, ts in over.items():
         storage = ts[0].untyped_storage()
-        if key not in spill and torch._C._storage_Use_Count(key) == len(ts) + dying + 1:  # + `storage`
+        if key not in spill and _use_count(key) == len(ts) + dying + 1:  # + `storage`
             freed += spill.add(storage)
     return freed
 
@@ -160,13 +164,16 @@ class AttentionSnapshot:
         ``original()`` or ``restore()`` reads it back. Checked when a stand-in parameter is dropped (a method
         replacing one site's projections frees their memory there and then) and by ``offload_unused``."""
         self.spill = Spill()
+        self.releasing = _use_count is not None  # False inside original() and after restore() too
+        if not self.releasing:
+            warnings.warn("this torch cannot count a storage's users (torch._C._storage_Use_Count): the plan keeps "
+                          "the originals an edit replaced in memory while it is measured", HeadwiseNote, stacklevel=3)
         self.originals = _tensors(module for _, _, module in self.slots)
         pairs = [(t, memo[id(t)]) for memo, (_, _, module) in zip(memos, self.slots)
                  for t in _tensors([module]).values()]
         outside = _held_outside(self.model, [module for _, _, module in self.slots])
         shared = {_storage(t) for t, stand_in in pairs if stand_in is t or id(t) in outside}  # the model's own
         self.borrowed = {_storage(t) for t, stand_in in pairs if stand_in is not t} - shared
-        self.releasing = True  # False inside original() and after restore(): the originals are the model's then
         self.watched = [weakref.finalize(stand_in, self._release, _storage(t)) for t, stand_in in pairs
                         if _storage(t) in self.borrowed]
         for watch in self.watched:
@@ -221,10 +228,11 @@ class AttentionSnapshot:
         originals that only the set-aside modules hold, so both never take memory at once."""
         releasing, self.releasing = self.releasing, False
         edited = Spill()
-        now = [getattr(parent, name) for parent, name, _ in self.slots]
-        outside = _held_outside(self.model, now)
-        ours = [t for t in _tensors(now).values() if id(t) not in self.originals and id(t) not in outside]
-        _spill_alone(ours, edited, {_storage(t) for t in ours})
+        if releasing:
+            now = [getattr(parent, name) for parent, name, _ in self.slots]
+            outside = _held_outside(self.model, now)
+            ours = [t for t in _tensors(now).values() if id(t) not in self.originals and id(t) not in outside]
+            _spill_alone(ours, edited, {_storage(t) for t in ours})
         modules, states = self._swap_in_originals()
         try:
             yield self.model
