@@ -11,8 +11,9 @@ memory-mapped checkpoint and the pages of the libraries' code). Verbs (the Pytho
 - ``eval``: ``lm`` perplexity over ``2 × context`` tokens of WikiText-2 in windows of ``context``;
 - ``analyze``: statistics by blocks of query rows + gradient importance of the text's own next-token loss
   (``analyze --task lm``, one text of ``context`` tokens), the default ``recompute=None``: activations kept for the
-  backward when they fit the margin (0.2x the weights), else recomputed as ``recompute_plan`` fits them (blocks,
-  segments of blocks, MLP chunks); rows at 512, 2k and 8k tokens (SmolLM2's context is 8,192);
+  backward when they fit the margin (0.2x the weights), else recomputed as ``recompute_plan`` fits them (blocks;
+  decoder layers one at a time, their inputs on disk; segments of blocks, MLP chunks); rows at 512, 2k and 8k
+  tokens (SmolLM2's context is 8,192);
 - ``analyze-recompute``: the same with ``recompute=True`` (``--activations recompute``: always recomputed);
 - ``analyze-stats``: the statistics alone (``--importance none``: no gradient pass);
 - ``kv-policy``: ``kv_policy`` (retrieval ranking, budget 0.5 at ``context``);

@@ -58,16 +58,30 @@ def _assert_same(got: dict, ref: dict, atol: float, rtol: float = 1e-4) -> None:
         np.testing.assert_allclose(np.array(mine["maps"]), np.array(theirs["maps"]), atol=atol + 1.01e-5, rtol=0)
 
 
-@pytest.mark.parametrize("recompute", [False, True], ids=["kept", "recomputed"])
+@pytest.mark.parametrize("recompute", [False, True, "tight"], ids=["kept", "recomputed", "tight margin"])
 @pytest.mark.parametrize("family", ["llama", "bert"])
 def test_analyze_by_rows_equals_the_eager_maps(family, recompute, monkeypatch):
     """End to end, float32, gradient importance and example maps included: a tiny Llama (GQA, causal, BOS as the
-    special token) and a tiny BERT (padding, not causal), with chunks of 2 query rows."""
+    special token) and a tiny BERT (padding, not causal), with chunks of 2 query rows. ``tight margin``: a margin
+    of one byte, so the Llama runs layer by layer (its statistics from the chunked forward without gradients,
+    ``analysis.layerwise``) and the BERT in segments."""
+    from headwise.analysis import activations, layerwise
+
     tokenizer, texts = word_tokenizer(family), random_texts(7, seed=3)
-    options = dict(batch_size=3, thresholds=THRESHOLDS, importance=("gradient",), examples=2, recompute=recompute,
-                   progress=False)
+    options = dict(batch_size=3, thresholds=THRESHOLDS, importance=("gradient",), examples=2,
+                   recompute=recompute is not False, progress=False)
     monkeypatch.setattr(metrics, "block_rows", lambda *shape: 2)
+    if recompute == "tight":
+        monkeypatch.setattr(activations, "margin_bytes", lambda model: 1)
+        monkeypatch.setattr(activations, "backward_chunk_tokens", lambda *shape: 3)  # chunks of 3 queries
+    passes = []
+    monkeypatch.setattr(layerwise.LayerwiseBackward, "backward",
+                        lambda self, *a, original=layerwise.LayerwiseBackward.backward: passes.append(self.tokens)
+                        or original(self, *a))
     lazy = analyze(loud_model(family), tokenizer, texts, **options).to_dict()
+    assert bool(passes) == (recompute == "tight" and family == "llama") and set(passes) <= {3}
+    monkeypatch.undo()
+    monkeypatch.setattr(metrics, "block_rows", lambda *shape: 2)
     _eager_observers(monkeypatch)
     eager = analyze(loud_model(family), tokenizer, texts, **options).to_dict()
     assert lazy["sentences"] == eager["sentences"] == 7 and lazy["tokens"] == eager["tokens"]
@@ -106,11 +120,18 @@ class _BigMaps(TorchDispatchMode):
         return out
 
 
-def test_no_whole_map_in_the_statistics_forward_nor_the_recomputed_backward(monkeypatch):
+@pytest.mark.parametrize("plan", ["blocks", "layers"])
+def test_no_whole_map_in_the_statistics_forward_nor_the_recomputed_backward(plan, monkeypatch):
     """With the blocks recomputed, the statistics forward reads the maps by chunks of query rows (the attention
     itself runs SDPA) and the backward recomputes each block with SDPA (the observers are inactive then): no op
     creates a ``[B, H, T, T]`` tensor, so none can be saved for the backward. (The explicit softmax made them in
-    both: the maps of the whole layer in the forward, and for each recomputed block, kept for its backward.)"""
+    both: the maps of the whole layer in the forward, and for each recomputed block, kept for its backward.) The
+    same layer by layer (``analysis.layerwise``)."""
+    from headwise.analysis import activations
+
+    if plan == "layers":  # one layer at a time, by chunks of 5 queries
+        monkeypatch.setattr(activations, "margin_bytes", lambda model: 1)
+        monkeypatch.setattr(activations, "backward_chunk_tokens", lambda *shape: 5)
     tokenizer, model = word_tokenizer("llama"), loud_model("llama")
     texts = random_texts(4, seed=5, shortest=20, longest=30)  # T > 16 > head_dim, heads: no [B, H, T, d] counted
     monkeypatch.setattr(metrics, "block_rows", lambda *shape: 3)  # 3 query rows a block
@@ -128,6 +149,7 @@ def test_no_whole_map_in_the_statistics_forward_nor_the_recomputed_backward(monk
     with recorder:
         stats = analyze(model, tokenizer, texts, batch_size=4, importance=("gradient",), examples=0, recompute=True,
                         progress=False)
-    assert stats.seconds.keys() == {"observe", "gradient (blocks recomputed)"}
+    how = "blocks recomputed" if plan == "blocks" else "layer by layer"
+    assert stats.seconds.keys() == {"observe", f"gradient ({how})"}
     assert recorder.seen["backward"] == set()
     assert recorder.seen["forward"] == set()

@@ -415,6 +415,56 @@ def test_segments_and_mlp_chunks_give_the_same_gradient(family, monkeypatch):
     assert not any("forward" in module.__dict__ for module in model.modules())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("family", ["llama", "qwen2-sliding"])
+def test_the_layer_by_layer_backward_gives_the_same_gradient(family, dtype, monkeypatch):
+    """``Recompute(layer_tokens=t)`` (``analysis.layerwise``) with the lm task's loss on padded batches of texts of
+    6 to 20 tokens: every head's gradient equals the one with every activation kept, for chunks of 1, 3 and 7
+    queries (not dividing the lengths) and of 64 (one chunk); a Qwen2 whose layers alternate full and sliding-window
+    masks (each layer replayed with its own). Each layer's input goes to disk once per batch, and nothing stays
+    patched. bfloat16: the same to its rounding."""
+    from headwise.analysis import layerwise
+    from headwise.analysis.activations import Recompute
+    from headwise.analysis.importance import gradient_sums
+    from headwise.tasks import LanguageModeling
+
+    extra = dict(use_sliding_window=True, sliding_window=3, max_window_layers=2) if family != "llama" else {}
+    model = _layered_lm(family.split("-")[0], layers=4, **extra).to(dtype)
+    tokenizer, loss = word_tokenizer("llama"), LanguageModeling().loss
+    texts = random_texts(5, seed=2, shortest=6, longest=20)
+    kept, n = gradient_sums(model, tokenizer, texts, batch_size=2, loss_fn=loss, checkpoint_blocks=False)
+    puts = []
+    monkeypatch.setattr(layerwise.TensorFile, "put",
+                        lambda self, t, original=layerwise.TensorFile.put: puts.append(t.shape) or original(self, t))
+    tolerance = dict(rtol=1e-5, atol=1e-9) if dtype == torch.float32 else dict(rtol=0.05, atol=1e-3)
+    for tokens in (1, 3, 7, 64):
+        by_layer, m = gradient_sums(model, tokenizer, texts, batch_size=2, loss_fn=loss,
+                                    checkpoint_blocks=Recompute(layer_tokens=tokens))
+        assert n == m == 5 and kept.min() > 0
+        torch.testing.assert_close(by_layer, kept, **tolerance)
+    assert len(puts) == 4 * 3 * 4  # chunk sizes × batches × layers
+    assert not any("forward" in module.__dict__ for module in model.modules())
+
+
+def test_the_layer_by_layer_backward_refuses_a_loss_that_runs_the_model_twice():
+    """The layer-by-layer pass replays one forward per batch: a loss that runs the layers twice (two embeddings of a
+    pair) is refused in one line naming the way out, and the model is left unpatched."""
+    from headwise.analysis.activations import Recompute
+    from headwise.analysis.importance import gradient_sums
+    from headwise.tasks import LanguageModeling
+
+    model, tokenizer = _layered_lm("llama", layers=2), word_tokenizer("llama")
+    loss = LanguageModeling().loss
+
+    def twice(model, batch):
+        return loss(model, batch) + loss(model, batch)
+
+    with pytest.raises(HeadwiseError, match="more than once per batch.*recompute=False"):
+        gradient_sums(model, tokenizer, random_texts(2, seed=1), batch_size=2, loss_fn=twice,
+                      checkpoint_blocks=Recompute(layer_tokens=4))
+    assert not any("forward" in module.__dict__ for module in model.modules())
+
+
 def test_segments_refuse_blocks_with_different_masks():
     """Sliding-window and full layers get different masks: ``recompute_plan`` keeps segments of one block for such
     a model however small the margin, and segments forced on it are refused in one line (the segment would run
@@ -443,10 +493,13 @@ def test_segments_refuse_blocks_with_different_masks():
 def test_recompute_plan_fits_the_margin(monkeypatch):
     """The plan by the margin, on SmolLM2-135M's shape (30 blocks, hidden 576, MLP 1,536; built on ``meta``): a
     margin of 0.2x its 513 MiB keeps nothing at 512 tokens, recomputes each block with whole MLPs at 128 tokens,
-    and at 2,048 tokens recomputes segments of 6 blocks (11 hidden states held instead of 30) with MLP chunks
-    whose activations fit a quarter of the margin; a margin of 64 MiB (the floor) on a tiny model keeps them."""
+    and at 2,048 tokens goes layer by layer with chunks of queries whose activations fit ``metrics.block_bytes``;
+    a GPT-2 of the same size (learned positions: its layers do not run by chunks of queries) recomputes segments of
+    6 blocks (11 hidden states held instead of 30) with MLP chunks whose activations fit a quarter of the margin; a
+    margin of 64 MiB (the floor) on a tiny model keeps them."""
     import transformers as tf
 
+    from headwise.analysis import metrics
     from headwise.analysis.activations import MARGIN, Recompute, keep_activations, margin_bytes, recompute_plan
 
     config = tf.LlamaConfig(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
@@ -459,8 +512,16 @@ def test_recompute_plan_fits_the_margin(monkeypatch):
     assert margin_bytes(model) == int(MARGIN * weights)
     assert not keep_activations(model, rows, 512)
     assert recompute_plan(model, rows, 1, 128) == Recompute(1, None)
-    plan = recompute_plan(model, rows, 1, 2048)
-    assert plan.segment == 6 and 128 <= plan.mlp_tokens < 2048
-    assert 6 * plan.mlp_tokens * 1536 * 4 <= margin_bytes(model) // 4
+    plan = recompute_plan(model, rows, 1, 2048)  # 30 hidden states and a block do not fit: layer by layer
+    assert plan.segment == 1 and plan.mlp_tokens is None and 128 <= plan.layer_tokens < 2048
+    per_token = 2 * 4 * (3 * 576 + 3 * 1536 + 4 * 576 + 9) + 2048 * 5  # a chunk's activations, gradients, mask
+    assert plan.layer_tokens * per_token <= metrics.block_bytes(torch.device("cpu"))
+    assert 128 <= recompute_plan(model, rows, 1, 8192).layer_tokens < plan.layer_tokens  # a longer mask per query
+    gpt2 = tf.GPT2Config(n_embd=576, n_layer=30, n_head=9, n_inner=1536, vocab_size=49152, n_positions=2048)
+    with torch.device("meta"):
+        learned = tf.AutoModelForCausalLM.from_config(gpt2, attn_implementation="headwise")
+    plan = recompute_plan(learned, rows_of(learned), 1, 2048)  # learned positions: no chunks of queries, segments
+    assert plan.segment == 6 and 128 <= plan.mlp_tokens < 2048 and plan.layer_tokens is None
+    assert 6 * plan.mlp_tokens * 1536 * 4 <= margin_bytes(learned) // 4
     tiny = _layered_lm("llama")
     assert keep_activations(tiny, rows_of(tiny), 4 * 64)

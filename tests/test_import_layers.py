@@ -27,8 +27,8 @@ def layers(src: Path = SRC) -> list[tuple[str, tuple[str, ...]]]:
     package __init__."""
     return [
         ("core", ("headwise.errors", "headwise.keywords", "headwise.version", "headwise.compat", "headwise.batching",
-                  "headwise.allocator", "headwise.io.files", "headwise.io.manifest", "headwise.progress",
-                  "headwise.lazy", "headwise.flags", "headwise.declaration", "headwise.sweep")),
+                  "headwise.allocator", "headwise.io.files", "headwise.io.manifest", "headwise.io.spill",
+                  "headwise.progress", "headwise.lazy", "headwise.flags", "headwise.declaration", "headwise.sweep")),
         ("sites", ("headwise.sites",)),
         ("runtime", ("headwise.runtime",)),
         # one-call save/reload and model loading rebuild the runtime's ops on a fresh model

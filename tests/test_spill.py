@@ -1,12 +1,12 @@
-"""Storages set aside on disk (``headwise.planning.spill``): the bytes come back exactly into the same storages,
-and whatever cannot be set aside is left alone."""
+"""Tensors set aside on disk (``headwise.io.spill``): ``Spill``'s bytes come back exactly into the same storages,
+and whatever cannot be set aside is left alone; ``TensorFile``'s copies come back equal, or a failure says so."""
 
 import pytest
 import torch
 
 from headwise.errors import HeadwiseError, HeadwiseNote
-from headwise.planning import spill as spill_module
-from headwise.planning.spill import Spill, storage_key
+from headwise.io import spill as spill_module
+from headwise.io.spill import Spill, TensorFile, storage_key
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -109,3 +109,38 @@ def test_an_interrupt_while_reading_back_waits_until_every_storage_is_back(monke
     with pytest.raises(KeyboardInterrupt):
         spill.reload()
     assert len(calls) == 3 and [t.tolist() for t in tensors] == [list(map(float, range(n))) for n in (10, 20, 30)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_tensor_file_gives_back_equal_copies_in_any_order(dtype, monkeypatch):
+    monkeypatch.setattr(spill_module, "CHUNK", 100)  # several chunks a tensor
+    torch.manual_seed(0)
+    tensors = [torch.randn(2, 37, 5, dtype=dtype), torch.randn(7, 9, dtype=dtype).t(), torch.empty(0, 3, dtype=dtype)]
+    store = TensorFile("test tensors")
+    slots = [store.put(t) for t in tensors]
+    before = tensors[0].clone()
+    tensors[0].zero_()  # the file holds a copy: later writes to the tensor do not reach it
+    back = [store.get(i) for i in reversed(slots)][::-1]
+    assert [b.shape for b in back] == [t.shape for t in tensors] and all(b.dtype == dtype for b in back)
+    assert torch.equal(back[0], before) and torch.equal(back[1], tensors[1]) and back[2].numel() == 0
+    for start, stop in ((0, 37), (5, 12), (36, 40), (9, 9)):  # rows along dimension 1, one read per batch row
+        assert torch.equal(store.get(slots[0], start, stop), before[:, start:stop])
+    store.close()
+    assert store.file is None
+
+
+def test_a_tensor_file_that_cannot_be_written_or_ends_early_says_so(monkeypatch):
+    import tempfile
+
+    store = TensorFile("the layers' hidden states")
+    store.put(torch.arange(10.0))
+    store.file.truncate(8)
+    with pytest.raises(HeadwiseError, match="hidden states ended early"):
+        store.get(0)
+
+    def refused(**kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tempfile, "TemporaryFile", refused)
+    with pytest.raises(HeadwiseError, match="No space left on device.*TMPDIR"):
+        TensorFile("the layers' hidden states").put(torch.arange(3.0))

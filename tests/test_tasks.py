@@ -182,6 +182,26 @@ def test_chunked_lm_loss_and_gradient_equal_the_full_logits_ones(causal, tokeniz
         assert torch.allclose(got_grads[name], grad, rtol=tol, atol=tol * grad.abs().max()), name
 
 
+def test_the_frozen_heads_loss_gradient_is_taken_once_and_a_second_time_is_refused(causal, tokenizer, text_file):
+    """The fused frozen-head loss scales its one ``[N, D]`` buffer in place in the backward: the gradient equals
+    the full logits' (above), and a second backward of the same forward (``retain_graph``) is refused in one line
+    instead of scaling the buffer twice."""
+    from headwise.errors import HeadwiseError
+    from headwise.tasks.lm import head_nll
+
+    import copy
+
+    head = copy.deepcopy(causal[0].get_output_embeddings()).requires_grad_(False)
+    hidden = torch.randn(2, 5, head.in_features, requires_grad=True)
+    target = torch.randint(0, head.out_features, (2, 5))
+    loss = head_nll(head, hidden, target, head.out_features).sum()
+    (first,) = torch.autograd.grad(loss, hidden, retain_graph=True)
+    want = (torch.softmax(head(hidden).float(), -1) - F.one_hot(target, head.out_features)) @ head.weight
+    torch.testing.assert_close(first, want.detach(), rtol=1e-5, atol=1e-6)
+    with pytest.raises(HeadwiseError, match="taken twice"):
+        torch.autograd.grad(loss, hidden)
+
+
 def test_lm_loss_of_a_model_that_post_processes_its_logits(causal, tokenizer, text_file):
     model, _ = causal
     task = LanguageModeling(data=str(text_file), max_length=16)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .layerwise import layerwise_fits
 from .metrics import block_bytes
 from .rows import Row
 
@@ -36,10 +37,12 @@ MIN_CHUNK_TOKENS = 128  # the shortest chunk of positions (an MLP's, a layer's q
 @dataclass(frozen=True)
 class Recompute:
     """How the backward recomputes: ``segment`` blocks per outer checkpoint (1: each block alone) and
-    ``mlp_tokens`` positions per MLP chunk (None: the MLP over every position at once)."""
+    ``mlp_tokens`` positions per MLP chunk (None: the MLP over every position at once); or, with
+    ``layer_tokens``, one decoder layer at a time by chunks of that many queries (``layerwise``)."""
 
     segment: int = 1
     mlp_tokens: int | None = None
+    layer_tokens: int | None = None
 
 
 def activation_bytes(model: nn.Module, rows: list[Row], tokens: int) -> int:
@@ -99,12 +102,23 @@ def forward_chunk_tokens(model: nn.Module, batch: int, length: int) -> int | Non
     return max(MIN_CHUNK_TOKENS, budget // per_token)
 
 
+def backward_chunk_tokens(model: nn.Module, rows: list[Row], batch: int, length: int) -> int:
+    """Query positions per chunk of the layer-by-layer backward (``layerwise``): one chunk's activations and their
+    gradients (twice ``activation_bytes`` of one layer per token) and its mask over the ``length`` keys (a boolean
+    and a float copy) within ``metrics.block_bytes``; at least ``MIN_CHUNK_TOKENS``, at most ``length``."""
+    element = next(model.parameters()).element_size()
+    per_token = batch * (2 * activation_bytes(model, rows[:1], 1) + length * (1 + element))
+    return min(length, max(MIN_CHUNK_TOKENS, block_bytes(next(model.parameters()).device) // per_token))
+
+
 def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -> Recompute:
     """The least recomputation whose estimate fits ``margin_bytes`` for batches of ``batch × length`` tokens (or
     the one that holds least). Estimates, in elements of the weights' dtype per token: each held hidden state
     ``D``; one block recomputed with its backward ``8·D + 4·Hkv·d`` plus ``6·I`` per token of an MLP chunk (the
-    MLP's three activations and their gradients). Segments need blocks that all get the same masks (one kind of
-    layer in ``config.layer_types``)."""
+    MLP's three activations and their gradients). When every block's input and one block do not fit, a stack of
+    causal decoder layers goes one layer at a time (``layerwise``: five hidden states and one chunk held, the
+    layers' inputs on disk; one forward more, like recomputing each block); other models go in segments, which
+    need blocks that all get the same masks (one kind of layer in ``config.layer_types``)."""
     margin, site, config = margin_bytes(model), rows[0].site, getattr(model, "config", None)
     element, tokens = next(model.parameters()).element_size(), batch * length
     inner = getattr(config, "intermediate_size", None) or 4 * site.hidden_size
@@ -114,6 +128,8 @@ def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -
     block = element * (tokens * (8 * site.hidden_size + 4 * site.num_kv_heads * site.head_dim)
                        + 6 * batch * min(length, mlp_tokens or length) * inner)
     held = len(rows) * tokens * site.hidden_size * element  # every block's input
+    if held + block > margin and layerwise_fits(model, rows):
+        return Recompute(layer_tokens=backward_chunk_tokens(model, rows, batch, length))
     one_kind = len(set(getattr(config, "layer_types", None) or ())) <= 1
     segment = math.ceil(math.sqrt(len(rows))) if one_kind and held + block > margin else 1
     return Recompute(segment, mlp_tokens)

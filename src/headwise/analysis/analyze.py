@@ -14,7 +14,7 @@ from ..contract import with_keywords
 from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
-from .activations import forward_chunk_tokens, keep_activations
+from .activations import Recompute, forward_chunk_tokens, keep_activations, recompute_plan
 from .attach import observed_call, per_site
 from .config import AnalysisConfig
 from .importance import LossFn, Pairs, ablation_sums, gradient_sums
@@ -87,6 +87,13 @@ def record_examples(model: nn.Module, tokenizer: Any, texts: Sequence[str], rows
     return examples
 
 
+def _gradient_label(plan: Recompute | bool) -> str:
+    """The ``seconds`` entry of the backwards: how the gradient pass held its activations."""
+    if not plan:
+        return "gradient"
+    return "gradient (layer by layer)" if plan.layer_tokens is not None else "gradient (blocks recomputed)"
+
+
 def analyze(
     model: nn.Module,
     tokenizer: Any,
@@ -111,7 +118,9 @@ def analyze(
     projection, or ``loss_fn(model, {"input_ids", "attention_mask"})`` such as a language model's next-token loss
     of the text), statistics and gradient come from one pass: each batch's forward feeds the observers and its
     backward gives the gradient (``seconds``: ``observe`` is then the forwards, ``gradient`` the backwards, named
-    ``gradient (blocks recomputed)`` when the blocks' activations were recomputed rather than kept, ``recompute``).
+    ``gradient (blocks recomputed)`` when the blocks' activations were recomputed rather than kept, ``recompute``, and
+    ``gradient (layer by layer)`` when ``activations.recompute_plan`` took the decoder layers one at a time,
+    ``layerwise``: the statistics then come from its forward without gradients, by chunks of queries).
     The model is put in eval mode and gets the ``headwise`` attention implementation for the call; all observers
     and gates are detached afterwards, also on error.
     """
@@ -139,15 +148,17 @@ def analyze(
         start = time.perf_counter()
         if together:
             parts: dict[str, float] = {}
+            batch = min(cfg.batch_size, len(mine))
             recompute = cfg.recompute if cfg.recompute is not None else not keep_activations(
-                model, rows, min(cfg.batch_size, len(mine)) * max_length)
+                model, rows, batch * max_length)
+            plan = recompute_plan(model, rows, batch, max_length) if recompute else False
             with observing(model, rows, stats, len(mine), progress) as (seen, done):
                 stats.add_importance_("gradient", *gradient_sums(
                     model, tokenizer, mine, index=shard, loss_fn=loss_fn, batch_size=cfg.batch_size,
                     max_length=max_length, abs_scope=cfg.abs_scope, seed=cfg.seed, progress=False, on_batch=seen,
-                    after_forward=done, seconds=parts, checkpoint_blocks=recompute))
+                    after_forward=done, seconds=parts, checkpoint_blocks=plan))
             stats.seconds["observe"] = parts["forward"]
-            stats.seconds["gradient (blocks recomputed)" if recompute else "gradient"] = parts["backward"]
+            stats.seconds[_gradient_label(plan)] = parts["backward"]
         else:
             observe(model, tokenizer, mine, rows, stats, cfg.batch_size, max_length, progress)
             stats.seconds["observe"] = time.perf_counter() - start

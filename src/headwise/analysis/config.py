@@ -31,9 +31,10 @@ class AnalysisConfig:
     - ``ablation_texts``: ablation uses only the first N texts (None: all); it costs one pass per head, so on
       a CPU the default keeps it to about a minute for MiniLM.
     - ``recompute``: when statistics and gradient come from one pass, recompute the blocks' activations in the
-      backward as ``activations.recompute_plan`` fits them in the memory margin (each block, or segments of blocks
-      and MLP chunks at long context: one or two more forwards) instead of keeping them (None: keep them when their
-      estimate fits the margin, 0.2x the weights' bytes, ``activations.keep_activations``).
+      backward as ``activations.recompute_plan`` fits them in the memory margin (each block; at long context one
+      decoder layer at a time by chunks of queries, its inputs on disk, or segments of blocks and MLP chunks: one or
+      two more forwards) instead of keeping them (None: keep them when their estimate fits the margin, 0.2x the
+      weights' bytes, ``activations.keep_activations``).
     - ``seed``: seed of the random projections used by the default gradient objective.
     - ``model_name`` / ``data_name``: free text recorded in the statistics.
     """

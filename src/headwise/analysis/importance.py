@@ -56,6 +56,7 @@ from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from .activations import Recompute, recompute_plan
 from .layer_stack import block_stack, chunked_mlps, replaced_forwards
+from .layerwise import layerwise
 from .rows import Row, rows_of
 
 LossFn = Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor]
@@ -274,8 +275,11 @@ def gradient_sums(
         largest = max(shapes, key=lambda shape: shape.numel()) if shapes else None
         batch, length = (batch_size, max_length) if largest is None else (largest[0], largest[1:].numel())
         checkpoint_blocks = recompute_plan(model, rows, batch, length)
+    by_layer = isinstance(checkpoint_blocks, Recompute) and checkpoint_blocks.layer_tokens is not None
     with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
-            checkpointed(model, rows, checkpoint_blocks) if checkpoint_blocks else _nothing(), torch.enable_grad():
+            (layerwise(model, rows, checkpoint_blocks.layer_tokens) if by_layer
+             else checkpointed(model, rows, checkpoint_blocks) if checkpoint_blocks else _nothing()) as layers, \
+            torch.enable_grad():
         sums = torch.zeros(len(rows), gates.heads, dtype=torch.float64)
         for size, losses in _loss_batches(model, tokenizer, texts, index, pairs, loss_fn, batch_size, max_length,
                                           seed, score_scale, inputs, on_batch):
@@ -286,7 +290,11 @@ def gradient_sums(
             if after_forward is not None:
                 after_forward()
             middle = time.perf_counter()
-            (grad,) = torch.autograd.grad(total_loss, leaf, allow_unused=True)
+            if by_layer:
+                held, total_loss = [total_loss], None
+                grad = layers.backward(held, leaf)
+            else:
+                (grad,) = torch.autograd.grad(total_loss, leaf, allow_unused=True)
             if seconds is not None:
                 seconds["forward"] = seconds.get("forward", 0.0) + middle - start
                 seconds["backward"] = seconds.get("backward", 0.0) + time.perf_counter() - middle

@@ -126,10 +126,30 @@ def _chunk_mask(mask: Any, length: int, c0: int, c1: int, device: torch.device) 
     return mask[..., c0:c1, :c1] if mask.shape[-2] == length else None
 
 
-def _chunked_layer(block: nn.Module, tokens: int) -> Callable:
-    """``block``'s forward without gradients over chunks of ``tokens`` query positions (``chunked_layers``); with
-    gradients, a cache, arguments it cannot cut or ``T ≤ tokens``, its own forward."""
-    forward = block.forward
+def chunk_cuts(T: int, device: torch.device, kwargs: dict[str, Any]) -> dict[str, Callable[[int, int], Any]] | None:
+    """How to cut a decoder layer's keyword arguments (all but the hidden states ``[B, T, D]`` on ``device``) to
+    query rows ``c0:c1`` against keys ``:c1``: ``{name: cut(c0, c1)}`` for the mask (the causal one when there is
+    none), the rotary ``position_embeddings``, ``position_ids`` and ``cache_position``; the others pass as they are.
+    None when an argument cannot be cut (a mask of another form, another tensor along the positions)."""
+    cut: dict[str, Callable[[int, int], Any]] = {
+        "attention_mask": lambda c0, c1: _chunk_mask(None, T, c0, c1, device)}
+    for name, value in kwargs.items():
+        if name == "attention_mask" and value is not None:
+            if _chunk_mask(value, T, 0, 1, device) is None:
+                return None
+            cut[name] = lambda c0, c1, mask=value: _chunk_mask(mask, T, c0, c1, device)
+        elif name == "position_embeddings" and isinstance(value, tuple):
+            cut[name] = lambda c0, c1, pair=value: tuple(t[..., c0:c1, :] for t in pair)
+        elif name in ("position_ids", "cache_position") and isinstance(value, torch.Tensor):
+            cut[name] = lambda c0, c1, ids=value: ids[..., c0:c1]
+        elif isinstance(value, torch.Tensor) and T in value.shape:  # something else along the positions
+            return None
+    return cut
+
+
+def chunked_forward(forward: Callable, tokens: int) -> Callable:
+    """A decoder layer's ``forward`` without gradients over chunks of ``tokens`` query positions
+    (``chunked_layers``); with gradients, a cache, arguments it cannot cut or ``T ≤ tokens``, ``forward`` itself."""
 
     def run(*args: Any, **kwargs: Any) -> Any:
         hidden = args[0] if args else kwargs.get("hidden_states")
@@ -138,19 +158,9 @@ def _chunked_layer(block: nn.Module, tokens: int) -> Callable:
             return forward(*args, **kwargs)
         T = hidden.shape[1]
         rest = {k: v for k, v in kwargs.items() if k != "hidden_states"}
-        cut: dict[str, Callable[[int, int], Any]] = {
-            "attention_mask": lambda c0, c1: _chunk_mask(None, T, c0, c1, hidden.device)}
-        for name, value in rest.items():
-            if name == "attention_mask" and value is not None:
-                if _chunk_mask(value, T, 0, 1, hidden.device) is None:
-                    return forward(*args, **kwargs)
-                cut[name] = lambda c0, c1, mask=value: _chunk_mask(mask, T, c0, c1, hidden.device)
-            elif name == "position_embeddings" and isinstance(value, tuple):
-                cut[name] = lambda c0, c1, pair=value: tuple(t[..., c0:c1, :] for t in pair)
-            elif name in ("position_ids", "cache_position") and isinstance(value, torch.Tensor):
-                cut[name] = lambda c0, c1, ids=value: ids[..., c0:c1]
-            elif isinstance(value, torch.Tensor) and T in value.shape:  # something else along the positions
-                return forward(*args, **kwargs)
+        cut = chunk_cuts(T, hidden.device, rest)
+        if cut is None:
+            return forward(*args, **kwargs)
         keys = LayerKeys(T)
         for c0 in range(0, T, tokens):
             c1 = min(T, c0 + tokens)
@@ -160,7 +170,7 @@ def _chunked_layer(block: nn.Module, tokens: int) -> Callable:
     return run
 
 
-def _layer_chunks_fit(stack: nn.ModuleList, rows: list[Row], blocks: list[int]) -> bool:
+def layer_chunks_fit(stack: nn.ModuleList, rows: list[Row], blocks: list[int]) -> bool:
     """Whether every block of ``stack`` holds one row's site, a causal self-attention that takes rotary
     ``position_embeddings``, and its forward takes a cache (Llama, Mistral, Qwen, Gemma, Phi-3...): the block is
     position-wise but for that attention, so it can run by chunks of queries."""
@@ -180,10 +190,10 @@ def chunked_layers(model: nn.Module, rows: list[Row], tokens: int | None) -> Ite
     Models whose layers are not such decoder layers get their MLPs chunked instead (``chunked_mlps``);
     ``tokens=None``: unchanged."""
     found = block_stack(model, rows) if tokens else None
-    if found is None or not _layer_chunks_fit(found[0], rows, found[1]):
+    if found is None or not layer_chunks_fit(found[0], rows, found[1]):
         with chunked_mlps(model, rows, tokens):
             yield
         return
     stack = found[0]
-    with replaced_forwards(stack, [_chunked_layer(block, tokens) for block in stack]):
+    with replaced_forwards(stack, [chunked_forward(block.forward, tokens) for block in stack]):
         yield

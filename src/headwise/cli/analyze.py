@@ -41,8 +41,9 @@ def register(verbs, parents) -> None:
                    help="texts used by ablation importance, one pass per head (default: 256)")
     p.add_argument("--activations", choices=ACTIVATIONS, default="auto",
                    help="gradient in the statistics pass: keep every block's activations for the backward, or "
-                        "recompute them within a memory margin of 0.2x the weights (blocks, or segments of blocks "
-                        "and MLP chunks at long context; one or two more forwards); auto keeps them when they fit "
+                        "recompute them within a memory margin of 0.2x the weights (blocks; at long context decoder "
+                        "layers one at a time with their inputs on disk, or segments of blocks; one or two more "
+                        "forwards); auto keeps them when they fit "
                         "that margin (default: auto)")
     p.add_argument("--examples", type=int, default=3, help="sentences whose attention maps are kept (default: 3)")
     p.add_argument("--example-tokens", type=int, default=64,

@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ..allocator import trim
 from ..errors import HeadwiseError, HeadwiseNote
 from ..sites import find_sites
-from .spill import Spill, storage_key
+from ..io.spill import Spill, storage_key
 
 
 def _configs(config: Any) -> list[Any]:

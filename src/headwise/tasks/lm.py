@@ -88,25 +88,34 @@ def logit_rows(vocab: int) -> int:
 
 
 class _FrozenHeadNLL(torch.autograd.Function):
-    """Next-token NLL ``[n]`` through a frozen ``nn.Linear`` head whose input needs a gradient: the forward also
-    computes ``∂nll_i/∂hidden_i = (softmax(logits_i) − onehot(target_i)) · W`` (``[n, D]``, the head's dtype) and
-    keeps only that, so the backward is one scaling (no logits kept, none recomputed: two head matmuls per chunk,
-    not three)."""
+    """Next-token NLL ``[N]`` through a frozen ``nn.Linear`` head whose input ``[N, D]`` needs a gradient, built
+    ``step`` rows at a time: the forward also computes ``∂nll_i/∂hidden_i = (softmax(logits_i) − onehot(target_i))
+    · W`` (``[N, D]``, the head's dtype) and keeps only that, so the backward scales it in place and returns it (no
+    logits kept, none recomputed: two head matmuls per chunk, not three; one ``[N, D]`` buffer in the forward and
+    the backward, not one per chunk and their sum). The backward can run once (a second one is refused)."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                target: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden, weight, bias).float()  # [n, V]
-        nll = F.cross_entropy(logits, target, reduction="none")
-        probs = logits.softmax(-1)
-        probs[torch.arange(len(target), device=target.device), target] -= 1.0
-        ctx.save_for_backward(probs.to(weight.dtype) @ weight)  # [n, D]
+                target: torch.Tensor, step: int) -> torch.Tensor:
+        nll = torch.empty(len(hidden), dtype=torch.float32, device=hidden.device)
+        unit = torch.empty(hidden.shape, dtype=weight.dtype, device=hidden.device)
+        for i in range(0, len(hidden), step):
+            logits = F.linear(hidden[i : i + step], weight, bias).float()  # [n, V]
+            rows = target[i : i + step]
+            nll[i : i + step] = F.cross_entropy(logits, rows, reduction="none")
+            probs = logits.softmax(-1)
+            probs[torch.arange(len(rows), device=rows.device), rows] -= 1.0
+            torch.matmul(probs.to(weight.dtype), weight, out=unit[i : i + step])
+        ctx.unit = unit
         return nll
 
     @staticmethod
-    def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        (unit,) = ctx.saved_tensors
-        return (grad_nll[:, None] * unit).to(unit.dtype), None, None, None
+    def backward(ctx, grad_nll: torch.Tensor) -> tuple[torch.Tensor, None, None, None, None]:
+        unit, ctx.unit = ctx.unit, None
+        if unit is None:
+            raise HeadwiseError("the language-model loss's gradient was taken twice from one forward (retain_graph): "
+                                "run the forward again for each backward")
+        return unit.mul_(grad_nll[:, None]), None, None, None, None
 
 
 ChunkLosses = Callable[[torch.Tensor, slice], torch.Tensor]  # (logits [n, V], their rows) -> losses [n, K]
@@ -186,7 +195,9 @@ def next_token_nll(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         nll = F.cross_entropy(logits.transpose(1, 2), target.clamp(min=0), reduction="none")
         return (nll * scored).sum(1), scored.sum(1)
     (hidden, vocab), head = found, model.get_output_embeddings()
-    nll = head_nll(head, hidden[:, :-1], target.clamp(min=0), vocab)
+    # every position through the head (the last predicts nothing: a target 0, weighed 0), so that the head reads
+    # the hidden states as they are: no [B, T − 1, D] slice to copy in the forward and to scatter into in the backward
+    nll = head_nll(head, hidden, F.pad(target.clamp(min=0), (0, 1)), vocab)[:, :-1]
     return (nll * scored).sum(1), scored.sum(1)
 
 
@@ -197,10 +208,7 @@ def head_nll(head: nn.Module, hidden: torch.Tensor, target: torch.Tensor, vocab:
     flat, goal = hidden.reshape(-1, hidden.shape[-1]), target.reshape(-1)  # [B·T, D], [B·T]
     frozen = type(head) is nn.Linear and not any(p.requires_grad for p in head.parameters())
     if torch.is_grad_enabled() and flat.requires_grad and frozen:
-        step = logit_rows(vocab)
-        parts = [_FrozenHeadNLL.apply(flat[i : i + step], head.weight, head.bias, goal[i : i + step])
-                 for i in range(0, len(flat), step)]
-        return torch.cat(parts).view_as(target)
+        return _FrozenHeadNLL.apply(flat, head.weight, head.bias, goal, logit_rows(vocab)).view_as(target)
     return head_losses(head, flat, lambda logits, rows: nll_of(logits, goal[rows])[:, None], vocab).view_as(target)
 
 
