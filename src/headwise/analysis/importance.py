@@ -7,7 +7,8 @@ added over processes before dividing.
 
 **Gradient importance** ``I_h = E|∂L/∂g_h|`` at ``g = 1`` (D.2), with every weight of the model frozen for the
 pass (``frozen``: the backward reaches the gates only; no weight gradient is computed or stored), and each block
-of the layer stack checkpointed (``checkpointed``: the backward keeps one block's activations at a time).
+of the layer stack checkpointed (``checkpointed``: the backward keeps one block's activations at a time) or, at
+long context, the decoder layers taken one at a time (``layerwise``), as ``activations.recompute_plan`` fits them.
 ``abs_scope="batch"`` takes the absolute value of each batch's summed gradient (bertology, with the gradient
 zeroed per batch), ``"example"`` of each example's gradient (the paper); the score is the sum of those absolute
 values divided by the number of examples (both scopes agree at batch size 1), then each row is divided by its L2

@@ -15,9 +15,8 @@ back and the gradient of its output ``dY`` carried to its input:
 
 At once this holds the gradient ``[B, T, D]`` (the input's written over the output's), the keys and values and
 their gradients, and one chunk's rows and activations, at any depth: the layers' inputs wait on disk and are read
-back a chunk of rows at a time. One forward more than
-keeping every activation, as with every block recomputed (``importance.checkpointed``), and the same sums in
-another order.
+back a chunk of rows at a time. One forward more than keeping every activation, as with every block recomputed
+(``importance.checkpointed``), and the same sums in another order.
 """
 
 from __future__ import annotations
@@ -60,8 +59,8 @@ class _Capture:
 
 
 class _Given:
-    """A cache that answers a chunk ending at ``end`` with the layer's keys and values up to it (the chunk's own,
-    computed again, are equal and unused)."""
+    """A cache that answers a chunk of queries with the layer's keys and values up to the chunk's end, held as
+    leaves (the chunk's own, computed again, are equal and unused)."""
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor) -> None:
         self.keys, self.values = keys, values
@@ -136,14 +135,14 @@ class LayerwiseBackward:
         def cut(c0: int, c1: int) -> dict[str, Any]:
             return {**rest, **{k: f(c0, c1) for k, f in cuts.items()}}
 
-        def rows(c0: int, c1: int) -> torch.Tensor:
+        def read_rows(c0: int, c1: int) -> torch.Tensor:
             return self.inputs.get(slot, c0, c1).requires_grad_(torch.is_grad_enabled())
 
         chunks = self._chunks(T)
         keys = values = None
         with torch.no_grad():
             for c0, c1 in chunks:
-                key, value = self._keys_values(index, rows(c0, c1), cut, c0, c1)
+                key, value = self._keys_values(index, read_rows(c0, c1), cut, c0, c1)
                 if keys is None or values is None:
                     keys = key.new_empty(*key.shape[:-2], T, key.shape[-1])
                     values = value.new_empty(*value.shape[:-2], T, value.shape[-1])
@@ -155,7 +154,7 @@ class LayerwiseBackward:
             seen_keys = keys[..., :c1, :].detach().requires_grad_()
             seen_values = values[..., :c1, :].detach().requires_grad_()
             with torch.enable_grad():
-                chunk = rows(c0, c1)
+                chunk = read_rows(c0, c1)
                 out = self.forwards[index](chunk, **{**cut(c0, c1), CACHE: _Given(seen_keys, seen_values)})
                 out = out[0] if isinstance(out, tuple) else out
                 g_rows, g_keys, g_values, g_gates = torch.autograd.grad(
@@ -171,7 +170,7 @@ class LayerwiseBackward:
         del keys, values
         for c0, c1 in chunks:
             with torch.enable_grad():
-                chunk = rows(c0, c1)
+                chunk = read_rows(c0, c1)
                 key, value = self._keys_values(index, chunk, cut, c0, c1)
                 (g_rows,) = torch.autograd.grad((key, value), chunk, (grad_keys[..., c0:c1, :],
                                                                       grad_values[..., c0:c1, :]))
@@ -204,7 +203,7 @@ def layerwise(model: nn.Module, rows: list[Row], tokens: int) -> Iterator[Layerw
     found = block_stack(model, rows)
     if found is None or not layer_chunks_fit(found[0], rows, found[1]):
         raise HeadwiseError(f"{type(model).__name__}'s layers are not one stack of causal decoder layers: the "
-                            "layer-by-layer gradient pass cannot run it; use recompute=True or False")
+                            "layer-by-layer gradient pass cannot run it; recompute it by blocks (Recompute(segment=...))")
     stack = found[0]
     pass_ = LayerwiseBackward(stack, tokens)
     config = getattr(model, "config", None)
