@@ -517,6 +517,8 @@ def test_recompute_plan_fits_the_margin(monkeypatch):
     per_token = 2 * 4 * (3 * 576 + 3 * 1536 + 4 * 576 + 9) + 2048 * 5  # a chunk's activations, gradients, mask
     assert plan.layer_tokens * per_token <= metrics.block_bytes(torch.device("cpu"))
     assert 128 <= recompute_plan(model, rows, 1, 8192).layer_tokens < plan.layer_tokens  # a longer mask per query
+    pairs = recompute_plan(model, rows, 1, 2048, one_forward=False)  # two forwards a batch (pairs): segments
+    assert pairs.segment == 6 and pairs.layer_tokens is None
     gpt2 = tf.GPT2Config(n_embd=576, n_layer=30, n_head=9, n_inner=1536, vocab_size=49152, n_positions=2048)
     with torch.device("meta"):
         learned = tf.AutoModelForCausalLM.from_config(gpt2, attn_implementation="headwise")

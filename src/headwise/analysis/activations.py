@@ -111,14 +111,16 @@ def backward_chunk_tokens(model: nn.Module, rows: list[Row], batch: int, length:
     return min(length, max(MIN_CHUNK_TOKENS, block_bytes(next(model.parameters()).device) // per_token))
 
 
-def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -> Recompute:
+def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int, one_forward: bool = True
+                   ) -> Recompute:
     """The least recomputation whose estimate fits ``margin_bytes`` for batches of ``batch × length`` tokens (or
     the one that holds least). Estimates, in elements of the weights' dtype per token: each held hidden state
     ``D``; one block recomputed with its backward ``8·D + 4·Hkv·d`` plus ``6·I`` per token of an MLP chunk (the
     MLP's three activations and their gradients). When every block's input and one block do not fit, a stack of
-    causal decoder layers goes one layer at a time (``layerwise``: five hidden states and one chunk held, the
-    layers' inputs on disk; one forward more, like recomputing each block); other models go in segments, which
-    need blocks that all get the same masks (one kind of layer in ``config.layer_types``)."""
+    causal decoder layers goes one layer at a time (``layerwise``: the gradient, the keys and values and theirs,
+    and one chunk held, the layers' inputs on disk; one forward more, like recomputing each block) when the loss
+    runs the layers once per batch (``one_forward``: not an objective over pairs of texts); other models go in
+    segments, which need blocks that all get the same masks (one kind of layer in ``config.layer_types``)."""
     margin, site, config = margin_bytes(model), rows[0].site, getattr(model, "config", None)
     element, tokens = next(model.parameters()).element_size(), batch * length
     inner = getattr(config, "intermediate_size", None) or 4 * site.hidden_size
@@ -128,7 +130,7 @@ def recompute_plan(model: nn.Module, rows: list[Row], batch: int, length: int) -
     block = element * (tokens * (8 * site.hidden_size + 4 * site.num_kv_heads * site.head_dim)
                        + 6 * batch * min(length, mlp_tokens or length) * inner)
     held = len(rows) * tokens * site.hidden_size * element  # every block's input
-    if held + block > margin and layerwise_fits(model, rows):
+    if held + block > margin and one_forward and layerwise_fits(model, rows):
         return Recompute(layer_tokens=backward_chunk_tokens(model, rows, batch, length))
     one_kind = len(set(getattr(config, "layer_types", None) or ())) <= 1
     segment = math.ceil(math.sqrt(len(rows))) if one_kind and held + block > margin else 1

@@ -275,7 +275,7 @@ def gradient_sums(
         shapes = [b.get("input_ids", next(iter(b.values()))).shape for b in inputs or ()]
         largest = max(shapes, key=lambda shape: shape.numel()) if shapes else None
         batch, length = (batch_size, max_length) if largest is None else (largest[0], largest[1:].numel())
-        checkpoint_blocks = recompute_plan(model, rows, batch, length)
+        checkpoint_blocks = recompute_plan(model, rows, batch, length, one_forward=pairs is None)
     by_layer = isinstance(checkpoint_blocks, Recompute) and checkpoint_blocks.layer_tokens is not None
     with using_headwise(model), eval_mode(model), frozen(model), row_gates(model, rows) as gates, \
             (layerwise(model, rows, checkpoint_blocks.layer_tokens) if by_layer
