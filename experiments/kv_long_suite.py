@@ -24,9 +24,10 @@ Every scored sample is appended to ``RESULTS/kv_long_suite.samples.jsonl`` (``--
 it stopped, and arms can run in separate invocations. Per-arm progress lines go to stderr.
 
   python experiments/kv_long_suite.py run --lengths 2k --samples 2 --tag pilot        # a pilot
-  python experiments/kv_long_suite.py size --tag pilot                                  # samples for ±3 points
+  python experiments/kv_long_suite.py size --tag pilot --minutes 45                     # samples for ±3 points
   python experiments/kv_long_suite.py report --samples 10                               # tables from the log alone
-  python experiments/kv_long_suite.py run --lengths 2k --samples-file experiments/results/kv_long_suite_samples.json
+  python experiments/kv_long_suite.py run --lengths 2k --arms full,policy,streaming,random,layer \
+      --budgets 0.5,0.375 --samples-file experiments/results/kv_long_suite_samples.json  # the ±3-point comparison
   python experiments/kv_long_suite.py run --tag 4k --lengths 4k --samples 5 --budgets 0.5 \\
       --arms full,policy,streaming,random,layer
 Each ``run`` rewrites ``RESULTS/kv_long_suite[_TAG].json`` and ``.md`` and ``docs/kv_long_suite[_TAG].svg`` from every
@@ -56,13 +57,15 @@ BASELINE_ARMS = ("streaming", "random", "layer")  # what the policy must beat at
 BUDGETS = (0.25, 0.375, 0.5, 0.75)
 COMPARED = (0.375, 0.5)  # the budgets at which the policy must beat every baseline
 HALF_WIDTH = 3.0  # target: each arm's 95% interval of the macro-average within ±3 points
+COMPARISON_SECONDS = 45 * 60  # target: the comparison's arms at 2k within 45 minutes on the 2-core CPU
 RETAIN, FLOOR, COUNTED = 0.95, 0.85, 20.0  # policy@0.5 ≥ 95% of full over families where full ≥ 20; none < 85%
 
 
 def paths(tag: str | None) -> dict[str, Path]:
     name = "kv_long_suite" + (f"_{tag}" if tag else "")
     return {"json": common.RESULTS / f"{name}.json", "md": common.RESULTS / f"{name}.md",
-            "log": common.RESULTS / f"{name}.samples.jsonl", "svg": f"{name}.svg"}
+            "log": common.RESULTS / f"{name}.samples.jsonl", "size": common.RESULTS / f"{name}.size.json",
+            "svg": f"{name}.svg"}
 
 
 def load(args) -> tuple[Any, Any]:
@@ -165,14 +168,17 @@ def byte_share(records: list[dict], full: list[dict]) -> float:
     return statistics.fmean(shares)
 
 
-def targets(arms: dict[str, dict], diffs: dict[str, dict]) -> dict[str, Any]:
-    """The issue's targets, each with the numbers behind it."""
+def targets(arms: dict[str, dict], diffs: dict[str, dict], by_arm: dict[str, list[dict]]) -> dict[str, Any]:
+    """The issue's targets, each with the numbers behind it (retention against the full cache on the same samples)."""
+    from headwise.tasks.long import summarize
+
     out: dict[str, Any] = {"retention_at_0.5": {}}
-    full = arms.get("full")
     for variant in sorted({a.split("@")[0] for a in arms if a.startswith("policy")}):  # policy, policy~wS
         half = arms.get(f"{variant}@0.5")
-        if not (full and half):
+        if not half:
             continue
+        keys = {r["key"] for r in by_arm[f"{variant}@0.5"]}
+        full = summarize([r for r in by_arm["full"] if r["key"] in keys])
         counted = [f for f, s in full["families"].items() if s >= COUNTED]
         mine = statistics.fmean(half["families"][f] for f in counted) if counted else None
         base = statistics.fmean(full["families"][f] for f in counted) if counted else None
@@ -188,7 +194,13 @@ def targets(arms: dict[str, dict], diffs: dict[str, dict]) -> dict[str, Any]:
             beats[name] = {**d, "met": d["ci"][0] > 0}
     out["beats_baselines"] = beats
     widths = {a: (s["score_ci"][1] - s["score_ci"][0]) / 2 for a, s in arms.items()}
-    out["interval"] = {"half_widths": widths, "met": all(w <= HALF_WIDTH for w in widths.values())}
+    compared = [a for a in arms if a == "full" or (a.split("@")[0] in ("policy", *BASELINE_ARMS)
+                                                   and float(a.split("@")[1]) in COMPARED)]
+    out["interval"] = {"half_widths": widths, "compared": compared,
+                       "met": all(widths[a] <= HALF_WIDTH for a in compared),
+                       "met_every_arm": all(w <= HALF_WIDTH for w in widths.values())}
+    seconds = sum(arms[a]["seconds"] for a in compared)
+    out["comparison_seconds"] = {"arms": compared, "seconds": seconds, "met": seconds <= COMPARISON_SECONDS}
     return out
 
 
@@ -201,10 +213,11 @@ def write(task, log, args, where) -> None:
         by_arm.setdefault(arm, []).append(record)
     if "full" not in by_arm:
         raise HeadwiseError("no 'full' arm in the log: run it first (--arms full)")
-    arms = {arm: summarize(records) | {"bytes": byte_share(records, by_arm["full"]),
-                                       "seconds_per_sample": statistics.fmean(r.get("seconds", math.nan)
-                                                                              for r in records)}
-            for arm, records in by_arm.items()}
+    arms = {}
+    for arm, records in by_arm.items():  # seconds: the median sample's (some records were timed while others ran)
+        median = statistics.median(r.get("seconds", math.nan) for r in records)
+        arms[arm] = summarize(records) | {"bytes": byte_share(records, by_arm["full"]),
+                                          "seconds_per_sample": median, "seconds": median * len(records)}
     diffs = {f"{a} - full": paired_difference(by_arm[a], by_arm["full"]) for a in by_arm if a != "full"}
     for a in sorted(arm for arm in by_arm if arm.startswith("policy")):  # each policy against its baselines
         name, budget = a.split("@")
@@ -219,7 +232,7 @@ def write(task, log, args, where) -> None:
                "calibration": "head scores: kv_policy's passkey prompts (filler haystack, 'The pass key is N' with "
                               "5-digit keys, seed 0, 512 tokens); conversions: WikiText-2 valid.txt, its first 90% "
                               "of lines, 16 windows of 1,024 tokens",
-               "arms": arms, "differences": diffs, "targets": targets(arms, diffs)}
+               "arms": arms, "differences": diffs, "targets": targets(arms, diffs, by_arm)}
     common.save_results(where["json"], results)
     lines: dict[str, list[tuple[float, float]]] = {}
     for arm, s in arms.items():
@@ -233,13 +246,14 @@ def markdown(results: dict, svg: str) -> str:
     arms = results["arms"]
     tasks = list(next(iter(arms.values()))["tasks"])
     families = list(next(iter(arms.values()))["families"])
-    head = ("| arm | samples | KV bytes / full | macro (95% CI) | " + " | ".join(families) + " | " + " | ".join(tasks)
+    head = ("| arm | samples | KV bytes / full | macro (95% CI) | s / sample | " + " | ".join(families) + " | " + " | ".join(tasks)
             + " |")
-    rows = [head, "|" + "---|" * (4 + len(families) + len(tasks))]
+    rows = [head, "|" + "---|" * (5 + len(families) + len(tasks))]
     for arm, s in sorted(arms.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])):
         lo, hi = s["score_ci"]
         count = sum(n for cell in s["samples"].values() for n in cell.values())
         rows.append(f"| {arm} | {count} | {s['bytes']:.3f} | {s['score']:.1f} ({lo:.1f}–{hi:.1f}) | "
+                    f"{s['seconds_per_sample']:.1f} | "
                     + " | ".join(f"{s['families'][f]:.1f}" for f in families) + " | "
                     + " | ".join(f"{s['tasks'][t]:.1f}" for t in tasks) + " |")
     diffs = ["| difference | points | 95% CI | samples |", "|---|---|---|---|"]
@@ -247,8 +261,18 @@ def markdown(results: dict, svg: str) -> str:
               for k, d in results["differences"].items()]
     drawn = results["drawn_from"]
     t = results["targets"]
-    verdict = [f"- interval ±{HALF_WIDTH:g} per arm: {'met' if t['interval']['met'] else 'not met'} (widest "
-               f"±{max(t['interval']['half_widths'].values()):.1f})"]
+    widths, compared = t["interval"]["half_widths"], t["interval"]["compared"]
+    others = [a for a in widths if a not in compared]
+    verdict = [f"- interval ±{HALF_WIDTH:g} on each compared arm ({', '.join(compared)}): "
+               f"{'met' if t['interval']['met'] else 'not met'} (widest ±{max(widths[a] for a in compared):.1f})"]
+    if others:
+        verdict.append(f"- interval ±{HALF_WIDTH:g} on every other arm: "
+                       f"{'met' if t['interval']['met_every_arm'] else 'not met'} "
+                       f"(widest ±{max(widths[a] for a in others):.1f}, {max(others, key=widths.get)})")
+    cost = t["comparison_seconds"]
+    verdict.append(f"- the compared arms' samples take {cost['seconds'] / 60:.0f} minutes (median seconds a sample "
+                   f"× samples; target "
+                   f"{COMPARISON_SECONDS // 60} on this 2-core CPU): {'met' if cost['met'] else 'not met'}")
     for variant, r in t["retention_at_0.5"].items():
         floor = ", ".join(f"{f} {x:.2f}" for f, x in r["per_family"].items())
         verdict.append(f"- {variant}@0.5 over full on families where full ≥ {COUNTED:g} "
@@ -266,34 +290,52 @@ def markdown(results: dict, svg: str) -> str:
                       *diffs, "", "## Targets", "", *verdict, ""])
 
 
+def arm_names(args) -> set[str]:
+    """The log's names of ``--arms`` at ``--budgets`` (kv_policy's default window)."""
+    budgeted = ("policy", "streaming", "random", "layer", "latent")
+    return {f"{a}@{b:g}" if a in budgeted else a for a in args.arms for b in args.budgets}
+
+
 def size(args) -> None:
-    """Samples per (task, length) cell so that the worst arm's macro-average has a 95% interval within ±3 points
-    (Neyman allocation: a cell's count proportional to its largest per-sample SD over the arms), from a pilot's log,
-    and what ``--arms`` at ``--budgets`` would cost at the pilot's median seconds per sample (timed under whatever
-    else ran)."""
+    """Samples per (task, length) cell so that the worst of ``--arms`` at ``--budgets`` has a 95% interval of its
+    macro-average within ±3 points (Neyman allocation: a cell's count proportional to its largest per-sample SD over
+    those arms in the tagged log), what they would cost at the log's median seconds per sample (timed under
+    whatever else ran), and the half-width ``--minutes`` would reach with the same allocation."""
     from headwise.tasks.long import LOG_FORMAT
 
     log = paths(args.tag)["log"]
-    records = [json.loads(line) for line in log.read_text().splitlines()[1:] if line.strip()]
-    if not records or json.loads(log.read_text().splitlines()[0])["format"] != LOG_FORMAT:
-        raise HeadwiseError(f"{log}: no pilot samples")
+    lines = log.read_text().splitlines()
+    if len(lines) < 2 or json.loads(lines[0])["format"] != LOG_FORMAT:
+        raise HeadwiseError(f"{log}: no samples")
+    wanted = arm_names(args)
+    records = [r for r in map(json.loads, filter(str.strip, lines[1:])) if r["arm"] in wanted]
+    if not records:
+        raise HeadwiseError(f"{log}: no samples of the arms {sorted(wanted)}")
     cells: dict[tuple[str, int], dict[str, list[float]]] = {}
     seconds: dict[tuple[str, int], list[float]] = {}
     for r in records:
         cells.setdefault((r["task"], r["length"]), {}).setdefault(r["arm"], []).append(r["score"])
         seconds.setdefault((r["task"], r["length"]), []).append(r.get("seconds", math.nan))
-    sd = {c: max((statistics.stdev(v) if len(v) > 1 else 50.0) for v in arms.values()) for c, arms in cells.items()}
-    count = len(cells)
-    total = (1.96 / (HALF_WIDTH * count)) ** 2 * sum(max(s, 5.0) for s in sd.values()) ** 2
-    per_cell = {c: max(2, math.ceil(total * max(s, 5.0) / sum(max(x, 5.0) for x in sd.values()))) for c, s in sd.items()}
-    arms = sum(len(args.budgets) if a in ("policy", "streaming", "random", "layer", "latent") else 1 for a in args.arms)
+    sd = {c: max(max(statistics.stdev(v) if len(v) > 1 else 50.0 for v in arms.values()), 5.0)
+          for c, arms in cells.items()}
+    count, spread = len(cells), sum(sd.values())
+    z = 1.96
+    total = (z / (HALF_WIDTH * count)) ** 2 * spread ** 2
+    per_cell = {c: max(2, math.ceil(total * s / spread)) for c, s in sd.items()}
+    cost_per_sample = sum(sd[c] / spread * statistics.median(seconds[c]) for c in cells)  # one arm, Neyman mix
+    arms = len({r["arm"] for r in records})
     cost = sum(per_cell[c] * statistics.median(seconds[c]) for c in per_cell) * arms
+    reachable = args.minutes * 60 / (arms * cost_per_sample)  # samples per arm within --minutes
     tasks: dict[str, int] = {}
     for (task, _), n in per_cell.items():
         tasks[task] = max(tasks.get(task, 0), n)
     out = {"samples": tasks, "sd": {f"{t}/{n}": s for (t, n), s in sd.items()}, "arms": arms,
-           "estimated_seconds": cost, "note": "seconds from the pilot's samples, timed under whatever else ran"}
-    common.save_results(common.RESULTS / "kv_long_suite_samples.json", out)
+           "estimated_seconds": cost,
+           "within_minutes": {"minutes": args.minutes, "samples_per_arm": reachable,
+                              "half_width": z * spread / (count * math.sqrt(reachable))},
+           "note": f"largest SD per task over {sorted({r['arm'] for r in records})} in {log.name}; seconds: the "
+                   "median per task there, timed under whatever else ran"}
+    common.save_results(paths(args.tag)["size"], out)
     print(json.dumps(out, indent=1))
 
 
@@ -310,6 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window-share", type=float, default=None,
                    help="policy/random/layer windows: sink + window = S x budget x length (default: kv_policy's)")
     p.add_argument("--tag", default=None, help="results under kv_long_suite_TAG.* (e.g. pilot)")
+    p.add_argument("--minutes", type=float, default=COMPARISON_SECONDS / 60,
+                   help="size: the half-width this many minutes of samples reach")
     args = p.parse_args(argv)
     from headwise.tasks.long_data import parse_lengths
 
