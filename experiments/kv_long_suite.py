@@ -26,7 +26,7 @@ it stopped, and arms can run in separate invocations. Per-arm progress lines go 
   python experiments/kv_long_suite.py run --lengths 2k --samples 2 --tag pilot        # a pilot
   python experiments/kv_long_suite.py size --tag pilot --minutes 45                     # samples for ±3 points
   python experiments/kv_long_suite.py report --samples 10                               # tables from the log alone
-  python experiments/kv_long_suite.py run --lengths 2k --arms full,policy,streaming,random,layer \
+  python experiments/kv_long_suite.py run --lengths 2k --arms full,policy,streaming,random,layer \\
       --budgets 0.5,0.375 --samples-file experiments/results/kv_long_suite_samples.json  # the ±3-point comparison
   python experiments/kv_long_suite.py run --tag 4k --lengths 4k --samples 5 --budgets 0.5 \\
       --arms full,policy,streaming,random,layer
@@ -246,8 +246,8 @@ def markdown(results: dict, svg: str) -> str:
     arms = results["arms"]
     tasks = list(next(iter(arms.values()))["tasks"])
     families = list(next(iter(arms.values()))["families"])
-    head = ("| arm | samples | KV bytes / full | macro (95% CI) | s / sample | " + " | ".join(families) + " | " + " | ".join(tasks)
-            + " |")
+    head = ("| arm | samples | KV bytes / full | macro (95% CI) | s / sample | " + " | ".join(families) + " | "
+            + " | ".join(tasks) + " |")
     rows = [head, "|" + "---|" * (5 + len(families) + len(tasks))]
     for arm, s in sorted(arms.items(), key=lambda kv: (-kv[1]["bytes"], kv[0])):
         lo, hi = s["score_ci"]
