@@ -304,7 +304,7 @@ def size(args) -> None:
     from headwise.tasks.long import LOG_FORMAT
 
     log = paths(args.tag)["log"]
-    lines = log.read_text().splitlines()
+    lines = log.read_text().splitlines() if log.is_file() else []
     if len(lines) < 2 or json.loads(lines[0])["format"] != LOG_FORMAT:
         raise HeadwiseError(f"{log}: no samples")
     wanted = arm_names(args)
