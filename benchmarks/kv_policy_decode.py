@@ -6,8 +6,9 @@ Rows: SmolLM2-135M-Instruct (fp32) at 2k tokens batch 1, 8k batch 1, 2k batch 4 
 head dim 64, hidden 2048, intermediate 8192, vocab 128256, tied embeddings; ``--big-dtype``, bf16 by default so it
 fits 5 GiB) at 8k batch 1. Prompts are seeded random token ids (speed and memory do not depend on the text).
 
-Policies: SmolLM2 gets ``headwise.kv_policy(model, tokenizer, kv_budget=0.5, context=C)`` — the default (retrieval
-ranking on its calibration prompts, sink 4, window ``3/4 · 0.5 · C − 4``, as many full heads as fit half the bytes at
+Policies: SmolLM2 gets ``headwise.kv_policy(model, tokenizer, kv_budget=0.5, context=C)`` — the default (its ranking
+on its calibration prompts, ``retrieval`` when the recorded rows ran, ``retrieval+lookup`` since; sink 4, the window
+of the time, as many full heads as fit half the bytes at
 ``C``); the random model the same count of full heads per the budget, picked by ``ranking="random"`` (its weights
 carry no retrieval signal). The policy arm uses its default ``prefill_chunk`` (``PREFILL_CHUNK``); the full cache
 is transformers' default (one prefill forward).

@@ -15,10 +15,13 @@ Arms (``--arms``; budgets ``--budgets`` of the full cache at each length):
 kv_policy's default (``kvcache.choose.WINDOW_SHARE``), so more heads stay full at a narrower S; those arms are named
 ``policy~wS@B``, etc. The default was 3/4 until S = 0.25, chosen on samples of seed 1234 (``kv_long_window.py``) and
 judged here on seed 4949, replaced it: the log's arms of the former default were renamed ``~w0.75`` then.
+``--ranking R`` ranks the heads of policy and layer by R instead of kv_policy's default (``DEFAULT_RANKING``); those
+arms are named ``policy~R@B``. The default ranked by ``retrieval`` alone until ``retrieval+lookup``, chosen on samples
+of seed 1234 (``kv_lookup_probe.py``), replaced it: the log's arms ranked by retrieval were renamed ``~retrieval``.
 The x axis of the chart is what each cache really holds after the context (``stored_bytes``), over the full cache's.
-Head scores (for policy and layer) come from kv_policy's calibration: passkey prompts in filler text, seed 0, 512
-tokens; the suite's samples come from seed 4949, the generated haystack and other needle formats (hidden values,
-VAR chains, facts): the results name both.
+Head scores (for policy and layer) come from kv_policy's calibration: passkey and fact-lookup prompts in filler text,
+seed 0, 512 tokens; the suite's samples come from seed 4949, the generated haystack and other needle formats (hidden
+values, VAR chains, facts): the results name both.
 
 Every scored sample is appended to ``RESULTS/kv_long_suite.samples.jsonl`` (``--log``): a killed run resumes where
 it stopped, and arms can run in separate invocations. Per-arm progress lines go to stderr.
@@ -53,6 +56,7 @@ from headwise.errors import HeadwiseError
 
 ARMS = ("full", "policy", "streaming", "random", "layer", "gqa", "latent")
 WINDOWED = ("policy", "random", "layer")  # the arms whose streaming heads take the policy's window
+RANKED = ("policy", "layer")  # the arms that rank heads by the policy's ranking
 BASELINE_ARMS = ("streaming", "random", "layer")  # what the policy must beat at equal bytes
 BUDGETS = (0.25, 0.375, 0.5, 0.75)
 COMPARED = (0.375, 0.5)  # the budgets at which the policy must beat every baseline
@@ -92,22 +96,24 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
     import headwise
     from headwise.conversion.cache import latent_cache
     from headwise.kvcache import PolicyCache, ScoreConfig, equal_bytes_policies, head_scores
-    from headwise.kvcache.choose import WINDOW_SHARE, default_window
+    from headwise.kvcache.choose import DEFAULT_RANKING, WINDOW_SHARE, default_window
 
     arms: dict[str, tuple[Any, Any]] = {}
     if "full" in args.arms:
         arms["full"] = (model, lambda m, n: DynamicCache(config=m.config))
     wanted = [a for a in ("policy", "streaming", "random", "layer") if a in args.arms]
     if wanted:
-        print("scoring heads (kv_policy's calibration: passkeys in filler text, seed 0)", file=sys.stderr, flush=True)
+        print("scoring heads (kv_policy's calibration: passkeys and fact lookups in filler text, seed 0)",
+              file=sys.stderr, flush=True)
         scores = head_scores(model, tokenizer, ScoreConfig(), progress=True)
         for budget in args.budgets:  # sized at the first length: the windows scale with the sequence
             share = args.window_share
             window = None if share is None else default_window(budget, args.lengths[0], 4, share)
             policies = equal_bytes_policies(model, tokenizer, budget, scores, context=args.lengths[0],
-                                            arms=tuple(wanted), window=window)
+                                            ranking=args.ranking, arms=tuple(wanted), window=window)
             for arm, policy in policies.items():
-                name = arm if share in (None, WINDOW_SHARE) or arm not in WINDOWED else f"{arm}~w{share:g}"
+                name = arm + ("" if share in (None, WINDOW_SHARE) or arm not in WINDOWED else f"~w{share:g}")
+                name += "" if args.ranking == DEFAULT_RANKING or arm not in RANKED else f"~{args.ranking}"
                 arms[f"{name}@{budget:g}"] = (model, lambda m, n, p=policy: PolicyCache(p, length=n))
     if "gqa" in args.arms or "latent" in args.arms:  # the attention inputs' moments, computed once for both
         from headwise.conversion import input_moments
@@ -221,16 +227,19 @@ def write(task, log, args, where) -> None:
     diffs = {f"{a} - full": paired_difference(by_arm[a], by_arm["full"]) for a in by_arm if a != "full"}
     for a in sorted(arm for arm in by_arm if arm.startswith("policy")):  # each policy against its baselines
         name, budget = a.split("@")
-        window = name[len("policy"):]  # "" or "~wS": random and layer with the same window
+        variant = name[len("policy"):]  # "", "~wS", "~R" or "~wS~R": random (the window) and layer (both) alike
+        window = "~" + variant.split("~")[1] if variant.startswith("~w") else ""
         for baseline in BASELINE_ARMS:
-            b = f"{baseline}{'' if baseline == 'streaming' else window}@{budget}"
+            b = f"{baseline}{dict(streaming='', random=window).get(baseline, variant)}@{budget}"
             if b in by_arm:
                 diffs[f"{a} - {b}"] = paired_difference(by_arm[a], by_arm[b])
-        if window and f"policy@{budget}" in by_arm:  # the default window against this one
+        if variant and f"policy@{budget}" in by_arm:  # the default against this variant
             diffs[f"policy@{budget} - {a}"] = paired_difference(by_arm[f"policy@{budget}"], by_arm[a])
     results = {"model": args.model, "dtype": args.dtype or "float32", "drawn_from": task.spec().describe(),
                "calibration": "head scores: kv_policy's passkey prompts (filler haystack, 'The pass key is N' with "
-                              "5-digit keys, seed 0, 512 tokens); conversions: WikiText-2 valid.txt, its first 90% "
+                              "5-digit keys) and fact-lookup prompts (filler haystack, four 'The COLOUR THING is kept "
+                              "in the ROOM.' facts, one asked), seed 0, 512 tokens; conversions: WikiText-2 "
+                              "valid.txt, its first 90% "
                               "of lines, 16 windows of 1,024 tokens",
                "arms": arms, "differences": diffs, "targets": targets(arms, diffs, by_arm)}
     common.save_results(where["json"], results)
@@ -351,6 +360,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--arms", default=",".join(ARMS))
     p.add_argument("--window-share", type=float, default=None,
                    help="policy/random/layer windows: sink + window = S x budget x length (default: kv_policy's)")
+    p.add_argument("--ranking", default=None,
+                   help="policy/layer head ranking (default: kv_policy's, kvcache.choose.DEFAULT_RANKING)")
     p.add_argument("--tag", default=None, help="results under kv_long_suite_TAG.* (e.g. pilot)")
     p.add_argument("--minutes", type=float, default=COMPARISON_SECONDS / 60,
                    help="size: the half-width this many minutes of samples reach")
@@ -360,6 +371,13 @@ def main(argv: list[str] | None = None) -> None:
     args.lengths = parse_lengths(args.lengths)
     args.budgets = tuple(float(b) for b in args.budgets.split(","))
     args.arms = tuple(a.strip() for a in args.arms.split(","))
+    from headwise.kvcache.choose import DEFAULT_RANKING, ranking_scores
+
+    args.ranking = args.ranking or DEFAULT_RANKING
+    try:
+        ranking_scores(args.ranking)
+    except HeadwiseError as err:
+        p.error(str(err))
     unknown = [a for a in args.arms if a not in ARMS]
     if unknown:
         p.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")

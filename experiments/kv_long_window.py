@@ -1,11 +1,12 @@
 """How wide should the streaming heads' window be at a KV budget? Held-out check for the long-context suite (issue 49).
 
-At a budget ``B`` of a 2,048-token cache, ``kv_policy`` spends bytes two ways: wider windows on the streaming heads
-or more heads kept full. Its default window made ``sink + window`` three quarters of the per-head budget (chosen on
-passkeys and perplexity) until this script chose 0.25 (``kvcache.choose.WINDOW_SHARE``). It scores shares ``S``
-(``sink + window = S · B · 2048``, as many full heads as then fit) on suite samples of **seed 1234**, which the
-reported comparison (``kv_long_suite.py``, seed 4949) never draws, and the WikiText-2 perplexity (the last 10% of
-valid.txt, 2,048-token windows) through the same policies. Head scores: kv_policy's passkey calibration (seed 0), as everywhere.
+At a budget ``B`` of a 2,048-token cache, ``kv_policy`` spends bytes two ways: wider windows on the streaming heads or
+more heads kept full. Its default window made ``sink + window`` three quarters of the per-head budget (chosen on
+passkeys and perplexity) until this script chose 0.25 (``kvcache.choose.WINDOW_SHARE``). It scores shares ``S`` (``sink
++ window = S · B · 2048``, as many full heads as then fit) on suite samples of **seed 1234**, which the reported
+comparison (``kv_long_suite.py``, seed 4949) never draws, and the WikiText-2 perplexity (the last 10% of valid.txt,
+2,048-token windows) through the same policies. Head scores: kv_policy's passkey calibration (seed 0), ranked by
+``retrieval`` (the default ranking when the window was chosen; ``retrieval+lookup`` since ``kv_lookup_probe.py``).
 
   python experiments/kv_long_window.py suite --budget 0.5 --samples 4 --shares 0.75,0.5,0.25,0.1
   python experiments/kv_long_window.py perplexity --budgets 0.5,0.375 --shares 0.75,0.25
@@ -37,7 +38,7 @@ def policies(model, tokenizer, budgets: list[float], shares: list[float]) -> dic
             window = default_window(budget, CONTEXT, 4, share)
             name = f"{budget:g}/share{share:g}"
             out[name] = kv_policy(model, tokenizer, kv_budget=budget, context=CONTEXT, window=window, scores=scores,
-                                  progress=False)[0]
+                                  ranking="retrieval", progress=False)[0]
             print(f"{name}: window {window}, {out[name].describe()}", flush=True)
     return out
 

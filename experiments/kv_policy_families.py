@@ -193,7 +193,7 @@ def arm_policy(name: str, model, tokenizer, results: dict, length: int) -> tuple
         scores = stored_scores(results, variant.families)
         return f"{kind}@{budget:g}", kv_policy(model, tokenizer, budget, length, variant.sink,
                                                 window=variant.window(budget, length), scores=scores,
-                                                progress=False)[0]
+                                                ranking="retrieval", progress=False)[0]  # the stored scores' own
     raise SystemExit(f"unknown arm {name!r}: full, streaming@B, policy@B or one of {', '.join(VARIANTS)} @B")
 
 

@@ -38,7 +38,7 @@ def test_runs_without_any_data_and_says_what_it_skipped(no_shared, capsys):
     summary = json.loads((no_shared / "out" / "summary.json").read_text())
     assert summary["perplexity"] is None and summary["inputs"]["data"] is None
     assert summary["inputs"]["data_used_for"] == [] and summary["inputs"]["perplexity"] is None
-    assert summary["inputs"]["calibration"].startswith("synthetic passkey prompts (filler)")
+    assert summary["inputs"]["calibration"].startswith("synthetic passkey and fact-lookup prompts (filler)")
     assert summary["calibration"]["calibration"] == 0 and summary["calibration"]["passkey"] > 0
     assert summary["passkey_check"]["family"] == "numbers" and summary["inputs"]["passkey_check"] == "numbers prompts"
     assert summary["model"] == str(no_shared / "lm")
@@ -49,7 +49,7 @@ def test_data_the_ranking_does_not_read_is_reported(no_shared, capsys):
     data = str(no_shared / "calib.txt")
     assert main(args + ["--no-measure", "--data", data, "--out", "out"]) == 0
     err = capsys.readouterr().err
-    assert f"--data {data} is used only for perplexity (its last 10%) with --kv-ranking retrieval" in err
+    assert f"--data {data} is used only for perplexity (its last 10%) with --kv-ranking retrieval+lookup" in err
     summary = json.loads((no_shared / "out" / "summary.json").read_text())
     assert summary["inputs"]["data_used_for"] == ["perplexity (its last 10%)"]
     assert summary["inputs"]["perplexity"] == f"the last 10% of {data}" and summary["perplexity"] is not None

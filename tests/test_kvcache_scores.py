@@ -94,17 +94,23 @@ def test_scores_match_eager_attention_maps(family):
                 echo[layer] += a[:, q, q - n] / (n - 1) / CONFIG.random_sequences
     torch.testing.assert_close(scores.scores["induction"], induction, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(scores.scores["echo"], echo, atol=1e-5, rtol=1e-4)
-    # retrieval: mass on the key's digits while predicting them
-    retrieval = torch.zeros(2, heads)
-    prompts = passkey_prompts(tok, CONFIG.length, list(CONFIG.depths), CONFIG.keys, CONFIG.seed)
-    for p in prompts:
-        ids = torch.cat([p.ids, p.answer_ids])
-        start, end = p.needle
-        assert tok.decode(p.ids[start:end]) == " " + p.key
-        for layer, a in enumerate(eager_maps(model, ids)):
-            rows = [len(p.ids) - 1 + k for k in range(len(p.answer_ids))]
-            retrieval[layer] += a[:, rows, start:end].sum(-1).mean(-1) / len(prompts)
-    torch.testing.assert_close(scores.scores["retrieval"], retrieval, atol=1e-5, rtol=1e-4)
+    # retrieval: mass on the key's digits while predicting them; lookup: on the asked room while saying it
+    from headwise.kvcache.lookup import lookup_prompts
+    from headwise.kvcache.passkey import PromptFamily
+    lookups = lookup_prompts(tok, PromptFamily(), CONFIG.length, list(CONFIG.depths), CONFIG.keys, CONFIG.facts,
+                             CONFIG.seed)
+    for name, prompts in (("retrieval", passkey_prompts(tok, CONFIG.length, list(CONFIG.depths), CONFIG.keys,
+                                                        CONFIG.seed)), ("lookup", lookups)):
+        mass = torch.zeros(2, heads)
+        for p in prompts:
+            ids = torch.cat([p.ids, p.answer_ids])
+            start, end = p.needle
+            assert tok.decode(p.ids[start:end]) == " " + p.key
+            for layer, a in enumerate(eager_maps(model, ids)):
+                rows = [len(p.ids) - 1 + k for k in range(len(p.answer_ids))]
+                mass[layer] += a[:, rows, start:end].sum(-1).mean(-1) / len(prompts)
+        torch.testing.assert_close(scores.scores[name], mass, atol=1e-5, rtol=1e-4)
+    assert scores.counts["lookup"] == len(lookups) == len(CONFIG.depths) * CONFIG.keys
     # outside: mass a sink 2 + window 16 cache drops, over the queries that drop anything
     ids = tok(texts[0], add_special_tokens=False, return_tensors="pt")["input_ids"][0][: CONFIG.length]
     outside = torch.zeros(2, heads)
@@ -148,6 +154,14 @@ def test_kv_policy_fits_the_budget_and_follows_the_ranking():
     assert len(random_policy.full_heads()) == n_full
     with pytest.raises(HeadwiseError, match="unknown ranking"):
         kv_policy(model, tok, 0.6, 160, 2, 16, ranking="best", scores=scores)
+    # a sum of scores: each over its largest KV head, by hand
+    total = scores.kv("retrieval") / scores.kv("retrieval").max() + scores.kv("lookup") / scores.kv("lookup").max()
+    order = [divmod(i, 2) for i in torch.argsort(total.flatten(), descending=True, stable=True).tolist()]
+    assert rank_kv_heads(scores, "retrieval+lookup") == order == rank_kv_heads(scores, "lookup+retrieval")
+    assert rank_kv_heads(scores, "copy+lookup")  # copy is 0 on every head of this model: no division by zero
+    for bad, match in (("copy+best", "unknown ranking"), ("copy+outside", "needs the score")):
+        with pytest.raises(HeadwiseError, match=match):
+            rank_kv_heads(scores, bad)
 
 
 def test_passkey_accuracy_counts_exact_matches():
@@ -254,9 +268,67 @@ def test_passkey_prompt_uses_the_chat_template():
     assert before.startswith("<user>") and after.endswith("<assistant>" + ANSWER)
 
 
+def test_place_needles_puts_each_needle_at_its_depth_and_scores_it():
+    """Several needles among whole filler units, each after the text ``place_needles`` reports (ordered by depth,
+    the prompt within its length), in another wording's frame; ``needle_scores`` adds the mass on a needle's span
+    (the eager reference) to the named total only."""
+    import random
+
+    from headwise.kvcache.passkey import FILLER, Passkey, Wording, frame, haystack_units, place_needles
+    from headwise.kvcache.scores import needle_scores
+    tok = char_tokenizer()
+    wording = Wording("Facts below.\n", "\nWhere is the cup?", " One word.", "The cup is in the")
+    before, after = frame(tok, wording=wording)
+    assert before == wording.intro and after == wording.question + " " + wording.answer  # no chat template
+    needles = [(0.7, "The cup is in the attic. "), (0.2, "The pen is in the shed. "), (0.7, "The hat is here. ")]
+    ids, heads = place_needles(tok, 400, before, after, needles, haystack_units("filler", random.Random(0)))
+    text = tok.decode(ids)
+    assert 400 - len(FILLER) < len(ids) <= 400 and text.startswith(before) and text.endswith(after)
+    for head, (_, needle) in zip(heads, needles):
+        assert text[len(head):].startswith(needle) and head.startswith(before)
+    assert len(heads[1]) < len(heads[0]) < len(heads[2])  # by depth; a tie keeps the given order
+    assert (len(heads[0]) - len(before)) / (len(text) - len(before) - len(after)) == pytest.approx(0.7, abs=0.1)
+    model = tiny_lm()
+    prefix = heads[0] + "The cup is in the"
+    span = (len(tok(prefix)["input_ids"]), len(tok(prefix + " attic")["input_ids"]))
+    answer = torch.tensor(tok(" attic")["input_ids"])
+    probe = Passkey(torch.tensor(ids), "attic", answer, span, 0.7)
+    total = {"lookup": torch.zeros(2, 4)}
+    needle_scores(model, probe, total, mass="lookup", copy=None)
+    rows = [len(ids) - 1 + k for k in range(len(answer))]
+    reference = torch.stack([a[:, rows, span[0]:span[1]].sum(-1).mean(-1)
+                             for a in eager_maps(model, torch.cat([probe.ids, answer]))])
+    assert list(total) == ["lookup"] and tok.decode(probe.ids[span[0]:span[1]]) == " attic"
+    torch.testing.assert_close(total["lookup"], reference, atol=1e-5, rtol=1e-4)
+
+
+def test_lookup_prompts_ask_one_fact_among_look_alikes():
+    """Fact-lookup prompts: ``facts`` facts each, the first asked, its room the answer and the needle; the same for
+    a seed and different for another; no word of the long-context suite's QA (names, cities); bad counts refused."""
+    from headwise.kvcache.lookup import FACT, ROOMS, lookup_prompts
+    from headwise.kvcache.passkey import PromptFamily
+    tok = char_tokenizer()
+    prompts = lookup_prompts(tok, PromptFamily("numbers"), 500, [0.1, 0.9], 2, 3, seed=5)
+    again = lookup_prompts(tok, PromptFamily("numbers"), 500, [0.1, 0.9], 2, 3, seed=5)
+    other = lookup_prompts(tok, PromptFamily("numbers"), 500, [0.1, 0.9], 2, 3, seed=6)
+    assert [p.ids.tolist() for p in prompts] == [p.ids.tolist() for p in again]
+    assert [p.ids.tolist() for p in prompts] != [p.ids.tolist() for p in other]
+    assert len(prompts) == 4 and [p.depth for p in prompts] == [0.1, 0.1, 0.9, 0.9]
+    for p in prompts:
+        text = tok.decode(p.ids)
+        asked = text.rsplit("Where is the ", 1)[1].split(" kept?")[0]
+        assert text.count(" is kept in the") == 3 + 1 and p.key in ROOMS and len(p.ids) <= 500
+        assert FACT.format(thing=asked, room=p.key) in text and tok.decode(p.answer_ids) == " " + p.key
+        assert tok.decode(p.ids[p.needle[0]:p.needle[1]]) == " " + p.key
+        assert "lives in" not in text and "In which city" not in text  # the suite's QA wording
+    for facts in (0, len(ROOMS) + 1):
+        with pytest.raises(HeadwiseError, match="per lookup prompt"):
+            lookup_prompts(tok, PromptFamily(), 500, [0.5], 1, facts)
+
+
 def test_default_window_and_ranking():
-    """Without a window, streaming heads get a quarter of the per-head budget (sink + window = 1/4 · budget ·
-    context) and heads are ranked by retrieval; `outside` on prompts no longer than the window is refused, naming the
+    """Without a window, streaming heads get a quarter of the per-head budget (sink + window = 1/4 · budget · context)
+    and heads are ranked by retrieval + lookup; `outside` on prompts no longer than the window is refused, naming the
     fix."""
     from headwise.kvcache.choose import calibration_length, default_window
     assert default_window(0.5, 2048, 4) == 252 and default_window(0.5, 1024, 4) == 124
@@ -269,9 +341,15 @@ def test_default_window_and_ranking():
     policy, scores = kv_policy(model, tok, kv_budget=0.75, context=160, sink=2, config=config, progress=False)
     assert {rule.window for layer in policy.heads for rule in layer if rule.window} == {28}  # 1/4 · 0.75 · 160 − 2
     assert len(policy.full_heads()) == full_heads_for_budget(4, 0.75, 160, 2, 28) == 2
-    assert sorted(rank_kv_heads(scores, "retrieval")[:2]) == policy.full_heads()
-    assert "outside" not in scores.scores  # retrieval needs no calibration text
-    assert calibration_length("retrieval", 4, 508) == 512 and calibration_length("combined", 4, 508) == 1024
+    assert sorted(rank_kv_heads(scores, "retrieval+lookup")[:2]) == policy.full_heads()
+    assert "outside" not in scores.scores  # the default ranking needs no calibration text
+    assert calibration_length("retrieval+lookup", 4, 508) == 512 and calibration_length("combined", 4, 508) == 1024
+    assert calibration_length("copy+outside", 4, 508) == 1024
+    no_lookup = head_scores(model, tok, ScoreConfig(length=160, depths=(0.5,), facts=0, random_length=24),
+                            progress=False)
+    assert "lookup" not in no_lookup.scores and no_lookup.counts["lookup"] == 0
+    with pytest.raises(HeadwiseError, match="lookup needs ScoreConfig.facts"):
+        kv_policy(model, tok, 0.75, 160, 2, scores=no_lookup, progress=False)
     with pytest.raises(HeadwiseError, match="calibration-length"):
         kv_policy(model, tok, 0.5, 160, 2, 38, ranking="combined", texts=["abc " * 100],
                   config=ScoreConfig(length=40, sink=2, window=38), progress=False)

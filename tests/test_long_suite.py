@@ -316,7 +316,7 @@ def test_equal_bytes_baselines_and_the_verification_subset(tokenizer):
 
     model = causal_lm(tokenizer)
     scores = HeadScores({"retrieval": torch.tensor([[0.1, 0.2, 0.9, 0.8], [0.3, 0.05, 0.4, 0.6]])}, [2, 2])
-    arms = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4)
+    arms = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4, ranking="retrieval")
     at = {arm: p.kv_fraction(1024) for arm, p in arms.items()}
     assert at["streaming"] == pytest.approx(0.625, abs=1 / 1024)
     assert at["policy"] <= 0.625 and at["random"] == at["policy"] and at["layer"] <= 0.625
@@ -339,8 +339,9 @@ def test_a_narrower_window_keeps_more_heads_full_at_the_same_bytes(tokenizer):
     model = causal_lm(tokenizer)
     scores = HeadScores({"retrieval": torch.tensor([[0.1, 0.2, 0.9, 0.8], [0.3, 0.05, 0.4, 0.6]])}, [2, 2])
     wide = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4,
-                                window=default_window(0.625, 1024, 4, share=3 / 4))
-    narrow = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4, window=124)
+                                window=default_window(0.625, 1024, 4, share=3 / 4), ranking="retrieval")
+    narrow = equal_bytes_policies(model, tokenizer, 0.625, scores, context=1024, sink=4, window=124,
+                                  ranking="retrieval")
     # window 476: streaming heads hold 480/1024; (0.625·4 − 4·0.469)/0.531 → 1 full head
     assert wide["policy"].full_heads() == [(0, 1)]  # the KV head of query heads 2, 3 (retrieval 0.9)
     # window 124: streaming heads hold 128/1024; (0.625·4 − 4·0.125)/0.875 → 2 full heads

@@ -54,9 +54,10 @@ def register(verbs, parents) -> None:
                    help="keep --window fixed at every length (default: the window scales with the sequence and "
                         "reaches --window at --context, so the budget holds at every length up to it)")
     p.add_argument("--kv-ranking", dest="ranking", default=None,
-                   help="retrieval, combined, copy, induction, echo, outside or random (default retrieval; combined "
-                        "and outside calibrate on prompts of at least twice sink + window); --scores learned ranks "
-                        "by the learned gates")
+                   help="retrieval+lookup (the default: passkey retrieval + fact lookup), combined, retrieval, "
+                        "copy, lookup, induction, echo, outside, random, or a sum of scores such as copy+lookup "
+                        "(rankings that read outside, combined too, calibrate on prompts of at least twice sink + "
+                        "window); --scores learned ranks by the learned gates")
     alias(p, "--ranking", "--kv-ranking", "ranking")
     p.add_argument("--scores", default="training-free", choices=["training-free", "learned"],
                    help="training-free head scores (one forward per calibration prompt, the default) or learned: a "
@@ -75,7 +76,7 @@ def register(verbs, parents) -> None:
                         "twice sink + window)")
     add(p, "--seed", default=0)
     p.add_argument("--calibration-families", default="filler",
-                   help="comma-separated passkey prompt families the retrieval scores are measured on: a haystack "
+                   help="comma-separated prompt families the retrieval and lookup scores are measured on: a haystack "
                         "(filler, text: the --data text, numbers) with -chat, -raw or nothing (the tokenizer's chat "
                         "template when it has one); default filler")
     p.add_argument("--check", default="suite", choices=["suite", "passkey"],
@@ -146,8 +147,10 @@ MEASURED = "the measured prompt ('text' family, its last 10%)"
 def data_uses(args: argparse.Namespace, settings, gates) -> dict[str, bool]:
     """What a text is read for under these options → whether the user asked for it explicitly (a use asked for
     needs a text; the others are skipped, or take another prompt family, without one)."""
+    from ..kvcache.choose import needs_text
+
     uses = {}
-    if settings.ranking in ("combined", "outside"):
+    if needs_text(settings.ranking):
         uses[f"calibration of --kv-ranking {settings.ranking} (the longest lines of its first 90%)"] = True
     if any(name.startswith("text") for name in settings.calibration_families):
         uses["the 'text' calibration prompts (--calibration-families)"] = True

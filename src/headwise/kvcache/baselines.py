@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import HeadwiseError
-from .choose import default_window, kv_policy
+from .choose import DEFAULT_RANKING, default_window, kv_policy
 from .config import KVPolicy, streaming
 from .scores import HeadScores
 
@@ -36,7 +36,7 @@ def streaming_policy(model: nn.Module, kv_budget: float, context: int, sink: int
 
 
 def equal_bytes_policies(model: nn.Module, tokenizer: Any, kv_budget: float, scores: HeadScores, context: int = 2048,
-                         sink: int = 4, ranking: str = "retrieval", seed: int = 0,
+                         sink: int = 4, ranking: str = DEFAULT_RANKING, seed: int = 0,
                          arms: tuple[str, ...] = BASELINES, window: int | None = None) -> dict[str, KVPolicy]:
     """``{arm: KVPolicy}`` of ``arms`` (``BASELINES``, see the module docstring) for ``kv_budget`` at ``context``
     tokens; ``scores`` ranks the heads of ``policy`` and ``layer`` (``head_scores``, computed once for every

@@ -10,9 +10,13 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from .config import FULL, KVPolicy, latent_layers, model_shape, streaming
-from .scores import HeadScores, ScoreConfig, head_scores
+from .scores import NAMES, HeadScores, ScoreConfig, head_scores
 
-RANKINGS = ("combined", "retrieval", "copy", "induction", "echo", "outside", "learned", "random")
+# the default: passkey retrieval + fact lookup, each over its largest head. Chosen on the long-context suite's samples
+# of seed 1234 at 0.5 × 2048 on SmolLM2 (60 contexts: 27.2 against 24.1 for retrieval alone, qa 29.2 against 26.0,
+# full cache 21.8 / 29.2; experiments/kv_lookup_probe.py), judged on seed 4949 (docs/kv-policy.md).
+DEFAULT_RANKING = "retrieval+lookup"
+RANKINGS = (DEFAULT_RANKING, "combined", *NAMES, "learned", "random")  # and any other sum of scores: "copy+lookup"
 GRANULARITIES = ("head", "layer")
 # sink + window of a streaming head, as a share of the per-head budget. Chosen on the long-context suite's samples of
 # seed 1234 (shares 0.75 / 0.5 / 0.25 / 0.1 at 0.5 × 2048 on SmolLM2: 15.4 / 19.4 / 24.5 / 22.7, full cache 19.8),
@@ -61,29 +65,44 @@ def default_window(kv_budget: float, context: int, sink: int, share: float = WIN
     return window
 
 
-def rank_kv_heads(scores: HeadScores, by: str = "combined", seed: int = 0) -> list[tuple[int, int]]:
-    """``(layer, kv_head)`` from most to least needing the full cache. ``combined``: the sum of every score
-    divided by its largest value (training-free scores only); ``learned``: the gates of
-    ``headwise.training.train_kv_gates``;
-    ``random``: a seeded shuffle (a baseline)."""
-    if by not in RANKINGS:
-        raise HeadwiseError(f"unknown ranking {by!r}; use one of {', '.join(RANKINGS)}")
+def ranking_scores(by: str) -> list[str]:
+    """The scores a ranking reads: ``combined``: every training-free score; ``A+B``: A and B (each over its largest
+    value, summed); a score's name: that score; ``random``: none."""
+    if by == "random":
+        return []
+    parts = list(NAMES) if by == "combined" else by.split("+")
+    if by not in RANKINGS and not (len(parts) > 1 and all(p in NAMES for p in parts)):
+        raise HeadwiseError(f"unknown ranking {by!r}; use one of {', '.join(RANKINGS)}, or a sum of scores such as "
+                            f"'copy+lookup' (scores: {', '.join(NAMES)})")
+    return parts
+
+
+def needs_text(ranking: str) -> bool:
+    """Whether ``ranking`` reads ``outside``, which needs calibration text longer than the streaming window."""
+    return "outside" in ranking_scores(ranking)
+
+
+def rank_kv_heads(scores: HeadScores, by: str = DEFAULT_RANKING, seed: int = 0) -> list[tuple[int, int]]:
+    """``(layer, kv_head)`` from most to least needing the full cache: by the sum of ``ranking_scores(by)``, each
+    divided by its largest value (``combined``: the training-free scores computed; ``learned``: the gates of
+    ``headwise.training.train_kv_gates``); ``random``: a seeded shuffle (a baseline)."""
+    names = ranking_scores(by)
     layers, heads = len(scores.kv_heads), scores.kv_heads[0]
     pairs = [(l, h) for l in range(layers) for h in range(heads)]
     if by == "random":
         random.Random(seed).shuffle(pairs)
         return pairs
     if by == "combined":
-        free = [n for n in scores.scores if n != "learned"]
-        if not free:
+        names = [n for n in scores.scores if n != "learned"]
+        if not names:
             raise HeadwiseError("ranking by 'combined' needs the training-free scores (head_scores); these scores "
                                 "hold only 'learned': rank by 'learned'")
-        value = sum(s / s.max().clamp(min=1e-12) for s in (scores.kv(n) for n in free))
-    elif by not in scores.scores:
-        raise HeadwiseError(f"ranking by {by!r} needs that score; it was not computed (outside needs texts; "
-                            "learned needs the scores of headwise.training.train_kv_gates)")
-    else:
-        value = scores.kv(by)
+    missing = [n for n in names if n not in scores.scores]
+    if missing:
+        raise HeadwiseError(f"ranking by {by!r} needs the score(s) {', '.join(missing)}; not computed (outside needs "
+                            "texts; lookup needs ScoreConfig.facts > 0; learned needs the scores of "
+                            "headwise.training.train_kv_gates)")
+    value = sum(s / s.max().clamp(min=1e-12) for s in (scores.kv(n) for n in names))
     order = torch.argsort(value.flatten(), descending=True, stable=True).tolist()
     return [pairs[i] for i in order]
 
@@ -91,11 +110,11 @@ def rank_kv_heads(scores: HeadScores, by: str = "combined", seed: int = 0) -> li
 def calibration_length(ranking: str, sink: int, window: int) -> int:
     """Tokens per calibration prompt: 512, or twice ``sink + window`` when the ranking uses ``outside`` (the mass a
     streaming head drops needs prompts well past its window)."""
-    return max(512, 2 * (sink + window)) if ranking in ("combined", "outside") else 512
+    return max(512, 2 * (sink + window)) if needs_text(ranking) else 512
 
 
 def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context: int = 2048, sink: int = 4,
-              window: int | None = None, ranking: str = "retrieval", texts: list[str] | None = None,
+              window: int | None = None, ranking: str = DEFAULT_RANKING, texts: list[str] | None = None,
               config: ScoreConfig | None = None, scores: HeadScores | None = None,
               progress: bool = True, scaled: bool = True, granularity: str = "head",
               seed: int = 0) -> tuple[KVPolicy, HeadScores]:
@@ -103,10 +122,10 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     ``streaming(sink, window, context)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
 
     ``window`` defaults to ``default_window(kv_budget, context, sink)`` (252 at 0.5 × 2048); ``ranking`` to
-    ``retrieval`` (the measured best on SmolLM2; ``combined`` and ``outside`` also need ``texts`` longer than the
-    window). ``scaled`` (default): the streaming window scales with the sequence and reaches ``window`` at
-    ``context``, so the policy keeps about ``kv_budget`` of the bytes at every length (``policy.describe()``);
-    ``scaled=False``: a fixed window, which saves less on shorter sequences.
+    ``DEFAULT_RANKING``, passkey retrieval + fact lookup (``rank_kv_heads``; rankings that read ``outside``, such as
+    ``combined``, also need ``texts`` longer than the window). ``scaled`` (default): the streaming window scales with
+    the sequence and reaches ``window`` at ``context``, so the policy keeps about ``kv_budget`` of the bytes at every
+    length (``policy.describe()``); ``scaled=False``: a fixed window, which saves less on shorter sequences.
 
     ``ranking="learned"`` ranks by DuoAttention-style gates instead of the training-free scores: pass
     ``scores=headwise.training.train_kv_gates(model, tokenizer, KVGateConfig(sink=sink, window=window)).scores(H)``
@@ -134,7 +153,7 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
                                 "model, tokenizer, KVGateConfig(sink=sink, window=window)).scores(num_heads)")
     elif scores is None and ranking != "random":
         config = config or ScoreConfig(length=calibration_length(ranking, sink, window), sink=sink, window=window)
-        scores = head_scores(model, tokenizer, config, texts=texts if ranking in ("combined", "outside") else None,
+        scores = head_scores(model, tokenizer, config, texts=texts if needs_text(ranking) else None,
                              progress=progress, haystack_text="\n".join(texts) if texts else None)
     if scores is None:
         scores = HeadScores({}, shape)

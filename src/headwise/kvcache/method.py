@@ -3,7 +3,7 @@
 ``generate()``'s cache changes; a forward without a cache computes what it did before, so a task's metric is
 measured through the policy (``measure_through``: ``policy_forward``). ``headwise.plan`` tries policies that keep
 3/4, 1/2 and 1/4 of the cache at the task's sequence length (and the budget's share), the KV heads ranked once by
-``retrieval``; the cost model counts the bytes the cache holds there."""
+kv_policy's default ranking; the cost model counts the bytes the cache holds there."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from ..declaration import AttentionCost, Levels, PlanContext
 from ..errors import HeadwiseError
 from ..sites import AttentionSite
 from .apply import KIND, apply_kv_policy, policy_forward, policy_of, remove_kv_policy, replay_kv_policy
-from .choose import kv_policy
+from .choose import DEFAULT_RANKING, kv_policy
 from .config import KVPolicy, model_shape, streaming
 from .declaration import KV_POLICY
 from .policy_config import KVPolicyConfig
@@ -29,7 +29,7 @@ BUDGET_AXIS = "kv_cache"  # the budget's axis (``planning.Budget``) whose share 
 
 def policy_levels(model: nn.Module, context: PlanContext) -> Levels:
     """Policies holding each of ``SHARES`` (and the budget's ``kv-cache`` share) of the full cache after a sequence
-    of the plan's length, windows scaled to the sequence (``kv_policy``: ``retrieval`` scores, computed once);
+    of the plan's length, windows scaled to the sequence (``kv_policy``'s default ranking, scores computed once);
     a share the length cannot serve (no window left after the sinks) is left out, saying why when none is left."""
     try:
         model_shape(model)
@@ -41,7 +41,7 @@ def policy_levels(model: nn.Module, context: PlanContext) -> Levels:
     configs, why, scores = [], [], None
     for share in shares:
         try:
-            policy, scores = kv_policy(model, context.tokenizer, share, length, SINK, None, "retrieval",
+            policy, scores = kv_policy(model, context.tokenizer, share, length, SINK, None, DEFAULT_RANKING,
                                        scores=scores, progress=bool(context.progress))
         except HeadwiseError as err:
             why.append(f"{share:g}: {err}")

@@ -12,7 +12,8 @@ continue the sentence instead ("The pass key is a magical number…"). Tokenizer
 with the question and ``ANSWER`` at its end.
 
 Used to calibrate retrieval scores (``scores``), to train KV gates (``learn``) and to measure retrieval through a
-cache (``passkey_accuracy``, ``experiments/``).
+cache (``passkey_accuracy``, ``experiments/``); the fact-lookup prompts (``lookup``) place their needles and word
+their frame with the same ``place_needles`` and ``Wording``.
 """
 
 from __future__ import annotations
@@ -53,15 +54,30 @@ def uses_chat(tokenizer: Any, chat: bool | None = None) -> bool:
     return bool(getattr(tokenizer, "chat_template", None)) if chat is None else chat
 
 
-def frame(tokenizer: Any, chat: bool | None = None) -> tuple[str, str]:
-    """``(before, after)``: the text around the haystack (the needle inside it), intro and question included,
-    through the chat template when ``uses_chat``; ``after`` ends with ``ANSWER``."""
+@dataclass(frozen=True)
+class Wording:
+    """What a probe says around its haystack: ``intro`` before it, ``question`` after it, ``instruction`` closing a
+    chat's user turn and ``answer``, the first words of the reply (the value is the model's next tokens)."""
+
+    intro: str
+    question: str
+    instruction: str
+    answer: str
+
+
+PASSKEY = Wording(INTRO, QUESTION, INSTRUCTION, ANSWER)
+
+
+def frame(tokenizer: Any, chat: bool | None = None, wording: Wording = PASSKEY) -> tuple[str, str]:
+    """``(before, after)``: the text around the haystack (the needles inside it), intro and question included,
+    through the chat template when ``uses_chat``; ``after`` ends with the answer's first words."""
+    w = wording
     if not uses_chat(tokenizer, chat):
-        return INTRO, QUESTION + " " + ANSWER
+        return w.intro, w.question + " " + w.answer
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": MARK}], tokenize=False,
                                              add_generation_prompt=True)
     head, tail = rendered.split(MARK)
-    return head + INTRO, QUESTION + INSTRUCTION + tail + ANSWER
+    return head + w.intro, w.question + w.instruction + tail + w.answer
 
 
 def encode(tokenizer: Any, text: str) -> list[int]:
@@ -124,13 +140,12 @@ def haystack_units(haystack: str, rng: random.Random, sentences: list[str] | Non
         raise HeadwiseError(f"unknown haystack {haystack!r}; use one of {', '.join(HAYSTACKS)}")
 
 
-def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str, chat: bool | None = None,
-                   units: Iterator[str] | None = None) -> Passkey:
-    """A prompt of at most about ``length`` tokens with ``key`` at relative ``depth`` (0 = start, 1 = end of the
-    haystack), the haystack made of whole ``units`` (default: the filler sentences) as many as fit."""
-    before_text, after_text = frame(tokenizer, chat)
-    units = units if units is not None else haystack_units("filler", random.Random(0))
-    room = length - len(encode(tokenizer, before_text + NEEDLE.format(key=key) + after_text))
+def place_needles(tokenizer: Any, length: int, before_text: str, after_text: str, needles: list[tuple[float, str]],
+                  units: Iterator[str]) -> tuple[list[int], list[str]]:
+    """The ids of ``before_text``, whole haystack ``units`` as many as fit ``length`` tokens with each needle
+    ``(depth, sentence)`` between them (depth 0 = the haystack's start, 1 = its end), and ``after_text``; and for each
+    needle, the text before it."""
+    room = length - len(encode(tokenizer, before_text + "".join(n for _, n in needles) + after_text))
     hay, used = [], 0
     while True:
         unit = next(units)
@@ -140,13 +155,26 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str, chat: bo
         hay.append(unit)
         used += size
     while True:  # a unit boundary can tokenize differently from the unit alone: drop units until it fits
-        before = round(len(hay) * depth)
-        head = before_text + "".join(hay[:before])
-        text = head + NEEDLE.format(key=key) + "".join(hay[before:]) + after_text
-        ids = encode(tokenizer, text)
+        slots = [round(len(hay) * depth) for depth, _ in needles]
+        text, heads = before_text, [""] * len(needles)
+        for at in range(len(hay) + 1):
+            for i in (i for i, slot in enumerate(slots) if slot == at):
+                heads[i] = text
+                text += needles[i][1]
+            text += hay[at] if at < len(hay) else ""
+        ids = encode(tokenizer, text + after_text)
         if len(ids) <= length or len(hay) == 1:
-            break
+            return ids, heads
         hay.pop()
+
+
+def passkey_prompt(tokenizer: Any, length: int, depth: float, key: str, chat: bool | None = None,
+                   units: Iterator[str] | None = None) -> Passkey:
+    """A prompt of at most about ``length`` tokens with ``key`` at relative ``depth`` (0 = start, 1 = end of the
+    haystack), the haystack made of whole ``units`` (default: the filler sentences) as many as fit."""
+    before_text, after_text = frame(tokenizer, chat)
+    units = units if units is not None else haystack_units("filler", random.Random(0))
+    ids, (head,) = place_needles(tokenizer, length, before_text, after_text, [(depth, NEEDLE.format(key=key))], units)
     needle_prefix = "The pass key is"
     start = len(encode(tokenizer, head + needle_prefix))
     end = len(encode(tokenizer, head + needle_prefix + " " + key))

@@ -4,6 +4,8 @@
   prompts of every calibration family (``ScoreConfig.families``: the filler haystack through the chat template by
   default; see ``passkey.PromptFamily``);
 - ``copy``: share of those steps whose arg-max key is the very digit being predicted (Wu et al.'s retrieval heads);
+- ``lookup``: attention mass on the asked word while the model says it, on fact-lookup prompts of the same families
+  (``lookup``: ``ScoreConfig.facts`` look-alike facts, one asked; ``facts=0`` leaves the score out);
 - ``induction`` / ``echo``: on a random sequence repeated twice, mass on the token after / at the previous
   occurrence of the current token (RazorAttention keeps such heads whole);
 - ``outside``: on calibration text, attention mass that a ``streaming(sink, window)`` cache would drop.
@@ -24,21 +26,24 @@ from ..progress import progress_bar
 from ..runtime import add_observer, detach
 from ..sites import find_sites
 from .config import model_shape
+from .lookup import lookup_prompts
 from .passkey import Passkey, PromptFamily, family_prompts
 
 OBSERVER = "kv_scores"
-NAMES = ("retrieval", "copy", "induction", "echo", "outside")
+NAMES = ("retrieval", "copy", "lookup", "induction", "echo", "outside")
 
 
 @dataclass
 class ScoreConfig:
     """What to run: passkey prompts (``length`` tokens, ``depths`` × ``keys`` per prompt family of ``families``,
-    e.g. ``("filler", "numbers-raw")``; see ``PromptFamily.parse``), ``random_length`` random tokens repeated twice
-    (``random_sequences`` of them), and the sink/window whose dropped mass ``outside`` measures."""
+    e.g. ``("filler", "numbers-raw")``; see ``PromptFamily.parse``), as many fact-lookup prompts of ``facts`` facts
+    each (0: none), ``random_length`` random tokens repeated twice (``random_sequences`` of them), and the
+    sink/window whose dropped mass ``outside`` measures."""
 
     length: int = 512
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
     keys: int = 1
+    facts: int = 4
     random_length: int = 128
     random_sequences: int = 2
     sink: int = 4
@@ -82,7 +87,11 @@ def _run(model: nn.Module, ids: torch.Tensor, reduce: Callable[[int, torch.Tenso
             detach(site, OBSERVER)
 
 
-def _passkey(model: nn.Module, prompt: Passkey, total: dict[str, torch.Tensor]) -> None:
+def needle_scores(model: nn.Module, prompt: Passkey, total: dict[str, torch.Tensor], mass: str = "retrieval",
+                  copy: str | None = "copy") -> None:
+    """Add each head's attention mass on ``prompt.needle`` while the model predicts its answer (teacher forced) to
+    ``total[mass] [layers, heads]``, and the share of those steps whose arg-max key is the token being predicted to
+    ``total[copy]`` (None: not counted)."""
     ids = torch.cat([prompt.ids, prompt.answer_ids])
     first = len(prompt.ids) - 1  # the query that predicts the first answer token
     queries = torch.arange(first, first + len(prompt.answer_ids))
@@ -92,8 +101,9 @@ def _passkey(model: nn.Module, prompt: Passkey, total: dict[str, torch.Tensor]) 
 
     def reduce(layer: int, probs: torch.Tensor) -> None:  # probs [H, T, T]
         rows = probs[:, queries.to(probs.device)]
-        total["retrieval"][layer] += rows[..., start:end].sum(-1).mean(-1).cpu()
-        total["copy"][layer] += (rows.argmax(-1).cpu() == targets).float().mean(-1)
+        total[mass][layer] += rows[..., start:end].sum(-1).mean(-1).cpu()
+        if copy is not None:
+            total[copy][layer] += (rows.argmax(-1).cpu() == targets).float().mean(-1)
 
     _run(model, ids, reduce)
 
@@ -144,11 +154,14 @@ def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = N
     kv_heads = model_shape(model)
     sites = [s for s in find_sites(model) if s.kind == "dec-self"]
     heads = sites[0].num_heads
-    names = [n for n in NAMES if n != "outside" or texts]
+    names = [n for n in NAMES if (n != "outside" or texts) and (n != "lookup" or config.facts)]
     total = {n: torch.zeros(len(sites), heads) for n in names}
     prompts = [p for family in families for p in family_prompts(tokenizer, family, config.length,
                                                                  list(config.depths), config.keys, config.seed,
                                                                  haystack_text)]
+    lookups = [p for family in families if config.facts
+               for p in lookup_prompts(tokenizer, family, config.length, list(config.depths), config.keys,
+                                       config.facts, config.seed, haystack_text)]
     randoms = repeated_tokens(config, min(len(tokenizer), model.config.vocab_size))
     if texts and config.length <= config.sink + config.window + 1:
         raise HeadwiseError(f"'outside' measures the attention a sink {config.sink} + window {config.window} cache "
@@ -163,12 +176,14 @@ def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = N
     if texts and not calibration:
         raise HeadwiseError(f"calibration texts are shorter than sink + window + 2 = {config.sink + config.window + 2}"
                             " tokens; give longer texts or a smaller window")
-    jobs = ([(lambda p=p: _passkey(model, p, total)) for p in prompts]
+    jobs = ([(lambda p=p: needle_scores(model, p, total)) for p in prompts]
+            + [(lambda p=p: needle_scores(model, p, total, "lookup", None)) for p in lookups]
             + [(lambda r=r: _repeated(model, r, config.random_length, total)) for r in randoms]
             + [(lambda c=c: _outside(model, c, config.sink, config.window, total)) for c in calibration])
     for job in progress_bar(jobs, desc="head scores", disable=not progress):
         job()
-    counts = {"passkey": len(prompts), "repeated": len(randoms), "calibration": len(calibration)}
-    divisor = {"retrieval": len(prompts), "copy": len(prompts), "induction": len(randoms), "echo": len(randoms),
-               "outside": len(calibration)}
+    counts = {"passkey": len(prompts), "lookup": len(lookups), "repeated": len(randoms),
+              "calibration": len(calibration)}
+    divisor = {"retrieval": len(prompts), "copy": len(prompts), "lookup": len(lookups), "induction": len(randoms),
+               "echo": len(randoms), "outside": len(calibration)}
     return HeadScores({n: total[n] / max(divisor[n], 1) for n in names}, kv_heads, counts)

@@ -6,6 +6,7 @@ from . import svg
 from .builder import Report
 
 SCORES = {"retrieval": "mass on the passkey while predicting it", "copy": "arg-max on the digit being copied",
+          "lookup": "mass on the asked word of one fact among look-alikes while saying it",
           "induction": "mass on the token after the previous occurrence", "echo": "mass on the previous occurrence",
           "outside": "mass a sink + window cache would drop",
           "learned": "gate alpha: 1 full attention, 0 sink + window (DuoAttention-style, trained)"}

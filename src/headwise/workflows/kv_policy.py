@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..kvcache import KVGateConfig, KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, remove_kv_policy
-from ..kvcache.choose import calibration_length, default_window, full_heads_for_budget
+from ..kvcache.choose import DEFAULT_RANKING, calibration_length, default_window, full_heads_for_budget, needs_text
 from ..kvcache.config import model_shape
 from ..kvcache.measure import measure_policy
 from ..kvcache.passkey import PromptFamily, family_prompts, passkey_accuracy
@@ -32,15 +32,15 @@ DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # where the passkey check hides its keys
 
 @dataclass
 class KVPolicySettings:
-    """What ``kv_policy_experiment`` does. The budget: ``kv_budget`` of the full cache at ``context`` tokens,
-    streaming heads keeping ``sink`` + ``window`` tokens (None: ``kvcache.choose.default_window``), the window
-    scaled with the sequence unless ``fixed_window``. The ranking: ``ranking`` of the training-free scores on
-    ``calibration_families`` prompts of ``calibration_length`` tokens (None: ``kvcache.choose.calibration_length``;
-    ``ranking`` None: ``retrieval``), or, with ``gates``, learned gates (``ranking`` is then ``"learned"``). The
-    measurements: ``measure`` (through ``generate()``, a prompt of ``context`` tokens of ``eval_family`` (None:
-    ``text`` from the task's evaluated part) + ``measure_new``, ``measure_repeats`` times, prefill in chunks of
-    ``prefill_chunk`` tokens: ``"auto"``, a number, or None for the whole prompt) and ``perplexity`` (of the task,
-    through the policy and the full cache). ``seed``: of the prompts."""
+    """What ``kv_policy_experiment`` does. The budget: ``kv_budget`` of the full cache at ``context`` tokens, streaming
+    heads keeping ``sink`` + ``window`` tokens (None: ``kvcache.choose.default_window``), the window scaled with the
+    sequence unless ``fixed_window``. The ranking: ``ranking`` of the training-free scores on ``calibration_families``
+    prompts of ``calibration_length`` tokens (None: ``kvcache.choose.calibration_length``; ``ranking`` None:
+    ``kvcache.choose.DEFAULT_RANKING``), or, with ``gates``, learned gates (``ranking`` is then ``"learned"``). The
+    measurements: ``measure`` (through ``generate()``, a prompt of ``context`` tokens of ``eval_family`` (None: ``text``
+    from the task's evaluated part) + ``measure_new``, ``measure_repeats`` times, prefill in chunks of ``prefill_chunk``
+    tokens: ``"auto"``, a number, or None for the whole prompt) and ``perplexity`` (of the task, through the policy and
+    the full cache). ``seed``: of the prompts."""
 
     kv_budget: float = 0.5
     context: int = 2048
@@ -66,7 +66,7 @@ class KVPolicySettings:
                                           for name in self.calibration_families)
         if self.gates is not None and self.ranking not in (None, "learned"):
             raise HeadwiseError(f"--scores learned ranks by the learned gates; drop --kv-ranking {self.ranking}")
-        self.ranking = "learned" if self.gates is not None else self.ranking or "retrieval"
+        self.ranking = "learned" if self.gates is not None else self.ranking or DEFAULT_RANKING
         if self.measure and (self.measure_new < 2 or self.measure_repeats < 1):
             raise HeadwiseError(f"measure_new {self.measure_new} / measure_repeats {self.measure_repeats}: decode "
                                 "speed needs at least 2 new tokens and 1 repeat (or no measurement)")
@@ -277,8 +277,8 @@ def kv_policy_experiment(model: nn.Module, tokenizer: Any, task: Task, settings:
                (verify.name if verify is not None else "verification"): check, "perplexity": ppl}
     gates, ranking = settings.gates, settings.ranking
     calibrated_on = (f"learned gates (haystack {gates.haystack})" if gates is not None else "none (--kv-ranking "
-                     "random)" if ranking == "random" else "synthetic passkey prompts ("
+                     "random)" if ranking == "random" else "synthetic passkey and fact-lookup prompts ("
                      f"{', '.join(settings.calibration_families)}) and repeated random tokens"
                      + (f" + {scores.counts.get('calibration', 0)} lines of {task.source()}"
-                        if ranking in ("combined", "outside") else ""))
+                        if needs_text(ranking) else ""))
     return KVPolicyRun(policy, scores, summary, calibrated_on)
