@@ -423,10 +423,7 @@ def load_model(
     try:
         dispatch = dispatch_kwargs(device_map, max_memory, offload_folder)
         if _saved_by_headwise(path):
-            if dispatch:
-                raise HeadwiseError(f"{path} was saved by headwise; device_map loads transformers checkpoints only: "
-                                    "load it without --device-map")
-            model = from_pretrained(local, device=device, dtype=dtype, verify=verify)
+            model = from_pretrained(local, device=device, dtype=dtype, verify=verify, **dispatch)
             _check_checkpoint_head(model, name_or_path or path, head)
         else:
             _check_architecture(path, name_or_path, head)

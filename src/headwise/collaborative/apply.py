@@ -13,6 +13,7 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..contract import record, with_keywords
 from ..progress import progress_bar
+from ..runtime.dispatch import refuse_offloaded
 from ..runtime.ops import ops_of
 from ..sites import AttentionSite, family_layout, recorded_sites, supported_families
 from .calibration import input_moments, input_moments_in_groups
@@ -207,6 +208,7 @@ def compress(
     """
     config = with_keywords(CollaborativeConfig, config, dk=dk)
     sites = config.sites(model)
+    refuse_offloaded(sites, "collaborative")
     check_compressible(model, sites, config.dk)
     exact = max(exact_rank(s) for s in sites)
     if isinstance(config.dk, int) and config.dk > exact:

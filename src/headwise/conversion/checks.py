@@ -5,6 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from ..errors import HeadwiseError
+from ..runtime.dispatch import refuse_offloaded
 from ..runtime.ops import ops_of
 from ..sites import AttentionSite, families_with, family_layout, find_sites
 
@@ -32,6 +33,7 @@ def convertible_sites(model: nn.Module, verb: str) -> list[AttentionSite]:
         if partial not in (None, 1, 1.0):
             raise HeadwiseError(f"{verb}: partial rotary embeddings (partial_rotary_factor={partial}) are not supported")
     sites = [s for s in sites if s.kind == "dec-self"]
+    refuse_offloaded(sites, verb)
     for site in sites:
         if ops_of(site) is not None:
             raise HeadwiseError(f"{site.name} carries headwise ops (gates, observers, mechanisms); detach or fold them "

@@ -19,6 +19,7 @@ validates the record (one line per problem) and refuses non-finite weights, nami
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -36,6 +37,7 @@ from ..errors import HeadwiseError
 from ..runtime import enable
 from ..runtime.ops import rebuild, saved_specs
 from ..sites import find_sites, recorded_sites
+from .dispatched import load_dispatched, load_ops, onloaded
 from .files import atomic_dir, read_text, stable_read
 from .manifest import verify_manifest
 
@@ -107,7 +109,8 @@ def save_pretrained(
             (tmp / f"{LOADER}.py").write_text(loader_source(), encoding="utf-8")
         if getattr(model, "generation_config", None) is not None and model.can_generate():
             model.generation_config.save_pretrained(tmp)
-        save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
+        with onloaded(model):  # a dispatched model's offloaded weights, read back for the file
+            save_model(model, str(tmp / WEIGHTS), metadata={"format": "pt", "headwise": str(FORMAT_VERSION)})
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return Path(path)
@@ -257,17 +260,25 @@ def check_finite(model: nn.Module, where: str) -> None:
 
 def from_pretrained(
     path: str | os.PathLike, device: str | torch.device = "cpu", dtype: torch.dtype | None = None,
-    verify: bool | None = None,
+    verify: bool | None = None, *, device_map: str | dict | None = None, max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ) -> nn.Module:
     """Rebuild a model saved by ``save_pretrained``: verify its files (``io.manifest``: sizes, and sha256 when
     ``verify`` or below ``HASH_LIMIT``), replay edits, attach ops, load weights strictly, refuse non-finite ones,
     select the ``headwise`` implementation. A folder another process replaces meanwhile is read again
-    (``stable_read``). Returns the model in eval mode."""
+    (``stable_read``). ``device_map`` / ``max_memory`` / ``offload_folder``: Accelerate dispatch, as transformers
+    takes them (``device`` is then unused; the ops live on each module's execution device: ``io.dispatched``).
+    Returns the model in eval mode."""
     path = Path(path)
-    return stable_read(path, lambda: _load(path, device, dtype, verify))
+    if device_map is None and (max_memory or offload_folder):
+        raise HeadwiseError("max_memory and offload_folder need device_map (e.g. device_map='auto')")
+    dispatch = None if device_map is None else {"device_map": device_map, "max_memory": max_memory,
+                                                "offload_folder": offload_folder}
+    return stable_read(path, lambda: _load(path, device, dtype, verify, dispatch))
 
 
-def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, verify: bool | None) -> nn.Module:
+def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, verify: bool | None,
+          dispatch: dict | None = None) -> nn.Module:
     if (path / "config.json").is_file():
         verify_manifest(path, verify)  # first: a listed file that is missing is named
     if not (path / "config.json").is_file() or not (path / WEIGHTS).is_file():
@@ -277,7 +288,9 @@ def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, ver
         )
     config = read_config(path)
     state = getattr(config, "headwise", None) or {}
-    with no_init_weights():
+    from accelerate import init_empty_weights
+
+    with no_init_weights(), (init_empty_weights() if dispatch else contextlib.nullcontext()):
         model = _model_class(config)._from_config(config, attn_implementation="sdpa")
     if state.get("version", FORMAT_VERSION) < 2:  # format 1: edit records by kind
         state = {k: v for k, v in state.items() if k != "edits"} | {
@@ -285,10 +298,17 @@ def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, ver
     model.config.headwise = dict(state)
     load_methods()  # every method and op type registered, whichever headwise modules the caller imported
     replay(model, state.get("journal", []), str(path))
+    if dispatch:
+        model.tie_weights()
+        model = load_dispatched(model, path / WEIGHTS, dtype=dtype, **dispatch)
     ops = state.get("ops", [])
     by_path = recorded_sites(model, [record["site"] for record in ops], f"{path}: an op")
     for record in ops:
         rebuild(by_path[record["site"]], record)
+    if dispatch:
+        load_ops(model, path / WEIGHTS, dtype)
+        check_finite(model, str(path / WEIGHTS))
+        return enable(model).eval()
     model.tie_weights()
     try:
         missing, unexpected = load_model(model, path / WEIGHTS, strict=False)

@@ -17,6 +17,7 @@ from torch import nn
 
 from ..allocator import trim
 from ..contract import apply, config_from_dict, config_to_dict, method_of
+from ..runtime.dispatch import refuse_offloaded
 from ..errors import HeadwiseError
 from ..sites import find_sites
 from .snapshot import AttentionSnapshot
@@ -116,12 +117,8 @@ def apply_edit(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, tor
     ``calibration``: model-input batches for the calibrated methods (``Planned.calibrated``: the KV merge and the
     collaborative objective); an edit that uses one is refused without them (the plan measured the calibrated
     forms)."""
-    offloaded = [s.name for s in find_sites(model) if not edit.reversible and edit.configs
-                 and any(p.device.type == "meta" for p in s.module.parameters())]
-    if offloaded:
-        raise HeadwiseError(f"edit '{edit.describe()}' rewrites attention weights that are offloaded (on the meta "
-                            f"device, e.g. {offloaded[0]}): load the model with a --max-memory that keeps the "
-                            "attention weights on a device, or without --device-map")
+    if not edit.reversible and edit.configs:
+        refuse_offloaded(find_sites(model), f"edit '{edit.describe()}'")
     if edit.needs_calibration() and not calibration:
         raise HeadwiseError(f"edit '{edit.describe()}' has calibrated methods (their fits read calibration data): "
                             "pass calibration batches (Plan.apply builds them from the tokenizer)")

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from ..runtime.dispatch import refuse_offloaded
 from ..runtime.gates import Gate
 from ..runtime.ops import detach, ops_of
 from ..sites import AttentionSite, find_sites
@@ -53,6 +54,7 @@ def prune_masked(model: nn.Module, allow_empty_layers: bool = False) -> dict[str
         if removed:
             plan[site.path] = removed
     by_path = {s.path: s for s in sites}
+    refuse_offloaded([by_path[path] for path in factors], "prune_masked")  # folding rewrites W_o
     for path, removed in plan.items():  # every site is checked before the first change
         validate_removal(by_path[path], removed, allow_empty_layers, folding=factors[path][1])
     for site in sites:

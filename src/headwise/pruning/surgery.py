@@ -21,6 +21,7 @@ from transformers.pytorch_utils import Conv1D
 from ..errors import HeadwiseError
 from ..contract import record
 from ..runtime.attention import BIAS_HEADS
+from ..runtime.dispatch import refuse_offloaded
 from ..runtime.ops import SLOTS, ops_of
 from ..sites import AttentionSite, HeadProjection, find_sites, recorded_sites, site_table
 
@@ -154,6 +155,7 @@ def prune_heads(model: nn.Module, heads: Mapping[str | AttentionSite, Sequence[i
     """
     plan = _resolve(model, heads)
     sites = {s.path: s for s in find_sites(model)}
+    refuse_offloaded([sites[path] for path, hs in plan.items() if hs], "prune_heads")
     kept = {path: validate_removal(sites[path], hs, allow_empty_layers) for path, hs in plan.items() if hs}
     for path, (keep, keep_kv) in kept.items():
         _prune_site(model, sites[path], keep, keep_kv)

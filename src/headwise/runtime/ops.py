@@ -22,6 +22,7 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..sites import AttentionSite, find_sites
+from .dispatch import execution_device
 from .probs import ProbRows
 
 ATTR = "headwise"  # attribute name on the attention module; appears in state_dict keys
@@ -82,9 +83,9 @@ def ops_of(target: AttentionSite | nn.Module, create: bool = False) -> HeadOps |
     ops = getattr(module, ATTR, None)
     if ops is None and create:
         ops = HeadOps()
-        ref = next(iter(module.parameters()), None)
-        if ref is not None:
-            ops.to(ref.device)
+        device = execution_device(module)
+        if device is not None:
+            ops.to(device)
         setattr(module, ATTR, ops)
     return ops
 
@@ -99,9 +100,9 @@ def attach(site: AttentionSite, slot: str, name: str, op: nn.Module, replace: bo
         raise HeadwiseError(f"{site.name} already has a {slot} op named {name!r}; detach it first or pass replace=True")
     if slot == "mechanism" and len(table) and name not in table:
         raise HeadwiseError(f"{site.name} already has a mechanism ({next(iter(table))}); a site runs one at a time")
-    ref = next(iter(site.module.parameters()), None)
-    if ref is not None and isinstance(op, nn.Module):
-        op.to(device=ref.device)
+    device = execution_device(site.module)  # never offloaded: see runtime.dispatch
+    if device is not None and isinstance(op, nn.Module):
+        op.to(device=device)
     if isinstance(op, nn.Module):
         op.train(site.module.training)  # follow the model's mode (stochastic ops sample only in training)
     table[name] = op
