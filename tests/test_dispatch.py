@@ -104,3 +104,47 @@ def test_the_cli_loads_with_device_map_and_gives_the_same_perplexity(folder, tmp
     assert dispatched["perplexity"] == pytest.approx(whole["perplexity"], rel=1e-5)
     assert main([*common, "--max-memory", "cpu=1GB"]) == 2
     assert "need --device-map" in capsys.readouterr().err
+
+
+def test_every_verb_that_loads_a_model_takes_the_dispatch_flags():
+    from test_cli_flags import leaves
+
+    from headwise.cli import build_parser
+    from headwise.contract import load_methods
+
+    load_methods()
+    loading = {command: {flag for action in parser._actions for flag in action.option_strings}
+               for command, parser in leaves(build_parser())}
+    loading = {command: flags for command, flags in loading.items() if "--model" in flags}
+    assert {"sites", "eval stsb", "convert gqa", "edit masks", "kv-policy"} <= set(loading)
+    lacking = [c for c, flags in loading.items() if not {"--device-map", "--max-memory", "--offload-folder"} <= flags]
+    assert not lacking, f"verbs that load a model without the dispatch flags: {lacking}"
+
+
+def test_the_cli_edits_a_dispatched_model_with_disk_offload_and_reloads_it_dispatched(folder, tmp_path, capsys):
+    """``edit`` on a model whose layers are on disk: a mask works, the saved folder reloads dispatched with the
+    perplexity of the model edited whole; a weight edit of an offloaded layer is refused in one line."""
+    import json
+
+    from headwise.cli import main
+
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(TEXTS * 4) + "\n")
+    dispatch = ["--device-map", "auto", "--max-memory", "cpu=400KB", "--offload-folder", str(tmp_path / "off")]
+    masks = ["--task", "lm", "--masks", json.dumps({"dec-self.3": [0, 1, 1, 0, 1, 1]})]
+    assert main(["sites", "--model", str(folder), *dispatch]) == 0
+    assert "4 attention sites" in capsys.readouterr().out
+    assert main(["edit", "masks", "--model", str(folder), *masks, "--out", str(tmp_path / "whole")]) == 0
+    assert main(["edit", "masks", "--model", str(folder), *masks, *dispatch, "--out", str(tmp_path / "disp")]) == 0
+    capsys.readouterr()
+    perplexity = {}
+    for name, extra in (("whole", []), ("disp", dispatch)):
+        assert main(["eval", "lm", "--model", str(tmp_path / name / "model"), "--data", str(text), "--max-length",
+                     "16", "--json", *extra]) == 0
+        perplexity[name] = json.loads(capsys.readouterr().out)["perplexity"]
+    assert perplexity["disp"] == pytest.approx(perplexity["whole"], rel=1e-5)
+    assert main(["edit", "prune_heads", "--model", str(folder), "--heads", '{"dec-self.3": [0, 1, 2]}', *dispatch,
+                 "--out", str(tmp_path / "pruned")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "offloaded (dec-self.3" in error and "--max-memory" in error
+    assert not (tmp_path / "pruned").exists()

@@ -195,21 +195,18 @@ class Alias(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-def model_args(parser: argparse.ArgumentParser, default: str | None = None, dispatch: bool = True,
-               dtype: str = "the checkpoint's") -> None:
+def model_args(parser: argparse.ArgumentParser, default: str | None = None, dtype: str = "the checkpoint's") -> None:
     """The model and device group: ``--model`` (``default``: None is the packaged minilm), ``--device``,
-    ``--dtype`` (``dtype``: what its default means) and, with ``dispatch``, Accelerate's dispatch options and
-    ``--verify``."""
+    ``--dtype`` (``dtype``: what its default means), Accelerate's dispatch options (every verb that loads a model
+    passes them to ``load_model``: ``task_options.dispatch_of``) and ``--verify``."""
     from .options import add
 
     g = parser.add_argument_group("model and device")
     add(g, "--model", default=default, shown=default or "minilm")
     add(g, "--device", default="cpu")
     add(g, "--dtype", default=None, shown=dtype)
-    if dispatch:
-        for flag in ("--device-map", "--max-memory", "--offload-folder"):
-            add(g, flag, default=None)
-        add(g, "--verify", default=None)
+    for flag in ("--device-map", "--max-memory", "--offload-folder", "--verify"):
+        add(g, flag, default=None)
 
 
 def global_flags(parser: argparse.ArgumentParser, default: object) -> None:

@@ -51,7 +51,7 @@ def register(verbs, parents) -> None:
                           ("latent", "low-rank latent keys/values at a KV-byte budget")):
         sub = kinds.add_parser(name, parents=parents, help=summary, description=f"{summary}\n\n" + DATA)
         sub.later(lambda parser, name=name: _method_options(parser, name))
-        model_args(sub, default="smollm2-135m", dispatch=False, dtype="float32")
+        model_args(sub, default="smollm2-135m", dtype="float32")
         add(sub, "--task", default=None, shown="the model's own: lm (decoders) or translation (encoder-decoders)")
         add(sub, "--data", default=None, shown="lm: shared/data/wikitext-2/valid.txt")
         alias(sub, "--text", "--data", "data")
@@ -160,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     from ..io import atomic_dir, check_writable_dir, export_plain, plain_problem, save_pretrained
     from ..models import load_model
     from ..workflows.convert import ConvertSettings, check, convert
+    from .task_options import dispatch_of
 
     check_writable_dir(args.out, args.force)
     task_name = _task_name(args)
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     check(task_name, settings)
     if args.resume:
         check_resume_options(args)  # before any work
-    model, tokenizer = load_model(args.model, args.device, args.dtype or "float32", task=task_name)
+    model, tokenizer = load_model(args.model, args.device, args.dtype or "float32", task=task_name, **dispatch_of(args))
     if args.uptrain_tokens and not args.resume:
         record_options(args)
     summary = {"verdict": None, "model": args.model, **convert(model, tokenizer, task_name, settings)}

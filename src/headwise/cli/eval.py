@@ -12,7 +12,7 @@ from contextlib import nullcontext
 
 from . import model_args
 from .options import add
-from .task_options import load_for_task, metric_line, task_args, task_from_args
+from .task_options import dispatch_of, load_for_task, metric_line, task_args, task_from_args
 from .output import print_json
 
 HELP = {"lm": "perplexity of a causal LM on a text (strided windows)",
@@ -134,7 +134,7 @@ def run_stsb(args: argparse.Namespace) -> int:
 
     # a missing or malformed file, or too few pairs for a correlation, fails before the model loads
     Stsb(data=args.data, split=args.split, limit=args.limit).check()
-    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False)
+    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False, **dispatch_of(args))
     ensure_encoder(model, "eval stsb")  # a decoder is refused first: the clearer reason
     tokenizer = load_tokenizer(args.model, model)
     result = evaluate_stsb(model, tokenizer, args.split, args.data, args.batch_size, args.limit)

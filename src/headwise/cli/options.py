@@ -32,7 +32,7 @@ SHARED: dict[str, dict[str, Any]] = {
     "--device": {"help": "torch device, e.g. cpu, cuda, cuda:1"},
     "--dtype": {"help": "float32, bfloat16 or float16"},
     "--device-map": {"help": "Accelerate dispatch for models larger than one device: auto, balanced, sequential "
-                             "(replaces --device; transformers checkpoints only)"},
+                             "(replaces --device; also folders headwise saved)"},
     "--max-memory": {"help": "with --device-map: memory per device, e.g. cpu=8GiB or 0=20GiB,cpu=30GiB"},
     "--offload-folder": {"help": "with --device-map: folder for the weights that fit nowhere (disk offload)"},
     "--verify": {"action": "store_true", "help": "check the sha256 of every file of a folder headwise wrote, "

@@ -24,9 +24,11 @@ def register(verbs, parents) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..models import load_model, native_task
     from ..sites import find_sites
+    from .task_options import dispatch_of
 
     # the model's own class (head included): what it was saved as, so its weights are all there
-    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False, task=native_task(args.model))
+    model, _ = load_model(args.model, args.device, args.dtype, with_tokenizer=False, task=native_task(args.model),
+                          **dispatch_of(args))
     sites = find_sites(model)
     if args.json:
         print_json([s.describe() for s in sites], indent=2)
