@@ -109,3 +109,23 @@ def test_every_method_on_a_dispatched_model_equals_the_whole_one(name, family, f
         assert torch.allclose(_out(disp, inputs, real), before, atol=1e-5)
         assert _dispatch(disp) == dispatch
         assert all(getattr(s.module, "headwise", None) is None for s in find_sites(disp))
+
+
+@pytest.mark.parametrize("family", sorted(DEVICE_MAPS))
+def test_a_weight_edit_of_the_layer_kept_in_memory_works_dispatched(family, folders, tmp_path):
+    """Collaborative heads on the layer Accelerate keeps in CPU memory (its hooks call the swapped class's
+    forward): the whole model's outputs, its saved folder, and a dispatched reload."""
+    config = headwise.CollaborativeConfig(dk=4, selection=headwise.Selection(layers=[0]))
+    whole, disp = _load(folders, family), _load(folders, family, tmp_path / "offload")
+    inputs, real = tiny_inputs(family)
+    for model in (whole, disp):
+        headwise.apply(model, config)
+    edited = _out(whole, inputs, real)
+    assert torch.allclose(_out(disp, inputs, real), edited, atol=1e-5)
+    for name, model in (("whole", whole), ("disp", disp)):
+        headwise.save_pretrained(model, tmp_path / name)
+    saved, expected = (load_file(tmp_path / f / "model.safetensors") for f in ("disp", "whole"))
+    assert saved.keys() == expected.keys() and all(torch.equal(saved[k], expected[k]) for k in saved)
+    again = headwise.from_pretrained(tmp_path / "disp", device_map=DEVICE_MAPS[family],
+                                     offload_folder=str(tmp_path / "again"))
+    assert torch.allclose(_out(again, inputs, real), edited, atol=1e-5)

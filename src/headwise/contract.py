@@ -265,12 +265,11 @@ def method_named(text: str, *, planned: bool = False) -> Method:
 
 def apply(model: nn.Module, config: Any, **inputs: Any) -> Any:
     """Apply the method of ``config`` to ``model`` in place; returns what the method's verb returns."""
-    method = method_of(config)
-    if not method.meta and any(p.is_meta for p in model.parameters()):
-        from .runtime.dispatch import refuse_offloaded
-        from .sites import find_sites
+    from .runtime.dispatch import offloaded
 
-        refuse_offloaded(find_sites(model), method.name)  # dispatched: says how to load the model instead
+    method = method_of(config)
+    # meta tensors that Accelerate fetches are weights: the method refuses the offloaded sites it would rewrite
+    if not method.meta and any(p.is_meta for p in model.parameters()) and not offloaded(model):
         raise HeadwiseError(f"{method.name} fits the model's weights, which are on the meta device; load the real "
                             "weights first")
     return method.apply(model, config, **inputs)

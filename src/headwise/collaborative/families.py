@@ -20,6 +20,7 @@ from transformers.pytorch_utils import Conv1D
 
 from ..compat import pop_cache
 from ..errors import HeadwiseError
+from ..runtime.dispatch import set_class
 from ..sites import AttentionSite
 from .decompose import Factors
 from .layer import CollaborativeAttention, RotaryCollaborativeAttention
@@ -197,8 +198,8 @@ def install_rotary(site: AttentionSite, rank: int, factors: RotaryFactors | None
     setattr(module, layout.key, _linear(key.to(ref.device)).train(module.training))
     module.mixing = nn.Parameter(mixing.to(ref.device))
     module.register_buffer("frequencies", frequencies)
-    module.__class__ = collaborative_class(type(module), FORWARDS[site.layout.attention_form],
-                                           RotaryCollaborativeAttention)
+    set_class(module, collaborative_class(type(module), FORWARDS[site.layout.attention_form],
+                                          RotaryCollaborativeAttention))
 
 
 def install(site: AttentionSite, rank: int, factors: Factors | None = None,
@@ -230,4 +231,4 @@ def install(site: AttentionSite, rank: int, factors: Factors | None = None,
         setattr(module, layout.key, _linear(key).train(module.training))
     module.mixing = nn.Parameter(factors.mixing.to(**like))
     module.content_bias = _linear(content.to(**like)).train(module.training)
-    module.__class__ = collaborative_class(type(module), FORWARDS[site.layout.attention_form])
+    set_class(module, collaborative_class(type(module), FORWARDS[site.layout.attention_form]))

@@ -34,7 +34,7 @@ def execution_device(module: nn.Module) -> torch.device | None:
     for hook in accelerate_hooks(module):
         device = getattr(hook, "execution_device", None)
         if device is not None:
-            return torch.device(f"cuda:{device}" if isinstance(device, int) else device)
+            return torch.device(device)
     tensors = [*module.parameters(), *module.buffers()]
     real = next((t for t in tensors if not t.is_meta), None)
     if real is not None:
@@ -60,3 +60,12 @@ def refuse_offloaded(sites: Iterable, what: str) -> None:
             f"{', …' if len(names) > 3 else ''}, on disk or in CPU memory): load the model with a --max-memory "
             "(max_memory=) that keeps those layers on a device, or without --device-map, edit and save it; the "
             "saved folder then loads dispatched (headwise.from_pretrained(folder, device_map=...))")
+
+
+def set_class(module: nn.Module, cls: type) -> None:
+    """``module.__class__ = cls``, and where Accelerate's hook wrapped ``module``'s forward (it keeps the original
+    as ``_old_forward``), the hook then calls ``cls``'s forward: a class swap is never bypassed on a dispatched
+    model."""
+    module.__class__ = cls
+    if hasattr(module, "_old_forward"):
+        module._old_forward = cls.forward.__get__(module)
