@@ -288,9 +288,12 @@ def _load(path: Path, device: str | torch.device, dtype: torch.dtype | None, ver
         )
     config = read_config(path)
     state = getattr(config, "headwise", None) or {}
-    from accelerate import init_empty_weights
+    empty = contextlib.nullcontext()
+    if dispatch:  # parameters on meta until Accelerate places them (buffers built)
+        from accelerate import init_empty_weights
 
-    with no_init_weights(), (init_empty_weights() if dispatch else contextlib.nullcontext()):
+        empty = init_empty_weights()
+    with no_init_weights(), empty:
         model = _model_class(config)._from_config(config, attn_implementation="sdpa")
     if state.get("version", FORMAT_VERSION) < 2:  # format 1: edit records by kind
         state = {k: v for k, v in state.items() if k != "edits"} | {

@@ -6,7 +6,8 @@ memory or files in the offload folder) gives the values for each forward. Ops at
 (``[H]`` gates, ``[H, H]`` mixers, quantizer settings): they are never offloaded. They live on the module's
 execution device (the device its hook runs it on), outside every hook and every ``weights_map``, so attaching
 them changes nothing of the dispatch and detaching them leaves it as it was. Methods that rewrite weights refuse an
-offloaded site before changing anything (``refuse_offloaded``).
+offloaded site before changing anything (``refuse_offloaded``); a class swap keeps Accelerate's wrapped forward
+calling the new class (``set_class``).
 """
 
 from __future__ import annotations
