@@ -18,7 +18,7 @@ class KVPolicyConfig(MethodConfig):
         "help": "a KVPolicy dict (KVPolicy.to_dict()) or the path of a policy.json (headwise kv-policy writes one)"})
 
     def __post_init__(self) -> None:
-        from .config import KVPolicy
+        from .policy import KVPolicy
 
         if isinstance(self.policy, KVPolicy):
             self.policy = self.policy.to_dict()

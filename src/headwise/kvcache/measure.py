@@ -22,7 +22,7 @@ from ..allocator import trim
 from ..compat import CACHE
 from ..errors import HeadwiseError
 from .apply import PREFILL_CHUNK, apply_kv_policy, policy_of, prefill_chunk_of, remove_kv_policy
-from .config import KVPolicy
+from .policy import KVPolicy
 
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")

@@ -18,9 +18,9 @@ from ..errors import HeadwiseError
 from ..sites import AttentionSite
 from .apply import KIND, apply_kv_policy, policy_forward, policy_of, remove_kv_policy, replay_kv_policy
 from .choose import DEFAULT_RANKING, kv_policy
-from .config import KVPolicy, model_shape, streaming
+from .policy import KVPolicy, model_shape, streaming
 from .declaration import KV_POLICY
-from .policy_config import KVPolicyConfig
+from .config import KVPolicyConfig
 
 SHARES = (0.75, 0.5, 0.25)  # of the full cache at the task's length, the levels a plan tries
 SINK = 4
