@@ -72,7 +72,9 @@ def test_every_sub_command_page_has_its_summary_and_examples_that_parse(verb, na
 
 
 # pages whose method options are a config's fields (Parser.later): added on the page's first use, without torch
-CONFIG_PAGES = {("prune",), ("quantize",), ("compress",), ("mix",), ("convert", "gqa"), ("convert", "latent")}
+# pages finished on first use: a config's fields, or the methods a verb runs (``options.runs_methods``)
+CONFIG_PAGES = {("prune",), ("quantize",), ("compress",), ("mix",), ("convert",), ("replace",), ("convert", "gqa"),
+                ("convert", "latent")}
 
 
 def test_building_the_parser_and_every_help_page_imports_no_torch():

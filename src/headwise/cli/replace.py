@@ -8,7 +8,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
-from .options import add, output_args
+from .options import add, output_args, runs_methods
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
                            task_metric)
@@ -24,6 +24,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 def register(verbs, parents) -> None:
     p = verbs.add_parser("replace", parents=parents,
                          help="replace softmax attention by an efficient mechanism (see `headwise mechanisms list`)")
+    p.later(lambda parser: runs_methods(parser, "headwise.mechanisms"))
     model_args(p)
     p.add_argument("mechanism", help="mechanism name, e.g. performer, nystrom, local")
     p.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
