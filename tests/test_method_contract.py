@@ -260,7 +260,7 @@ def _apply_scale(model, config):
 @pytest.fixture
 def toy_method():
     register_method("head_scale", HeadScaleConfig, _apply_scale,
-                    remove=lambda model: detach_all(model, "head_scale", missing_ok=False),
+                    detach=lambda model: detach_all(model, "head_scale", missing_ok=False),
                     present=lambda model: bool(attached(model, "output", "head_scale")),
                     example=lambda model: HeadScaleConfig(), identity=True)
     yield METHODS["head_scale"]
@@ -395,15 +395,15 @@ class _Hookless(MethodConfig):
 
 
 @pytest.mark.parametrize("planned, hooks, missing", [
-    (None, {"apply": lambda self, model, c: None}, "example (every method)"),
-    (None, {"apply": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
-            "remove": lambda self, model: None}, "present (a reversible method gives remove and present)"),
-    ("alone", {"apply": lambda self, model, c: None, "example": lambda self, model: _Hookless()},
+    (None, {"attach": lambda self, model, c: None}, "example (every method)"),
+    (None, {"attach": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
+            "detach": lambda self, model: None}, "present (a reversible method gives detach and present)"),
+    ("alone", {"attach": lambda self, model, c: None, "example": lambda self, model: _Hookless()},
      "levels (a planned method); describe (a planned method)"),
-    ("heads", {"apply": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
+    ("heads", {"attach": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
                "levels": lambda self, model, context: None, "describe": lambda self, c: ""},
      "rank (a planned method of role 'heads')"),
-    (None, {"apply": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
+    (None, {"attach": lambda self, model, c: None, "example": lambda self, model: _Hookless(),
             "legacy_kind": "old_kind"}, "replay (legacy_kind names journal records"),
 ])
 def test_a_declaration_that_misses_a_required_hook_is_refused_naming_it(planned, hooks, missing):

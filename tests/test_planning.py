@@ -286,7 +286,7 @@ def test_apply_reproduces_the_measured_score_and_the_plan_round_trips(request, w
     again = Plan.load(tmp_path / "plan.json")
     assert again.to_dict() == plan.to_dict()
     fresh = tiny_bert() if which == "bert_plan" else tiny_llama_lm()
-    again.apply(fresh, tokenizer)
+    again.execute(fresh, tokenizer)
     with headwise.contract.measured(fresh):  # through what the edit attaches (a KV policy's cache), as planned
         got = task.evaluate(fresh, tokenizer, progress=False)[task.metric]
     assert got == pytest.approx(plan.recommended_point.measured["score"], abs=1e-5)
@@ -828,7 +828,7 @@ def test_a_plan_calibrated_on_more_examples_applies_as_measured(tokenizer, text_
                              **{**FAST, "calibration": 1})
     assert plan.settings["calibration"] == 2 and plan.settings["calibration_tokens"] == 32
     fresh = tiny_llama_lm()
-    plan.apply(fresh, tokenizer, "kv-1", task)
+    plan.execute(fresh, tokenizer, "kv-1", task)
     assert task.evaluate(fresh, tokenizer, progress=False)["perplexity"] == pytest.approx(
         plan.point("kv-1").measured["score"], rel=1e-6)
 

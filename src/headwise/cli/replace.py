@@ -52,7 +52,7 @@ def parse_mechanism_args(name: str, pairs: list[str]) -> dict:
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
     from ..contract import Selection
-    from ..mechanisms import MECHANISMS, apply
+    from ..mechanisms import MECHANISMS, use
     from ..report import Report
     from .output import save_run
 
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return task_metric(task, model, tokenizer) if evaluate else None
 
     before, costs = metric(), model_costs(model)
-    ops = apply(model, args.mechanism, selection=Selection(kinds=args.kinds), **mechanism_args)
+    ops = use(model, args.mechanism, selection=Selection(kinds=args.kinds), **mechanism_args)
     edited = metric()
     recovery = recover_after_edit(args, model, tokenizer, task, teacher)
     result = {"model": args.model or "all-MiniLM-L6-v2", "mechanism": args.mechanism, "args": mechanism_args,

@@ -44,7 +44,7 @@ class Collaborative(MethodHooks):
     describe = staticmethod(describe)
     calibration_tokens = staticmethod(calibration_tokens)
 
-    def apply(self, model: nn.Module, config: CollaborativeConfig, progress: bool = False, **inputs: Any) -> Any:
+    def attach(self, model: nn.Module, config: CollaborativeConfig, progress: bool = False, **inputs: Any) -> Any:
         return compress(model, config=config, progress=progress, **inputs)
 
     def example(self, model: nn.Module) -> CollaborativeConfig:

@@ -77,13 +77,13 @@ class KVPolicyHooks(MethodHooks):
     describe = staticmethod(describe)
     cost = staticmethod(policy_cost)
 
-    def apply(self, model: nn.Module, config: KVPolicyConfig) -> Any:
+    def attach(self, model: nn.Module, config: KVPolicyConfig) -> Any:
         return apply_kv_policy(model, config.policy)
 
     def example(self, model: nn.Module) -> KVPolicyConfig:
         return KVPolicyConfig(KVPolicy.uniform(model, streaming(1, 4)))
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove_kv_policy(model)
 
     def present(self, model: nn.Module) -> bool:

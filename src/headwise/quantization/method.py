@@ -27,13 +27,13 @@ def quantizer_levels(model: nn.Module, context: PlanContext) -> Levels:
 class Quantization(MethodHooks):
     levels = staticmethod(quantizer_levels)
 
-    def apply(self, model: nn.Module, config: QuantizationConfig) -> Any:
+    def attach(self, model: nn.Module, config: QuantizationConfig) -> Any:
         return quantize_attention(model, config)
 
     def example(self, model: nn.Module) -> QuantizationConfig:
         return QuantizationConfig(method="linear_slog_clamped_midval", bits=3)
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove_quantization(model)
 
     def present(self, model: nn.Module) -> bool:
