@@ -161,7 +161,8 @@ def test_config_and_keyword_conflicts_raise():
     with pytest.raises(HeadwiseError, match="tolerance=0.02 conflicts with the SweepConfig"):
         sweep(model, SweepConfig(tolerance=0.05), metric=lambda m: 1.0, tolerance=0.02)
     # agreeing values are fine, and the keyword-only form still works
-    headwise.quantize_attention(model, headwise.QuantizationConfig(method="log3"), method="linear_slog_clamped_midval")
+    headwise.quantize_attention(model, headwise.QuantizationConfig(quantizer="log3"),
+                                quantizer="linear_slog_clamped_midval")
     assert headwise.L0Config(kinds=["dec-self"]).selection.kinds == ("dec-self",)
     assert headwise.L0Config(kinds=["dec-self"], selection=Selection(kinds=["dec-self"])).kinds == ("dec-self",)
 

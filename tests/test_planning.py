@@ -477,9 +477,9 @@ def _identical(model, state, config):
 
 EDITS = [{"prune": {"dec-self.0": [0, 1]}}, {"kv_heads": 1}, {"latent": 0.5}, {"dk": 0.5},
          {"local": (3, ["dec-self.1"])},
-         {"quantization": {"method": "log", "bits": 3}},
+         {"quantization": {"quantizer": "log", "bits": 3}},
          {"prune": {"dec-self.1": [2, 3]}, "kv_heads": 1, "dk": 0.5},
-         {"prune": {"dec-self.1": [2, 3]}, "quantization": {"method": "log", "bits": 3}}]
+         {"prune": {"dec-self.1": [2, 3]}, "quantization": {"quantizer": "log", "bits": 3}}]
 
 
 def _projections(model):
@@ -539,7 +539,7 @@ def test_an_error_inside_the_edit_still_restores_the_model():
     model = tiny_bert()
     state, config = _state(model), model.config.to_dict()
     with pytest.raises(RuntimeError, match="boom"):
-        with edited(model, edit(prune={"enc-self.0": [1]}, quantization={"method": "log", "bits": 3})):
+        with edited(model, edit(prune={"enc-self.0": [1]}, quantization={"quantizer": "log", "bits": 3})):
             assert sum(s.num_heads for s in headwise.find_sites(model)) == 7
             raise RuntimeError("boom")
     assert _identical(model, state, config) and sum(s.num_heads for s in headwise.find_sites(model)) == 8

@@ -96,3 +96,33 @@ def test_plan_apply_is_execute_with_a_notice():
         plan.apply(old)
     assert [s.num_heads for s in find_sites(old)] == [s.num_heads for s in find_sites(new)] == [3, 4]
     assert all(torch.equal(a, b) for a, b in zip(old.state_dict().values(), new.state_dict().values()))
+
+
+def test_quantization_method_is_quantizer_with_a_notice_and_saved_records_read_quietly():
+    from headwise.contract import config_from_dict, config_to_dict
+    from headwise.quantization import QuantizationConfig
+    from headwise.quantization.layer import AttentionQuantizer
+
+    new = QuantizationConfig(quantizer="log3", threshold=0.01)
+    with pytest.warns(FutureWarning, match=r"QuantizationConfig\(method=\.\.\.\) is now quantizer="):
+        old = QuantizationConfig(method="log3", threshold=0.01)
+    assert old == new and old.quantizer == "linear_slog_clamped_midval" and old.bits == 3
+    with pytest.warns(FutureWarning, match="QuantizationConfig.method is now QuantizationConfig.quantizer"):
+        assert old.method == new.quantizer
+    record = config_to_dict(new)
+    assert record["config"]["quantizer"] == "linear_slog_clamped_midval" and "method" not in record["config"]
+    saved = {**record, "config": {("method" if k == "quantizer" else k): v for k, v in record["config"].items()}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a record written before the rename reads without a notice
+        assert config_from_dict(saved) == new
+        spec = {("method" if k == "quantizer" else k): v for k, v in new.to_dict().items()}
+        assert AttentionQuantizer(**spec).config == new
+
+
+def test_quantize_attention_method_keyword_gives_the_same_ops():
+    model_new, model_old = tiny_model("bert"), tiny_model("bert")
+    inputs, real = tiny_inputs("bert")
+    headwise.quantize_attention(model_new, quantizer="lin", bits=4)
+    with pytest.warns(FutureWarning, match="quantizer="):
+        headwise.quantize_attention(model_old, method="lin", bits=4)
+    assert torch.equal(_out(model_old, inputs)[real], _out(model_new, inputs)[real])

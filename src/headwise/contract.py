@@ -1,6 +1,6 @@
 """The method contract: every method is one config class, registered once with how to apply and remove it.
 
->>> headwise.apply(model, QuantizationConfig(method="log3", selection=Selection(kinds=["enc-self"])))
+>>> headwise.apply(model, QuantizationConfig(quantizer="log3", selection=Selection(kinds=["enc-self"])))
 >>> headwise.remove(model, "quantization")                 # raises if nothing is attached (missing_ok=True: quiet)
 >>> config_to_dict(config)                                  # {"method": "quantization", "version": 1, "config": {...}}
 
@@ -347,7 +347,8 @@ def config_from_dict(record: dict[str, Any]) -> Any:
         raise HeadwiseError(f"the {m.name} record is version {record['version']}, newer than this headwise "
                             f"(version {m.version}); upgrade headwise")
     names = {f.name for f in dataclasses.fields(m.config) if f.init}
-    values = dict(record["config"])
+    former = getattr(m.config, "FORMER", {})  # a field's former name, read quietly from a saved record
+    values = {former.get(k, k): v for k, v in record["config"].items()}
     moved = sorted(set(values) & set(getattr(m.config, "MOVED", {})))
     if moved:  # an older record held how the method was trained: not what is attached, so it is set aside
         print(f"headwise: the {m.name} record (version {record['version']}) holds training settings {moved}; they "

@@ -98,7 +98,7 @@ def _curve_dks(spec: str, dk: int | float, exact: int) -> list[int | float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..collaborative.apply import exact_rank
+    from ..collaborative.compression import exact_rank
     from ..collaborative.config import CollaborativeConfig
     from ..io import check_writable_dir
     from ..report import Report

@@ -110,7 +110,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _quantizer_options(parser: argparse.ArgumentParser) -> None:
-    """What every quantizer of the sweep does besides its method and bits: the fields of ``QuantizationConfig``."""
+    """What every quantizer of the sweep does besides its quantizer and bits: the fields of ``QuantizationConfig``."""
     from ..quantization.config import QuantizationConfig
 
     config_options(parser.add_argument_group("every quantizer (QuantizationConfig)"), QuantizationConfig,

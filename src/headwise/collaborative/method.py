@@ -12,7 +12,7 @@ from torch import nn
 from ..contract import MethodHooks, register
 from ..declaration import AttentionCost, Levels, PlanContext
 from ..sites import AttentionSite, find_sites
-from .apply import EDIT_KIND, compress, replay_collaborative
+from .compression import EDIT_KIND, compress, replay_collaborative
 from .config import CollaborativeConfig
 from .declaration import COLLABORATIVE
 from .families import is_collaborative

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from ..lazy import attach as _lazy
 
 if TYPE_CHECKING:
-    from .apply import apply_kv_policy, policy_cache, policy_forward, policy_of, remove_kv_policy
+    from .generation import apply_kv_policy, policy_cache, policy_forward, policy_of, remove_kv_policy
     from .baselines import BASELINES, equal_bytes_policies, streaming_policy
     from .cache import PolicyCache
     from .choose import full_heads_for_budget, kv_policy, rank_kv_heads

@@ -16,7 +16,7 @@ from ..contract import MethodHooks, register
 from ..declaration import AttentionCost, Levels, PlanContext
 from ..errors import HeadwiseError
 from ..sites import AttentionSite
-from .apply import KIND, apply_kv_policy, policy_forward, policy_of, remove_kv_policy, replay_kv_policy
+from .generation import KIND, apply_kv_policy, policy_forward, policy_of, remove_kv_policy, replay_kv_policy
 from .choose import DEFAULT_RANKING, kv_policy
 from .policy import KVPolicy, model_shape, streaming
 from .declaration import KV_POLICY
