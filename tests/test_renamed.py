@@ -126,3 +126,18 @@ def test_quantize_attention_method_keyword_gives_the_same_ops():
     with pytest.warns(FutureWarning, match="quantizer="):
         headwise.quantize_attention(model_old, method="lin", bits=4)
     assert torch.equal(_out(model_old, inputs)[real], _out(model_new, inputs)[real])
+
+
+def test_dynamic_swap_method_is_rule_and_pruning_curve_method_is_strategy_with_a_notice():
+    from headwise.mixing.dynamic import DynamicSwapConfig
+    from headwise.pruning.schedule import PruningCurve
+
+    with pytest.warns(FutureWarning, match=r"DynamicSwapConfig\(method=\.\.\.\) is now rule="):
+        old = DynamicSwapConfig(method="soft", max_switches=2)
+    assert old == DynamicSwapConfig(rule="soft", max_switches=2)
+    with pytest.warns(FutureWarning, match="DynamicSwapConfig.method is now DynamicSwapConfig.rule"):
+        assert old.method == "soft"
+    with pytest.raises(headwise.HeadwiseError, match="unknown dynamic swap rule 'best'"):
+        DynamicSwapConfig(rule="best")
+    with pytest.warns(FutureWarning, match="PruningCurve.method is now PruningCurve.strategy"):
+        assert PruningCurve(strategy="one-shot importance").method == "one-shot importance"
