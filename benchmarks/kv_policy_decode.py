@@ -147,7 +147,7 @@ def child(args: argparse.Namespace) -> dict:
     import headwise
     from headwise.compat import CACHE
     from headwise.kvcache import KVPolicy
-    from headwise.kvcache.apply import PREFILL_CHUNK
+    from headwise.kvcache.generation import PREFILL_CHUNK
 
     torch.set_num_threads(args.threads)
     model_name, context, batch = (ROWS | QUICK_ROWS)[args.row]
@@ -296,7 +296,7 @@ def main() -> None:
             parser.error(f"--context {args.context}: give at least 64 tokens (the warm-up reads the last 64)")
         rows = {name: (model, args.context, batch) for name, (model, _, batch) in rows.items()}
     new = 8 if args.quick else args.new
-    from headwise.kvcache.apply import PREFILL_CHUNK
+    from headwise.kvcache.generation import PREFILL_CHUNK
 
     result = {"setup": (f"{'--quick: ' if args.quick else ''}{new} greedy tokens per generate(), {args.threads} "
                         f"threads, CPU, peak memory and KV bytes from one fresh process per (row, arm), "

@@ -19,7 +19,7 @@ import torch
 from common import machine, update_section
 
 import headwise
-from headwise.mechanisms import apply
+from headwise.mechanisms import use
 
 ROWS = {  # label -> (mechanism or None for plain softmax, args)
     "softmax (SDPA, unchanged)": (None, {}),
@@ -42,7 +42,7 @@ def fresh(label: str):
     model, tokenizer = headwise.load_model()
     name, args = ROWS[label]
     if name is not None:
-        apply(model, name, **args)
+        use(model, name, **args)
     return model, tokenizer
 
 
@@ -79,7 +79,7 @@ def main() -> None:
         "## Efficient mechanisms in MiniLM: STS-B dev Spearman × 100",
         "",
         "all-MiniLM-L6-v2 (packaged), the mechanism at all 6 attention sites with the pretrained q/k/v/o weights "
-        "(`headwise.mechanisms.apply`). Settings sized for STS-B's short sentences. Fine-tuned: the shared recipe "
+        "(`headwise.mechanisms.use`). Settings sized for STS-B's short sentences. Fine-tuned: the shared recipe "
         f"(`finetune_stsb`, cosine regression on STS-B train, batch 16, lr 2e-5) for {args.steps} steps "
         f"({args.steps * 16} pairs), same for every row. Machine: {machine()}. Reproduce: "
         "`python benchmarks/mechanisms_stsb.py`.",

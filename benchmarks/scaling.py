@@ -21,7 +21,7 @@ memory-mapped checkpoint and the pages of the libraries' code). Verbs (the Pytho
 - ``plan``: ``headwise.plan`` with ``--methods prune_heads,gqa`` (budget heads=0.8, 8 importance windows, 8
   calibration windows); the same process first runs the task's ``evaluate``, and the plan's bound is the loaded model
   + that evaluate's peak above it + ``PLAN_MARGIN`` (0.25x the weights);
-- ``apply``: a planned removal applied to the model (``Plan.apply`` path: ``apply_edit``), then ``eval``;
+- ``apply``: a planned removal applied to the model (``Plan.execute`` path: ``apply_edit``), then ``eval``;
 - ``recover``: a quarter of the heads masked (a reversible edit), then ``recover(..., teacher="off")``: distillation
   from the model itself with its masks switched off, 2 optimizer steps of 1 window. Its bound is 1.3 plus AdamW's
   state of what is trained (two moments: 2 × the trainable bytes, ``optimizer_mb``) over the weights;

@@ -33,15 +33,15 @@ def tree(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "src" / "headwise", root / "src" / "headwise",
                     ignore=shutil.ignore_patterns("__pycache__"))
     files = documented_files()
-    assert sorted(files) == [f"src/headwise/headgain/{n}.py" for n in ("__init__", "config", "declaration", "method")]
+    assert sorted(files) == [f"src/headwise/head_gain/{n}.py" for n in ("__init__", "config", "declaration", "method")]
     for path, text in files.items():
         (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text, encoding="utf-8")
-    assert '`"headwise.headgain"` to `METHOD_PACKAGES` in `src/headwise/contract.py`' in DOC.read_text()
+    assert '`"headwise.head_gain"` to `METHOD_PACKAGES` in `src/headwise/contract.py`' in DOC.read_text()
     contract = root / "src" / "headwise" / "contract.py"
     text = contract.read_text(encoding="utf-8")
     assert text.count("METHOD_PACKAGES = (") == 1
-    contract.write_text(text.replace("METHOD_PACKAGES = (", 'METHOD_PACKAGES = ("headwise.headgain", '),
+    contract.write_text(text.replace("METHOD_PACKAGES = (", 'METHOD_PACKAGES = ("headwise.head_gain", '),
                         encoding="utf-8")
     return root
 
@@ -57,7 +57,7 @@ def run(tree: Path, script: str, *args: str) -> dict:
 def test_only_the_package_and_the_one_line_differ_from_the_tree(tree):
     ours = {p.relative_to(ROOT / "src") for p in (ROOT / "src").rglob("*.py") if "__pycache__" not in p.parts}
     theirs = {p.relative_to(tree / "src") for p in (tree / "src").rglob("*.py") if "__pycache__" not in p.parts}
-    assert {str(p) for p in theirs - ours} == {f"headwise/headgain/{n}.py"
+    assert {str(p) for p in theirs - ours} == {f"headwise/head_gain/{n}.py"
                                                for n in ("__init__", "config", "declaration", "method")}
     changed = [str(p) for p in ours & theirs if (ROOT / "src" / p).read_bytes() != (tree / "src" / p).read_bytes()]
     assert changed == ["headwise/contract.py"]
@@ -66,7 +66,7 @@ def test_only_the_package_and_the_one_line_differ_from_the_tree(tree):
 def test_the_new_package_keeps_the_layer_rules(tree):
     from test_import_layers import layer_of, layers, violations
 
-    assert layer_of("headwise.headgain.method", layers(tree / "src"))[0] == "methods"
+    assert layer_of("headwise.head_gain.method", layers(tree / "src"))[0] == "methods"
     assert violations(tree / "src") == []
 
 
@@ -97,8 +97,8 @@ def test_its_help_examples_plan_page_and_docs_index_come_from_the_declaration_wi
     assert re.search(r"^ +head_gain +Multiply each selected head's output by gain\.", pages["edit --help"], re.M)
     assert "head_gain" in " ".join(pages["plan --help"].split())
     entry = next(e for e in pages["index"] if e["name"] == "head_gain")
-    assert entry["package"] == "headwise.headgain" and entry["planned"] == {"order": 60, "role": "alone"}
-    assert entry["doc"] == "the docstring of headwise.headgain"
+    assert entry["package"] == "headwise.head_gain" and entry["planned"] == {"order": 60, "role": "alone"}
+    assert entry["doc"] == "the docstring of headwise.head_gain"
 
 
 WORK = r"""

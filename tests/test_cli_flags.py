@@ -71,7 +71,7 @@ def test_every_edit_page_shows_its_config_fields_help(capsys):
 
 @pytest.mark.parametrize("argv, dest, value", [
     (["edit", "gqa", "--kv-heads", "1", "--init", "mean", "--out", "x"], "init", "mean"),
-    (["edit", "quantization", "--method", "log", "--out", "x"], "method", "log"),
+    (["edit", "quantization", "--method", "log", "--out", "x"], "quantizer", "log"),
     (["quantize", "--bits", "3,4"], "bits", "3,4"), (["quantize", "--methods", "log"], "methods", "log"),
     (["kv-policy", "--ranking", "random"], "ranking", "random"),
     (["prune", "--method", "importance", "--keep", "3"], "strategy", "importance"),

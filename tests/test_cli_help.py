@@ -72,7 +72,9 @@ def test_every_sub_command_page_has_its_summary_and_examples_that_parse(verb, na
 
 
 # pages whose method options are a config's fields (Parser.later): added on the page's first use, without torch
-CONFIG_PAGES = {("prune",), ("quantize",), ("compress",), ("mix",), ("convert", "gqa"), ("convert", "latent")}
+# pages finished on first use: a config's fields, or the methods a verb runs (``options.runs_methods``)
+CONFIG_PAGES = {("prune",), ("quantize",), ("compress",), ("mix",), ("convert",), ("replace",), ("convert", "gqa"),
+                ("convert", "latent")}
 
 
 def test_building_the_parser_and_every_help_page_imports_no_torch():
@@ -110,7 +112,7 @@ def test_the_light_copies_equal_the_library():
     methods' pages, names and former names come from their declarations)."""
     from headwise.cli import constants
     from headwise.contract import METHODS, load_methods
-    from headwise.kvcache.apply import PREFILL_CHUNK
+    from headwise.kvcache.generation import PREFILL_CHUNK
     from headwise.planning.candidates import plannable
     from headwise.tasks.recovery import MODES
     from headwise.trainer.memory import MEMORY_MODES
@@ -152,7 +154,7 @@ def test_a_light_import_still_reads_every_checkpoint(tmp_path):
 
     model = tiny_model("bert")
     headwise.prune_heads(model, {s.path: [0] for s in headwise.find_sites(model)})
-    headwise.quantize_attention(model, method="bin")
+    headwise.quantize_attention(model, quantizer="bin")
     headwise.save_pretrained(model, tmp_path / "model")
     inputs, _ = tiny_inputs("bert")
     torch.save({k: v for k, v in inputs.items()}, tmp_path / "inputs.pt")

@@ -57,7 +57,7 @@ EDITS = {
     "l0-gate": _l0,
     "mixer": _mixers,
     "collaborative": lambda m: compress(m, dk=6),
-    **{f"quantize-{name}": (lambda name: lambda m: quantize_attention(m, method=name, bits=8, threshold=1e-3))(name)
+    **{f"quantize-{name}": (lambda name: lambda m: quantize_attention(m, quantizer=name, bits=8, threshold=1e-3))(name)
        for name in QUANTIZERS},
 }
 # Data-dependent quantizers (equal-population bins, binarization at the mean) move values across bins when the
@@ -128,7 +128,7 @@ def test_each_quantizer_alone_follows_the_input_dtype(method, dtype):
     keep = torch.ones(2, 1, 5, 7, dtype=torch.bool)
     keep[1, ..., 5:] = False
     probs = probs.masked_fill(~keep, 0)
-    op = AttentionQuantizer(**QuantizationConfig(method=method, bits=4, threshold=1e-3).to_dict())
+    op = AttentionQuantizer(**QuantizationConfig(quantizer=method, bits=4, threshold=1e-3).to_dict())
     reference = op(probs.float(), keep)
     got = op(probs, keep)
     assert got.dtype == dtype

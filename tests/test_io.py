@@ -150,7 +150,7 @@ def test_ops_of_packages_not_imported_yet_reload_in_a_fresh_process(tmp_path):
     import headwise.mechanisms
 
     model = tiny_model("bert")
-    headwise.mechanisms.apply(model, "linear")
+    headwise.mechanisms.use(model, "linear")
     headwise.save_pretrained(model, tmp_path / "m")
     code = ("import sys, headwise; m = headwise.from_pretrained(sys.argv[1]); "
             "assert 'headwise.mechanisms' in sys.modules; print(type(m).__name__)")

@@ -188,7 +188,7 @@ def test_an_unwritable_cache_names_headwise_cache(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setenv("HEADWISE_CACHE", str(tmp_path / "file" / "cache"))
     (tmp_path / "model.gguf").write_bytes(b"GGUF")  # fingerprinted before anything is written
-    monkeypatch.setattr(models, "smollm2_gguf", lambda: tmp_path / "model.gguf")
+    monkeypatch.setattr(models.registry, "smollm2_gguf", lambda: tmp_path / "model.gguf")
     with pytest.raises(HeadwiseError, match="set HEADWISE_CACHE to a writable folder") as err:
         models.packaged_smollm2()
     assert len(str(err.value).splitlines()) == 1

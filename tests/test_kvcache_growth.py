@@ -142,7 +142,7 @@ def test_policy_files_with_scaled_windows_round_trip(tmp_path):
 
 
 def test_the_prefill_chunk_follows_the_device():
-    from headwise.kvcache.apply import CPU_PREFILL_CHUNK, accelerator_chunk, prefill_chunk_for
+    from headwise.kvcache.generation import CPU_PREFILL_CHUNK, accelerator_chunk, prefill_chunk_for
 
     model = causal_lm("llama")
     assert prefill_chunk_for(model, "auto", 4, 10_000) == CPU_PREFILL_CHUNK
@@ -160,11 +160,11 @@ def test_the_prefill_chunk_follows_the_device():
 
 
 def test_generate_prefills_in_the_chunk_the_device_gives(monkeypatch):
-    from headwise.kvcache import apply as policy_apply
+    from headwise.kvcache import generation as policy_generation
 
     model = causal_lm("llama")
     headwise.apply_kv_policy(model, KVPolicy.uniform(model, streaming(1, 3)))  # prefill_chunk="auto"
-    monkeypatch.setattr(policy_apply, "CPU_PREFILL_CHUNK", 4)
+    monkeypatch.setattr(policy_generation, "CPU_PREFILL_CHUNK", 4)
     lengths = []
     model.register_forward_pre_hook(lambda m, a, k: lengths.append(k["input_ids"].shape[1]), with_kwargs=True)
     greedy(model, ragged_batch([10]), steps=2)

@@ -231,7 +231,7 @@ def test_dynamic_state_machine_applies_undoes_and_rests():
         calls.append(len(sites))
         return torch.arange(8.0).view(2, 4)
 
-    cb = DynamicSwap(model, DynamicSwapConfig(method="hard", start=2, frequency=2, rest=1, max_switches=1),
+    cb = DynamicSwap(model, DynamicSwapConfig(rule="hard", start=2, frequency=2, rest=1, max_switches=1),
                      metric=metric)
     for finished in range(1, 7):  # rounds about to start: 2..7
         cb.end_of_round(finished)

@@ -66,7 +66,7 @@ def test_quantize_attention_and_compress_change_an_eager_model():
     """quantize_attention selects the implementation; compress swaps the attention class (which runs the headwise
     attention itself), so both act on an eager model. Loud weights: attention far from uniform."""
     inputs, real = tiny_inputs("bert")
-    for edit in (lambda m: quantize_attention(m, method="binarization"), lambda m: compress(m, dk=1)):
+    for edit in (lambda m: quantize_attention(m, quantizer="binarization"), lambda m: compress(m, dk=1)):
         model = loud_model("bert", attn="eager")
         with torch.no_grad():
             before = model(**inputs).last_hidden_state

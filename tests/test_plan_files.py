@@ -55,7 +55,7 @@ def test_apply_refuses_another_model_and_names_what_differs(tmp_path):
     site = find_sites(pruned)[0].name
     prune_heads(pruned, {site: [0, 2]})
     with pytest.raises(HeadwiseError, match=rf"another model than this one \({site} heads: planned 4, model 2;"):
-        again.apply(pruned)
+        again.execute(pruned)
     assert find_sites(pruned)[0].num_heads == 2  # nothing was done
     wider = tf.AutoModel.from_config(tf.BertConfig(hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
                                                    intermediate_size=37, vocab_size=VOCAB))
@@ -70,7 +70,7 @@ def test_a_plan_written_before_fingerprints_still_loads_and_says_it_cannot_check
     old = Plan.load(tmp_path / "old.json")
     assert old.fingerprint is None and "cannot check" in old.check_model(tiny_bert())
     model = tiny_bert()
-    old.apply(model)
+    old.execute(model)
     assert find_sites(model)[0].num_heads == 3
 
 

@@ -286,7 +286,7 @@ def test_apply_reproduces_the_measured_score_and_the_plan_round_trips(request, w
     again = Plan.load(tmp_path / "plan.json")
     assert again.to_dict() == plan.to_dict()
     fresh = tiny_bert() if which == "bert_plan" else tiny_llama_lm()
-    again.apply(fresh, tokenizer)
+    again.execute(fresh, tokenizer)
     with headwise.contract.measured(fresh):  # through what the edit attaches (a KV policy's cache), as planned
         got = task.evaluate(fresh, tokenizer, progress=False)[task.metric]
     assert got == pytest.approx(plan.recommended_point.measured["score"], abs=1e-5)
@@ -477,9 +477,9 @@ def _identical(model, state, config):
 
 EDITS = [{"prune": {"dec-self.0": [0, 1]}}, {"kv_heads": 1}, {"latent": 0.5}, {"dk": 0.5},
          {"local": (3, ["dec-self.1"])},
-         {"quantization": {"method": "log", "bits": 3}},
+         {"quantization": {"quantizer": "log", "bits": 3}},
          {"prune": {"dec-self.1": [2, 3]}, "kv_heads": 1, "dk": 0.5},
-         {"prune": {"dec-self.1": [2, 3]}, "quantization": {"method": "log", "bits": 3}}]
+         {"prune": {"dec-self.1": [2, 3]}, "quantization": {"quantizer": "log", "bits": 3}}]
 
 
 def _projections(model):
@@ -539,7 +539,7 @@ def test_an_error_inside_the_edit_still_restores_the_model():
     model = tiny_bert()
     state, config = _state(model), model.config.to_dict()
     with pytest.raises(RuntimeError, match="boom"):
-        with edited(model, edit(prune={"enc-self.0": [1]}, quantization={"method": "log", "bits": 3})):
+        with edited(model, edit(prune={"enc-self.0": [1]}, quantization={"quantizer": "log", "bits": 3})):
             assert sum(s.num_heads for s in headwise.find_sites(model)) == 7
             raise RuntimeError("boom")
     assert _identical(model, state, config) and sum(s.num_heads for s in headwise.find_sites(model)) == 8
@@ -828,7 +828,7 @@ def test_a_plan_calibrated_on_more_examples_applies_as_measured(tokenizer, text_
                              **{**FAST, "calibration": 1})
     assert plan.settings["calibration"] == 2 and plan.settings["calibration_tokens"] == 32
     fresh = tiny_llama_lm()
-    plan.apply(fresh, tokenizer, "kv-1", task)
+    plan.execute(fresh, tokenizer, "kv-1", task)
     assert task.evaluate(fresh, tokenizer, progress=False)["perplexity"] == pytest.approx(
         plan.point("kv-1").measured["score"], rel=1e-6)
 

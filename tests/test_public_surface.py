@@ -11,7 +11,7 @@ from tiny import tiny_inputs, tiny_model
 
 import headwise
 from headwise.cli import main
-from headwise.mechanisms import apply as apply_mechanism
+from headwise.mechanisms import use as use_mechanism
 from headwise.mixing import swap_heads
 from headwise.quantization import QuantizationConfig
 
@@ -32,7 +32,7 @@ REMOVABLE = [
     (lambda m: headwise.apply_masks(m, {"enc-self.0": [0, 1, 0, 1]}), headwise.remove_masks),
     (lambda m: headwise.add_l0_gates(m, headwise.L0Config(init=-1.0)), headwise.remove_l0_gates),
     (lambda m: headwise.add_mixers(m), headwise.remove_mixers),
-    (lambda m: headwise.quantize_attention(m, method="bin"), headwise.remove_quantization),
+    (lambda m: headwise.quantize_attention(m, quantizer="bin"), headwise.remove_quantization),
     (lambda m: headwise.replace_attention(m, "linear"), headwise.restore_attention),
 ]
 
@@ -54,13 +54,13 @@ def test_remove_undoes_add(add, remove):
                                                  ("ulog4", "uniform_slog_mean", 4), ("bin", "binarization", 5),
                                                  ("prune", "none", 5), ("linear_slog", "linear_slog", 5)])
 def test_quantizer_short_names(alias, method, bits):
-    config = QuantizationConfig(method=alias, bits=5)
-    assert (config.method, config.bits) == (method, bits)
+    config = QuantizationConfig(quantizer=alias, bits=5)
+    assert (config.quantizer, config.bits) == (method, bits)
 
 
 def test_unknown_quantizer_name_lists_the_short_names():
     with pytest.raises(headwise.HeadwiseError, match="short name log, lin"):
-        QuantizationConfig(method="log3x")
+        QuantizationConfig(quantizer="log3x")
 
 
 def test_mix_verb_swaps_heads_and_saves(tmp_path, capsys):
@@ -91,7 +91,7 @@ def test_replace_verb_attaches_a_mechanism_and_saves(tmp_path, capsys):
     summary = json.loads((out / "replace.json").read_text())
     assert summary["args"] == {"window": 2} and len(summary["sites"]) == 2
     expected = headwise.from_pretrained(source)
-    apply_mechanism(expected, "local", window=2)
+    use_mechanism(expected, "local", window=2)
     inputs, _ = tiny_inputs("bert")
     with torch.no_grad():
         assert torch.equal(headwise.from_pretrained(out / "model")(**inputs).last_hidden_state,

@@ -114,10 +114,10 @@ def test_binarization_by_hand():
 def test_prune_is_strict_and_renormalisation_is_optional():
     a = torch.tensor([[0.1, 0.1001, 0.7999, 0.0]])
     assert prune(a, 0.1)[0].tolist() == pytest.approx([0, 0.1001, 0.7999, 0])
-    op = AttentionQuantizer(method="none", threshold=0.1, renormalize=True)
+    op = AttentionQuantizer(quantizer="none", threshold=0.1, renormalize=True)
     assert op(a[None, None], None).sum().item() == pytest.approx(1.0)
-    assert AttentionQuantizer(method="none", threshold=0.1)(a[None, None], None).sum().item() == pytest.approx(0.9)
-    assert AttentionQuantizer(method="none", threshold=0.9, renormalize=True)(a[None, None], None).sum() == 0
+    assert AttentionQuantizer(quantizer="none", threshold=0.1)(a[None, None], None).sum().item() == pytest.approx(0.9)
+    assert AttentionQuantizer(quantizer="none", threshold=0.9, renormalize=True)(a[None, None], None).sum() == 0
 
 
 # ------------------------------------------------------------------------- a literal numpy transliteration
@@ -243,7 +243,7 @@ def test_padding_is_zero_and_does_not_move_any_bin(side):
     big, keep, real = _padded(scores, 3, side)
     for name in QUANTIZERS:
         for scope in ("tensor", "example"):
-            op = AttentionQuantizer(method=name, bits=3, threshold=0.01, scope=scope)
+            op = AttentionQuantizer(quantizer=name, bits=3, threshold=0.01, scope=scope)
             out = op(big, keep)
             assert (out.masked_select(~keep) == 0).all(), name
             torch.testing.assert_close(out[:, :, real, real], op(probs, None), rtol=1e-6, atol=1e-7)
@@ -252,9 +252,9 @@ def test_padding_is_zero_and_does_not_move_any_bin(side):
 def test_scope_example_is_independent_of_the_batch():
     a = (torch.randn(3, 2, 5, 5, generator=torch.Generator().manual_seed(2)) * 2).softmax(-1)
     for name in ("uniform_slinear_clamped_mean", "uniform_slog_clamped_mean", "uniform_slog_mean", "binarization"):
-        op = AttentionQuantizer(method=name, bits=2, scope="example")
+        op = AttentionQuantizer(quantizer=name, bits=2, scope="example")
         assert torch.equal(op(a, None)[1:2], op(a[1:2], None)), name
-        tensor_op = AttentionQuantizer(method=name, bits=2)
+        tensor_op = AttentionQuantizer(quantizer=name, bits=2)
         assert not torch.equal(tensor_op(a, None)[1:2], tensor_op(a[1:2], None)), name
 
 
@@ -262,13 +262,13 @@ def test_scope_example_is_independent_of_the_batch():
 def test_all_equal_rows_stay_equal_and_finite(name):
     for bits in (1, 3, 16):
         for a in (torch.full((2, 2, 4, 4), 0.25), torch.full((1, 1, 3, 8), 1 / 8)):
-            out = AttentionQuantizer(method=name, bits=bits)(a, None)
+            out = AttentionQuantizer(quantizer=name, bits=bits)(a, None)
             assert torch.isfinite(out).all() and (out == out[..., :1]).all(), (name, bits)
 
 
 def test_binarization_row_scope_sums_rows_to_one():
     a = (torch.randn(2, 2, 5, 5, generator=torch.Generator().manual_seed(3)) * 4).softmax(-1)
-    out = AttentionQuantizer(method="binarization", scope="row")(a, None)
+    out = AttentionQuantizer(quantizer="binarization", scope="row")(a, None)
     torch.testing.assert_close(out.sum(-1), torch.ones(2, 2, 5))
 
 
@@ -278,8 +278,9 @@ def test_binarization_row_scope_sums_rows_to_one():
 @pytest.mark.parametrize("options, message", [
     ({"bits": 0}, "bits must be an integer from 1 to 16"), ({"bits": 17}, "from 1 to 16"),
     ({"bits": 2.5}, "integer"), ({"threshold": 1.0}, r"\[0, 1\)"), ({"threshold": -0.1}, r"\[0, 1\)"),
-    ({"method": "logx3"}, "valid: linear_slinear, .*binarization, none, or a short name log"), ({"floor": 0}, "floor"),
-    ({"top_edge": "up"}, "reference, clamp"), ({"method": "uniform_slog_mean", "scope": "row"}, "binarization only"),
+    ({"quantizer": "logx3"}, "valid: linear_slinear, .*binarization, none, or a short name log"),
+    ({"floor": 0}, "floor"),
+    ({"top_edge": "up"}, "reference, clamp"), ({"quantizer": "uniform_slog_mean", "scope": "row"}, "binarization only"),
 ])
 def test_bad_options_are_clear_errors(options, message):
     with pytest.raises(headwise.HeadwiseError, match=message):
@@ -304,7 +305,7 @@ def test_op_in_model_quantizes_the_explicit_probabilities(family):
     inputs, real = tiny_inputs(family)
     with torch.no_grad():
         plain = model(**inputs, output_attentions=True).attentions[0]
-        quantize_attention(model, method="linear_slog_clamped_midval", bits=2, threshold=0.05)
+        quantize_attention(model, quantizer="linear_slog_clamped_midval", bits=2, threshold=0.05)
         with measuring(model) as measured:
             quantized = model(**inputs, output_attentions=True).attentions
     allowed = torch.tensor(levels("linear_slog_clamped_midval", 2))
@@ -324,7 +325,7 @@ def test_op_in_model_quantizes_the_explicit_probabilities(family):
 def test_quantized_model_round_trips(tmp_path):
     model = tiny_model("bert")
     inputs, _ = tiny_inputs("bert")
-    quantize_attention(model, method="uniform_slog_clamped_mean", bits=3, threshold=0.01, top_edge="clamp")
+    quantize_attention(model, quantizer="uniform_slog_clamped_mean", bits=3, threshold=0.01, top_edge="clamp")
     with torch.no_grad():
         before = model(**inputs).last_hidden_state
     headwise.save_pretrained(model, tmp_path / "q")

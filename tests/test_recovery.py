@@ -289,7 +289,7 @@ def test_l0_with_distillation_keeps_the_target(tmp_path, tokenizer):
 def _reversible_edits(model):
     headwise.replace_attention(model, "local", selection=headwise.Selection(names=[headwise.find_sites(model)[0].name]),
                                window=2)
-    headwise.quantize_attention(model, method="lin", bits=4)
+    headwise.quantize_attention(model, quantizer="lin", bits=4)
 
 
 @pytest.mark.parametrize("case", ["lm", "stsb"])

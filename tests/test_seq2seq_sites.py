@@ -167,7 +167,7 @@ def test_unknown_kind_names_the_kinds_the_model_has():
     with pytest.raises(headwise.HeadwiseError, match="no 'dec-enc' attention; its kinds: enc-self$"):
         add_mixers(tiny_model("bert"), MixingConfig(kinds=["dec-enc"]))
     with pytest.raises(headwise.HeadwiseError, match="no 'dec-self' attention; its kinds: enc-self$"):
-        dropin.apply(tiny_model("bert"), "linear", selection=Selection(kinds=["dec-self"]))
+        dropin.use(tiny_model("bert"), "linear", selection=Selection(kinds=["dec-self"]))
     with pytest.raises(headwise.HeadwiseError, match="kinds: enc-self, dec-self, dec-enc"):
         apply_masks(model, {"cross": [[1, 1, 1, 1]] * 2})
     assert all(headwise.runtime.ops_of(s) is None for s in find_sites(model))  # nothing was attached
@@ -206,18 +206,18 @@ def test_swaps_within_each_kind_and_across_kinds(family):
 def test_mechanisms_are_refused_where_unsound(family):
     model = tiny_seq2seq(family)
     with pytest.raises(headwise.HeadwiseError, match="cross-attention"):
-        dropin.apply(model, "linear", selection=Selection(names=["dec-enc.0"]))
+        dropin.use(model, "linear", selection=Selection(names=["dec-enc.0"]))
     if family == "t5":
         with pytest.raises(headwise.HeadwiseError, match="relative position bias"):
-            dropin.apply(model, "linear", selection=Selection(names=["enc-self.0"]))
+            dropin.use(model, "linear", selection=Selection(names=["enc-self.0"]))
         return
     inputs, _, tgt = seq2seq_inputs(family)
     with torch.no_grad():
         want = model(**inputs).logits
     tokens = _generate(model, inputs)
     with pytest.raises(headwise.HeadwiseError, match="cross-attention"):
-        dropin.apply(model, "softmax", selection=Selection(kinds=["dec-enc"]))
-    assert set(dropin.apply(model, "softmax", selection=Selection(kinds=["enc-self", "dec-self"]))) == {
+        dropin.use(model, "softmax", selection=Selection(kinds=["dec-enc"]))
+    assert set(dropin.use(model, "softmax", selection=Selection(kinds=["enc-self", "dec-self"]))) == {
         s.path for s in find_sites(model) if s.kind != "dec-enc"}
     with torch.no_grad():
         torch.testing.assert_close(model(**inputs).logits[tgt], want[tgt], **CLOSE)

@@ -41,7 +41,7 @@ _SOURCES: dict[str, str] = {
     **dict.fromkeys(("AttentionSite", "find_sites", "select_sites"), "sites"),
     "train_kv_gates": "training",
 }
-_RENAMED = {"replace_attention": "apply", "restore_attention": "remove"}
+_RENAMED = {"replace_attention": "use", "restore_attention": "remove"}
 
 
 def _load_all() -> None:

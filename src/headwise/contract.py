@@ -1,6 +1,6 @@
 """The method contract: every method is one config class, registered once with how to apply and remove it.
 
->>> headwise.apply(model, QuantizationConfig(method="log3", selection=Selection(kinds=["enc-self"])))
+>>> headwise.apply(model, QuantizationConfig(quantizer="log3", selection=Selection(kinds=["enc-self"])))
 >>> headwise.remove(model, "quantization")                 # raises if nothing is attached (missing_ok=True: quiet)
 >>> config_to_dict(config)                                  # {"method": "quantization", "version": 1, "config": {...}}
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections.abc
 import contextlib
 import dataclasses
+import inspect
 import importlib
 import sys
 import typing
@@ -68,11 +69,12 @@ class MethodHooks:
     """What a method does, as named hooks (the way peft's methods and torchao's handlers read): subclass it beside
     the method's code and bind it to the method's declaration with ``@register(DECLARATION)``.
 
-    Required: ``apply(model, config, **inputs)`` (performs the edit in place; ``inputs``: data that is not
+    Required: ``attach(model, config, **inputs)`` (performs the edit in place; ``inputs``: data that is not
     configuration, such as calibration batches; returns what the method's verb returns) and ``example(model)``
-    (a small config for that model: the contract test, docs). Reversible methods give ``remove(model)`` and
-    ``present(model)`` (both or neither: a method that rewrites weights gives neither). A method that records
-    journal entries gives ``replay(model, entry)`` (``legacy_kind``: the name of its format-1 edit records). A
+    (a small config for that model: the contract test, docs). Reversible methods give ``detach(model)`` and
+    ``present(model)`` (both or neither: a method that rewrites weights gives neither). The former hook names
+    ``apply`` / ``remove`` (``RENAMED_HOOKS``) still bind for one release, with a ``FutureWarning``. A method
+    that records journal entries gives ``replay(model, entry)`` (``legacy_kind``: the name of its format-1 edit records). A
     planned method (``Declaration.planned``) gives ``levels(model, context) -> Levels`` and ``describe(config) ->
     str`` (and ``at_site(config, site name) -> str | None`` for the plan's per-layer table); one of role
     ``"heads"`` also ``rank(model, context) -> Ranking``. ``cost(site, length) -> AttentionCost | None`` says what
@@ -89,9 +91,9 @@ class MethodHooks:
     identity: bool = False
     meta: bool = True
     legacy_kind: str | None = None
-    apply: Callable[..., Any] | None = None
+    attach: Callable[..., Any] | None = None
     example: Callable[[nn.Module], Any] | None = None
-    remove: Callable[[nn.Module], Any] | None = None
+    detach: Callable[[nn.Module], Any] | None = None
     present: Callable[[nn.Module], bool] | None = None
     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None
     levels: Callable[[nn.Module, PlanContext], Levels] | None = None
@@ -108,9 +110,9 @@ def missing_hooks(declaration: Declaration, hooks: MethodHooks) -> list[str]:
     def has(name: str) -> bool:
         return callable(getattr(hooks, name, None))
 
-    needed = {"apply": "every method", "example": "every method"}
-    if has("remove") != has("present"):
-        needed["present" if has("remove") else "remove"] = "a reversible method gives remove and present"
+    needed = {"attach": "every method", "example": "every method"}
+    if has("detach") != has("present"):
+        needed["present" if has("detach") else "detach"] = "a reversible method gives detach and present"
     if hooks.legacy_kind:
         needed["replay"] = "legacy_kind names journal records, which replay rebuilds"
     if declaration.planned is not None:
@@ -123,12 +125,16 @@ def missing_hooks(declaration: Declaration, hooks: MethodHooks) -> list[str]:
 @dataclass(frozen=True, kw_only=True)
 class Method:
     """A registered method: its ``declaration`` (what the tools that do not run it read) and its ``hooks`` (what
-    it does). The hooks and the declaration's fields are read through it (``method.apply``, ``method.name``)."""
+    it does). The hooks and the declaration's fields are read through it (``method.attach``, ``method.name``)."""
 
     declaration: Declaration
     hooks: MethodHooks
 
     def __getattr__(self, name: str) -> Any:
+        if name in RENAMED_HOOKS:
+            warnings.warn(f"Method.{name} is now Method.{RENAMED_HOOKS[name]}; {name!r} still works for one release",
+                          FutureWarning, stacklevel=2)
+            name = RENAMED_HOOKS[name]
         if name in HOOKS:
             return getattr(self.hooks, name)
         if name in DECLARED:
@@ -137,7 +143,7 @@ class Method:
 
     @property
     def reversible(self) -> bool:
-        return callable(self.hooks.remove)
+        return callable(self.hooks.detach)
 
     @property
     def sweep(self) -> Any:
@@ -152,6 +158,7 @@ class Method:
 
 
 HOOKS = frozenset(name for name in vars(MethodHooks) if not name.startswith("_"))
+RENAMED_HOOKS = {"apply": "attach", "remove": "detach"}  # former hook names: bound for one release, with a notice
 DECLARED = frozenset(f.name for f in dataclasses.fields(Declaration))
 METHODS: dict[str, Method] = {}
 
@@ -190,11 +197,16 @@ def register(declaration: Declaration) -> Callable[[type[MethodHooks]], type[Met
 
     >>> @register(GQA)
     ... class GQAHooks(MethodHooks):
-    ...     def apply(self, model, config, **inputs): ...
+    ...     def attach(self, model, config, **inputs): ...
     ...     def example(self, model): ..."""
     def bind(cls: type[MethodHooks]) -> type[MethodHooks]:
         if not (isinstance(cls, type) and issubclass(cls, MethodHooks)):
             raise HeadwiseError(f"@register({declaration.name}) decorates a MethodHooks subclass, got {cls!r}")
+        for old, new in RENAMED_HOOKS.items():
+            if callable(getattr(cls, old, None)) and getattr(cls, new) is None:
+                warnings.warn(f"{cls.__name__}.{old}: the hook is now named {new!r}; {old!r} still works for one "
+                              "release", FutureWarning, stacklevel=2)
+                setattr(cls, new, inspect.getattr_static(cls, old))  # a staticmethod stays one
         _add(Method(declaration=declaration, hooks=cls()))
         return cls
 
@@ -218,15 +230,20 @@ def _add(method: Method) -> Method:
     return method
 
 
-def register_method(name: str, config: type, apply: Callable[..., Any], *, example: Callable[[nn.Module], Any],
-                    remove: Callable[[nn.Module], Any] | None = None, present: Callable[[nn.Module], bool] | None = None,
+def register_method(name: str, config: type, attach: Callable[..., Any], *, example: Callable[[nn.Module], Any],
+                    detach: Callable[[nn.Module], Any] | None = None, present: Callable[[nn.Module], bool] | None = None,
                     version: int = 1, summary: str = "", identity: bool = False, meta: bool = True,
                     replay: Callable[[nn.Module, dict[str, Any]], None] | None = None,
-                    legacy_kind: str | None = None, sweep: Any = None, aliases: Sequence[str] = ()) -> Method:
+                    legacy_kind: str | None = None, sweep: Any = None, aliases: Sequence[str] = (),
+                    remove: Callable[[nn.Module], Any] | None = None) -> Method:
     """The short form of ``@register(Declaration(...))`` for a method given as functions (a plug-in's few
-    lines); returns the ``Method``. ``sweep`` (a ``headwise.sweep.Sweep``) is deprecated: declare
-    ``planned=Planned(...)`` and give the hooks ``levels`` and ``describe`` (docs/adding.md)."""
+    lines); returns the ``Method``. Deprecated: ``remove`` (now ``detach``) and ``sweep`` (a ``headwise.sweep.Sweep``:
+    declare ``planned=Planned(...)`` and give the hooks ``levels`` and ``describe``, docs/adding.md)."""
     planned, planner = None, {}
+    if remove is not None:
+        warnings.warn("register_method(remove=...) is now detach=...; remove= still works for one release",
+                      FutureWarning, stacklevel=2)
+        detach = remove
     if sweep is not None:
         warnings.warn("register_method(sweep=Sweep(...)) is deprecated; declare planned=Planned(...) with the hooks "
                       "levels and describe (docs/adding.md)", FutureWarning, stacklevel=2)
@@ -235,7 +252,7 @@ def register_method(name: str, config: type, apply: Callable[..., Any], *, examp
                               planned=planned)
     hooks = type(f"{config.__name__}Hooks", (MethodHooks,), {
         "identity": identity, "meta": meta, "legacy_kind": legacy_kind, **{
-            key: staticmethod(fn) for key, fn in dict(apply=apply, example=example, remove=remove, present=present,
+            key: staticmethod(fn) for key, fn in dict(attach=attach, example=example, detach=detach, present=present,
                                                        replay=replay, **planner).items() if fn is not None}})
     return _add(Method(declaration=declaration, hooks=hooks()))
 
@@ -272,7 +289,7 @@ def apply(model: nn.Module, config: Any, **inputs: Any) -> Any:
     if not method.meta and any(p.is_meta for p in model.parameters()) and not offloaded(model):
         raise HeadwiseError(f"{method.name} fits the model's weights, which are on the meta device; load the real "
                             "weights first")
-    return method.apply(model, config, **inputs)
+    return method.attach(model, config, **inputs)
 
 
 @contextlib.contextmanager
@@ -299,7 +316,7 @@ def remove(model: nn.Module, method: "str | type | Any", *, missing_ok: bool = F
         if missing_ok:
             return model
         raise HeadwiseError(f"{type(model).__name__} carries no {m.name}; nothing to remove (missing_ok=True to allow)")
-    m.remove(model)
+    m.detach(model)
     return model
 
 
@@ -333,7 +350,8 @@ def config_from_dict(record: dict[str, Any]) -> Any:
         raise HeadwiseError(f"the {m.name} record is version {record['version']}, newer than this headwise "
                             f"(version {m.version}); upgrade headwise")
     names = {f.name for f in dataclasses.fields(m.config) if f.init}
-    values = dict(record["config"])
+    former = getattr(m.config, "FORMER", {})  # a field's former name, read quietly from a saved record
+    values = {former.get(k, k): v for k, v in record["config"].items()}
     moved = sorted(set(values) & set(getattr(m.config, "MOVED", {})))
     if moved:  # an older record held how the method was trained: not what is attached, so it is set aside
         print(f"headwise: the {m.name} record (version {record['version']}) holds training settings {moved}; they "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
-from .options import add, config_options, output_args
+from .options import add, config_options, output_args, runs_methods
 from .recovery_options import recovery_args, recovery_of
 from .task_options import load_task_model, task_args, task_from_args
 from .output import print_json
@@ -33,6 +33,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 def register(verbs, parents) -> None:
     p = verbs.add_parser("compress", parents=parents,
                          help="collaborative heads: share one query/key projection of width --dk across heads")
+    p.later(lambda parser: runs_methods(parser, "headwise.collaborative"))
     model_args(p)
     p.later(_collaborative_options)
     p.add_argument("--calibration", default=None,
@@ -97,7 +98,7 @@ def _curve_dks(spec: str, dk: int | float, exact: int) -> list[int | float]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..collaborative.apply import exact_rank
+    from ..collaborative.compression import exact_rank
     from ..collaborative.config import CollaborativeConfig
     from ..io import check_writable_dir
     from ..report import Report

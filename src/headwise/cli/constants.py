@@ -4,4 +4,4 @@ building the parser stays light (``headwise --help``). tests/test_cli_help.py ch
 
 RECOVERY_MODES = ("distill", "finetune", "none")  # headwise.tasks.recovery.MODES
 TRAIN_MEMORY_MODES = ("auto", "keep", "bounded")  # headwise.trainer.memory.MEMORY_MODES
-PREFILL_CHUNK = "auto"  # headwise.kvcache.apply.PREFILL_CHUNK
+PREFILL_CHUNK = "auto"  # headwise.kvcache.generation.PREFILL_CHUNK

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..errors import HeadwiseError
 from . import model_args
-from .options import add, alias, config_options, output_args
+from .options import add, alias, config_options, output_args, runs_methods
 from .output import print_json, write_json
 
 
@@ -46,6 +46,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 
 def register(verbs, parents) -> None:
     p = verbs.add_parser("convert", parents=parents, help="shrink the KV cache: grouped-query or latent keys/values")
+    p.later(lambda parser: runs_methods(parser, "headwise.conversion"))
     kinds = p.add_subparsers(dest="conversion", required=True, metavar="KIND")
     for name, summary in (("gqa", "merge key/value heads into --kv-heads shared ones"),
                           ("latent", "low-rank latent keys/values at a KV-byte budget")):

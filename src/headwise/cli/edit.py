@@ -110,6 +110,7 @@ def method_options(q: argparse.ArgumentParser, name: str) -> None:
     config_options(q.add_argument_group(f"{method.config.__name__} (what is attached and recorded)"), method.config,
                    fields)
     output_args(q, None, "model/ and edit.json")
+    q.description = f"{q.description}\n\ndocs: {method.doc or method.config.__module__.rsplit('.', 1)[0]}"
     if method.examples:
         q.epilog = examples(method.examples)
 

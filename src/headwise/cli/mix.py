@@ -8,7 +8,7 @@ import dataclasses
 
 from ..errors import HeadwiseError
 from . import model_args
-from .options import add, config_options, output_args
+from .options import add, config_options, output_args, runs_methods
 from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
                            task_metric)
 from .output import print_json
@@ -32,6 +32,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 
 def register(verbs, parents) -> None:
     p = verbs.add_parser("mix", parents=parents, help="swap heads and/or fine-tune with head mixers (MHR), folded into plain weights")
+    p.later(lambda parser: runs_methods(parser, "headwise.mixing"))
     model_args(p)
     p.add_argument("--swap", action="append", default=[], metavar="'SITE:HEAD <-> SITE:HEAD'",
                    help="exchange two heads' q/k/v weights (repeatable), e.g. 'enc-self.1:3 <-> enc-self.4:0'")

@@ -175,6 +175,16 @@ def _declarations() -> list:
     return list(declarations().values())
 
 
+def runs_methods(parser: Any, package: str) -> None:
+    """Append to a grouping verb's page the registered methods of the method package ``package`` (e.g.
+    ``"headwise.conversion"``) with their docs pages: what the verb runs is one of them (``headwise edit NAME``
+    applies it alone). Given to ``Parser.later``, so building the parser reads no declaration."""
+    found = [d for d in _declarations() if d.config.__module__.startswith(package + ".")]
+    listed = "\n".join(f"  {d.name:<14}{d.doc or package} (headwise edit {d.name} --help)" for d in found)
+    head = f"{parser.description}\n\n" if parser.description else ""
+    parser.description = f"{head}runs the method{'s' if len(found) > 1 else ''}:\n{listed}"
+
+
 class Moved(argparse.Action):
     """A field that moved out of a config (``MOVED``): refused in one line naming where it went and, when the
     method's declaration says (``trained_by``), the command that trains it."""

@@ -9,7 +9,7 @@ import sys
 from ..errors import HeadwiseError
 from ..pruning.declaration import STRATEGIES, UNITS
 from . import model_args
-from .options import add, alias, config_options, output_args
+from .options import add, alias, config_options, output_args, runs_methods
 from .recovery_options import recovery_args, recovery_of, refuse_teacher_off
 from .task_options import load_task_model, task_args, task_from_args
 from .output import print_json
@@ -36,6 +36,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 
 def register(verbs, parents) -> None:
     p = verbs.add_parser("prune", parents=parents, help="remove attention heads (L0 gates, importance or a mask)")
+    p.later(lambda parser: runs_methods(parser, "headwise.pruning"))
     model_args(p)
     p.add_argument("--strategy", choices=STRATEGIES, default=STRATEGIES[0],
                    help=f"how to choose the heads (default: {STRATEGIES[0]})")

@@ -7,7 +7,7 @@ import argparse
 from ..errors import HeadwiseError
 from .task_options import load_task_model, model_costs, run_record, task_args, task_from_args
 from . import model_args
-from .options import add, alias, config_options, output_args
+from .options import add, alias, config_options, output_args, runs_methods
 from .output import print_json, write_json
 
 
@@ -110,7 +110,7 @@ def cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _quantizer_options(parser: argparse.ArgumentParser) -> None:
-    """What every quantizer of the sweep does besides its method and bits: the fields of ``QuantizationConfig``."""
+    """What every quantizer of the sweep does besides its quantizer and bits: the fields of ``QuantizationConfig``."""
     from ..quantization.config import QuantizationConfig
 
     config_options(parser.add_argument_group("every quantizer (QuantizationConfig)"), QuantizationConfig,
@@ -129,6 +129,7 @@ def register(verbs: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p = verbs.add_parser("quantize", parents=parents,
                          help="sweep attention-probability quantization and thresholds (SPIQA) on the task: "
                               "report.html + results.json")
+    p.later(lambda parser: runs_methods(parser, "headwise.quantization"))
     model_args(p)
     g = p.add_argument_group("the sweep")
     g.add_argument("--quantizers", dest="methods", default="all",

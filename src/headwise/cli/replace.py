@@ -8,7 +8,7 @@ import json
 
 from ..errors import HeadwiseError
 from . import model_args
-from .options import add, output_args
+from .options import add, output_args, runs_methods
 from .recovery_options import recover_after_edit, recovery_args, recovery_mode, teacher_for
 from .task_options import (load_task_model, metric_label, model_costs, run_record, task_args, task_from_args,
                            task_metric)
@@ -24,6 +24,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
 def register(verbs, parents) -> None:
     p = verbs.add_parser("replace", parents=parents,
                          help="replace softmax attention by an efficient mechanism (see `headwise mechanisms list`)")
+    p.later(lambda parser: runs_methods(parser, "headwise.mechanisms"))
     model_args(p)
     p.add_argument("mechanism", help="mechanism name, e.g. performer, nystrom, local")
     p.add_argument("--arg", action="append", default=[], metavar="NAME=VALUE",
@@ -51,7 +52,7 @@ def parse_mechanism_args(name: str, pairs: list[str]) -> dict:
 def run(args: argparse.Namespace) -> int:
     from ..io import check_writable_dir
     from ..contract import Selection
-    from ..mechanisms import MECHANISMS, apply
+    from ..mechanisms import MECHANISMS, use
     from ..report import Report
     from .output import save_run
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         return task_metric(task, model, tokenizer) if evaluate else None
 
     before, costs = metric(), model_costs(model)
-    ops = apply(model, args.mechanism, selection=Selection(kinds=args.kinds), **mechanism_args)
+    ops = use(model, args.mechanism, selection=Selection(kinds=args.kinds), **mechanism_args)
     edited = metric()
     recovery = recover_after_edit(args, model, tokenizer, task, teacher)
     result = {"model": args.model or "all-MiniLM-L6-v2", "mechanism": args.mechanism, "args": mechanism_args,

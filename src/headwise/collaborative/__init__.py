@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ..lazy import attach as _lazy
 
 if TYPE_CHECKING:
-    from .apply import Compression, SiteCompression, compress, tradeoff
+    from .compression import Compression, SiteCompression, compress, tradeoff
     from .calibration import input_moments
     from .config import CollaborativeConfig
     from .decompose import Decomposition, Factors, decompose

@@ -12,7 +12,7 @@ from torch import nn
 from ..contract import MethodHooks, register
 from ..declaration import AttentionCost, Levels, PlanContext
 from ..sites import AttentionSite, find_sites
-from .apply import EDIT_KIND, compress, replay_collaborative
+from .compression import EDIT_KIND, compress, replay_collaborative
 from .config import CollaborativeConfig
 from .declaration import COLLABORATIVE
 from .families import is_collaborative
@@ -44,7 +44,7 @@ class Collaborative(MethodHooks):
     describe = staticmethod(describe)
     calibration_tokens = staticmethod(calibration_tokens)
 
-    def apply(self, model: nn.Module, config: CollaborativeConfig, progress: bool = False, **inputs: Any) -> Any:
+    def attach(self, model: nn.Module, config: CollaborativeConfig, progress: bool = False, **inputs: Any) -> Any:
         return compress(model, config=config, progress=progress, **inputs)
 
     def example(self, model: nn.Module) -> CollaborativeConfig:

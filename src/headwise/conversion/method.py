@@ -69,7 +69,7 @@ class GroupedQuery(MethodHooks):
     levels = staticmethod(kv_levels)
     calibration_tokens = staticmethod(calibration_tokens)
 
-    def apply(self, model: nn.Module, config: GQAConfig, progress: bool = False, **inputs: Any) -> Any:
+    def attach(self, model: nn.Module, config: GQAConfig, progress: bool = False, **inputs: Any) -> Any:
         return convert_gqa(model, config=config, progress=progress, **inputs)
 
     def example(self, model: nn.Module) -> GQAConfig:
@@ -88,7 +88,7 @@ class Latent(MethodHooks):
     cost = staticmethod(latent_cost)
     calibration_tokens = staticmethod(calibration_tokens)
 
-    def apply(self, model: nn.Module, config: LatentConfig, progress: bool = False, **inputs: Any) -> Any:
+    def attach(self, model: nn.Module, config: LatentConfig, progress: bool = False, **inputs: Any) -> Any:
         return convert_latent(model, config=config, progress=progress, **inputs)
 
     def example(self, model: nn.Module) -> LatentConfig:

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from .choose import DEFAULT_RANKING, default_window, kv_policy
-from .config import KVPolicy, streaming
+from .policy import KVPolicy, streaming
 from .scores import HeadScores
 
 BASELINES = ("policy", "streaming", "random", "layer")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers.cache_utils import Cache, DynamicLayer, StaticLayer
 
-from .config import KVPolicy
+from .policy import KVPolicy
 from .layer import PolicyLayer
 from .static import StaticPolicyLayer
 

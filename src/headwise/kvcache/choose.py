@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
-from .config import FULL, KVPolicy, latent_layers, model_shape, streaming
+from .policy import FULL, KVPolicy, latent_layers, model_shape, streaming
 from .scores import NAMES, HeadScores, ScoreConfig, head_scores
 
 # the default: passkey retrieval + fact lookup, each over its largest head. Chosen on the long-context suite's samples

@@ -1,7 +1,7 @@
 """Per-head KV cache policies as the tools that do not run them see them (``headwise.declaration``)."""
 
 from ..declaration import Declaration, Planned
-from .policy_config import KVPolicyConfig
+from .config import KVPolicyConfig
 
 KV_POLICY = Declaration(
     name="kv_policy", config=KVPolicyConfig, doc="docs/kv-policy.md",

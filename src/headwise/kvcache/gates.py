@@ -18,7 +18,7 @@ from ..runtime import enable
 from ..runtime.attention import left_padding
 from ..runtime.ops import attach, attached, detach_all, ops_of
 from ..sites import find_sites
-from .config import model_shape, streaming
+from .policy import model_shape, streaming
 
 GATE = "kv_gate"
 

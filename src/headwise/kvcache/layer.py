@@ -32,7 +32,7 @@ from transformers.cache_utils import DynamicLayer
 from ..errors import HeadwiseError
 from ..runtime.attention import GROUPED_KV, keep_mask, left_padding
 from ..runtime.cache_rows import RowOps
-from .config import HeadCache
+from .policy import HeadCache
 
 GROW = 64  # most slots a full group's buffer grows by at once: it holds < min(tokens, GROW) spare slots per head
 

@@ -21,8 +21,8 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from ..allocator import trim
 from ..compat import CACHE
 from ..errors import HeadwiseError
-from .apply import PREFILL_CHUNK, apply_kv_policy, policy_of, prefill_chunk_of, remove_kv_policy
-from .config import KVPolicy
+from .generation import PREFILL_CHUNK, apply_kv_policy, policy_of, prefill_chunk_of, remove_kv_policy
+from .policy import KVPolicy
 
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")

@@ -16,11 +16,11 @@ from ..contract import MethodHooks, register
 from ..declaration import AttentionCost, Levels, PlanContext
 from ..errors import HeadwiseError
 from ..sites import AttentionSite
-from .apply import KIND, apply_kv_policy, policy_forward, policy_of, remove_kv_policy, replay_kv_policy
+from .generation import KIND, apply_kv_policy, policy_forward, policy_of, remove_kv_policy, replay_kv_policy
 from .choose import DEFAULT_RANKING, kv_policy
-from .config import KVPolicy, model_shape, streaming
+from .policy import KVPolicy, model_shape, streaming
 from .declaration import KV_POLICY
-from .policy_config import KVPolicyConfig
+from .config import KVPolicyConfig
 
 SHARES = (0.75, 0.5, 0.25)  # of the full cache at the task's length, the levels a plan tries
 SINK = 4
@@ -77,13 +77,13 @@ class KVPolicyHooks(MethodHooks):
     describe = staticmethod(describe)
     cost = staticmethod(policy_cost)
 
-    def apply(self, model: nn.Module, config: KVPolicyConfig) -> Any:
+    def attach(self, model: nn.Module, config: KVPolicyConfig) -> Any:
         return apply_kv_policy(model, config.policy)
 
     def example(self, model: nn.Module) -> KVPolicyConfig:
         return KVPolicyConfig(KVPolicy.uniform(model, streaming(1, 4)))
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove_kv_policy(model)
 
     def present(self, model: nn.Module) -> bool:

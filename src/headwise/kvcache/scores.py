@@ -25,7 +25,7 @@ from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..runtime import add_observer, detach
 from ..sites import find_sites
-from .config import model_shape
+from .policy import model_shape
 from .lookup import lookup_prompts
 from .passkey import Passkey, PromptFamily, family_prompts
 

@@ -22,7 +22,7 @@ from transformers.utils import is_torchdynamo_compiling
 from ..errors import HeadwiseError
 from ..runtime.attention import GROUPED_KV, left_padding
 from ..runtime.probs import keep_mask
-from .config import HeadCache
+from .policy import HeadCache
 from .layer import Group, GroupedKV, PolicyLayer, _sdpa
 
 

@@ -3,7 +3,7 @@
 - ``build_attention(name, dim=..., num_heads=..., causal=False, **args)``: a self-attention ``nn.Module``;
 - ``add_args(parser, name, prefix=...)`` + ``NestedNamespace``: the mechanism's arguments on the command line;
 - ``list_mechanisms()``: names, arguments, complexity and causal support;
-- ``apply(model, name, **args)``: the mechanism at every (or selected) attention site of a transformers model;
+- ``use(model, name, **args)`` (formerly ``apply``): the mechanism at every (or selected) attention site of a transformers model;
 - ``build_core(name, num_heads, head_dim, **args)``: the core on projected ``q, k, v [B, H, T, d]``.
 
 The names load on first use (``headwise.lazy``): ``.config`` and ``.declaration`` import without torch.
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
                    scatterbrain, softmax)
     from .base import MECHANISMS, Mechanism, MechanismConfig, register
     from .config import ReplaceConfig
-    from .dropin import SiteMechanism, apply, mechanisms_of, remove
+    from .dropin import SiteMechanism, apply, mechanisms_of, remove, use
     from .factory import NestedNamespace, add_args, build_attention, build_core, list_mechanisms, mechanism_args
     from .method import Replace  # registers the method
     from .module import DecodingCache, EfficientAttention
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 __getattr__, __dir__ = _lazy(__name__, globals())
 __all__ = [
     "ReplaceConfig",
-    "MECHANISMS", "Mechanism", "MechanismConfig", "register", "SiteMechanism", "apply", "mechanisms_of", "remove",
+    "MECHANISMS", "Mechanism", "MechanismConfig", "register", "SiteMechanism", "use", "apply", "mechanisms_of", "remove",
     "NestedNamespace", "add_args", "build_attention", "build_core", "list_mechanisms", "mechanism_args",
     "DecodingCache", "EfficientAttention",
 ]

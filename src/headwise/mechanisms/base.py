@@ -2,7 +2,7 @@
 
 Every mechanism subclasses ``Mechanism``, declares a config dataclass (its arguments, with help text and checks)
 and registers itself with ``@register``. The same core runs inside the standalone module (``build_attention``) and
-inside a transformers model (``headwise.mechanisms.apply``).
+inside a transformers model (``headwise.mechanisms.use``).
 
 Conventions: ``key_padding_mask`` is ``[B, T]`` bool with True at padded positions (as ``nn.MultiheadAttention``);
 padded keys get zero weight and padded queries produce unspecified (finite) rows. ``scale`` multiplies ``q·k``

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.integrations.sdpa_attention import repeat_kv
 
-from ..errors import HeadwiseError
+from ..errors import HeadwiseError, renamed
 from ..runtime import enable
 from ..runtime.ops import HeadOp, attach, attached, detach
 from ..sites import AttentionSite, Selection, selection_of
@@ -86,8 +86,8 @@ class SiteMechanism(HeadOp):
         return out.transpose(1, 2)
 
 
-def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | None = None, replace: bool = False,
-          kinds: Sequence[str] | None = None, *, selection: Selection | None = None,
+def use(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | None = None, replace: bool = False,
+        kinds: Sequence[str] | None = None, *, selection: Selection | None = None,
           **args: Any) -> dict[str, SiteMechanism]:
     """Run mechanism ``name`` (with ``args``) at every site of ``selection`` (all by default), reusing the
     pretrained q/k/v/o weights (``headwise.replace_attention``). Selects the ``headwise`` implementation. Returns
@@ -109,6 +109,9 @@ def apply(model: nn.Module, name: str, sites: Iterable[AttentionSite | str] | No
            for s in chosen}
     enable(model)
     return ops
+
+
+apply = renamed(use, "headwise.mechanisms.apply")
 
 
 def remove(model: nn.Module, sites: Iterable[AttentionSite | str] | None = None, missing_ok: bool = False, *,

@@ -20,7 +20,7 @@ from ..runtime.ops import ATTR
 from ..sites import AttentionSite, find_sites
 from .config import ReplaceConfig
 from .declaration import REPLACE
-from .dropin import SLOT_NAME, apply, mechanisms_of, remove
+from .dropin import SLOT_NAME, mechanisms_of, remove, use
 
 MIN_WINDOW = 16  # a local window is tried when sequences hold at least 4 windows of this size
 
@@ -87,13 +87,13 @@ class Replace(MethodHooks):
     at_site = staticmethod(_at_site)
     cost = staticmethod(site_cost)
 
-    def apply(self, model: nn.Module, config: ReplaceConfig) -> Any:
-        return apply(model, config.mechanism, selection=config.selection, **config.args)
+    def attach(self, model: nn.Module, config: ReplaceConfig) -> Any:
+        return use(model, config.mechanism, selection=config.selection, **config.args)
 
     def example(self, model: nn.Module) -> ReplaceConfig:
         return ReplaceConfig("softmax")
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove(model)
 
     def present(self, model: nn.Module) -> bool:

@@ -28,14 +28,15 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from ..errors import HeadwiseError
+from ..errors import HeadwiseError, renamed_fields
 from ..sites import AttentionSite, select_sites
 from .swap import HeadSwap, swap_heads, undo_swaps
 
-SWAP_METHODS = ("hard", "soft", "random")
+SWAP_RULES = ("hard", "soft", "random")
 Metric = Callable[[nn.Module, list[AttentionSite]], torch.Tensor]
 
 
+@renamed_fields(method="rule")
 @dataclass
 class DynamicSwapConfig:
     """MHR's ``--dynamic-*`` options for one attention kind (one callback per kind for different settings).
@@ -46,7 +47,7 @@ class DynamicSwapConfig:
     """
 
     kind: str = "enc-self"
-    method: str = "hard"
+    rule: str = "hard"
     metric: str = "confidence"
     start: int = 1
     frequency: int = 1
@@ -59,8 +60,8 @@ class DynamicSwapConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.method not in SWAP_METHODS:
-            raise HeadwiseError(f"unknown dynamic swap method {self.method!r}; use one of {', '.join(SWAP_METHODS)}")
+        if self.rule not in SWAP_RULES:
+            raise HeadwiseError(f"unknown dynamic swap rule {self.rule!r}; use one of {', '.join(SWAP_RULES)}")
         if self.soft_rank not in ("first", "both"):
             raise HeadwiseError(f"soft_rank is 'first' (MHR code) or 'both' (paper), not {self.soft_rank!r}")
         if min(self.start, self.frequency, self.max_switches, self.soft_heads) < 1 or self.rest < 0:
@@ -69,16 +70,16 @@ class DynamicSwapConfig:
             raise HeadwiseError(f"period is a number of steps ≥ 1, got {self.period}")
 
 
-def choose_swaps(table: torch.Tensor, method: str, k: int, soft_heads: int = 4, soft_rank: str = "first",
+def choose_swaps(table: torch.Tensor, rule: str, k: int, soft_heads: int = 4, soft_rank: str = "first",
                  generator: torch.Generator | None = None) -> list[tuple[int, int, int, int]]:
     """Pairs ``(layer_a, head_a, layer_b, head_b)`` chosen from a metric ``table[L, H]``."""
     L, H = table.shape
-    if method == "hard" or method == "random":
+    if rule == "hard" or rule == "random":
         if k > L * H - k:
             raise HeadwiseError(f"max_switches={k} needs at least {2 * k} heads, the kind has {L * H}")
-        order = table.flatten().argsort(stable=True) if method == "hard" else torch.randperm(L * H, generator=generator)
+        order = table.flatten().argsort(stable=True) if rule == "hard" else torch.randperm(L * H, generator=generator)
         order = order.tolist()
-        pairs = zip(order[::-1][:k], order[:k]) if method == "hard" else zip(order[:k], order[::-1][:k])
+        pairs = zip(order[::-1][:k], order[:k]) if rule == "hard" else zip(order[:k], order[::-1][:k])
         return [(a // H, a % H, b // H, b % H) for a, b in pairs]
     if k > L - k:
         raise HeadwiseError(f"soft swapping with max_switches={k} needs at least {2 * k} layers, the kind has {L}")
@@ -131,7 +132,7 @@ class DynamicSwap(TrainerCallback):
             metric = analysis_metric(tokenizer, list(texts), config.metric)
         self.metric = metric
         table = torch.zeros(len(self.sites), self.sites[0].num_heads)
-        choose_swaps(table, config.method, config.max_switches, config.soft_heads, config.soft_rank)  # sizes, now
+        choose_swaps(table, config.rule, config.max_switches, config.soft_heads, config.soft_rank)  # sizes, now
         self.pending: list[HeadSwap] | None = None
         self.last = 0
         self.generator = torch.Generator().manual_seed(config.seed)
@@ -149,7 +150,7 @@ class DynamicSwap(TrainerCallback):
         elif c - self.last == cfg.frequency + cfg.rest or c == cfg.start:
             self._undo(c)
             table = self.metric(self.model, self.sites)
-            chosen = choose_swaps(table, cfg.method, cfg.max_switches, cfg.soft_heads, cfg.soft_rank, self.generator)
+            chosen = choose_swaps(table, cfg.rule, cfg.max_switches, cfg.soft_heads, cfg.soft_rank, self.generator)
             swaps = [HeadSwap(self.sites[la].name, ha, self.sites[lb].name, hb) for la, ha, lb, hb in chosen]
             swap_heads(self.model, swaps)
             self.pending, self.last = swaps, c

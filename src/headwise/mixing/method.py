@@ -20,13 +20,13 @@ class Mixing(MethodHooks):
     legacy_kind = EDIT_KIND
     replay = staticmethod(replay_fold)
 
-    def apply(self, model: nn.Module, config: MixingConfig) -> Any:
+    def attach(self, model: nn.Module, config: MixingConfig) -> Any:
         return add_mixers(model, config)
 
     def example(self, model: nn.Module) -> MixingConfig:
         return MixingConfig()
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove_mixers(model)
 
     def present(self, model: nn.Module) -> bool:

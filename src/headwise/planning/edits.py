@@ -121,7 +121,7 @@ def apply_edit(model: nn.Module, edit: Edit, calibration: Sequence[dict[str, tor
         refuse_offloaded(find_sites(model), f"edit '{edit.describe()}'")
     if edit.needs_calibration() and not calibration:
         raise HeadwiseError(f"edit '{edit.describe()}' has calibrated methods (their fits read calibration data): "
-                            "pass calibration batches (Plan.apply builds them from the tokenizer)")
+                            "pass calibration batches (Plan.execute builds them from the tokenizer)")
     for config in edit.configs:
         inputs = {"calibration": calibration, "progress": progress} if _calibrated(config) else {}
         apply(model, config, **inputs)

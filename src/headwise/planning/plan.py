@@ -34,7 +34,7 @@ from torch import nn
 
 from ..contract import Method, measured
 from ..declaration import PlanContext, Ranking
-from ..errors import HeadwiseError, HeadwiseNote
+from ..errors import HeadwiseError, HeadwiseNote, renamed
 from ..io import atomic_write_text, json_text, read_text
 from ..progress import progress_bar
 from ..sites import find_sites
@@ -165,8 +165,8 @@ class Plan:
         return calibration_set(task or self.make_task(), tokenizer, self.settings["calibration"],
                                self.settings.get("calibration_uncapped", False), device)
 
-    def apply(self, model: nn.Module, tokenizer: Any = None, point: str | None = None, task: Task | None = None,
-              progress: bool | None = False) -> nn.Module:
+    def execute(self, model: nn.Module, tokenizer: Any = None, point: str | None = None, task: Task | None = None,
+                progress: bool | None = False) -> nn.Module:
         """Perform the recommended edit (or ``point``) on ``model`` in place, exactly as it was measured
         (calibrated parts need ``tokenizer`` to rebuild the same calibration batches). No recovery here: see
         ``headwise.recover``."""
@@ -178,6 +178,8 @@ class Plan:
                 raise HeadwiseError(f"point {self.point(point).name} uses calibrated edits; pass the tokenizer")
             calibration = self.calibration(tokenizer, task, next(model.parameters()).device)
         return apply_edit(model, edit, calibration, progress)
+
+    apply = renamed(execute, "Plan.apply")
 
     def check_model(self, model: nn.Module) -> str | None:
         """Refuse a model other than the one the plan was made on (site shapes and current heads differ, e.g. its

@@ -68,13 +68,13 @@ def removal_levels(model: nn.Module, context: PlanContext) -> Levels:
 class Gates(MethodHooks):
     identity = True
 
-    def apply(self, model: nn.Module, config: GateConfig) -> Any:
+    def attach(self, model: nn.Module, config: GateConfig) -> Any:
         return add_gates(model, selection=config.selection)
 
     def example(self, model: nn.Module) -> GateConfig:
         return GateConfig()
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove_gates(model)
 
     def present(self, model: nn.Module) -> bool:
@@ -85,13 +85,13 @@ class Gates(MethodHooks):
 class Masks(MethodHooks):
     identity = True
 
-    def apply(self, model: nn.Module, config: MaskConfig) -> Any:
+    def attach(self, model: nn.Module, config: MaskConfig) -> Any:
         return apply_masks(model, config.masks)
 
     def example(self, model: nn.Module) -> MaskConfig:
         return MaskConfig({_first(model).name: [1] * _first(model).num_heads})
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove_masks(model)
 
     def present(self, model: nn.Module) -> bool:
@@ -102,13 +102,13 @@ class Masks(MethodHooks):
 class L0Gates(MethodHooks):
     identity = True
 
-    def apply(self, model: nn.Module, config: L0Config) -> Any:
+    def attach(self, model: nn.Module, config: L0Config) -> Any:
         return add_l0_gates(model, config)
 
     def example(self, model: nn.Module) -> L0Config:
         return L0Config(init=10.0)
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove_l0_gates(model)
 
     def present(self, model: nn.Module) -> bool:
@@ -122,7 +122,7 @@ class PruneHeads(MethodHooks):
     levels = staticmethod(removal_levels)
     rank = staticmethod(rank)
 
-    def apply(self, model: nn.Module, config: PruneHeadsConfig) -> Any:
+    def attach(self, model: nn.Module, config: PruneHeadsConfig) -> Any:
         return prune_heads(model, config.heads, config.allow_empty_layers)
 
     def example(self, model: nn.Module) -> PruneHeadsConfig:

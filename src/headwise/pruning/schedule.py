@@ -17,7 +17,7 @@ from torch import nn
 
 from ..analysis.importance import Pairs, gradient_importance
 from ..analysis.rows import rows_of
-from ..errors import HeadwiseError
+from ..errors import HeadwiseError, renamed_fields
 from ..progress import progress_bar
 from ..sites import find_sites
 from .masks import apply_masks
@@ -33,9 +33,10 @@ class PruningStep:
     masks: dict[str, list[float]]  # site path -> 0/1 per head
 
 
+@renamed_fields(method="strategy")
 @dataclass
 class PruningCurve:
-    method: str
+    strategy: str  # formerly method
     steps: list[PruningStep] = field(default_factory=list)
 
     def best_within(self, floor: float) -> PruningStep | None:
@@ -44,7 +45,7 @@ class PruningCurve:
         return min(ok, key=lambda s: s.kept) if ok else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": self.method, "steps": [s.__dict__ for s in self.steps]}
+        return {"strategy": self.strategy, "steps": [s.__dict__ for s in self.steps]}
 
 
 def site_importance(model: nn.Module, table: torch.Tensor, cross_attention: bool = False) -> dict[str, torch.Tensor]:
@@ -148,7 +149,7 @@ def importance_pruning(
 
     curve = PruningCurve("iterative importance" if iterative else "one-shot importance")
     scores = rank()
-    for kept in progress_bar(counts, desc=curve.method, unit="step",
+    for kept in progress_bar(counts, desc=curve.strategy, unit="step",
                              disable=None if progress is None else not progress):
         open_now = sum(int(sum(m)) for m in masks.values())
         if iterative and open_now < total:

@@ -1,6 +1,6 @@
 """Attention-probability pruning and quantization (SPIQA, Ji et al. 2021), with the accuracy trade-off measured.
 
->>> quantize_attention(model, method="linear_slog_clamped_midval", bits=3)    # attach to every site
+>>> quantize_attention(model, quantizer="linear_slog_clamped_midval", bits=3)    # attach to every site
 >>> with measuring(model) as m: model(**batch)
 >>> m.sparsity, m.distinct                                                    # share of zeros, values used
 >>> result = sweep(model, metric=get_task("stsb").metric_fn(tokenizer), methods=["linear_slog"], bits=range(1, 9))
@@ -19,7 +19,7 @@ from ..lazy import attach as _lazy
 
 if TYPE_CHECKING:
     from . import functional
-    from .apply import NAME, Measurement, measuring, quantize_attention, quantizers_of, remove_quantization
+    from .attach import NAME, Measurement, measuring, quantize_attention, quantizers_of, remove_quantization
     from .config import ALIASES, METHOD_NAMES, QuantizationConfig
     from .functional import QUANTIZERS, prune
     from .layer import AttentionQuantizer, population, transform

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from ..contract import MethodConfig
-from ..errors import HeadwiseError
+from ..errors import HeadwiseError, renamed_fields
 
 FLOOR = 1e-3  # p_min of the "clamped" / "with pruning" variants (functional's default too)
 NONE = "none"  # threshold pruning only
@@ -46,22 +46,22 @@ def resolve_method(name: str, bits: int) -> tuple[str, int]:
                         f"{', '.join(ALIASES)} with optional bits (e.g. log3)")
 
 
+@renamed_fields(method="quantizer")
 @dataclass
 class QuantizationConfig(MethodConfig):
     """Options of the attention-probability quantizer attached by ``quantize_attention``.
 
     Per forward, on every attached site: ``A ← A·1[A > threshold]`` (if ``threshold > 0``), then row
-    renormalisation (if ``renormalize``), then the quantizer ``method`` with ``bits``; keys that may not be attended
+    renormalisation (if ``renormalize``), then the ``quantizer`` with ``bits``; keys that may not be attended
     (padding, causal mask) stay exactly 0.
 
-    ``method`` is stored as the SPIQA name; its default is the one hard-wired in the published code, 3-bit log
-    scale with pruning below 1e-3. A row pruned to nothing stays 0; padding is never a value.
+    ``quantizer`` (formerly ``method``) is stored as the SPIQA name; its default is the one hard-wired in the
+    published code, 3-bit log scale with pruning below 1e-3. A row pruned to nothing stays 0; padding is never a value.
     """
 
-    method: str = field(default="linear_slog_clamped_midval", metadata={
+    quantizer: str = field(default="linear_slog_clamped_midval", metadata={
         "help": "a SPIQA quantizer (headwise.quantization.QUANTIZERS), none (pruning only), or a short name log, lin, "
-                "ulog, ulin, bin, prune with optional bits (log3)",
-        "flag": "--quantizer", "former": "--method"})
+                "ulog, ulin, bin, prune with optional bits (log3)", "former": "--method"})
     bits: int = field(default=3, metadata={"help": "bits of the quantizer, 1 to 16 (ignored by binarization)"})
     threshold: float = field(default=0.0, metadata={
         "help": "pruning threshold in [0, 1): probabilities ≤ it become 0 before quantizing (0: off)"})
@@ -82,10 +82,10 @@ class QuantizationConfig(MethodConfig):
     def __post_init__(self) -> None:
         from .functional import QUANTIZERS
 
-        if isinstance(self.method, str):
-            self.method, self.bits = resolve_method(self.method, self.bits)
-        if self.method not in method_names():
-            raise HeadwiseError(f"unknown quantization method {self.method!r}; valid: {', '.join(method_names())}")
+        if isinstance(self.quantizer, str):
+            self.quantizer, self.bits = resolve_method(self.quantizer, self.bits)
+        if self.quantizer not in method_names():
+            raise HeadwiseError(f"unknown quantizer {self.quantizer!r}; valid: {', '.join(method_names())}")
         if isinstance(self.bits, bool) or not isinstance(self.bits, int) or not 1 <= self.bits <= 16:
             raise HeadwiseError(f"bits must be an integer from 1 to 16, got {self.bits!r}")
         if isinstance(self.threshold, bool) or not isinstance(self.threshold, (int, float)) \
@@ -98,10 +98,10 @@ class QuantizationConfig(MethodConfig):
         for name, allowed in CHOICES.items():
             if getattr(self, name) not in allowed:
                 raise HeadwiseError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
-        if self.scope == "row" and self.method in QUANTIZERS and QUANTIZERS[self.method].data_dependent \
-                and self.method != "binarization":
+        if self.scope == "row" and self.quantizer in QUANTIZERS and QUANTIZERS[self.quantizer].data_dependent \
+                and self.quantizer != "binarization":
             raise HeadwiseError(f"scope='row' applies to binarization only; use 'tensor' or 'example' for "
-                                f"{self.method}")
+                                f"{self.quantizer}")
 
     def to_dict(self) -> dict[str, Any]:
         """The quantizer's options (what an ``AttentionQuantizer`` is built from; the selection is not one)."""
@@ -112,8 +112,9 @@ class QuantizationConfig(MethodConfig):
     @property
     def label(self) -> str:
         """Short description, e.g. ``linear_slog_clamped_midval 3b`` or ``prune >0.01``."""
-        parts = [] if self.method == NONE else [self.method if self.method == "binarization"
-                                                 else f"{self.method} {self.bits}b"]
+        parts = [] if self.quantizer == NONE else [self.quantizer if self.quantizer == "binarization"
+                                                    else f"{self.quantizer} {self.bits}b"]
         if self.threshold:
             parts.append(f"prune >{self.threshold:g}")
         return ", ".join(parts) or "unchanged"
+

@@ -34,9 +34,9 @@ def transform(probs: torch.Tensor, config: QuantizationConfig, valid: torch.Tens
         a = prune(a, config.threshold)
         if config.renormalize:
             a = a / a.sum(-1, keepdim=True).clamp(min=torch.finfo(a.dtype).tiny)
-    if config.method == NONE:
+    if config.quantizer == NONE:
         return a
-    method = QUANTIZERS[config.method]
+    method = QUANTIZERS[config.quantizer]
     options = {name: getattr(config, name) for name in method.options}
     if not method.data_dependent:
         return method.fn(a, config.bits, **options)
@@ -84,7 +84,8 @@ class AttentionQuantizer(HeadOp):
 
     def __init__(self, **options: Any) -> None:
         super().__init__()
-        self.config = QuantizationConfig(**options)
+        former = QuantizationConfig.FORMER  # a checkpoint's spec may hold a field's former name
+        self.config = QuantizationConfig(**{former.get(k, k): v for k, v in options.items()})
         self.meter: QuantMeter | None = None
 
     def spec(self) -> dict[str, Any]:

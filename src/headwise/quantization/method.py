@@ -10,16 +10,16 @@ from torch import nn
 
 from ..contract import MethodHooks, register
 from ..declaration import Levels, PlanContext
-from .apply import quantize_attention, quantizers_of, remove_quantization
+from .attach import quantize_attention, quantizers_of, remove_quantization
 from .config import QuantizationConfig
 from .declaration import QUANTIZATION
 
-PLANNED = ({"method": "linear_slog_clamped_midval", "bits": 3}, {"method": "none", "threshold": 0.01})
+PLANNED = ({"quantizer": "linear_slog_clamped_midval", "bits": 3}, {"quantizer": "none", "threshold": 0.01})
 
 
 def quantizer_levels(model: nn.Module, context: PlanContext) -> Levels:
     configs = [QuantizationConfig(**fields) for fields in PLANNED]
-    return Levels([(f"quant-{c.method}-{c.bits}b" if c.method != "none" else f"threshold-{c.threshold:g}", c)
+    return Levels([(f"quant-{c.quantizer}-{c.bits}b" if c.quantizer != "none" else f"threshold-{c.threshold:g}", c)
                    for c in configs])
 
 
@@ -27,18 +27,18 @@ def quantizer_levels(model: nn.Module, context: PlanContext) -> Levels:
 class Quantization(MethodHooks):
     levels = staticmethod(quantizer_levels)
 
-    def apply(self, model: nn.Module, config: QuantizationConfig) -> Any:
+    def attach(self, model: nn.Module, config: QuantizationConfig) -> Any:
         return quantize_attention(model, config)
 
     def example(self, model: nn.Module) -> QuantizationConfig:
-        return QuantizationConfig(method="linear_slog_clamped_midval", bits=3)
+        return QuantizationConfig(quantizer="linear_slog_clamped_midval", bits=3)
 
-    def remove(self, model: nn.Module) -> None:
+    def detach(self, model: nn.Module) -> None:
         remove_quantization(model)
 
     def present(self, model: nn.Module) -> bool:
         return bool(quantizers_of(model))
 
     def describe(self, config: QuantizationConfig) -> str:
-        return f"attention {config.method} {config.bits}b" if config.method != "none" \
+        return f"attention {config.quantizer} {config.bits}b" if config.quantizer != "none" \
             else f"attention threshold {config.threshold}"

@@ -18,7 +18,7 @@ from ..errors import HeadwiseError
 from ..progress import progress_bar
 from ..runtime import eval_mode, using_headwise
 from ..sites import find_sites
-from .apply import measuring, quantize_attention, remove_quantization
+from .attach import measuring, quantize_attention, remove_quantization
 from .config import METHOD_NAMES, NONE, QuantizationConfig
 from .functional import QUANTIZERS
 
@@ -62,13 +62,13 @@ class SweepConfig:
 
     def settings(self) -> list[QuantizationConfig]:
         """Pruning-only settings first, then methods × bits."""
-        out = [replace(self.base, method=NONE, threshold=t, scope="tensor") for t in self.thresholds]
+        out = [replace(self.base, quantizer=NONE, threshold=t, scope="tensor") for t in self.thresholds]
         for method in self.methods:
             if method not in METHOD_NAMES:  # before replace(), for the error listing the names
-                QuantizationConfig(method=method)
+                QuantizationConfig(quantizer=method)
             scope = "tensor" if self.base.scope == "row" and method != "binarization" else self.base.scope
             for bits in (self.bits[:1] if method in BITLESS else self.bits):
-                out.append(replace(self.base, method=method, bits=bits, scope=scope))
+                out.append(replace(self.base, quantizer=method, bits=bits, scope=scope))
         return out
 
 
@@ -148,8 +148,8 @@ def sweep(model: nn.Module, config: SweepConfig | None = None, *, metric: Metric
                     value = float(metric(model))
                 heads = measured.per_head
                 rows.append({
-                    "label": setting.label, "method": setting.method,
-                    "bits": None if setting.method in BITLESS else setting.bits, "threshold": setting.threshold,
+                    "label": setting.label, "method": setting.quantizer,
+                    "bits": None if setting.quantizer in BITLESS else setting.bits, "threshold": setting.threshold,
                     "metric": value, "drop": (baseline - value) / abs(baseline) if baseline else None,
                     "within": value >= floor, "sparsity": measured.sparsity, "distinct": measured.distinct,
                     "distinct_union": measured.distinct_union, "seconds": time.perf_counter() - start,

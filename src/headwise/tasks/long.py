@@ -153,7 +153,7 @@ def run_sample(model: nn.Module, tokenizer: Any, sample: Sample, make_cache: Cac
     context, ``score`` (0–100, the mean of its questions'), its wall and CPU seconds, and per question the
     answer, expected strings and score."""
     from ..kvcache import PolicyCache
-    from ..kvcache.apply import prefill_chunk_for
+    from ..kvcache.generation import prefill_chunk_for
 
     device = next(model.parameters()).device
     start, cpu = time.perf_counter(), time.process_time()

@@ -22,7 +22,7 @@ from transformers import TrainingArguments
 
 from ..errors import HeadwiseError
 from ..kvcache import KVGateConfig, LearnedGates, add_kv_gates, remove_kv_gates
-from ..kvcache.config import model_shape
+from ..kvcache.policy import model_shape
 from ..kvcache.learn import bypassed, frozen, gate_prompts, last_hidden
 from ..tasks.distillation import embedding_distillation
 from ..trainer import HeadwiseTrainer

@@ -224,132 +224,151 @@ def train_translation_model(out: str | os.PathLike, task: Translation | None = N
 
 def _train(out: Path, task: Translation, recipe: TranslationRecipe, train: Any, val: Any, val_split: str,
            resume: bool, force: bool, device: str | torch.device, progress: bool) -> dict[str, Any]:
-    from transformers import get_inverse_sqrt_schedule
-
     key = _data_key(task, val_split)
     cached = _prepare_out(out, key, recipe, resume, force)
     if cached is not None:
         return cached
-    resuming = (out / CHECKPOINT).is_file()
-    out.mkdir(parents=True, exist_ok=True)
-    if resuming:
-        from transformers import AutoTokenizer
+    run = _Run(out, task, recipe, train, val, key, device, progress)
+    with stop_signals() as stop:  # SIGTERM/SIGINT: finish the step, save a complete checkpoint, stop
+        while not run.spent() and not stop:
+            run.epoch(stop)
+        if stop:
+            run.checkpoint()
+            print(f"headwise: stopped by {stop.signal} at step {run.state['step']}; a complete checkpoint is saved "
+                  f"in {out}: continue with --resume", file=sys.stderr)
+            raise KeyboardInterrupt
+        if not run.state["evals"] or run.state["evals"][-1]["step"] != run.state["step"]:
+            run.evaluate()  # saves the last checkpoint
+    result = run.result(len(train), len(val))
+    atomic_write_text(out / RESULT, json_text(result, str(out / RESULT), indent=1))
+    return result
 
-        tokenizer = AutoTokenizer.from_pretrained(out)
-        state = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=False)
-    else:
-        tokenizer = train_tokenizer([*train.source, *train.target], recipe.vocab_size, recipe.min_frequency,
-                                    nfkc=True)
-        tokenizer.model_max_length = recipe.max_positions
-        tokenizer.save_pretrained(out)
-        state = None
-    model = marian_model(recipe, tokenizer).to(device)
-    examples = task.examples(tokenizer, "train").items
-    src_lengths = [len(e["input_ids"]) for e in examples]
-    tgt_lengths = [len(e["labels"]) for e in examples]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.learning_rate, betas=(0.9, 0.98), eps=1e-9,
-                                  weight_decay=recipe.weight_decay)
-    scheduler = get_inverse_sqrt_schedule(optimizer, num_warmup_steps=recipe.warmup)
-    if state is None:
-        state = {"step": 0, "epoch": 0, "batch": 0, "seconds": 0.0, "best_bleu": -1.0, "best_step": None,
-                 "evals": [], "losses": [], "rng": None}
-        atomic_write_text(out / LOG, json_text({"data": key, "recipe": recipe.architecture(), "evals": []},
-                                                 str(out / LOG)))
-    else:
-        model.load_state_dict(state.pop("model"))
-        optimizer.load_state_dict(state.pop("optimizer"))
-        scheduler.load_state_dict(state.pop("scheduler"))
-        torch.set_rng_state(state["rng"])  # dropout continues as if never interrupted
 
-    started = time.time()
+class _Run:
+    """One training in ``out``, new or resumed: the tokenizer, model, optimizer and schedule, and ``state`` (step,
+    epoch, batch within it, seconds, best BLEU and step, evaluations, losses since the last one, RNG): what a
+    checkpoint holds besides the weights."""
 
-    def seconds() -> float:
-        return state["seconds"] + time.time() - started
+    def __init__(self, out: Path, task: Translation, recipe: TranslationRecipe, train: Any, val: Any, key: dict,
+                 device: str | torch.device, progress: bool) -> None:
+        from transformers import AutoTokenizer, get_inverse_sqrt_schedule
 
-    def spent() -> bool:
-        return ((recipe.minutes is not None and seconds() >= 60 * recipe.minutes)
+        self.out, self.recipe, self.val, self.key, self.device, self.progress = out, recipe, val, key, device, progress
+        resuming = (out / CHECKPOINT).is_file()
+        out.mkdir(parents=True, exist_ok=True)
+        if resuming:
+            self.tokenizer = AutoTokenizer.from_pretrained(out)
+        else:
+            self.tokenizer = train_tokenizer([*train.source, *train.target], recipe.vocab_size, recipe.min_frequency,
+                                             nfkc=True)
+            self.tokenizer.model_max_length = recipe.max_positions
+            self.tokenizer.save_pretrained(out)
+        self.model = marian_model(recipe, self.tokenizer).to(device)
+        self.examples = task.examples(self.tokenizer, "train").items
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=recipe.learning_rate, betas=(0.9, 0.98),
+                                           eps=1e-9, weight_decay=recipe.weight_decay)
+        self.scheduler = get_inverse_sqrt_schedule(self.optimizer, num_warmup_steps=recipe.warmup)
+        if resuming:
+            self.state = torch.load(out / CHECKPOINT, map_location="cpu", weights_only=False)
+            self.model.load_state_dict(self.state.pop("model"))
+            self.optimizer.load_state_dict(self.state.pop("optimizer"))
+            self.scheduler.load_state_dict(self.state.pop("scheduler"))
+            torch.set_rng_state(self.state["rng"])  # dropout continues as if never interrupted
+        else:
+            self.state = {"step": 0, "epoch": 0, "batch": 0, "seconds": 0.0, "best_bleu": -1.0, "best_step": None,
+                          "evals": [], "losses": [], "rng": None}
+            self._write_log()
+        self.started = self.last_checkpoint = time.time()
+        self.batches_in_epoch = 1
+
+    def seconds(self) -> float:
+        return self.state["seconds"] + time.time() - self.started
+
+    def spent(self) -> bool:
+        recipe, state = self.recipe, self.state
+        return ((recipe.minutes is not None and self.seconds() >= 60 * recipe.minutes)
                 or (recipe.max_steps is not None and state["step"] >= recipe.max_steps)
                 or (recipe.epochs is not None and state["epoch"] >= recipe.epochs))
 
-    def evaluate() -> None:
-        hypotheses = translate(model, tokenizer, val.source, batch_size=100, max_new_tokens=recipe.max_new_tokens,
-                               progress=False)
-        bleu = corpus_bleu(hypotheses, val.target)
-        entry = {"step": state["step"], "epoch": state["epoch"] + state["batch"] / max(1, batches_in_epoch),
-                 "minutes": round(seconds() / 60, 2), "loss": _mean(state["losses"]), "val_bleu": bleu}
+    def _write_log(self, indent: int | None = None) -> None:
+        log = {"data": self.key, "recipe": self.recipe.architecture(), "evals": self.state["evals"]}
+        atomic_write_text(self.out / LOG, json_text(log, str(self.out / LOG), indent))
+
+    def evaluate(self) -> None:
+        """BLEU on the validation pairs: logged, the best model saved, then a checkpoint."""
+        state, recipe = self.state, self.recipe
+        hypotheses = translate(self.model, self.tokenizer, self.val.source, batch_size=100,
+                               max_new_tokens=recipe.max_new_tokens, progress=False)
+        bleu = corpus_bleu(hypotheses, self.val.target)
+        entry = {"step": state["step"], "epoch": state["epoch"] + state["batch"] / max(1, self.batches_in_epoch),
+                 "minutes": round(self.seconds() / 60, 2), "loss": _mean(state["losses"]), "val_bleu": bleu}
         state["evals"].append(entry)
         state["losses"] = []
         if bleu > state["best_bleu"]:
             state["best_bleu"], state["best_step"] = bleu, state["step"]
-            _save_model(model, out)
-        atomic_write_text(out / LOG, json_text({"data": key, "recipe": recipe.architecture(),
-                                                 "evals": state["evals"]}, str(out / LOG), indent=1))
-        checkpoint()  # after every evaluation the folder resumes from exactly here
-        if progress:
+            _save_model(self.model, self.out)
+        self._write_log(indent=1)
+        self.checkpoint()  # after every evaluation the folder resumes from exactly here
+        if self.progress:
             loss = "—" if entry["loss"] is None else f"{entry['loss']:.3f}"
             tqdm.write(f"step {entry['step']} epoch {entry['epoch']:.2f}: loss {loss}, "
                        f"val BLEU {bleu:.2f} (best {state['best_bleu']:.2f})")
 
-    def checkpoint() -> None:
-        state.update(model=model.state_dict(), optimizer=optimizer.state_dict(), scheduler=scheduler.state_dict(),
-                     rng=torch.get_rng_state())
-        state["seconds"] = seconds()
-        _save_checkpoint(out, state)
+    def checkpoint(self) -> None:
+        self.state.update(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                          scheduler=self.scheduler.state_dict(), rng=torch.get_rng_state())
+        self.state["seconds"] = self.seconds()
+        _save_checkpoint(self.out, self.state)
         for k in ("model", "optimizer", "scheduler"):
-            del state[k]
-        nonlocal started, last_checkpoint
-        started, last_checkpoint = time.time(), time.time()
+            del self.state[k]
+        self.started = self.last_checkpoint = time.time()
 
-    last_checkpoint = time.time()
-    batches_in_epoch = 1
-    with stop_signals() as stop:  # SIGTERM/SIGINT: finish the step, save a complete checkpoint, stop
-        while not spent() and not stop:
-            batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, seed=recipe.seed,
-                                    epoch=state["epoch"])
-            batches_in_epoch = len(batches)
-            model.train()
-            bar = progress_bar(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}",
-                               unit="step", disable=not progress)
-            while state["batch"] < len(batches) and not spent() and not stop:
-                batch = {k: v.to(device) for k, v in
-                         collate([examples[i] for i in batches[state["batch"]]], tokenizer.pad_token_id).items()}
-                loss = smoothed_loss(model, batch, recipe.label_smoothing)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.clip)
-                optimizer.step()
-                scheduler.step()
-                state["step"] += 1
-                state["batch"] += 1
-                state["losses"].append(loss.item())
-                bar.update(1)
-                bar.set_postfix(loss=f"{state['losses'][-1]:.3f}", lr=f"{scheduler.get_last_lr()[0]:.2e}")
-                if recipe.eval_every and state["step"] % recipe.eval_every == 0:
-                    evaluate()
-                    model.train()
-                if time.time() - last_checkpoint >= 60 * recipe.checkpoint_minutes:
-                    checkpoint()
-            bar.close()
-            if state["batch"] >= len(batches):
-                state["epoch"] += 1
-                state["batch"] = 0
-                if not recipe.eval_every:
-                    evaluate()
-        if stop:
-            checkpoint()
-            print(f"headwise: stopped by {stop.signal} at step {state['step']}; a complete checkpoint is saved in "
-                  f"{out}: continue with --resume", file=sys.stderr)
-            raise KeyboardInterrupt
-        if not state["evals"] or state["evals"][-1]["step"] != state["step"]:
-            evaluate()  # saves the last checkpoint
-    last = state["evals"][-1]
-    result = {"headwise_translation_training": 1, "data": key, "recipe": asdict(recipe),
-              "parameters": sum(p.numel() for p in model.parameters()), "train_pairs": len(train),
-              "val_pairs": len(val), "steps": state["step"], "epochs": last["epoch"],
-              "minutes": round(state["seconds"] / 60, 2), "best_val_bleu": state["best_bleu"],
-              "best_step": state["best_step"], "last_val_bleu": last["val_bleu"], "model": str(out)}
-    atomic_write_text(out / RESULT, json_text(result, str(out / RESULT), indent=1))
-    return result
+    def step(self, rows: list[int]) -> None:
+        """One optimizer step on the examples ``rows``."""
+        batch = {k: v.to(self.device) for k, v in
+                 collate([self.examples[i] for i in rows], self.tokenizer.pad_token_id).items()}
+        loss = smoothed_loss(self.model, batch, self.recipe.label_smoothing)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.recipe.clip)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.state["step"] += 1
+        self.state["batch"] += 1
+        self.state["losses"].append(loss.item())
+
+    def epoch(self, stop: Any) -> None:
+        """The rest of the current epoch, until the budget is spent or a signal stops it."""
+        state, recipe = self.state, self.recipe
+        batches = token_batches([len(e["input_ids"]) for e in self.examples], [len(e["labels"]) for e in self.examples],
+                                recipe.max_tokens, seed=recipe.seed, epoch=state["epoch"])
+        self.batches_in_epoch = len(batches)
+        self.model.train()
+        bar = progress_bar(total=len(batches), initial=state["batch"], desc=f"epoch {state['epoch'] + 1}",
+                           unit="step", disable=not self.progress)
+        while state["batch"] < len(batches) and not self.spent() and not stop:
+            self.step(batches[state["batch"]])
+            bar.update(1)
+            bar.set_postfix(loss=f"{state['losses'][-1]:.3f}", lr=f"{self.scheduler.get_last_lr()[0]:.2e}")
+            if recipe.eval_every and state["step"] % recipe.eval_every == 0:
+                self.evaluate()
+                self.model.train()
+            if time.time() - self.last_checkpoint >= 60 * recipe.checkpoint_minutes:
+                self.checkpoint()
+        bar.close()
+        if state["batch"] >= len(batches):
+            state["epoch"] += 1
+            state["batch"] = 0
+            if not recipe.eval_every:
+                self.evaluate()
+
+    def result(self, train_pairs: int, val_pairs: int) -> dict[str, Any]:
+        state, last = self.state, self.state["evals"][-1]
+        return {"headwise_translation_training": 1, "data": self.key, "recipe": asdict(self.recipe),
+                "parameters": sum(p.numel() for p in self.model.parameters()), "train_pairs": train_pairs,
+                "val_pairs": val_pairs, "steps": state["step"], "epochs": last["epoch"],
+                "minutes": round(state["seconds"] / 60, 2), "best_val_bleu": state["best_bleu"],
+                "best_step": state["best_step"], "last_val_bleu": last["val_bleu"], "model": str(self.out)}
 
 
 def _mean(values: list[float]) -> float | None:

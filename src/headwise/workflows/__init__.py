@@ -1,5 +1,6 @@
-"""A verb's whole run as a library function, its result returned (nothing printed, nothing written): the command
-line parses its options, loads the model, calls one of these and saves what it returns. They run tasks, plans and
+"""A verb's whole run as a library function, its result returned: the command line parses its options, loads the
+model, calls one of these and saves what it returns (some write what a run must keep on its own: ``convert``'s
+uptraining checkpoints, progress lines on stderr). They run tasks, plans and
 recovery, so they sit above planning (tests/test_import_layers.py).
 
 - ``kv_policy.kv_policy_experiment``: choose a per-head KV policy for a budget, measure it, verify it (a

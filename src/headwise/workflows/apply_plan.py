@@ -38,7 +38,7 @@ def apply_plan(model: nn.Module, tokenizer: Any, plan: Plan, point: str | None =
             return float(task.evaluate(model, tokenizer, progress=False)[task.metric])
 
     before, costs = metric(), model_costs(model)
-    plan.apply(model, tokenizer, chosen.name, task, progress=None)
+    plan.execute(model, tokenizer, chosen.name, task, progress=None)
     edited = metric()
     if recovery.mode != "none":
         recovery.run(model, tokenizer, task, teacher)

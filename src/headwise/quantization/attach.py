@@ -25,7 +25,7 @@ def quantize_attention(model: nn.Module, config: QuantizationConfig | None = Non
                        **options: Any) -> dict[str, AttentionQuantizer]:
     """Attach an :class:`AttentionQuantizer` to every site of the selection (all by default), replacing one of the
     same ``name``, and select the ``headwise`` attention implementation. ``options``: ``config`` fields
-    (``method=``, ``bits=``, ``threshold=``, ``selection=`` ...; one that conflicts with ``config`` raises);
+    (``quantizer=``, ``bits=``, ``threshold=``, ``selection=`` ...; one that conflicts with ``config`` raises);
     ``sites``: the former spelling of the selection (deprecated). Returns ``{site.path: op}``; undo with
     :func:`remove_quantization`. ``headwise.save_pretrained`` saves the ops with the model."""
     if sites is not None:  # the former spelling of the selection (deprecated)
