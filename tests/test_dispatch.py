@@ -65,7 +65,7 @@ def test_analysis_of_the_dispatched_model_equals_the_whole_one(folder, tmp_path,
 
 def test_a_reversible_edit_in_place_on_the_dispatched_model_equals_the_whole_one(folder, tmp_path):
     ids = torch.arange(4, 20).view(2, 8)
-    edit = make(local=(3, ["dec-self.0", "dec-self.3"]), quantization={"method": "lin", "bits": 4})
+    edit = make(local=(3, ["dec-self.0", "dec-self.3"]), quantization={"quantizer": "lin", "bits": 4})
     got = []
     for dispatched in (False, True):
         model = load(folder, tmp_path / str(dispatched), dispatched)
