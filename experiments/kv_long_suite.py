@@ -53,6 +53,7 @@ import torch
 
 import common
 from headwise.errors import HeadwiseError
+from headwise.tasks.long_data import TASKS
 
 ARMS = ("full", "policy", "streaming", "random", "layer", "gqa", "latent")
 WINDOWED = ("policy", "random", "layer")  # the arms whose streaming heads take the policy's window
@@ -103,9 +104,8 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
         arms["full"] = (model, lambda m, n: DynamicCache(config=m.config))
     wanted = [a for a in ("policy", "streaming", "random", "layer") if a in args.arms]
     if wanted:
-        print("scoring heads (kv_policy's calibration: passkeys and fact lookups in filler text, seed 0)",
-              file=sys.stderr, flush=True)
-        scores = head_scores(model, tokenizer, ScoreConfig(), progress=True)
+        print(f"scoring heads ({CALIBRATIONS[args.calibration]}, seed 0)", file=sys.stderr, flush=True)
+        scores = calibrated_scores(model, tokenizer, args.calibration)
         for budget in args.budgets:  # sized at the first length: the windows scale with the sequence
             share = args.window_share
             window = None if share is None else default_window(budget, args.lengths[0], 4, share)
@@ -114,6 +114,7 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
             for arm, policy in policies.items():
                 name = arm + ("" if share in (None, WINDOW_SHARE) or arm not in WINDOWED else f"~w{share:g}")
                 name += "" if args.ranking == DEFAULT_RANKING or arm not in RANKED else f"~{args.ranking}"
+                name += "" if args.calibration == "filler" or arm not in RANKED else f"~{args.calibration}"
                 arms[f"{name}@{budget:g}"] = (model, lambda m, n, p=policy: PolicyCache(p, length=n))
     if "gqa" in args.arms or "latent" in args.arms:  # the attention inputs' moments, computed once for both
         from headwise.conversion import input_moments
@@ -133,6 +134,27 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
     return arms
 
 
+CALIBRATIONS = {"filler": "kv_policy's calibration: passkeys and fact lookups in filler text",
+                "mixed": "passkeys and fact lookups in filler text, in Python's documentation topics (docs) and in "
+                         "standard-library source (code), each score the mean over the three"}
+
+
+def calibrated_scores(model, tokenizer, calibration: str):
+    """The head scores of ``calibration`` (``CALIBRATIONS``): kv_policy's own (filler), or the mean of the scores
+    measured with the filler, the ``docs`` and the ``code`` haystacks as the 'text' prompt family."""
+    from headwise.kvcache import HeadScores, ScoreConfig, head_scores
+    from headwise.tasks.haystacks import Haystack
+
+    runs = [head_scores(model, tokenizer, ScoreConfig(), progress=True)]
+    if calibration == "mixed":
+        for name in ("docs", "code"):
+            text = "".join(Haystack.of(name).sentences)
+            runs.append(head_scores(model, tokenizer, ScoreConfig(families=("text",)), progress=True,
+                                    haystack_text=text))
+    return HeadScores({k: sum(r.scores[k] for r in runs) / len(runs) for k in runs[0].scores}, runs[0].kv_heads,
+                      {k: sum(r.counts[k] for r in runs) for k in runs[0].counts})
+
+
 def samples_of(args) -> int | dict[str, int]:
     if args.samples_file:
         return json.loads(Path(args.samples_file).read_text())["samples"]
@@ -143,7 +165,7 @@ def run(args) -> None:
     from headwise.tasks.long import LongContext
 
     model, tokenizer = load(args)
-    task = LongContext(lengths=args.lengths, samples=samples_of(args))
+    task = LongContext(lengths=args.lengths, samples=samples_of(args), haystack=args.haystack, tasks=args.tasks)
     where = paths(args.tag)
     log = task.log(where["log"], model, f"{args.model} ({args.dtype or 'float32'})")
     for name, (arm_model, make) in arm_caches(args, model, tokenizer).items():
@@ -159,7 +181,7 @@ def report(args) -> None:
     from headwise.tasks.long import LongContext
 
     model, tokenizer = load(args)
-    task = LongContext(lengths=args.lengths, samples=samples_of(args))
+    task = LongContext(lengths=args.lengths, samples=samples_of(args), haystack=args.haystack, tasks=args.tasks)
     where = paths(args.tag)
     write(task, task.log(where["log"], model, f"{args.model} ({args.dtype or 'float32'})"), args, where)
 
@@ -210,6 +232,16 @@ def targets(arms: dict[str, dict], diffs: dict[str, dict], by_arm: dict[str, lis
     return out
 
 
+def commit() -> str:
+    """The checkout's commit (with ``+dirty`` when files differ from it)."""
+    import subprocess
+
+    def git(*words: str) -> str:
+        return subprocess.run(["git", *words], capture_output=True, text=True, cwd=common.EXPERIMENTS).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain") else "")
+
+
 def write(task, log, args, where) -> None:
     from headwise.report.long import arms_chart
     from headwise.tasks.long import paired_difference, summarize
@@ -236,11 +268,12 @@ def write(task, log, args, where) -> None:
         if variant and f"policy@{budget}" in by_arm:  # the default against this variant
             diffs[f"policy@{budget} - {a}"] = paired_difference(by_arm[f"policy@{budget}"], by_arm[a])
     results = {"model": args.model, "dtype": args.dtype or "float32", "drawn_from": task.spec().describe(),
+               "commit": commit(), "haystack": task.spec().haystack.name,
                "calibration": "head scores: kv_policy's passkey prompts (filler haystack, 'The pass key is N' with "
                               "5-digit keys) and fact-lookup prompts (filler haystack, four 'The COLOUR THING is kept "
-                              "in the ROOM.' facts, one asked), seed 0, 512 tokens; conversions: WikiText-2 "
-                              "valid.txt, its first 90% "
-                              "of lines, 16 windows of 1,024 tokens",
+                              "in the ROOM.' facts, one asked), seed 0, 512 tokens (arms named ~mixed: the same "
+                              "prompts in filler, docs and code, scores averaged); conversions: WikiText-2 "
+                              "valid.txt, its first 90% of lines, 16 windows of 1,024 tokens",
                "arms": arms, "differences": diffs, "targets": targets(arms, diffs, by_arm)}
     common.save_results(where["json"], results)
     lines: dict[str, list[tuple[float, float]]] = {}
@@ -291,8 +324,11 @@ def markdown(results: dict, svg: str) -> str:
     for name, b in t["beats_baselines"].items():
         verdict.append(f"- {name}: {b['difference']:+.1f} ({b['ci'][0]:+.1f} to {b['ci'][1]:+.1f}) — "
                        f"{'met' if b['met'] else 'not met'}")
-    return "\n".join([f"# Long-context suite at equal KV bytes: {results['model']} ({results['dtype']})", "",
-                      f"Samples: seed {drawn['seed']}, haystack {drawn['haystack']}, lengths {drawn['lengths']}, "
+    return "\n".join([f"# Long-context suite at equal KV bytes: {results['model']} ({results['dtype']}), haystack "
+                      f"{results.get('haystack', 'generated')}", "",
+                      f"Commit {results.get('commit', '?')}. "
+                      f"Samples: seed {drawn['seed']}, haystack {drawn['haystack']} (licence: "
+                      f"{drawn.get('licence', '?')}), lengths {drawn['lengths']}, "
                       f"samples per task and length {drawn['samples']} (each arm's total in its row: an arm "
                       f"run with fewer samples keeps its own). Calibration: {results['calibration']}.", "",
                       f"![score against KV bytes](../../docs/{svg})", "", *rows, "", "## Paired differences", "",
@@ -362,15 +398,27 @@ def main(argv: list[str] | None = None) -> None:
                    help="policy/random/layer windows: sink + window = S x budget x length (default: kv_policy's)")
     p.add_argument("--ranking", default=None,
                    help="policy/layer head ranking (default: kv_policy's, kvcache.choose.DEFAULT_RANKING)")
+    p.add_argument("--haystack", default="generated",
+                   help="the suite's haystack: generated, prose, docs, code or a FILE (default generated; results "
+                        "under kv_long_suite_HAYSTACK.* unless --tag)")
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help="the suite's tasks, comma-separated (default all; cwe and fwe hold no haystack: their "
+                        "samples are the same in every haystack)")
+    p.add_argument("--calibration", default="filler", choices=tuple(CALIBRATIONS),
+                   help="head scores of policy and layer: filler (kv_policy's) or mixed (filler, docs and code; "
+                        "those arms are named ~mixed)")
     p.add_argument("--tag", default=None, help="results under kv_long_suite_TAG.* (e.g. pilot)")
     p.add_argument("--minutes", type=float, default=COMPARISON_SECONDS / 60,
                    help="size: the half-width this many minutes of samples reach")
     args = p.parse_args(argv)
+    if args.tag is None and args.haystack != "generated":
+        args.tag = Path(args.haystack).stem
     from headwise.tasks.long_data import parse_lengths
 
     args.lengths = parse_lengths(args.lengths)
     args.budgets = tuple(float(b) for b in args.budgets.split(","))
     args.arms = tuple(a.strip() for a in args.arms.split(","))
+    args.tasks = tuple(t.strip() for t in args.tasks.split(","))
     from headwise.kvcache.choose import DEFAULT_RANKING, ranking_scores
 
     args.ranking = args.ranking or DEFAULT_RANKING
