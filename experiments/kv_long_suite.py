@@ -105,7 +105,7 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
     wanted = [a for a in ("policy", "streaming", "random", "layer") if a in args.arms]
     if wanted:
         print(f"scoring heads ({CALIBRATIONS[args.calibration]}, seed 0)", file=sys.stderr, flush=True)
-        scores = calibrated_scores(model, tokenizer, args.calibration)
+        scores = calibrated_scores(model, tokenizer, args.calibration, args.model)
         for budget in args.budgets:  # sized at the first length: the windows scale with the sequence
             share = args.window_share
             window = None if share is None else default_window(budget, args.lengths[0], 4, share)
@@ -134,23 +134,32 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
     return arms
 
 
+SCORES_CACHE = Path.home() / ".cache" / "headwise" / "kv_long_suite_scores"  # head scores per model and haystack
 CALIBRATIONS = {"filler": "kv_policy's calibration: passkeys and fact lookups in filler text",
                 "mixed": "passkeys and fact lookups in filler text, in Python's documentation topics (docs) and in "
                          "standard-library source (code), each score the mean over the three"}
 
 
-def calibrated_scores(model, tokenizer, calibration: str):
+def calibrated_scores(model, tokenizer, calibration: str, name: str):
     """The head scores of ``calibration`` (``CALIBRATIONS``): kv_policy's own (filler), or the mean of the scores
-    measured with the filler, the ``docs`` and the ``code`` haystacks as the 'text' prompt family."""
+    measured with the filler, the ``docs`` and the ``code`` haystacks as the 'text' prompt family. Each run is kept
+    in ``SCORES_CACHE`` under the model's ``name`` (the same model, prompts and seed give the same scores), so arms
+    run apart reuse it."""
     from headwise.kvcache import HeadScores, ScoreConfig, head_scores
     from headwise.tasks.haystacks import Haystack
 
-    runs = [head_scores(model, tokenizer, ScoreConfig(), progress=True)]
-    if calibration == "mixed":
-        for name in ("docs", "code"):
-            text = "".join(Haystack.of(name).sentences)
-            runs.append(head_scores(model, tokenizer, ScoreConfig(families=("text",)), progress=True,
-                                    haystack_text=text))
+    def scored(haystack: str) -> HeadScores:
+        path = SCORES_CACHE / f"{Path(name).name}-{haystack}.pt"
+        if path.is_file():
+            return HeadScores(**torch.load(path))
+        text = None if haystack == "filler" else "".join(Haystack.of(haystack).sentences)
+        config = ScoreConfig() if text is None else ScoreConfig(families=("text",))
+        scores = head_scores(model, tokenizer, config, progress=True, haystack_text=text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"scores": scores.scores, "kv_heads": scores.kv_heads, "counts": scores.counts}, path)
+        return scores
+
+    runs = [scored(h) for h in (("filler", "docs", "code") if calibration == "mixed" else ("filler",))]
     return HeadScores({k: sum(r.scores[k] for r in runs) / len(runs) for k in runs[0].scores}, runs[0].kv_heads,
                       {k: sum(r.counts[k] for r in runs) for k in runs[0].counts})
 
@@ -384,9 +393,80 @@ def size(args) -> None:
     print(json.dumps(out, indent=1))
 
 
+FAMILY_HAYSTACKS = ("generated", "prose", "docs", "code")
+CHOSEN_ON, JUDGED_ON = ("generated", "docs", "code"), ("prose",)  # issue 68: where defaults are chosen / judged
+
+
+FAMILY_VARIANTS = ("", "~mixed", "~w0.5")  # the default and the variants issue 68 tried
+
+
+def family_arm(arm: str, budgets: tuple[float, ...]) -> bool:
+    """Whether ``arm`` is one the families table shows: policy (default or a tried variant), StreamingLLM or whole
+    layers at one of ``budgets``."""
+    name, _, budget = arm.partition("@")
+    base, tilde, variant = name.partition("~")
+    return (base in ("policy", "streaming", "layer") and tilde + variant in FAMILY_VARIANTS
+            and float(budget) in budgets)
+
+
+def families(args) -> None:
+    """One table over the haystacks' logs (``kv_long_suite[_HAYSTACK].samples.jsonl``), restricted to ``--tasks``:
+    per haystack and arm the macro score, the policy arms' retention (over the full cache on the same samples) and
+    each arm's paired difference from the full cache; written to ``RESULTS/kv_long_suite_families.md`` and
+    ``.json``. Reads the logs alone (no model)."""
+    from headwise.tasks.long import paired_difference, summarize
+
+    out: dict[str, Any] = {"commit": commit(), "tasks": list(args.tasks), "chosen_on": list(CHOSEN_ON),
+                           "judged_on": list(JUDGED_ON), "haystacks": {}}
+    for haystack in FAMILY_HAYSTACKS:
+        log = paths(None if haystack == "generated" else haystack)["log"]
+        if not log.is_file():
+            continue
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        records = [r for r in lines[1:] if r["task"] in args.tasks and r["length"] in args.lengths
+                   and (r["arm"] == "full" or family_arm(r["arm"], args.budgets))]
+        by_arm: dict[str, list[dict]] = {}
+        for r in records:
+            by_arm.setdefault(r["arm"], []).append(r)
+        if "full" not in by_arm:
+            continue
+        arms = {}
+        for arm, mine in sorted(by_arm.items()):
+            keys = {r["key"] for r in mine}
+            full = summarize([r for r in by_arm["full"] if r["key"] in keys])
+            s = summarize(mine)
+            arms[arm] = {"contexts": len(mine), "score": s["score"], "score_ci": s["score_ci"], "tasks": s["tasks"],
+                         "full_same_samples": full["score"], "full_tasks": full["tasks"],
+                         "retention": s["score"] / full["score"] if full["score"] else None}
+            if arm != "full":
+                arms[arm]["difference"] = paired_difference(mine, by_arm["full"])
+        out["haystacks"][haystack] = {"source": lines[0]["suite"]["haystack"], "arms": arms}
+    where = common.RESULTS / "kv_long_suite_families"
+    common.save_results(where.with_suffix(".json"), out)
+    rows = ["| haystack | role | arm | contexts | score (95% CI) | full, same samples | retention | policy − full "
+            "(95% CI) | " + " | ".join(args.tasks) + " |", "|" + "---|" * (8 + len(args.tasks))]
+    for haystack, h in out["haystacks"].items():
+        role = "chosen on" if haystack in CHOSEN_ON else "judged on"
+        for arm, a in h["arms"].items():
+            d = a.get("difference")
+            rows.append(f"| {haystack} | {role} | {arm} | {a['contexts']} | {a['score']:.1f} ({a['score_ci'][0]:.1f}–"
+                        f"{a['score_ci'][1]:.1f}) | {a['full_same_samples']:.1f} | "
+                        + ("—" if a["retention"] is None else f"{a['retention']:.2f}") + " | "
+                        + ("" if d is None else f"{d['difference']:+.1f} ({d['ci'][0]:+.1f} to {d['ci'][1]:+.1f})")
+                        + " | " + " | ".join(f"{a['tasks'].get(t, float('nan')):.1f}" for t in args.tasks) + " |")
+    text = "\n".join([f"# KV policy per haystack: {args.model}, tasks {', '.join(args.tasks)}, "
+                      f"{', '.join(str(n) for n in args.lengths)} tokens", "",
+                      f"Commit {out['commit']}. Haystacks the defaults were chosen on: {', '.join(CHOSEN_ON)}; judged "
+                      f"on: {', '.join(JUDGED_ON)}. Each arm against the full cache on the same samples (paired "
+                      "95% bootstrap interval); retention = arm / full. Sources: "
+                      + "; ".join(f"{k}: {h['source']}" for k, h in out["haystacks"].items()) + ".", "", *rows, ""])
+    common.atomic_write_text(where.with_suffix(".md"), text)
+    print(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("run", "report", "size"))
+    p.add_argument("command", choices=("run", "report", "size", "families"))
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the checkpoint's, float32)")
     p.add_argument("--lengths", default="2k")
@@ -430,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         p.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    {"run": run, "report": report, "size": size}[args.command](args)
+    {"run": run, "report": report, "size": size, "families": families}[args.command](args)
 
 
 if __name__ == "__main__":
