@@ -137,7 +137,9 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
 SCORES_CACHE = Path.home() / ".cache" / "headwise" / "kv_long_suite_scores"  # head scores per model and haystack
 CALIBRATIONS = {"filler": "kv_policy's calibration: passkeys and fact lookups in filler text",
                 "mixed": "passkeys and fact lookups in filler text, in Python's documentation topics (docs) and in "
-                         "standard-library source (code), each score the mean over the three"}
+                         "standard-library source (code), each score the mean over the three",
+                "natural": "kv_policy's calibration, and the 'outside' score (mass beyond sink 4 + window 252) on two "
+                           "texts of 1,024 tokens each of docs and of code"}
 
 
 def calibrated_scores(model, tokenizer, calibration: str, name: str):
@@ -160,8 +162,30 @@ def calibrated_scores(model, tokenizer, calibration: str, name: str):
         return scores
 
     runs = [scored(h) for h in (("filler", "docs", "code") if calibration == "mixed" else ("filler",))]
+    if calibration == "natural":
+        return HeadScores(runs[0].scores | {"outside": natural_outside(model, tokenizer)}, runs[0].kv_heads,
+                          runs[0].counts | {"calibration": 4})
     return HeadScores({k: sum(r.scores[k] for r in runs) / len(runs) for k in runs[0].scores}, runs[0].kv_heads,
                       {k: sum(r.counts[k] for r in runs) for k in runs[0].counts})
+
+
+def natural_outside(model, tokenizer, sink: int = 4, window: int = 252, length: int = 1024) -> torch.Tensor:
+    """``[layers, query heads]``: the mass beyond ``sink + window`` on two texts of ``length`` tokens of the docs and
+    of the code haystacks (seeded offsets), averaged."""
+    import random
+
+    from headwise.kvcache.scores import _outside
+    from headwise.tasks.haystacks import Haystack
+
+    total = {"outside": torch.zeros(model.config.num_hidden_layers, model.config.num_attention_heads)}
+    for name in ("docs", "code"):
+        for t in range(2):
+            units, text = Haystack.of(name).units(random.Random(f"natural/{name}/{t}")), ""
+            while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < length:
+                text += "".join(next(units) for _ in range(20))
+            _outside(model, torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][:length]), sink,
+                     window, total)
+    return total["outside"] / 4
 
 
 def samples_of(args) -> int | dict[str, int]:
@@ -397,7 +421,7 @@ FAMILY_HAYSTACKS = ("generated", "prose", "docs", "code")
 CHOSEN_ON, JUDGED_ON = ("generated", "docs", "code"), ("prose",)  # issue 68: where defaults are chosen / judged
 
 
-FAMILY_VARIANTS = ("", "~mixed", "~w0.5")  # the default and the variants issue 68 tried
+FAMILY_VARIANTS = ("", "~mixed", "~w0.5", "~retrieval+lookup+outside~natural")  # the default and the variants issue 68 tried
 
 
 def family_arm(arm: str, budgets: tuple[float, ...]) -> bool:
