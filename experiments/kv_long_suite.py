@@ -53,6 +53,7 @@ import torch
 
 import common
 from headwise.errors import HeadwiseError
+from headwise.tasks.long_data import TASKS
 
 ARMS = ("full", "policy", "streaming", "random", "layer", "gqa", "latent")
 WINDOWED = ("policy", "random", "layer")  # the arms whose streaming heads take the policy's window
@@ -103,9 +104,8 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
         arms["full"] = (model, lambda m, n: DynamicCache(config=m.config))
     wanted = [a for a in ("policy", "streaming", "random", "layer") if a in args.arms]
     if wanted:
-        print("scoring heads (kv_policy's calibration: passkeys and fact lookups in filler text, seed 0)",
-              file=sys.stderr, flush=True)
-        scores = head_scores(model, tokenizer, ScoreConfig(), progress=True)
+        print(f"scoring heads ({CALIBRATIONS[args.calibration]}, seed 0)", file=sys.stderr, flush=True)
+        scores = calibrated_scores(model, tokenizer, args.calibration, args.model)
         for budget in args.budgets:  # sized at the first length: the windows scale with the sequence
             share = args.window_share
             window = None if share is None else default_window(budget, args.lengths[0], 4, share)
@@ -114,6 +114,7 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
             for arm, policy in policies.items():
                 name = arm + ("" if share in (None, WINDOW_SHARE) or arm not in WINDOWED else f"~w{share:g}")
                 name += "" if args.ranking == DEFAULT_RANKING or arm not in RANKED else f"~{args.ranking}"
+                name += "" if args.calibration == "filler" or arm not in RANKED else f"~{args.calibration}"
                 arms[f"{name}@{budget:g}"] = (model, lambda m, n, p=policy: PolicyCache(p, length=n))
     if "gqa" in args.arms or "latent" in args.arms:  # the attention inputs' moments, computed once for both
         from headwise.conversion import input_moments
@@ -133,6 +134,60 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
     return arms
 
 
+SCORES_CACHE = Path.home() / ".cache" / "headwise" / "kv_long_suite_scores"  # head scores per model and haystack
+CALIBRATIONS = {"filler": "kv_policy's calibration: passkeys and fact lookups in filler text",
+                "mixed": "passkeys and fact lookups in filler text, in Python's documentation topics (docs) and in "
+                         "standard-library source (code), each score the mean over the three",
+                "natural": "kv_policy's calibration, and the 'outside' score (mass beyond sink 4 + window 252) on two "
+                           "texts of 1,024 tokens each of docs and of code"}
+
+
+def calibrated_scores(model, tokenizer, calibration: str, name: str):
+    """The head scores of ``calibration`` (``CALIBRATIONS``): kv_policy's own (filler), or the mean of the scores
+    measured with the filler, the ``docs`` and the ``code`` haystacks as the 'text' prompt family. Each run is kept
+    in ``SCORES_CACHE`` under the model's ``name`` (the same model, prompts and seed give the same scores), so arms
+    run apart reuse it."""
+    from headwise.kvcache import HeadScores, ScoreConfig, head_scores
+    from headwise.tasks.haystacks import Haystack
+
+    def scored(haystack: str) -> HeadScores:
+        path = SCORES_CACHE / f"{Path(name).name}-{haystack}.pt"
+        if path.is_file():
+            return HeadScores(**torch.load(path))
+        text = None if haystack == "filler" else "".join(Haystack.of(haystack).sentences)
+        config = ScoreConfig() if text is None else ScoreConfig(families=("text",))
+        scores = head_scores(model, tokenizer, config, progress=True, haystack_text=text)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"scores": scores.scores, "kv_heads": scores.kv_heads, "counts": scores.counts}, path)
+        return scores
+
+    runs = [scored(h) for h in (("filler", "docs", "code") if calibration == "mixed" else ("filler",))]
+    if calibration == "natural":
+        return HeadScores(runs[0].scores | {"outside": natural_outside(model, tokenizer)}, runs[0].kv_heads,
+                          runs[0].counts | {"calibration": 4})
+    return HeadScores({k: sum(r.scores[k] for r in runs) / len(runs) for k in runs[0].scores}, runs[0].kv_heads,
+                      {k: sum(r.counts[k] for r in runs) for k in runs[0].counts})
+
+
+def natural_outside(model, tokenizer, sink: int = 4, window: int = 252, length: int = 1024) -> torch.Tensor:
+    """``[layers, query heads]``: the mass beyond ``sink + window`` on two texts of ``length`` tokens of the docs and
+    of the code haystacks (seeded offsets), averaged."""
+    import random
+
+    from headwise.kvcache.scores import _outside
+    from headwise.tasks.haystacks import Haystack
+
+    total = {"outside": torch.zeros(model.config.num_hidden_layers, model.config.num_attention_heads)}
+    for name in ("docs", "code"):
+        for t in range(2):
+            units, text = Haystack.of(name).units(random.Random(f"natural/{name}/{t}")), ""
+            while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < length:
+                text += "".join(next(units) for _ in range(20))
+            _outside(model, torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][:length]), sink,
+                     window, total)
+    return total["outside"] / 4
+
+
 def samples_of(args) -> int | dict[str, int]:
     if args.samples_file:
         return json.loads(Path(args.samples_file).read_text())["samples"]
@@ -143,7 +198,7 @@ def run(args) -> None:
     from headwise.tasks.long import LongContext
 
     model, tokenizer = load(args)
-    task = LongContext(lengths=args.lengths, samples=samples_of(args))
+    task = LongContext(lengths=args.lengths, samples=samples_of(args), haystack=args.haystack, tasks=args.tasks)
     where = paths(args.tag)
     log = task.log(where["log"], model, f"{args.model} ({args.dtype or 'float32'})")
     for name, (arm_model, make) in arm_caches(args, model, tokenizer).items():
@@ -159,7 +214,7 @@ def report(args) -> None:
     from headwise.tasks.long import LongContext
 
     model, tokenizer = load(args)
-    task = LongContext(lengths=args.lengths, samples=samples_of(args))
+    task = LongContext(lengths=args.lengths, samples=samples_of(args), haystack=args.haystack, tasks=args.tasks)
     where = paths(args.tag)
     write(task, task.log(where["log"], model, f"{args.model} ({args.dtype or 'float32'})"), args, where)
 
@@ -210,6 +265,16 @@ def targets(arms: dict[str, dict], diffs: dict[str, dict], by_arm: dict[str, lis
     return out
 
 
+def commit() -> str:
+    """The checkout's commit (with ``+dirty`` when files differ from it)."""
+    import subprocess
+
+    def git(*words: str) -> str:
+        return subprocess.run(["git", *words], capture_output=True, text=True, cwd=common.EXPERIMENTS).stdout.strip()
+
+    return git("rev-parse", "--short", "HEAD") + ("+dirty" if git("status", "--porcelain") else "")
+
+
 def write(task, log, args, where) -> None:
     from headwise.report.long import arms_chart
     from headwise.tasks.long import paired_difference, summarize
@@ -236,11 +301,12 @@ def write(task, log, args, where) -> None:
         if variant and f"policy@{budget}" in by_arm:  # the default against this variant
             diffs[f"policy@{budget} - {a}"] = paired_difference(by_arm[f"policy@{budget}"], by_arm[a])
     results = {"model": args.model, "dtype": args.dtype or "float32", "drawn_from": task.spec().describe(),
+               "commit": commit(), "haystack": task.spec().haystack.name,
                "calibration": "head scores: kv_policy's passkey prompts (filler haystack, 'The pass key is N' with "
                               "5-digit keys) and fact-lookup prompts (filler haystack, four 'The COLOUR THING is kept "
-                              "in the ROOM.' facts, one asked), seed 0, 512 tokens; conversions: WikiText-2 "
-                              "valid.txt, its first 90% "
-                              "of lines, 16 windows of 1,024 tokens",
+                              "in the ROOM.' facts, one asked), seed 0, 512 tokens (arms named ~mixed: the same "
+                              "prompts in filler, docs and code, scores averaged); conversions: WikiText-2 "
+                              "valid.txt, its first 90% of lines, 16 windows of 1,024 tokens",
                "arms": arms, "differences": diffs, "targets": targets(arms, diffs, by_arm)}
     common.save_results(where["json"], results)
     lines: dict[str, list[tuple[float, float]]] = {}
@@ -291,8 +357,11 @@ def markdown(results: dict, svg: str) -> str:
     for name, b in t["beats_baselines"].items():
         verdict.append(f"- {name}: {b['difference']:+.1f} ({b['ci'][0]:+.1f} to {b['ci'][1]:+.1f}) — "
                        f"{'met' if b['met'] else 'not met'}")
-    return "\n".join([f"# Long-context suite at equal KV bytes: {results['model']} ({results['dtype']})", "",
-                      f"Samples: seed {drawn['seed']}, haystack {drawn['haystack']}, lengths {drawn['lengths']}, "
+    return "\n".join([f"# Long-context suite at equal KV bytes: {results['model']} ({results['dtype']}), haystack "
+                      f"{results.get('haystack', 'generated')}", "",
+                      f"Commit {results.get('commit', '?')}. "
+                      f"Samples: seed {drawn['seed']}, haystack {drawn['haystack']} (licence: "
+                      f"{drawn.get('licence', '?')}), lengths {drawn['lengths']}, "
                       f"samples per task and length {drawn['samples']} (each arm's total in its row: an arm "
                       f"run with fewer samples keeps its own). Calibration: {results['calibration']}.", "",
                       f"![score against KV bytes](../../docs/{svg})", "", *rows, "", "## Paired differences", "",
@@ -348,9 +417,80 @@ def size(args) -> None:
     print(json.dumps(out, indent=1))
 
 
+FAMILY_HAYSTACKS = ("generated", "prose", "docs", "code")
+CHOSEN_ON, JUDGED_ON = ("generated", "docs", "code"), ("prose",)  # issue 68: where defaults are chosen / judged
+
+
+FAMILY_VARIANTS = ("", "~mixed", "~w0.5", "~retrieval+lookup+outside~natural")  # the default and the variants issue 68 tried
+
+
+def family_arm(arm: str, budgets: tuple[float, ...]) -> bool:
+    """Whether ``arm`` is one the families table shows: policy (default or a tried variant), StreamingLLM or whole
+    layers at one of ``budgets``."""
+    name, _, budget = arm.partition("@")
+    base, tilde, variant = name.partition("~")
+    return (base in ("policy", "streaming", "layer") and tilde + variant in FAMILY_VARIANTS
+            and float(budget) in budgets)
+
+
+def families(args) -> None:
+    """One table over the haystacks' logs (``kv_long_suite[_HAYSTACK].samples.jsonl``), restricted to ``--tasks``:
+    per haystack and arm the macro score, the policy arms' retention (over the full cache on the same samples) and
+    each arm's paired difference from the full cache; written to ``RESULTS/kv_long_suite_families.md`` and
+    ``.json``. Reads the logs alone (no model)."""
+    from headwise.tasks.long import paired_difference, summarize
+
+    out: dict[str, Any] = {"commit": commit(), "tasks": list(args.tasks), "chosen_on": list(CHOSEN_ON),
+                           "judged_on": list(JUDGED_ON), "haystacks": {}}
+    for haystack in FAMILY_HAYSTACKS:
+        log = paths(None if haystack == "generated" else haystack)["log"]
+        if not log.is_file():
+            continue
+        lines = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        records = [r for r in lines[1:] if r["task"] in args.tasks and r["length"] in args.lengths
+                   and (r["arm"] == "full" or family_arm(r["arm"], args.budgets))]
+        by_arm: dict[str, list[dict]] = {}
+        for r in records:
+            by_arm.setdefault(r["arm"], []).append(r)
+        if "full" not in by_arm:
+            continue
+        arms = {}
+        for arm, mine in sorted(by_arm.items()):
+            keys = {r["key"] for r in mine}
+            full = summarize([r for r in by_arm["full"] if r["key"] in keys])
+            s = summarize(mine)
+            arms[arm] = {"contexts": len(mine), "score": s["score"], "score_ci": s["score_ci"], "tasks": s["tasks"],
+                         "full_same_samples": full["score"], "full_tasks": full["tasks"],
+                         "retention": s["score"] / full["score"] if full["score"] else None}
+            if arm != "full":
+                arms[arm]["difference"] = paired_difference(mine, by_arm["full"])
+        out["haystacks"][haystack] = {"source": lines[0]["suite"]["haystack"], "arms": arms}
+    where = common.RESULTS / "kv_long_suite_families"
+    common.save_results(where.with_suffix(".json"), out)
+    rows = ["| haystack | role | arm | contexts | score (95% CI) | full, same samples | retention | policy − full "
+            "(95% CI) | " + " | ".join(args.tasks) + " |", "|" + "---|" * (8 + len(args.tasks))]
+    for haystack, h in out["haystacks"].items():
+        role = "chosen on" if haystack in CHOSEN_ON else "judged on"
+        for arm, a in h["arms"].items():
+            d = a.get("difference")
+            rows.append(f"| {haystack} | {role} | {arm} | {a['contexts']} | {a['score']:.1f} ({a['score_ci'][0]:.1f}–"
+                        f"{a['score_ci'][1]:.1f}) | {a['full_same_samples']:.1f} | "
+                        + ("—" if a["retention"] is None else f"{a['retention']:.2f}") + " | "
+                        + ("" if d is None else f"{d['difference']:+.1f} ({d['ci'][0]:+.1f} to {d['ci'][1]:+.1f})")
+                        + " | " + " | ".join(f"{a['tasks'].get(t, float('nan')):.1f}" for t in args.tasks) + " |")
+    text = "\n".join([f"# KV policy per haystack: {args.model}, tasks {', '.join(args.tasks)}, "
+                      f"{', '.join(str(n) for n in args.lengths)} tokens", "",
+                      f"Commit {out['commit']}. Haystacks the defaults were chosen on: {', '.join(CHOSEN_ON)}; judged "
+                      f"on: {', '.join(JUDGED_ON)}. Each arm against the full cache on the same samples (paired "
+                      "95% bootstrap interval); retention = arm / full. Sources: "
+                      + "; ".join(f"{k}: {h['source']}" for k, h in out["haystacks"].items()) + ".", "", *rows, ""])
+    common.atomic_write_text(where.with_suffix(".md"), text)
+    print(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("command", choices=("run", "report", "size"))
+    p.add_argument("command", choices=("run", "report", "size", "families"))
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--dtype", default=None, help="e.g. bfloat16 (default: the checkpoint's, float32)")
     p.add_argument("--lengths", default="2k")
@@ -362,15 +502,27 @@ def main(argv: list[str] | None = None) -> None:
                    help="policy/random/layer windows: sink + window = S x budget x length (default: kv_policy's)")
     p.add_argument("--ranking", default=None,
                    help="policy/layer head ranking (default: kv_policy's, kvcache.choose.DEFAULT_RANKING)")
+    p.add_argument("--haystack", default="generated",
+                   help="the suite's haystack: generated, prose, docs, code or a FILE (default generated; results "
+                        "under kv_long_suite_HAYSTACK.* unless --tag)")
+    p.add_argument("--tasks", default=",".join(TASKS),
+                   help="the suite's tasks, comma-separated (default all; cwe and fwe hold no haystack: their "
+                        "samples are the same in every haystack)")
+    p.add_argument("--calibration", default="filler", choices=tuple(CALIBRATIONS),
+                   help="head scores of policy and layer: filler (kv_policy's) or mixed (filler, docs and code; "
+                        "those arms are named ~mixed)")
     p.add_argument("--tag", default=None, help="results under kv_long_suite_TAG.* (e.g. pilot)")
     p.add_argument("--minutes", type=float, default=COMPARISON_SECONDS / 60,
                    help="size: the half-width this many minutes of samples reach")
     args = p.parse_args(argv)
+    if args.tag is None and args.haystack != "generated":
+        args.tag = Path(args.haystack).stem
     from headwise.tasks.long_data import parse_lengths
 
     args.lengths = parse_lengths(args.lengths)
     args.budgets = tuple(float(b) for b in args.budgets.split(","))
     args.arms = tuple(a.strip() for a in args.arms.split(","))
+    args.tasks = tuple(t.strip() for t in args.tasks.split(","))
     from headwise.kvcache.choose import DEFAULT_RANKING, ranking_scores
 
     args.ranking = args.ranking or DEFAULT_RANKING
@@ -382,7 +534,7 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         p.error(f"unknown arms {unknown}; choose from {', '.join(ARMS)}")
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    {"run": run, "report": report, "size": size}[args.command](args)
+    {"run": run, "report": report, "size": size, "families": families}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,8 @@ from headwise.tasks import get_task
 from headwise.tasks.corpus import train_tokenizer
 from headwise.tasks.long import (LongContext, ResultLog, fork, greedy, paired_difference, prefill, run_sample,
                                  summarize)
-from headwise.tasks.long_data import (FAMILIES, TASKS, Haystack, SuiteSpec, draw, generated_sentence, parse_lengths,
-                                      score_answer)
+from headwise.tasks.haystacks import Haystack, generated_sentence
+from headwise.tasks.long_data import FAMILIES, TASKS, SuiteSpec, draw, parse_lengths, score_answer
 from test_kvcache import reference_logits
 
 LENGTH = 512
@@ -242,6 +242,29 @@ def test_resume_reads_done_samples_and_refuses_another_suite(tokenizer, tmp_path
     assert first["drawn_from"]["seed"] == task.seed and first["questions"] == 5
 
 
+def test_a_run_over_several_haystacks_reports_each_and_their_macro_average(tokenizer, tmp_path, capsys):
+    """``eval long --haystack generated,prose``: each haystack's scores are those of a run on it alone, and the
+    run's score is their mean (the same tasks, lengths and counts on each)."""
+    folder = tmp_path / "lm"
+    headwise.save_pretrained(causal_lm(tokenizer), folder, tokenizer=tokenizer)
+    common = ["eval", "long", "--model", str(folder), "--lengths", str(LENGTH), "--samples", "1", "--json"]
+    alone = {}
+    for name in ("generated", "prose"):
+        assert main(common + ["--haystack", name]) == 0
+        alone[name] = json.loads(capsys.readouterr().out)
+        assert alone[name]["haystack"] == name and alone[name]["drawn_from"]["haystack_name"] == name
+    assert main(common + ["--haystack", "generated,prose", "--out", str(tmp_path / "both")]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert list(both["haystacks"]) == ["generated", "prose"] and both["haystack"] == "generated,prose"
+    for name in alone:
+        assert both["haystacks"][name]["tasks"] == pytest.approx(alone[name]["tasks"])
+        assert "CC BY-SA" in both["drawn_from"]["haystacks"]["prose"]["licence"]
+    assert both["score"] == pytest.approx((alone["generated"]["score"] + alone["prose"]["score"]) / 2)
+    assert main(common[:-1] + ["--haystack", "generated,prose", "--out", str(tmp_path / "both"), "--resume"]) == 0
+    text = capsys.readouterr().out
+    assert "macro-average over 2 haystacks" in text and "prose: " in text and "licence" in text
+
+
 def test_bad_lengths_and_data_are_refused_in_one_line(tmp_path, capsys):
     assert parse_lengths("2k, 4096") == (2048, 4096)
     for bad in ("2q", "0", "", "2k,2k", "100"):
@@ -249,10 +272,11 @@ def test_bad_lengths_and_data_are_refused_in_one_line(tmp_path, capsys):
             parse_lengths(bad)
     with pytest.raises(HeadwiseError, match="--data .*no such file"):
         get_task("long", data=str(tmp_path / "missing.txt")).check()
-    for args in (["--lengths", "2q"], ["--data", str(tmp_path / "missing.txt")], ["--samples", "0"]):
+    for args in (["--lengths", "2q"], ["--data", str(tmp_path / "missing.txt")], ["--samples", "0"],
+                 ["--haystack", "essays"], ["--haystack", "prose", "--data", str(tmp_path / "missing.txt")]):
         code = main(["eval", "long", "--model", str(tmp_path / "never-loaded"), *args])
         err = capsys.readouterr().err.strip().splitlines()
-        assert code == 2 and len(err) == 1 and ("lengths" in err[0] or "data" in err[0] or "samples" in err[0])
+        assert code == 2 and len(err) == 1 and args[0] in err[0]
 
 
 def test_an_encoder_decoder_or_an_encoder_is_refused(tokenizer):
@@ -414,9 +438,14 @@ def test_kv_policy_checks_its_policy_with_the_suite_on_the_samples_eval_long_dra
     assert "long-context check" in summary["verdict"]["quality"] and "with the full cache" in summary["verdict"]["quality"]
     for arm, folder in (("full", base), ("policy", tmp_path / "kv" / "model")):
         capsys.readouterr()
-        assert main(["eval", "long", "--model", str(folder), "--lengths", str(LENGTH), "--samples", "1", "--json"]) == 0
+        assert main(["eval", "long", "--model", str(folder), "--lengths", str(LENGTH), "--samples", "1",
+                     "--haystack", "prose", "--json"]) == 0
         scored = json.loads(capsys.readouterr().out)["tasks"]
         assert {t: check[arm]["tasks"][t] for t in verified} == pytest.approx({t: scored[t] for t in verified})
     assert check["difference"]["difference"] == pytest.approx(check["policy"]["score"] - check["full"]["score"])
+    assert check["drawn_from"]["haystack_name"] == "prose" and list(check["haystacks"]) == ["prose"]
+    kept = check["retention"]
+    assert kept is None or kept == pytest.approx(check["policy"]["score"] / check["full"]["score"])
+    assert "on prose:" in summary["verdict"]["quality"] and "retention" in summary["verdict"]["quality"]
     assert main(args[:5] + ["--context", "200", "--out", str(tmp_path / "short")]) == 2
     assert "--check passkey" in capsys.readouterr().err and not (tmp_path / "short").exists()

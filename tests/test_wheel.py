@@ -39,6 +39,8 @@ def test_wheel_installs_and_evaluates_stsb_without_shared_data(tmp_path: Path) -
     names = zipfile.ZipFile(wheel).namelist()
     for shipped in ("sts-dev.tsv", "sts-train.tsv", "LICENSE.txt"):
         assert f"headwise/data/stsb/{shipped}" in names
+    for shipped in ("wikitext-2-valid-tail.txt", "LICENSE.txt", "README.md"):  # the suite's prose haystack
+        assert f"headwise/data/prose/{shipped}" in names
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path, env)

@@ -34,6 +34,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "eval translation": ("headwise eval translation --model multi30k-marian-de-en --limit 100",
                          "headwise eval translation --model DIR/model --src-file de.txt --tgt-file en.txt --beam 4"),
     "eval long": ("headwise eval long --model smollm2-135m --lengths 2k --samples 4",
+                  "headwise eval long --model smollm2-135m --lengths 2k --haystack prose,docs,code --samples 4",
                   "headwise eval long --model smol-kv/model --lengths 2k,4k --data my.txt --out smol-long"),
     "eval classification": ("headwise eval classification --model DIR/model --data genre.csv",
                             "headwise eval classification --model DIR/model --data glue:sst2 --limit 200"),
@@ -111,7 +112,7 @@ def run_long(args: argparse.Namespace) -> int:
     from ..report.long import SAMPLES_FILE, long_lines, write_long_run
     from ..tasks.long import open_log
 
-    task = task_from_args(args, "long")  # bad --lengths or --data fail before the model loads
+    task = task_from_args(args, "long")  # bad --lengths, --haystack or --data fail before the model loads
     log_path = None if args.out is None else open_log(args.out, args.resume, args.force)
     model, tokenizer = load_for_task(args, task)
     name = args.model or "all-MiniLM-L6-v2 (packaged)"

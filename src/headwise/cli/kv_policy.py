@@ -2,8 +2,8 @@
 the heads of a decoder-only LM, keep the ones that need it full, stream the rest, so that the KV cache fits
 ``--kv-budget``; then tells the user what they got at ``--context`` tokens: the KV bytes the cache holds, peak memory
 and decode tokens/s beside the full cache's (``generate()`` in this process), the long-context suite's retrieval
-and QA subset through both on the same samples (``--check suite``, drawn apart from the calibration: its own seed,
-haystack and needle formats; ``--check passkey``: passkeys on a prompt family other than the calibration's), and
+and QA subset through both on the same samples (``--check suite``, drawn apart from the calibration: its own seed
+and needle formats, on natural prose and on ``--data`` when given, with the retention per haystack; ``--check passkey``: passkeys on a prompt family other than the calibration's), and
 the ``lm`` task's perplexity through both; writes policy.json,
 scores.json, summary.json (verdict first) and report.html.
 
@@ -81,8 +81,10 @@ def register(verbs, parents) -> None:
                         "template when it has one); default filler")
     p.add_argument("--check", default="suite", choices=["suite", "passkey"],
                    help="how the policy is checked against the full cache on the same prompts: suite, the long-context "
-                        "suite's retrieval and QA tasks at --context tokens (its own seed, generated haystack and "
-                        "needle formats, never the calibration's; a few minutes at 2k on a 2-core CPU), or passkey "
+                        "suite's retrieval and QA tasks at --context tokens on natural prose (the prose haystack) and "
+                        "on --data when given (its own seed and needle formats, never the calibration's; the verdict "
+                        "gives the retention, policy / full, and flags one below 0.9; a few minutes at 2k on a 2-core "
+                        "CPU), or passkey "
                         "(five depths of --eval-keys passkeys in --eval-family prompts)")
     add(p, "--samples", default=4, shown="4 per task (--check suite; --no-measure skips the check)")
     p.add_argument("--eval-family", default=None,
@@ -158,6 +160,8 @@ def data_uses(args: argparse.Namespace, settings, gates) -> dict[str, bool]:
         uses["the learned gates' haystack (--gate-haystack text)"] = True
     if not args.no_measure and (args.eval_family or "text").startswith("text"):
         uses[PASSKEY if args.check == "passkey" else MEASURED] = args.eval_family is not None
+    if not args.no_measure and args.check == "suite" and args.data is not None:
+        uses["the long-context check's second haystack (--check suite, beside prose)"] = True
     if not args.no_perplexity:
         uses[PERPLEXITY] = False
     return uses
@@ -208,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         calibration_families=tuple(args.calibration_families.split(",")), eval_family=args.eval_family,
         measure=not args.no_measure, measure_new=args.measure_new, measure_repeats=args.measure_repeats,
         prefill_chunk=args.prefill_chunk, perplexity=not args.no_perplexity)
-    data, uses = text_source(args), data_uses(args, settings, gates)
+    given, data, uses = args.data, text_source(args), data_uses(args, settings, gates)  # given: the user's --data
     if data is None:
         needed = [use for use, asked in uses.items() if asked]
         if needed:
@@ -216,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
                                 "not found either): pass --data FILE (a UTF-8 text file)")
         settings.eval_family, settings.perplexity = settings.eval_family or "numbers", False
     task = lm_task(args, data)  # bad data fails before the model loads
-    verify = SuiteCheck(args.context, args.samples) if args.check == "suite" else \
+    verify = SuiteCheck(args.context, args.samples, data=given) if args.check == "suite" else \
         PasskeyCheck(settings.eval_family or "text", args.eval_length or args.context, args.eval_keys, args.seed,
                      eval_text(task) if data is not None else None)
     model, tokenizer = load_for_task(args, task)

@@ -43,7 +43,12 @@ SHARED: dict[str, dict[str, Any]] = {
     "--data": {"help": "the task's data: stsb: the .tsv file or folder (analyze: or a .txt file, one text a "
                        "line); lm: a text file, one text a line, or a datasets name (name:config); classification: a "
                        "csv/tsv/jsonl file, a folder, or glue:<task>; translation: see --data-dir; long: a text file, "
-                       "the haystack (default: generated)"},
+                       "the haystack (the same as --haystack FILE; give one of the two)"},
+    "--haystack": {"help": "long: the text around the needles, comma-separated for several (each reported, and "
+                           "their macro-average): generated (the default: sentences from word lists), prose "
+                           "(WikiText-2, shipped, CC BY-SA 3.0), docs (Python's pydoc topics, PSF), code (Python "
+                           "standard-library source, PSF) or a FILE (a UTF-8 text file; --data FILE is the same "
+                           "haystack)"},
     "--lengths": {"help": "long: prompt lengths in tokens of the model's tokenizer, comma-separated (2k = 2048)"},
     "--samples": {"type": int, "help": "long: samples per task and length"},
     "--split": {"help": "evaluated split (stsb: train, dev, test; lm: eval = last 10%% of lines, train, all; "

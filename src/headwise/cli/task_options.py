@@ -13,7 +13,7 @@ OPTIONS: dict[str, str] = {
     "--max-tokens": "max_tokens", "--data-dir": "data_dir", "--src": "src", "--tgt": "tgt", "--src-file": "src_file",
     "--tgt-file": "tgt_file", "--beam": "beam", "--max-new-tokens": "max_new_tokens", "--text-column": "text_column",
     "--pair-column": "pair_column", "--label-column": "label_column", "--limit": "limit", "--batch-size": "batch_size",
-    "--lengths": "lengths", "--samples": "samples",
+    "--lengths": "lengths", "--samples": "samples", "--haystack": "haystack",
 }
 
 
@@ -25,6 +25,7 @@ USED_BY: dict[str, tuple[str, ...]] = {
     "max_new_tokens": ("translation",), "text_column": ("classification",), "pair_column": ("classification",),
     "label_column": ("classification",), "limit": ("stsb", "translation", "classification"),
     "batch_size": ("stsb", "translation", "classification"), "lengths": ("long",), "samples": ("long",),
+    "haystack": ("long",),
 }
 
 

@@ -35,27 +35,40 @@ def score_table(result: Mapping[str, Any]) -> tuple[list[str], list[list[object]
     return header, rows
 
 
-def long_lines(result: Mapping[str, Any], model: str) -> list[str]:
-    """The text ``headwise eval long`` prints: the macro-average with its interval, then the task table."""
-    lo, hi = result["score_ci"]
+def drawn_lines(result: Mapping[str, Any]) -> list[str]:
+    """What the samples were drawn from: seed, then each haystack's source and licence."""
     drawn = result["drawn_from"]
+    each = drawn["haystacks"] if "haystacks" in drawn else {drawn["haystack_name"]: drawn}
+    return [f"drawn from seed {next(iter(each.values()))['seed']}"] + [
+        f"haystack {name}: {d['haystack']}; licence: {d['licence']}" for name, d in each.items()]
+
+
+def haystack_lines(result: Mapping[str, Any]) -> list[str]:
+    """One line per haystack of a run over several: its score and interval."""
+    return [f"{name}: {s['score']:.1f} (95% interval {s['score_ci'][0]:.1f}–{s['score_ci'][1]:.1f})"
+            for name, s in result.get("haystacks", {}).items()]
+
+
+def long_lines(result: Mapping[str, Any], model: str) -> list[str]:
+    """The text ``headwise eval long`` prints: the macro-average with its interval, each haystack's score (when
+    several), then the task table and what the samples were drawn from."""
+    lo, hi = result["score_ci"]
     header, rows = score_table(result)
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     table = ["  " + "  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in [header, *rows]]
+    over = f"{len(result['haystacks'])} haystacks, " if "haystacks" in result else f"haystack {result['haystack']}, "
     return [f"long: {model}",
-            f"  score {result['score']:.1f} (95% interval {lo:.1f}–{hi:.1f}): macro-average over "
+            f"  score {result['score']:.1f} (95% interval {lo:.1f}–{hi:.1f}): macro-average over {over}"
             f"{len(result['tasks'])} tasks and {len(result['lengths'])} length(s), {result['questions']} questions",
-            *table,
-            f"  drawn from seed {drawn['seed']}, haystack {drawn['haystack']}"]
+            *[f"  {line}" for line in haystack_lines(result)], *table, *[f"  {line}" for line in drawn_lines(result)]]
 
 
 def add_long_section(report: Report, result: Mapping[str, Any], title: str = "Long-context suite") -> None:
     """A section with the task × length table and a bar chart of the task scores."""
     lo, hi = result["score_ci"]
     section = report.add_section(title, f"Macro-average {result['score']:.1f} (95% interval {lo:.1f}–{hi:.1f}) "
-                                        f"over {len(result['tasks'])} tasks, {result['questions']} questions; samples "
-                                        f"drawn from seed {result['drawn_from']['seed']}, haystack "
-                                        f"{result['drawn_from']['haystack']}.")
+                                        f"over {len(result['tasks'])} tasks, {result['questions']} questions; "
+                                        + "; ".join(haystack_lines(result) + drawn_lines(result)) + ".")
     header, rows = score_table(result)
     section.table(rows, header)
     section.figure(svg.bars(list(result["tasks"].values()), list(result["tasks"]), "score per task (0–100)"),
@@ -76,6 +89,7 @@ def write_long_run(out: str | os.PathLike, result: Mapping[str, Any], model: str
     out = Path(out)
     atomic_write_text(out / RESULTS_FILE, json.dumps(dict(result), indent=1) + "\n")
     report = Report("Long-context suite", f"`{model}`", {"score": f"{result['score']:.1f}",
-                                                        "lengths": ", ".join(_length(n) for n in result["lengths"])})
+                                                        "lengths": ", ".join(_length(n) for n in result["lengths"]),
+                                                        "haystack": result["haystack"]})
     add_long_section(report, result)
     return report.write(out, overwrite=True)

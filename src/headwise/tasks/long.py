@@ -35,7 +35,8 @@ from ..compat import CACHE
 from ..errors import HeadwiseError
 from ..progress import progress_bar
 from .base import Task
-from .long_data import FAMILIES, SEED, TASKS, Haystack, Question, Sample, SuiteSpec, draw, parse_lengths, score_answer
+from .haystacks import Haystack, parse_haystacks
+from .long_data import FAMILIES, SEED, TASKS, Question, Sample, SuiteSpec, draw, parse_lengths, score_answer
 
 LOG_FORMAT = "headwise-long-samples"
 LOG_VERSION = 1
@@ -317,10 +318,10 @@ def summarize(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def paired_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """``score(a) − score(b)`` of two runs over the same samples (matched by key) and its 95% interval, the samples
-    resampled together (paired bootstrap): ``{"difference", "ci": [lo, hi], "samples"}``."""
-    by_key = {r["key"]: r for r in b}
-    pairs = [(r, by_key[r["key"]]) for r in a if r["key"] in by_key]
+    """``score(a) − score(b)`` of two runs over the same samples (matched by haystack and key) and its 95% interval,
+    the samples resampled together (paired bootstrap): ``{"difference", "ci": [lo, hi], "samples"}``."""
+    by_key = {(r.get("haystack"), r["key"]): r for r in b}
+    pairs = [(r, by_key[r.get("haystack"), r["key"]]) for r in a if (r.get("haystack"), r["key"]) in by_key]
     if not pairs:
         raise HeadwiseError("the two runs share no sample")
     cells: dict[tuple[str, int], list[tuple[float, float]]] = {}
@@ -332,6 +333,17 @@ def paired_difference(a: Sequence[dict[str, Any]], b: Sequence[dict[str, Any]]) 
 
     lo, hi = _bootstrap(lambda rng: diff({k: [v[rng.randrange(len(v))] for _ in v] for k, v in cells.items()}))
     return {"difference": diff(cells), "ci": [lo, hi], "samples": len(pairs)}
+
+
+def summarize_haystacks(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``summarize`` of records of one haystack with its name (``haystack``); of several, ``summarize`` over all
+    of them (each (task, length) cell pooling the haystacks' samples: with equal counts, the macro-average of the
+    haystacks' scores) with ``haystacks``, each one's ``summarize``, and ``haystack``: their names joined."""
+    names = list(dict.fromkeys(r.get("haystack", "generated") for r in records))
+    if len(names) == 1:
+        return summarize(records) | {"haystack": names[0]}
+    return summarize(records) | {"haystack": ",".join(names), "haystacks": {
+        name: summarize([r for r in records if r.get("haystack", "generated") == name]) for name in names}}
 
 
 # ---- the task -----------------------------------------------------------------------------------------------------
@@ -350,15 +362,18 @@ def check_decoder(model: nn.Module, what: str = "task long") -> None:
 
 @dataclass
 class LongContext(Task):
-    """The long-context suite: ``lengths`` (``"2k,4k"`` or token counts), ``samples`` per task and length,
-    ``data`` (a UTF-8 text file: the haystack; None: the generated one), ``seed``, ``tasks`` (default: all of
-    ``long_data.TASKS``)."""
+    """The long-context suite: ``lengths`` (``"2k,4k"`` or token counts), ``samples`` per task and length, ``seed``,
+    ``tasks`` (default: all of ``long_data.TASKS``) and the haystack: ``haystack``, one or several of
+    ``haystacks.HAYSTACKS`` or FILEs (comma-separated; None: ``generated``), or ``data``, a UTF-8 text file (the
+    task's data, as in every task: the same as ``haystack=FILE``; give one of the two). Several haystacks run the
+    same tasks, lengths and counts on each; the result reports each (``haystacks``) and their macro-average."""
 
     data: str | None = None
     lengths: str | tuple[int, ...] = "2k"
     samples: int | dict[str, int] = 8
     seed: int = SEED
     tasks: tuple[str, ...] = TASKS
+    haystack: str | tuple[str, ...] | None = None
 
     name = "long"
     head = "causal-lm"
@@ -367,23 +382,47 @@ class LongContext(Task):
     def __post_init__(self) -> None:
         self.lengths = parse_lengths(self.lengths)
         self.tasks = tuple(self.tasks)
-        self._spec: SuiteSpec | None = None
+        if self.data is not None and self.haystack is not None:
+            raise HeadwiseError(f"--data {self.data} and --haystack {self.haystack}: --data FILE is the haystack FILE; "
+                                "give one of the two (several haystacks: --haystack prose,docs,FILE)")
+        self.haystacks = (self.data,) if self.data is not None else parse_haystacks(self.haystack)
+        self._specs: list[SuiteSpec] | None = None
+
+    def specs(self) -> list[SuiteSpec]:
+        """What the samples are drawn from, one spec per haystack (each read once)."""
+        if self._specs is None:
+            option = "--data" if self.data is not None else "--haystack"
+            self._specs = [SuiteSpec(self.lengths, self.samples, self.seed, Haystack.of(name, option), self.tasks)
+                           for name in self.haystacks]
+        return self._specs
 
     def spec(self) -> SuiteSpec:
-        """What the samples are drawn from (the haystack read once)."""
-        if self._spec is None:
-            self._spec = SuiteSpec(self.lengths, self.samples, self.seed, Haystack.of(self.data), self.tasks)
-        return self._spec
+        """The spec of a suite of one haystack."""
+        specs = self.specs()
+        if len(specs) != 1:
+            raise HeadwiseError(f"this suite has {len(specs)} haystacks ({', '.join(self.haystacks)}); take specs()")
+        return specs[0]
 
     def check(self) -> None:
-        self.spec()
+        self.specs()
+
+    def identity(self) -> dict[str, Any]:
+        """What fixes every sample's content: the spec's identity (one haystack) or each spec's (several)."""
+        specs = self.specs()
+        return specs[0].identity() if len(specs) == 1 else {"haystacks": [s.identity() for s in specs]}
+
+    def describe(self) -> dict[str, Any]:
+        """What the samples were drawn from (one haystack: its spec's description; several: each)."""
+        specs = self.specs()
+        return specs[0].describe() if len(specs) == 1 else {"haystacks": {s.haystack.name: s.describe()
+                                                                          for s in specs}}
 
     def log(self, path: str | os.PathLike, model: nn.Module, name: str) -> ResultLog:
         """The resumable log at ``path`` for this suite and ``model`` (named ``name``): a log of samples drawn
-        otherwise (seed, haystack, needle formats) or of another model is refused; other lengths, tasks or counts
+        otherwise (seed, haystacks, needle formats) or of another model is refused; other lengths, tasks or counts
         extend it (a sample is the same whatever else is drawn)."""
         weights = sum(p.numel() for p in model.parameters())
-        return ResultLog(path, {"suite": self.spec().identity(), "model": name, "class": type(model).__name__,
+        return ResultLog(path, {"suite": self.identity(), "model": name, "class": type(model).__name__,
                                 "parameters": weights})
 
     def check_model(self, model: nn.Module, tokenizer: Any) -> None:
@@ -395,37 +434,43 @@ class LongContext(Task):
     def evaluate(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None,
                  log: ResultLog | None = None, arm: str = "model", make_cache: CacheMaker | None = None,
                  prefill_chunk: int | None = None) -> dict[str, Any]:
-        """``summarize``'s scores of ``run`` with ``drawn_from`` (the suite's seed, haystack, lengths and counts)."""
+        """``summarize``'s scores of ``run`` with ``haystack`` (its name) and ``drawn_from``; over several
+        haystacks, the macro-average of theirs (every (haystack, task, length) cell counts the same) with
+        ``haystacks``: each one's scores."""
         records = self.run(model, tokenizer, progress=progress, log=log, arm=arm, make_cache=make_cache,
                            prefill_chunk=prefill_chunk)
-        return summarize(records) | {"drawn_from": self.spec().describe()}
+        return summarize_haystacks(records) | {"drawn_from": self.describe()}
 
     def run(self, model: nn.Module, tokenizer: Any, *, progress: bool | None = None, log: ResultLog | None = None,
             arm: str = "model", make_cache: CacheMaker | None = None,
             prefill_chunk: int | None = None) -> list[dict[str, Any]]:
-        """Every sample's record (``run_sample``) through ``make_cache`` (default: the cache the model generates
-        with); those ``log`` holds for ``arm`` are read, not run again, new ones appended to it."""
+        """Every sample's record (``run_sample``, with its ``haystack``'s name) through ``make_cache`` (default: the
+        cache the model generates with); those ``log`` holds for ``arm`` (with several haystacks, ``arm/HAYSTACK``)
+        are read, not run again, new ones appended to it."""
         from transformers.utils import logging as hf_logging
 
         self.check_model(model, tokenizer)
-        spec = self.spec()
+        specs = self.specs()
         was_training = model.training
         model.eval()
         records = []
         verbosity = hf_logging.get_verbosity()
         hf_logging.set_verbosity_error()  # long samples are long on purpose: no "longer than the maximum" notice
         try:
-            bar = progress_bar(spec.keys(), desc=f"long {arm}", unit="sample",
+            jobs = [(spec, key) for spec in specs for key in spec.keys()]
+            bar = progress_bar(jobs, desc=f"long {arm}", unit="sample",
                                disable=None if progress is None else not progress)
-            for task, length, index in bar:
+            for spec, (task, length, index) in bar:
+                hay = spec.haystack.name
+                logged = arm if len(specs) == 1 else f"{arm}/{hay}"
                 key = f"{task}/{length}/{index}"
-                record = log.get(arm, key) if log is not None else None
+                record = log.get(logged, key) if log is not None else None
                 if record is None:
                     sample = draw(tokenizer, task, length, index, spec)
                     record = run_sample(model, tokenizer, sample, make_cache, prefill_chunk)
-                    record = log.add(arm, record) if log is not None else record
-                records.append(record)
-                bar.set_postfix_str(f"{key} {record['score']:.0f}")
+                    record = log.add(logged, record) if log is not None else record
+                records.append({**record, "haystack": hay})
+                bar.set_postfix_str(f"{hay} {key} {record['score']:.0f}")
         finally:
             hf_logging.set_verbosity(verbosity)
             model.train(was_training)
@@ -440,16 +485,25 @@ class LongContext(Task):
 
 
 VERIFY_TASKS = ("niah_single", "niah_multi", "qa")  # retrieval and facts: what dropping tokens puts at risk
+VERIFY_HAYSTACK = "prose"  # natural text, which no calibration prompt of kv_policy is made of
+RETENTION_FLOOR = 0.9  # a check whose policy keeps less than this share of the full cache's score is flagged
+
+
+def retention(policy: dict[str, Any], full: dict[str, Any]) -> float | None:
+    """The policy's score over the full cache's on the same samples (None when the full cache scores 0)."""
+    return policy["score"] / full["score"] if full["score"] > 0 else None
 
 
 def verify_policy(model: nn.Module, tokenizer: Any, policy: Any = None, length: int = 2048, samples: int = 4,
                   tasks: tuple[str, ...] = VERIFY_TASKS, data: str | None = None, seed: int = SEED,
-                  progress: bool | None = None) -> dict[str, Any]:
+                  progress: bool | None = None, haystack: str = VERIFY_HAYSTACK) -> dict[str, Any]:
     """A small subset of the suite (``tasks``, ``samples`` each, at ``length`` tokens) on the same samples with the
-    full cache and through ``policy`` (a ``KVPolicy``; default: the model's own): ``{"full": scores, "policy":
-    scores, "difference": policy − full with its paired 95% interval, "drawn_from": what the samples were drawn
-    from}``, each scores dict with its sample and question counts (``summarize``). The samples never share a seed,
-    a haystack or a needle format with ``kv_policy``'s calibration prompts (passkeys in filler text)."""
+    full cache and through ``policy`` (a ``KVPolicy``; default: the model's own), on the ``haystack`` (natural
+    prose by default) and on the user's ``data`` file when given. Returns ``{"full": scores, "policy": scores,
+    "difference": policy − full with its paired 95% interval, "retention": policy / full, "haystacks": {name:
+    the same four for that haystack alone}, "drawn_from": what the samples were drawn from}``, each scores dict with
+    its sample and question counts (``summarize``). The samples never share a seed, a haystack or a needle format
+    with ``kv_policy``'s calibration prompts (passkeys and fact lookups in filler text)."""
     from transformers.cache_utils import DynamicCache
 
     from ..kvcache import PolicyCache, policy_of
@@ -460,9 +514,16 @@ def verify_policy(model: nn.Module, tokenizer: Any, policy: Any = None, length: 
         raise HeadwiseError("verify_policy needs a KVPolicy (or a model with one: headwise.apply_kv_policy)")
     policy.validate(model)
     enable(model)
-    task = LongContext(data, (length,), samples, seed, tasks)
+    names = (haystack,) + ((data,) if data is not None and data != haystack else ())
+    task = LongContext(None, (length,), samples, seed, tasks, haystack=names)
     runs = {"full": lambda m, n: DynamicCache(config=m.config), "policy": lambda m, n: PolicyCache(policy, length=n)}
     records = {arm: task.run(model, tokenizer, progress=progress, arm=arm, make_cache=make)
                for arm, make in runs.items()}
-    return {**{arm: summarize(r) for arm, r in records.items()},
-            "difference": paired_difference(records["policy"], records["full"]), "drawn_from": task.spec().describe()}
+
+    def compare(full: list[dict[str, Any]], mine: list[dict[str, Any]]) -> dict[str, Any]:
+        out = {"full": summarize(full), "policy": summarize(mine), "difference": paired_difference(mine, full)}
+        return out | {"retention": retention(out["policy"], out["full"])}
+
+    each = {name: compare([r for r in records["full"] if r["haystack"] == name],
+                          [r for r in records["policy"] if r["haystack"] == name]) for name in names}
+    return compare(records["full"], records["policy"]) | {"haystacks": each, "drawn_from": task.describe()}

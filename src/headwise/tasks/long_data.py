@@ -17,8 +17,9 @@ after it (``tasks.long``). Tasks (``TASKS``) and their families (``FAMILIES``):
 - ``qa`` (question answering): six facts ``NAME, a JOB, lives in CITY.`` in the haystack; one question per person
   for four of them: the city.
 
-The haystack is ``--data FILE`` (its sentences, from a seeded offset, wrapped around) or, by default, sentences
-generated from the word lists of ``tasks.long_words`` (no licence beyond the project's). Lengths count the whole
+The haystack is one of ``tasks.haystacks.HAYSTACKS`` (``generated`` by default: sentences from the word lists of
+``tasks.long_words``; ``prose``, ``docs``, ``code``) or the user's FILE, its units read from a seeded offset; a
+needle goes between two units, followed by the haystack's ``end``. Lengths count the whole
 prompt: context + the longest question + the tokens its answer may take (``Question.max_new``) fit the target.
 
 A tokenizer with a chat template gets the context inside a user turn and each question closing it, the assistant
@@ -31,18 +32,17 @@ or 1 when any of the accepted strings is found (``match="any"``). Every string i
 
 from __future__ import annotations
 
-import hashlib
 import math
 import random
 import re
 import string
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ..errors import HeadwiseError
-from .long_words import ADJECTIVES, CITIES, FIRST_NAMES, LAST_NAMES, MONTHS, NOUNS, PEOPLE, VERBS
+from .haystacks import Haystack
+from .long_words import ADJECTIVES, CITIES, FIRST_NAMES, LAST_NAMES, NOUNS, PEOPLE, VERBS
 
 FAMILIES = {"niah_single": "retrieval", "niah_multi": "retrieval", "vt": "multi-hop", "cwe": "aggregation",
             "fwe": "aggregation", "qa": "qa"}
@@ -123,69 +123,6 @@ def parse_lengths(text: str | Sequence[int]) -> tuple[int, ...]:
     return tuple(lengths)
 
 
-def generated_sentence(rng: random.Random) -> str:
-    """One sentence of the default haystack (plain prose from ``long_words``)."""
-    n1, n2, n3 = rng.choice(NOUNS), rng.choice(NOUNS), rng.choice(NOUNS)
-    a1, a2 = rng.choice(ADJECTIVES), rng.choice(ADJECTIVES)
-    v, p, m = rng.choice(VERBS), rng.choice(PEOPLE), rng.choice(MONTHS)
-    forms = (f"The {a1} {p} {v} the {n1} near the {n2}.",
-             f"In {m}, the {n1} by the {n2} looked {a1} and {a2}.",
-             f"Nobody expected the {a1} {n1} to stand so close to the old {n2}.",
-             f"Every {p} in the {n1} knew the story of the {a2} {n2}.",
-             f"After the {n1} was {v}, the {p} walked to the {a1} {n2}.",
-             f"Some said the {n1} had been {a1} long before the {n2} and the {n3} were there.",
-             f"A {a1} {n1} and a {a2} {n2} were all the {p} {v} that day.",
-             f"By {m} the {p} had {v} the {n1}, the {n2} and the {n3}.")
-    return rng.choice(forms) + " "
-
-
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
-
-
-def text_sentences(text: str) -> list[str]:
-    """The sentences of ``text`` (split after ``.``, ``!``, ``?``), each ending in a space."""
-    units = [u.strip() for line in text.splitlines() for u in SENTENCE_END.split(line)]
-    return [u + " " for u in units if u]
-
-
-@dataclass(frozen=True)
-class Haystack:
-    """Where the haystack's sentences come from: ``sentences`` of a text (``source``: its path and sha256), or
-    generated (``sentences`` empty)."""
-
-    sentences: tuple[str, ...] = ()
-    source: str = "generated (headwise.tasks.long_data: sentences from the long_words lists)"
-
-    @classmethod
-    def of(cls, data: str | Path | None) -> "Haystack":
-        """The generated haystack (None) or the sentences of the UTF-8 text file ``data``; a missing, unreadable or
-        empty file is refused in one line."""
-        if data is None:
-            return cls()
-        from ..io.files import read_text
-
-        path = Path(data).expanduser()
-        if not path.is_file():
-            raise HeadwiseError(f"--data {data}: no such file; give a UTF-8 text file (the haystack) or leave --data "
-                                "out for the generated one")
-        text = read_text(path)
-        sentences = text_sentences(text)
-        if len(sentences) < 8:
-            raise HeadwiseError(f"--data {data}: {len(sentences)} sentence(s); the haystack needs running text of at "
-                                "least 8 sentences")
-        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-        return cls(tuple(sentences), f"{path} (sha256 {digest}…, {len(sentences)} sentences)")
-
-    def units(self, rng: random.Random) -> Iterator[str]:
-        if not self.sentences:
-            while True:
-                yield generated_sentence(rng)
-        at = rng.randrange(len(self.sentences))
-        while True:
-            yield self.sentences[at % len(self.sentences)]
-            at += 1
-
-
 # ---- prompts ------------------------------------------------------------------------------------------------------
 
 def uses_chat(tokenizer: Any) -> bool:
@@ -225,13 +162,13 @@ def _depths(count: int, rng: random.Random) -> list[float]:
     return depths
 
 
-def _haystack_context(units: list[str], needles: list[tuple[float, str]]) -> Callable[[int], str]:
-    """The context of the first ``n`` units with each needle inserted before unit ``round(depth · n)`` (needles at
-    the same place keep their order)."""
+def _haystack_context(units: list[str], needles: list[tuple[float, str]], end: str) -> Callable[[int], str]:
+    """The context of the first ``n`` units with each needle, followed by ``end``, inserted before unit
+    ``round(depth · n)`` (needles at the same place keep their order)."""
     def build(n: int) -> str:
         parts = list(units[:n])
         for depth, needle in sorted(needles, key=lambda x: x[0], reverse=True):
-            parts.insert(round(depth * n), needle + " ")
+            parts.insert(round(depth * n), needle + end)
         return "".join(parts).strip()
 
     return build
@@ -256,7 +193,8 @@ NIAH_QUESTION = "What are all the hidden values for {key} in the text above?"
 NIAH_ANSWER = "The hidden values for {key} are:"
 
 
-def _niah(rng: random.Random, index: int, seed_depth: float, units: list[str], keys: int, same_length) -> Draft:
+def _niah(rng: random.Random, index: int, seed_depth: float, units: list[str], end: str, keys: int, same_length
+          ) -> Draft:
     if keys == 1:
         values = {_key(rng): [("number", _value("number", rng))]}
         depths = [(seed_depth + index * GOLDEN) % 1.0]
@@ -273,7 +211,7 @@ def _niah(rng: random.Random, index: int, seed_depth: float, units: list[str], k
     questions = [(NIAH_QUESTION.format(key=key), NIAH_ANSWER.format(key=key), tuple(v for _, v in pairs), "all",
                   "+".join(sorted({kind for kind, _ in pairs})) + ("-multivalue" if len(pairs) > 1 else ""))
                  for key, pairs in values.items()]
-    return Draft(NIAH_INTRO, _haystack_context(units, list(zip(depths, needles))), questions, len(units))
+    return Draft(NIAH_INTRO, _haystack_context(units, list(zip(depths, needles)), end), questions, len(units))
 
 
 VT_INTRO = "The following text hides chains of variable assignments. Keep track of them: you will be asked about them."
@@ -281,7 +219,7 @@ VT_QUESTION = "Which variables hold the value {value}, directly or through other
 VT_ANSWER = "The variables that hold the value {value} are:"
 
 
-def _vt(rng: random.Random, units: list[str], chains: int = 2, hops: int = 4) -> Draft:
+def _vt(rng: random.Random, units: list[str], end: str, chains: int = 2, hops: int = 4) -> Draft:
     names: list[str] = []
     while len(names) < chains * (hops + 1):
         name = "".join(rng.choices(string.ascii_uppercase, k=5))
@@ -296,7 +234,7 @@ def _vt(rng: random.Random, units: list[str], chains: int = 2, hops: int = 4) ->
         needles += list(zip(depths, statements))
         questions.append((VT_QUESTION.format(value=value), VT_ANSWER.format(value=value), tuple(chain), "all",
                           f"{hops}-hops"))
-    return Draft(VT_INTRO, _haystack_context(units, needles), questions, len(units))
+    return Draft(VT_INTRO, _haystack_context(units, needles, end), questions, len(units))
 
 
 CWE_COMMON = 5
@@ -352,7 +290,7 @@ QA_QUESTION = "In which city does {name} live, according to the text above?"
 QA_ANSWER = "{name} lives in"
 
 
-def _qa(rng: random.Random, units: list[str], same_length, facts: int = 6, asked: int = 4) -> Draft:
+def _qa(rng: random.Random, units: list[str], end: str, same_length, facts: int = 6, asked: int = 4) -> Draft:
     names = same_length([f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}" for _ in range(64)], facts,
                         lambda n: QA_QUESTION.format(name=n), lambda n: QA_ANSWER.format(name=n))
     cities = rng.sample(CITIES, facts)
@@ -360,7 +298,7 @@ def _qa(rng: random.Random, units: list[str], same_length, facts: int = 6, asked
     depths = _depths(facts, rng)
     questions = [(QA_QUESTION.format(name=n), QA_ANSWER.format(name=n), (c,), "any", "")
                  for n, c in list(zip(names, cities))[:asked]]
-    return Draft(QA_INTRO, _haystack_context(units, list(zip(depths, needles))), questions, len(units))
+    return Draft(QA_INTRO, _haystack_context(units, list(zip(depths, needles)), end), questions, len(units))
 
 
 # ---- the suite ----------------------------------------------------------------------------------------------------
@@ -398,7 +336,8 @@ class SuiteSpec:
 
     def describe(self) -> dict[str, Any]:
         """What the samples were drawn from (written with every result)."""
-        return self.identity() | {"lengths": list(self.lengths), "tasks": list(self.tasks),
+        return self.identity() | {"haystack_name": self.haystack.name, "licence": self.haystack.licence,
+                                  "lengths": list(self.lengths), "tasks": list(self.tasks),
                                   "samples": {t: self.count(t) for t in self.tasks}}
 
     def keys(self) -> list[tuple[str, int, int]]:
@@ -433,10 +372,11 @@ def draw(tokenizer: Any, task: str, length: int, index: int, spec: SuiteSpec) ->
     stream = spec.haystack.units(units_rng)
     units = [next(stream) for _ in range(max(64, length // 4))]  # more than the context can hold
     seed_depth = random.Random(f"{spec.seed}/{task}/{length}").random()
-    draft = {"niah_single": lambda: _niah(rng, index, seed_depth, units, 1, pick),
-             "niah_multi": lambda: _niah(rng, index, seed_depth, units, 4, pick),
-             "vt": lambda: _vt(rng, units), "cwe": lambda: _cwe(rng), "fwe": lambda: _fwe(rng, length),
-             "qa": lambda: _qa(rng, units, pick)}[task]()
+    end = spec.haystack.end
+    draft = {"niah_single": lambda: _niah(rng, index, seed_depth, units, end, 1, pick),
+             "niah_multi": lambda: _niah(rng, index, seed_depth, units, end, 4, pick),
+             "vt": lambda: _vt(rng, units, end), "cwe": lambda: _cwe(rng), "fwe": lambda: _fwe(rng, length),
+             "qa": lambda: _qa(rng, units, end, pick)}[task]()
     questions = []
     for question, answer, expected, match, tag in draft.questions:
         ids = encode(tokenizer, question + tail + answer)

@@ -124,19 +124,32 @@ class PasskeyCheck:
 class SuiteCheck:
     """The long-context suite's small subset with the full cache and through the policy on the same samples
     (``tasks.long.verify_policy``: retrieval with distractors and several values, and facts placed in the text;
-    ``samples`` per task at ``length`` tokens). Its samples come from the suite's own seed, generated haystack and
-    needle formats, never from the calibration's passkeys in filler. ``samples=0``: skipped."""
+    ``samples`` per task at ``length`` tokens), on ``haystack`` (natural prose by default: a text no calibration
+    prompt is made of) and on the user's ``data`` file when given. Its samples come from the suite's own seed and
+    needle formats, never from the calibration's passkeys and fact lookups. ``samples=0``: skipped. The verdict
+    gives the retention (policy / full) on each haystack and flags one below ``tasks.long.RETENTION_FLOOR``."""
 
     length: int
     samples: int = 4
+    haystack: str = "prose"
+    data: str | None = None
     name: str = "long_check"
 
     def __post_init__(self) -> None:
+        from ..tasks.haystacks import Haystack
         from ..tasks.long_data import MIN_LENGTH
 
         if self.samples > 0 and self.length < MIN_LENGTH:
             raise HeadwiseError(f"the long-context check runs at the policy's length, {self.length} tokens, below the "
                                 f"suite's shortest prompt ({MIN_LENGTH}): raise --context or use --check passkey")
+        for name, option in ((self.haystack, "--haystack"), (self.data, "--data")):
+            if name is not None:
+                Haystack.of(name, option)  # a missing file fails before the model loads
+
+    @property
+    def haystacks(self) -> tuple[str, ...]:
+        """The haystacks the check runs on."""
+        return (self.haystack,) + ((self.data,) if self.data is not None and self.data != self.haystack else ())
 
     def run(self, model: nn.Module, tokenizer: Any, policy: KVPolicy, prefill_chunk: int | str | None
             ) -> dict[str, Any]:
@@ -144,19 +157,31 @@ class SuiteCheck:
 
         if self.samples < 1:
             return {}
-        return verify_policy(model, tokenizer, policy, length=self.length, samples=self.samples)
+        return verify_policy(model, tokenizer, policy, length=self.length, samples=self.samples,
+                             haystack=self.haystack, data=self.data)
 
     def line(self, result: dict[str, Any]) -> str:
+        from ..tasks.long import RETENTION_FLOOR
+
         if not result:
             return "long-context check not run (--no-measure, or samples=0)"
-        full, policy, diff = result["full"], result["policy"], result["difference"]
-        counts = {t: sum(per.values()) for t, per in policy["samples"].items()}
+        counts = {t: sum(per.values()) for t, per in result["policy"]["samples"].items()}
+        parts = []
+        for name, r in result["haystacks"].items():
+            full, policy, diff, kept = r["full"], r["policy"], r["difference"], r["retention"]
+            flag = ("" if kept is None or kept >= RETENTION_FLOOR else
+                    f" — BELOW {RETENTION_FLOOR:g}: the policy loses on this text; try a larger --kv-budget")
+            parts.append(f"on {name}: {policy['score']:.1f} with the policy vs {full['score']:.1f} with the full cache, "
+                         f"retention {'—' if kept is None else f'{kept:.2f}'}{flag} (policy − full "
+                         f"{diff['difference']:+.1f}, 95% interval {diff['ci'][0]:+.1f} to {diff['ci'][1]:+.1f}, "
+                         f"{diff['samples']} samples)")
+        return (f"long-context check ({', '.join(f'{t} ×{n}' for t, n in counts.items())} per haystack at "
+                f"{self.length} tokens, seed {self.seed_of(result)}): " + "; ".join(parts))
+
+    @staticmethod
+    def seed_of(result: dict[str, Any]) -> int:
         drawn = result["drawn_from"]
-        return (f"long-context check ({', '.join(f'{t} ×{n}' for t, n in counts.items())} at {self.length} tokens; "
-                f"seed {drawn['seed']}, {drawn['haystack']} haystack): {policy['score']:.1f} with the policy vs "
-                f"{full['score']:.1f} with the full cache (policy − full {diff['difference']:+.1f}, 95% interval "
-                f"{diff['ci'][0]:+.1f} to {diff['ci'][1]:+.1f}, {diff['samples']} samples and {policy['questions']} "
-                f"questions per arm)")
+        return next(iter(drawn["haystacks"].values()))["seed"] if "haystacks" in drawn else drawn["seed"]
 
 
 @dataclass
