@@ -54,7 +54,7 @@ class VLLMExport:
                "vLLM serves it with the headwise-vllm plugin (pip install plugins/vllm into vLLM's environment)")
         lost = (f"; streaming heads keep their window but not their {self.dropped_sink} sink tokens (vLLM has no "
                 "per-request sinks)" if self.dropped_sink else "")
-        return f"{self.path}: {how}{lost}"
+        return f"{how}{lost}"
 
 
 def vllm_windows(policy: Any) -> tuple[list[list[int | None]], int]:
