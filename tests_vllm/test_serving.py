@@ -20,7 +20,7 @@ import headwise
 from headwise.clients.vllm import export_vllm
 from headwise.conversion import convert_gqa
 from headwise.io import export_plain
-from headwise.kvcache import apply_kv_policy, kv_policy
+from headwise.kvcache import FULL, KVPolicy, apply_kv_policy, kv_policy, streaming
 from headwise.kvcache.passkey import passkey_prompts
 
 ENGINE = Path(__file__).with_name("engine.py")
@@ -140,15 +140,18 @@ def test_plugin_gives_headwise_policy_tokens(served):
     tokens, logprobs = served["headwise_policy"]
     assert same_tokens(served["policy"]["tokens"], tokens)
     gap = largest_gap(served["policy"]["logprobs"], logprobs)
+    print(f"plugin: largest log-prob gap {gap:.2e}")
     assert gap < 2e-3
     policy_effect = largest_gap([[{str(t): v for t, v in s.items()} for s in p] for p in logprobs],
                                 served["headwise_full"][1])
+    print(f"policy vs full in headwise: largest log-prob gap {policy_effect:.2e}")
     assert policy_effect > 10 * max(gap, 1e-4)
 
 
 def test_full_folder_gives_headwise_tokens(served):
     tokens, logprobs = served["headwise_full"]
     assert same_tokens(served["full"]["tokens"], tokens)
+    print(f"full: largest log-prob gap {largest_gap(served['full']['logprobs'], logprobs):.2e}")
     assert largest_gap(served["full"]["logprobs"], logprobs) < 2e-3
 
 
@@ -161,6 +164,8 @@ def test_engine_counts_policy_capacity(served, folders):
     per_token = 2 * 30 * 3 * 64 * 4
     assert abs(full["kv_cache_tokens"] - KV_BYTES // per_token) <= CONTEXT  # vLLM rounds to whole blocks
     ratio = ours["max_concurrency"] / full["max_concurrency"]
+    print(f"capacity: full {full['kv_cache_tokens']} tokens {full['max_concurrency']:.2f}x, policy "
+          f"{ours['kv_cache_tokens']} tokens {ours['max_concurrency']:.2f}x ({ratio:.3f}), groups {ours['groups']}")
     assert len(policy.full_heads()) == 38
     assert ratio >= 1.8, (ours, full)
     assert ours["kv_cache_tokens"] > 1.8 * full["kv_cache_tokens"]
@@ -171,7 +176,7 @@ def gqa(smol, prompts, tmp_path_factory):
     """SmolLM2 converted to one KV head per layer (``convert_gqa``), its plain folder served natively by vLLM,
     and headwise's greedy tokens of the converted model."""
     model, tokenizer = headwise.load_model("smollm2-135m", task="lm", dtype="float32")
-    convert_gqa(model, kv_heads=1)
+    convert_gqa(model, kv_heads=1, init="svd")
     root = tmp_path_factory.mktemp("gqa")
     export_plain(model, root / "gqa", tokenizer=tokenizer)
     return serve(root / "gqa", prompts, root), reference(model, prompts)
@@ -180,7 +185,32 @@ def gqa(smol, prompts, tmp_path_factory):
 def test_plain_gqa_folder_served_natively(gqa):
     served, (tokens, logprobs) = gqa
     assert served["architecture"] == "LlamaForCausalLM"
+    print(f"gqa: {served['kv_cache_tokens']} tokens, largest log-prob gap {largest_gap(served['logprobs'], logprobs):.2e}")
     assert same_tokens(served["tokens"], tokens)
     assert largest_gap(served["logprobs"], logprobs) < 2e-3
     # one KV head per layer: a third of the full model's bytes per token, so three times its tokens
     assert abs(served["kv_cache_tokens"] - KV_BYTES // (2 * 30 * 1 * 64 * 4)) <= CONTEXT
+
+
+@pytest.fixture(scope="module")
+def whole_layers(smol, prompts, tmp_path_factory):
+    """SmolLM2 with every odd layer a 255-token window (no sinks), exported natively (``layer_types``), served by
+    vLLM without the plugin, and headwise's greedy tokens under the same policy."""
+    model, tokenizer = headwise.load_model("smollm2-135m", task="lm", dtype="float32")
+    policy = KVPolicy(tuple((streaming(0, 255),) * 3 if layer % 2 else (FULL,) * 3 for layer in range(30)))
+    apply_kv_policy(model, policy)
+    root = tmp_path_factory.mktemp("layers")
+    exported = export_vllm(model, root / "layers", tokenizer=tokenizer)
+    return exported, serve(root / "layers", prompts, root), reference(model, prompts)
+
+
+def test_whole_layer_policy_served_natively(whole_layers):
+    exported, ours, (tokens, logprobs) = whole_layers
+    assert exported.served == "native" and ours["architecture"] == "LlamaForCausalLM"
+    assert {kind for kind, _, _ in ours["groups"]} == {"FullAttentionSpec", "SlidingWindowSpec"}
+    assert same_tokens(ours["tokens"], tokens)
+    assert largest_gap(ours["logprobs"], logprobs) < 2e-3
+    print(f"whole layers (native): {ours['kv_cache_tokens']} tokens, {ours['max_concurrency']:.2f}x, largest "
+          f"log-prob gap {largest_gap(ours['logprobs'], logprobs):.2e}")
+    # half the layers hold a window: well above the full model's tokens (its bytes per token, as above)
+    assert ours["kv_cache_tokens"] > 1.5 * KV_BYTES // (2 * 30 * 3 * 64 * 4)
