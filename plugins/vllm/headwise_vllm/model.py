@@ -12,8 +12,10 @@ padding the last group of each spec; a block holds one page of every layer of a 
 heads that pads the full heads to 52 and wastes 14 full-length caches (1.44x the full model's concurrency instead of
 1.85x, measured). So some full heads are given a window of at least ``max_model_len`` (``balance``): they attend to
 every token as before, but form a spec of their own, and their count is chosen (vLLM's own grouping evaluated for
-each choice) to minimise the bytes a request at ``max_model_len`` needs, with at most ``MAX_GROUPS`` groups. The decoder layer's projections, rotary embedding and output projection are vLLM's own;
-only its ``attn`` module is replaced (``PolicyAttention``), so the weights load by their usual names.
+each choice) to minimise the bytes a request at ``max_model_len`` needs, with at most ``MAX_GROUPS`` groups.
+
+The decoder layer's projections, rotary embedding and output projection are vLLM's own; only its ``attn`` module is
+replaced (``PolicyAttention``), so the weights load by their usual names.
 
 What vLLM cannot do exactly: a streaming head's sink tokens (the first tokens every query keeps in headwise's
 policy). The exporter writes windows without sinks and records the sinks it dropped (docs/serving.md).
