@@ -10,9 +10,9 @@ spec applies unchanged.
 vLLM 0.32 groups the layers of each spec into KV cache groups of one size (the smallest spec's count of layers),
 padding the last group of each spec; a block holds one page of every layer of a group. With 38 full and 52 window
 heads that pads the full heads to 52 and wastes 14 full-length caches (measured: 1.44x the full model's concurrency;
-1.81x with what follows). So some full heads are given a window of at least ``max_model_len`` (``balance``): they attend to
-every token as before, but form a spec of their own, and their count is chosen (vLLM's own grouping evaluated for
-each choice) to minimise the bytes a request at ``max_model_len`` needs, with at most ``MAX_GROUPS`` groups.
+1.81x with what follows). So some full heads are given a window of at least ``max_model_len`` (``balance``): they
+attend to every token as before, but form a spec of their own, and their count is chosen (vLLM's own grouping
+evaluated for each choice) to minimise the bytes a request at ``max_model_len`` needs, with at most ``MAX_GROUPS`` groups.
 
 The decoder layer's projections, rotary embedding and output projection are vLLM's own; only its ``attn`` module is
 replaced (``PolicyAttention``), so the weights load by their usual names.
