@@ -12,7 +12,8 @@ padding the last group of each spec; a block holds one page of every layer of a 
 heads that pads the full heads to 52 and wastes 14 full-length caches (measured: 1.44x the full model's concurrency;
 1.81x with what follows). So some full heads are given a window of at least ``max_model_len`` (``balance``): they
 attend to every token as before, but form a spec of their own, and their count is chosen (vLLM's own grouping
-evaluated for each choice) to minimise the bytes a request at ``max_model_len`` needs, with at most ``MAX_GROUPS`` groups.
+evaluated for each choice) to minimise the bytes a request at ``max_model_len`` needs, with at most ``MAX_GROUPS``
+groups.
 
 The decoder layer's projections, rotary embedding and output projection are vLLM's own; only its ``attn`` module is
 replaced (``PolicyAttention``), so the weights load by their usual names.
