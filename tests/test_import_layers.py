@@ -42,7 +42,7 @@ def layers(src: Path = SRC) -> list[tuple[str, tuple[str, ...]]]:
         ("planning", ("headwise.planning",)),
         ("workflows", ("headwise.workflows",)),  # a verb's whole run as a library function (tasks, plans, recovery)
         ("report", ("headwise.report",)),
-        # edited folders in other clients: transformers' Auto classes (trust_remote_code), lm-eval's model type
+        # edited folders in other clients: transformers' Auto classes (trust_remote_code), lm-eval's model type, vLLM
         ("clients", ("headwise.clients",)),
         ("cli", ("headwise.cli",)),
         ("public", ("headwise",)),

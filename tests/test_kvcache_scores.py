@@ -230,9 +230,16 @@ def test_kv_policy_command(tmp_path, capsys):
     assert not (tmp_path / "out" / "model").exists()  # only with --save-model
     assert main(args) == 2  # a non-empty output folder needs --force
     assert "--force" in capsys.readouterr().err
-    assert main(args + ["--force", "--save-model", "--no-measure", "--no-perplexity"]) == 0
+    assert main(args + ["--force", "--save-model", "--vllm", "--no-measure", "--no-perplexity"]) == 0
     reloaded = headwise.from_pretrained(tmp_path / "out" / "model")
     assert policy_of(reloaded) == KVPolicy.load(tmp_path / "out")
+    # --vllm: the policy for vLLM's plugin (Qwen2), windows counting the query (16 + 1), the 2 sink tokens dropped
+    said = capsys.readouterr().out
+    assert "headwise-vllm plugin" in said and "2 sink tokens" in said
+    served = json.loads((tmp_path / "out" / "vllm" / "config.json").read_text())
+    assert served["architectures"] == ["HeadwiseQwen2ForCausalLM"] and served["headwise_kv_policy"]["dropped_sink"] == 2
+    assert served["headwise_kv_policy"]["sliding_window"] == [[None if rule.full else 17 for rule in layer]
+                                                              for layer in policy.heads]
     bad = args[:4] + ["1.7"] + args[5:-1] + [str(tmp_path / "other")]
     assert main(bad) == 2 and not (tmp_path / "other").exists()
     assert main(["kv-policy", "--model", str(tmp_path / "missing"), "--data", str(tmp_path / "calib.txt"), "--out",

@@ -110,8 +110,12 @@ def register(verbs, parents) -> None:
     add(p, "--task", default="lm", shown="lm, the only task kv-policy measures (perplexity through the cache)")
     task_args(p, task="lm")  # --data, --split, --max-length (default: --context), --stride, --max-tokens
     output_args(p, "headwise-kv-policy", "policy.json, scores.json, summary.json, report.html and, with --save-model, "
-                "model/")
+                "model/, with --vllm, vllm/")
     add(p, "--save-model")
+    p.add_argument("--vllm", action="store_true",
+                   help="also write OUT/vllm, a folder vLLM serves with the policy: natively when whole layers stream "
+                        "(Llama, Mistral), else with the headwise-vllm plugin (plugins/vllm); windows without sinks "
+                        "(docs/serving.md)")
     p.set_defaults(run=run)
 
 
@@ -194,6 +198,7 @@ def gate_config(args: argparse.Namespace, window: int):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..clients.vllm import export_vllm
     from ..io import atomic_dir, check_writable_dir, save_pretrained
     from ..kvcache import apply_kv_policy
     from ..kvcache.choose import default_window
@@ -237,9 +242,11 @@ def run(args: argparse.Namespace) -> int:
                **run_record(task, None if ppl is None else ppl["full"][task.metric],
                             None if ppl is None else ppl["policy"][task.metric], None, model_costs(model), model)}
     with atomic_dir(args.out, overwrite=args.force) as tmp:
-        if args.save_model:
+        if args.save_model or args.vllm:
             apply_kv_policy(model, policy)
+        if args.save_model:
             save_pretrained(model, tmp / "model", tokenizer=tokenizer)
+        served = export_vllm(model, tmp / "vllm", tokenizer=tokenizer) if args.vllm else None
         policy.save(tmp / "policy.json")
         write_json(tmp / "scores.json", scores.to_dict())
         write_json(tmp / "summary.json", summary, indent=1)
@@ -252,4 +259,6 @@ def run(args: argparse.Namespace) -> int:
         for line in summary["verdict"].values():
             print(line)
         print(f"wrote {args.out}/policy.json, summary.json, scores.json, report.html")
+    if served is not None:
+        print(f"{args.out}/vllm: {served.describe()}", file=sys.stderr if args.json else sys.stdout)
     return 0

@@ -1,0 +1,159 @@
+"""A per-KV-head cache policy inside vLLM: one vLLM attention layer per (decoder layer, KV head).
+
+vLLM gives every attention layer one KV cache spec: full attention, or a sliding window whose blocks its hybrid KV
+cache manager frees once they leave the window. A policy differs between the KV heads of one decoder layer, so each
+decoder layer's attention is split into *virtual layers*, one per KV head: the query heads of that KV head's group
+attend to its keys and values, full or through its window (``sliding_window``: the keys a query sees, itself
+included). Every virtual layer holds one KV head, so every page has the same size and vLLM's grouping of layers by
+spec applies unchanged.
+
+vLLM 0.32 groups the layers of each spec into KV cache groups of one size (the smallest spec's count of layers),
+padding the last group of each spec; a block holds one page of every layer of a group. With 38 full and 52 window
+heads that pads the full heads to 52 and wastes 14 full-length caches (measured: 1.44x the full model's concurrency;
+1.81x with what follows). So some full heads are given a window of at least ``max_model_len`` (``balance``): they
+attend to every token as before, but form a spec of their own, and their count is chosen (vLLM's own grouping
+evaluated for each choice) to minimise the bytes a request at ``max_model_len`` needs, with at most ``MAX_GROUPS``
+groups.
+
+The decoder layer's projections, rotary embedding and output projection are vLLM's own; only its ``attn`` module is
+replaced (``PolicyAttention``), so the weights load by their usual names.
+
+What vLLM cannot do exactly: a streaming head's sink tokens (the first tokens every query keeps in headwise's
+policy). The exporter writes windows without sinks and records the sinks it dropped (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+
+import torch
+from torch import nn
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.attention import Attention
+
+from . import ARCHITECTURES, FORMAT, POLICY_KEY
+
+MAX_GROUPS = 8  # KV cache groups ``balance`` may create: each is a block table per request, scheduled every step
+VIRTUAL = "headwise_kv_heads"  # virtual layers are named <model prefix>.headwise_kv_heads.<index>: one integer each
+
+
+def read_policy(config, num_layers: int) -> list[list[int | None]]:
+    """``sliding_window[layer][kv_head]`` from the config (None: full attention); refuses a missing or malformed
+    policy, naming the key."""
+    policy = getattr(config, POLICY_KEY, None)
+    if not isinstance(policy, dict) or policy.get("format") != FORMAT:
+        raise ValueError(f"config.json has no {POLICY_KEY!r} of format {FORMAT!r}; export the folder with "
+                         "headwise.clients.vllm.export_vllm (headwise kv-policy --vllm)")
+    windows = policy.get("sliding_window")
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    if not isinstance(windows, list) or len(windows) != num_layers or any(
+            not isinstance(layer, list) or len(layer) != kv_heads
+            or any(w is not None and (not isinstance(w, int) or w < 1) for w in layer) for layer in windows):
+        raise ValueError(f"{POLICY_KEY}.sliding_window must list {num_layers} layers x {kv_heads} KV heads, each "
+                         "null (full) or a window ≥ 1")
+    return windows
+
+
+class PolicyAttention(nn.Module):
+    """Stands in for a decoder layer's vLLM ``Attention``: ``q [T, H·d]``, ``k, v [T, K·d]`` → ``[T, H·d]``, one
+    virtual layer per local KV head (its ``H/K`` query heads, one KV head, its window or full attention)."""
+
+    def __init__(self, base: Attention, windows: list[int | None], names: list[str], vllm_config: VllmConfig):
+        super().__init__()
+        self.group = base.num_heads // base.num_kv_heads
+        self.head_size = base.head_size
+        self.heads = nn.ModuleList(
+            Attention(self.group, base.head_size, base.impl.scale, num_kv_heads=1,
+                      cache_config=vllm_config.cache_config, quant_config=vllm_config.quant_config,
+                      per_layer_sliding_window=window, prefix=name)
+            for window, name in zip(windows, names))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        width, d = self.group * self.head_size, self.head_size
+        return torch.cat([head(q[:, i * width:(i + 1) * width].contiguous(), k[:, i * d:(i + 1) * d].contiguous(),
+                               v[:, i * d:(i + 1) * d].contiguous()) for i, head in enumerate(self.heads)], dim=-1)
+
+
+def request_cost(windows: list[int | None], vllm_config: VllmConfig, head_size: int) -> tuple[int, int]:
+    """``(bytes a request of max_model_len tokens needs, KV cache groups)`` when the virtual layers have
+    ``windows``, as vLLM 0.32 groups layers of one page size (its ``_get_kv_cache_groups_uniform_page_size``) and
+    sizes them (a block holds one page of every layer of the largest group)."""
+    from vllm.utils.math_utils import cdiv
+    from vllm.v1.core.kv_cache_utils import _get_kv_cache_groups_uniform_page_size
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    block = vllm_config.cache_config.block_size
+    if not block:
+        raise ValueError("headwise_vllm: vLLM's block size is not known when the model is built; pass block_size")
+    dtype = vllm_config.model_config.dtype
+    specs = {f"layers.{i}": FullAttentionSpec(block_size=block, num_kv_heads=1, head_size=head_size, dtype=dtype)
+             if w is None else SlidingWindowSpec(block_size=block, num_kv_heads=1, head_size=head_size, dtype=dtype,
+                                                 sliding_window=w) for i, w in enumerate(windows)}
+    groups = _get_kv_cache_groups_uniform_page_size(specs)
+    page = next(iter(specs.values())).page_size_bytes
+    blocks = sum(cdiv(g.kv_cache_spec.max_memory_usage_bytes(vllm_config), page) for g in groups)
+    return blocks * page * max(len(g.layer_names) for g in groups), len(groups)
+
+
+def balance(windows: list[int | None], vllm_config: VllmConfig, head_size: int) -> list[int | None]:
+    """``windows`` with the first ``n`` full heads given the window ``max_model_len`` (every token: the same
+    attention), ``n`` chosen for the least bytes per request with at most ``MAX_GROUPS`` groups (see the module
+    docstring); unchanged when no choice does better."""
+    full = [i for i, w in enumerate(windows) if w is None]
+    if not full or len(full) == len(windows):
+        return windows
+    whole = vllm_config.model_config.max_model_len
+
+    def split(n: int) -> list[int | None]:
+        moved = set(full[:n])
+        return [whole if i in moved else w for i, w in enumerate(windows)]
+
+    quiet = logging.getLogger("vllm.v1.core.kv_cache_utils")  # its padding warning, once per candidate
+    level, quiet.level = quiet.level, logging.ERROR
+    try:
+        costs = {n: request_cost(split(n), vllm_config, head_size) for n in range(len(full))}
+    finally:
+        quiet.setLevel(level)
+    best = min((n for n, (_, groups) in costs.items() if groups <= MAX_GROUPS or n == 0),
+               key=lambda n: (costs[n][0], costs[n][1]))
+    return split(best)
+
+
+def install_policy(model: nn.Module, vllm_config: VllmConfig) -> None:
+    """Replace the ``attn`` of every decoder layer this rank holds by a ``PolicyAttention`` over the policy's
+    windows for its KV heads (balanced: ``balance``)."""
+    if get_tensor_model_parallel_world_size() > 1:
+        raise ValueError("headwise_vllm: tensor parallelism is not supported yet (each rank would hold the virtual "
+                         "layers of other KV heads, untested); serve with tensor_parallel_size=1")
+    config = vllm_config.model_config.hf_config
+    windows = read_policy(config, config.num_hidden_layers)
+    context = vllm_config.compilation_config.static_forward_context
+    total_kv = len(windows[0])
+    layers = [(i, layer.self_attn) for i, layer in enumerate(model.model.layers)
+              if hasattr(layer, "self_attn")]  # pipeline parallelism: other ranks' layers are placeholders
+    bases = {i: attention.attn for i, attention in layers}
+    for base in bases.values():  # the per-layer caches vLLM would have allocated: replaced by the virtual layers
+        del context[base.layer_name]
+    root = next(iter(bases.values())).layer_name.split("layers.")[0]
+    flat = balance([w for layer in windows for w in layer], vllm_config, bases[layers[0][0]].head_size)
+    windows = [flat[i * total_kv:(i + 1) * total_kv] for i in range(len(windows))]
+    for i, attention in layers:
+        names = [f"{root}{VIRTUAL}.{i * total_kv + h}" for h in range(total_kv)]
+        attention.attn = PolicyAttention(bases[i], windows[i], names, vllm_config)
+
+
+def _policy_class(name: str, module: str, base: str) -> type:
+    parent = getattr(importlib.import_module(module), base)
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        parent.__init__(self, vllm_config=vllm_config, prefix=prefix)
+        install_policy(self, vllm_config)
+
+    return type(name, (parent,), {"__init__": __init__, "__module__": __name__,
+                                  "__doc__": f"vLLM's {base} with headwise's per-KV-head cache policy."})
+
+
+for _name, (_module, _base) in ARCHITECTURES.items():
+    globals()[_name] = _policy_class(_name, _module, _base)
