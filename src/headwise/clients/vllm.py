@@ -85,7 +85,7 @@ def export_vllm(model: nn.Module, path: str | os.PathLike, tokenizer: Any = None
     from ..io import export_plain, plain_problem
     from ..io.manifest import write_manifest
     from ..kvcache import apply_kv_policy, policy_of, remove_kv_policy
-    from ..kvcache.apply import prefill_chunk_of
+    from ..kvcache.generation import prefill_chunk_of
 
     policy = policy_of(model)
     if policy is None:
