@@ -11,7 +11,6 @@ LIMIT = 80
 
 # "module:function" -> why it is longer for now
 EXCEPTIONS: dict[str, str] = {
-    "headwise.models.load:load_model": "issue 72 edits it in parallel: split once both are merged",
     "headwise.report.svg:_xy_plot": "one figure's axes, ticks, series and legend as one SVG template",
     "headwise.analysis.analyze:analyze": "the public analysis verb: argument checks and one pass over the batches",
     "headwise.report.quantization:quantization_report": "one report page's sections in their printed order",

@@ -175,81 +175,99 @@ def load_model(
     Returns ``(model in eval mode, tokenizer or None)``. Raises ``HeadwiseError`` for a path that is not a model,
     a family without an adapter or a missing head.
     """
-    import transformers
-
     from ..io import from_pretrained
-    from ..io.checkpoint import check_finite
-    from ..io.files import stable_read
-    from ..io.manifest import MANIFEST, verify_manifest
-    from ..runtime import NAME
     from ..sites import find_sites
 
     head = "base" if task is None else _task_head(task)
     check_device(device)
     path = resolve_model(name_or_path)
     dtype = parse_dtype(dtype)
-    local = Path(path)
+    shown = name_or_path or path
     try:
         dispatch = dispatch_kwargs(device_map, max_memory, offload_folder)
         if _saved_by_headwise(path):
-            model = from_pretrained(local, device=device, dtype=dtype, verify=verify, **dispatch)
-            _check_checkpoint_head(model, name_or_path or path, head)
+            model = from_pretrained(Path(path), device=device, dtype=dtype, verify=verify, **dispatch)
+            _check_checkpoint_head(model, shown, head)
         else:
             _check_architecture(path, name_or_path, head)
-            auto = getattr(transformers, HEAD_CLASSES[head])
             extra = {"num_labels": num_labels} if new_head and num_labels else {}
             if new_head and label_names:
                 extra = {"num_labels": len(label_names), "id2label": dict(enumerate(map(str, label_names))),
                          "label2id": {str(name): i for i, name in enumerate(label_names)}}
-            written = local.is_dir() and (local / MANIFEST).is_file()  # a plain folder headwise wrote
-
-            def read() -> tuple[nn.Module, dict]:
-                if written:
-                    verify_manifest(local, verify)
-                with quiet_transformers():
-                    return auto.from_pretrained(path, attn_implementation=NAME, dtype=dtype,
-                                                output_loading_info=True, **extra, **dispatch)
-
-            model, info = stable_read(local, read) if local.is_dir() else read()
-            if written:
-                check_finite(model, str(local))
-            if info["unexpected_keys"]:
-                unused = sorted(info["unexpected_keys"])
-                print(f"headwise: note: {len(unused)} weights of {name_or_path or path} are not used by "
-                      f"{type(model).__name__} (e.g. {unused[0]}); pass a task to load its head", file=sys.stderr)
-            if info["missing_keys"] and not new_head:
-                missing = sorted(info["missing_keys"])
-                raise HeadwiseError(
-                    f"{name_or_path or path} has no weights for the {head} head the task needs (missing: "
-                    f"{', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}); use a checkpoint with that head"
-                    + (", or new_head=True (--new-head) to train a fresh one" if head == "classification" else ""))
+            model = _load_transformers(path, shown, head, dtype, verify, new_head, {**extra, **dispatch})
             model = (model if dispatch else model.to(device)).eval()
+    except HeadwiseError:
+        raise
     except Exception as err:  # noqa: BLE001 - transformers and safetensors raise many kinds; sorted here
-        if isinstance(err, HeadwiseError):
+        refusal = _loading_error(err, shown, path, head)
+        if refusal is None:
             raise
-        if type(err).__module__.split(".")[0] == "safetensors":
-            raise HeadwiseError(f"the weights of {name_or_path or path} cannot be read ({str(err).splitlines()[0]}); "
-                                "the file is damaged or truncated: copy or save the model again") from None
-        if isinstance(err, RuntimeError) and local.is_dir() and ("mismatched_sizes" in str(err)
-                                                                 or "size mismatch" in str(err)):
-            raise HeadwiseError(_config_mismatch(local, head) or f"{path}: config.json does not fit the weights "
-                                f"({str(err).splitlines()[0]}); correct config.json or copy the model again") from None
-        if not isinstance(err, (OSError, ValueError)):
-            raise
-        if "Unrecognized configuration class" in str(err):
-            raise HeadwiseError(
-                f"{name_or_path or path} has no {head} head: transformers' {HEAD_CLASSES[head]} does not take its "
-                f"architecture; the task needs {HEAD_WHAT[head]}") from err
-        raise HeadwiseError(
-            f"could not load model {name_or_path!r} for the {head} head: {str(err).splitlines()[0]} — give a local "
-            "transformers folder (config.json + weights) or a hub name (needs internet)"
-        ) from err
+        raise refusal from err
     find_sites(model)  # unsupported families fail here, before any work
     from ..io.hub import hub_name
 
     if hub_name(path) is not None:  # saved checkpoints record the hub name as their source, not a cache folder
         model.config.name_or_path = hub_name(path)
     return model, (load_tokenizer(path, model) if with_tokenizer else None)
+
+
+def _load_transformers(path: str, shown: str, head: str, dtype: torch.dtype | None, verify: bool | None,
+                       new_head: bool, keywords: dict[str, Any]) -> nn.Module:
+    """A transformers checkpoint through the Auto class of ``head`` (``keywords``: labels and dispatch); a plain
+    folder headwise wrote is checked against its manifest and for finite weights. Unused weights are noted, missing
+    ones of the head refused (unless ``new_head``)."""
+    import transformers
+
+    from ..io.checkpoint import check_finite
+    from ..io.files import stable_read
+    from ..io.manifest import MANIFEST, verify_manifest
+    from ..runtime import NAME
+
+    local = Path(path)
+    auto = getattr(transformers, HEAD_CLASSES[head])
+    written = local.is_dir() and (local / MANIFEST).is_file()  # a plain folder headwise wrote
+
+    def read() -> tuple[nn.Module, dict]:
+        if written:
+            verify_manifest(local, verify)
+        with quiet_transformers():
+            return auto.from_pretrained(path, attn_implementation=NAME, dtype=dtype, output_loading_info=True,
+                                        **keywords)
+
+    model, info = stable_read(local, read) if local.is_dir() else read()
+    if written:
+        check_finite(model, str(local))
+    if info["unexpected_keys"]:
+        unused = sorted(info["unexpected_keys"])
+        print(f"headwise: note: {len(unused)} weights of {shown} are not used by "
+              f"{type(model).__name__} (e.g. {unused[0]}); pass a task to load its head", file=sys.stderr)
+    if info["missing_keys"] and not new_head:
+        missing = sorted(info["missing_keys"])
+        raise HeadwiseError(
+            f"{shown} has no weights for the {head} head the task needs (missing: "
+            f"{', '.join(missing[:3])}{', …' if len(missing) > 3 else ''}); use a checkpoint with that head"
+            + (", or new_head=True (--new-head) to train a fresh one" if head == "classification" else ""))
+    return model
+
+
+def _loading_error(err: Exception, shown: str, path: str, head: str) -> HeadwiseError | None:
+    """The one-line ``HeadwiseError`` a failed load raises in place of ``err``, naming the cause (damaged weights, a
+    config that does not fit, no such head); None when ``err`` is not a loading error (it is raised as it is)."""
+    local = Path(path)
+    if type(err).__module__.split(".")[0] == "safetensors":
+        return HeadwiseError(f"the weights of {shown} cannot be read ({str(err).splitlines()[0]}); "
+                             "the file is damaged or truncated: copy or save the model again")
+    if isinstance(err, RuntimeError) and local.is_dir() and ("mismatched_sizes" in str(err)
+                                                             or "size mismatch" in str(err)):
+        return HeadwiseError(_config_mismatch(local, head) or f"{path}: config.json does not fit the weights "
+                             f"({str(err).splitlines()[0]}); correct config.json or copy the model again")
+    if not isinstance(err, (OSError, ValueError)):
+        return None
+    if "Unrecognized configuration class" in str(err):
+        return HeadwiseError(f"{shown} has no {head} head: transformers' {HEAD_CLASSES[head]} does not take its "
+                             f"architecture; the task needs {HEAD_WHAT[head]}")
+    return HeadwiseError(f"could not load model {shown!r} for the {head} head: {str(err).splitlines()[0]} — give a "
+                         "local transformers folder (config.json + weights) or a hub name (needs internet)")
 
 
 def _config_mismatch(folder: Path, head: str) -> str | None:
