@@ -664,7 +664,7 @@ def test_a_method_that_writes_the_models_tensors_in_place_is_stopped_before_it_d
         """Halve every query projection in place."""
 
     class Halve(MethodHooks):
-        def apply(self, model, config):
+        def attach(self, model, config):
             with torch.no_grad():
                 for site in headwise.find_sites(model):
                     site.q.module.weight.mul_(0.5)
@@ -873,7 +873,7 @@ class DropFirstConfig(MethodConfig):
 
 @register(Declaration(name="toy_drop_first", config=DropFirstConfig, planned=Planned(order=15)))
 class DropFirst(MethodHooks):
-    def apply(self, model, config):
+    def attach(self, model, config):
         return headwise.prune_heads(model, {s.name: list(range(config.count)) for s in config.sites(model)})
 
     def example(self, model):
