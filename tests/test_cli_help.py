@@ -114,8 +114,8 @@ def test_the_light_copies_equal_the_library():
     from headwise.contract import METHODS, load_methods
     from headwise.kvcache.generation import PREFILL_CHUNK
     from headwise.planning.candidates import plannable
-    from headwise.tasks.recovery import MODES
-    from headwise.trainer.memory import MEMORY_MODES
+    from headwise.training.memory import MEMORY_MODES
+    from headwise.training.recovery import MODES
 
     load_methods()
     assert constants.RECOVERY_MODES == MODES and constants.TRAIN_MEMORY_MODES == MEMORY_MODES

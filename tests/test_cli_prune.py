@@ -53,7 +53,7 @@ def test_prune_l0_runs_end_to_end_and_says_when_it_missed_its_target(tmp_path, c
     assert "--max-steps 2" in l0["warning"] and "--epochs" in l0["warning"] and "--strategy importance" in l0["warning"]
     assert f"warning: {l0['warning']}" in capsys.readouterr().err
     assert l0["training"] == {"lam": 0.0, "reduction": "sum", "target_heads": 60, "lambda_lr": 0.01,
-                              "target_warmup": 1}  # tasks.recipes.l0_training: half of the 2 steps
+                              "target_warmup": 1}  # training.recipes.l0_training: half of the 2 steps
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -86,6 +86,6 @@ def test_bad_mask_and_existing_output(tmp_path, capsys):
 
 
 def test_prune_l0_takes_how_the_gates_train():
-    """L0Training's fields are prune's options; left out, tasks.recipes.l0_training decides."""
+    """L0Training's fields are prune's options; left out, training.recipes.l0_training decides."""
     args = build_parser().parse_args(["prune", "--keep", "36", "--lambda-lr", "0.5", "--reduction", "mean_over_modules"])
     assert (args.lambda_lr, args.reduction) == (0.5, "mean_over_modules") and not hasattr(args, "lam")

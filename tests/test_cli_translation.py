@@ -15,6 +15,7 @@ from headwise.collaborative import is_collaborative
 from headwise.mixing import swap_heads
 from headwise.sites import find_sites
 from headwise.tasks import Translation, train_tokenizer
+from headwise.training import finetune
 from tiny import VOCAB, tiny_seq2seq
 
 WORDS = "the a cat dog sat on mat ran to house big small red blue tree sun".split()
@@ -79,7 +80,7 @@ def test_mix_no_mixers_fine_tunes_the_swapped_model_as_it_is(marian_dir, tmp_pat
     got = headwise.from_pretrained(out / "model")
     reference, tok = headwise.load_model(str(marian_dir / "model"), task="translation")
     swap_heads(reference, [swap])
-    Translation(data_dir=str(marian_dir), max_length=32).finetune(reference, tok, epochs=0.5, progress=False)
+    finetune(reference, tok, Translation(data_dir=str(marian_dir), max_length=32), epochs=0.5, progress=False)
     want = reference.state_dict()
     assert all(torch.allclose(v, want[k], atol=1e-6) for k, v in got.state_dict().items())
     assert not torch.equal(want["model.decoder.layers.0.encoder_attn.q_proj.weight"],

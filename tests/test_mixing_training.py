@@ -12,7 +12,7 @@ from headwise.mixing import (MixingConfig, NuclearNormPenalty, NuclearNormTraini
                              fold_mixing, mixers_of)
 from headwise.runtime import enable
 from headwise.tasks import TaskObjective, get_task
-from headwise.trainer import HeadwiseTrainer
+from headwise.training import HeadwiseTrainer
 
 
 def _args(tmp_path, steps, **kw):

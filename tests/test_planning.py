@@ -417,13 +417,14 @@ def test_timing_a_causal_lm_builds_the_logits_of_the_last_position_only_and_an_e
 
 def test_l0_ranking_reads_gate_logits_and_leaves_the_model_alone(tokenizer, stsb_dir):
     from headwise.pruning.ranking import head_scores, removal_order
+    from headwise.training import finetune
 
     model = tiny_bert()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     task = get_task("stsb", data=str(stsb_dir))
     model.set_attn_implementation("sdpa")
     config = model.config.to_dict()
-    scores = head_scores(model, tokenizer, task, "l0", examples=16, keep=4, epochs=4)
+    scores = head_scores(model, tokenizer, task, "l0", examples=16, keep=4, epochs=4, finetune=finetune)
     assert set(scores) == {"enc-self.0", "enc-self.1"} and all(len(v) == 4 for v in scores.values())
     assert _identical(model, before, config) and model.config._attn_implementation == "sdpa"
     # only the gates trained: no weight of the model got a gradient, and every weight is trainable again
@@ -435,6 +436,8 @@ def test_l0_ranking_reads_gate_logits_and_leaves_the_model_alone(tokenizer, stsb
     assert order[0] == [first[0], [first[1]]] and len(order) == 6  # one head stays in each layer
     with pytest.raises(headwise.HeadwiseError, match="ranking"):
         head_scores(model, tokenizer, task, "ablation")
+    with pytest.raises(headwise.HeadwiseError, match="finetune=headwise.training.finetune"):
+        head_scores(model, tokenizer, task, "l0")
 
 
 def test_the_verdict_names_the_edit_its_score_savings_and_command_or_says_none_fits(bert_plan):

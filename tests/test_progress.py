@@ -79,7 +79,7 @@ def test_training_writes_progress_lines_into_a_log(monkeypatch, tmp_path, capsys
     """The Trainer's bar redraws itself with carriage returns; in a log it becomes periodic lines."""
     from transformers import TrainingArguments
 
-    from headwise.trainer.trainer import HeadwiseTrainer
+    from headwise.training.trainer import HeadwiseTrainer
 
     class Objective(torch.nn.Module):
         def __init__(self) -> None:

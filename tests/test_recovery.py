@@ -12,9 +12,10 @@ import transformers as tf
 
 import headwise
 from headwise.errors import HeadwiseError
-from headwise.tasks import (Classification, DistillationObjective, LanguageModeling, Stsb, TaskOutputs, Translation,
-                            collate, distillation_loss, embedding_distillation, logit_distillation, train_tokenizer)
-from headwise.tasks.recipes import l0_prune
+from headwise.tasks import (Classification, LanguageModeling, Stsb, TaskOutputs, Translation, collate, distillation_loss,
+                            embedding_distillation, logit_distillation, train_tokenizer)
+from headwise.training import DistillationObjective
+from headwise.training.recipes import l0_prune
 from tiny import VOCAB, tiny_seq2seq
 
 WORDS = "the a cat dog sat on mat ran to house big small red blue tree sun".split()
@@ -294,7 +295,7 @@ def _reversible_edits(model):
 
 @pytest.mark.parametrize("case", ["lm", "stsb"])
 def test_switched_off_teacher_gives_the_loss_and_gradients_of_a_copied_teacher(case, tmp_path, tokenizer):
-    from headwise.tasks.recovery import has_ops, switched_off
+    from headwise.training.recovery import has_ops, switched_off
 
     task, model = CASES[case](tmp_path, tokenizer)
     copied = copy.deepcopy(model)  # the teacher taken before the edit, the old way
@@ -335,7 +336,7 @@ def test_switched_off_teacher_is_refused_without_ops_and_recovers_with_them(tmp_
 def test_cached_teacher_gives_the_loss_and_gradients_of_a_copied_teacher(tmp_path, tokenizer):
     """After a weight-rewriting edit (GQA conversion), the teacher recorded before it (last hidden states + a copy
     of the output head) distils exactly like a copy of the whole model taken before it."""
-    from headwise.tasks import CachedTeacher
+    from headwise.training import CachedTeacher
 
     task, model = lm_case(tmp_path, tokenizer)
     copied = copy.deepcopy(model)  # the old way: a second model
@@ -370,7 +371,7 @@ def test_backward_step_matches_the_optimizer_step_with_tied_weights_and_a_schedu
     """AdamW run in the backward (one parameter at a time, gradients freed) gives bit for bit the weights of AdamW
     stepped after the backward, a tied weight and a learning-rate schedule included; removing it restores a plain
     optimizer."""
-    from headwise.trainer.backward_step import step_in_backward
+    from headwise.training.backward_step import step_in_backward
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Embedding(11, 6), torch.nn.Tanh(), torch.nn.Linear(6, 11))
@@ -397,7 +398,7 @@ def test_backward_step_matches_the_optimizer_step_with_tied_weights_and_a_schedu
 
 
 def test_bounded_recovery_trains_like_the_kept_one_and_refuses_what_it_cannot_do(tmp_path, tokenizer):
-    from headwise.trainer.memory import is_recomputing
+    from headwise.training.memory import is_recomputing
 
     task, model = lm_case(tmp_path, tokenizer)
     headwise.apply_masks(model, {s.name: [1.0, 0.0, 1.0, 1.0] for s in headwise.find_sites(model)})
@@ -424,7 +425,7 @@ def test_bounded_recovery_trains_like_the_kept_one_and_refuses_what_it_cannot_do
 
 def test_auto_training_memory_bounds_it_when_gradients_and_optimizer_state_would_not_fit(monkeypatch):
     from headwise.analysis import activations
-    from headwise.trainer.memory import choose_memory
+    from headwise.training.memory import choose_memory
 
     model = torch.nn.Linear(100, 100)  # 40,400 bytes trained: 121,200 for gradients and AdamW's two moments
     monkeypatch.setattr(activations, "available_bytes", lambda device: 242_400)
@@ -453,7 +454,7 @@ def _most_held(run, size: int) -> int:
 def test_bounded_recovery_of_a_tied_head_holds_one_gradient_of_it(tmp_path, tokenizer, monkeypatch):
     """A causal LM whose token embedding is its output head (1,000 × 32 floats, a size no other tensor has): under
     memory="bounded" the loss adds the head's weight gradient into ``.grad`` and the lookup's rows come sparse
-    (``trainer.memory.bounded``), so at most three such matrices exist at once: AdamW's two moments and one
+    (``training.memory.bounded``), so at most three such matrices exist at once: AdamW's two moments and one
     gradient. The usual step holds the head's part, the lookup's dense part and their sum beside the moments.
     Both train the same weights."""
     from headwise.tasks import lm

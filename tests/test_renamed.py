@@ -141,3 +141,46 @@ def test_dynamic_swap_method_is_rule_and_pruning_curve_method_is_strategy_with_a
         DynamicSwapConfig(rule="best")
     with pytest.warns(FutureWarning, match="PruningCurve.method is now PruningCurve.strategy"):
         assert PruningCurve(strategy="one-shot importance").method == "one-shot importance"
+
+
+# ---- training in one package (issue 70): the former paths forward to headwise.training -------------------------
+
+@pytest.mark.parametrize("old, name, new", [
+    ("headwise.trainer", "HeadwiseTrainer", "headwise.training.trainer"),
+    ("headwise.trainer", "is_head_parameter", "headwise.training.trainer"),
+    ("headwise.tasks.recipes", "l0_prune", "headwise.training.recipes"),
+    ("headwise.tasks.recipes", "importance_prune", "headwise.training.recipes"),
+    ("headwise.tasks.recovery", "switched_off", "headwise.training.recovery"),
+    ("headwise.tasks.recovery", "MODES", "headwise.training.recovery"),
+    ("headwise.tasks", "recover", "headwise.training"),
+    ("headwise.tasks", "DistillationObjective", "headwise.training"),
+    ("headwise.tasks", "CachedTeacher", "headwise.training"),
+])
+def test_former_training_paths_give_the_same_object_with_a_notice(old, name, new):
+    import importlib
+
+    former, now = importlib.import_module(old), importlib.import_module(new)
+    with pytest.warns(FutureWarning, match=f"{old}.{name} is now {new}.{name}"):
+        assert getattr(former, name) is getattr(now, name)
+    with pytest.raises(AttributeError):
+        getattr(former, "no_such_name")
+
+
+def test_task_finetune_and_train_objective_are_training_functions_with_a_notice(tmp_path):
+    from headwise.tasks import TaskObjective, train_tokenizer
+    from headwise.training import finetune
+    from tests.test_recovery import sentence, stsb_case
+
+    tokenizer = train_tokenizer([sentence(i) for i in range(200)], vocab_size=80, min_frequency=1)
+    task, model = stsb_case(tmp_path, tokenizer)
+    twin, other, fresh = (stsb_case(tmp_path, tokenizer)[1] for _ in range(3))
+    options = {"max_steps": 2, "batch_size": 4, "learning_rate": 1e-2, "progress": False}
+    finetune(model, tokenizer, task, **options)
+    with pytest.warns(FutureWarning, match="Task.finetune is now headwise.training.finetune"):
+        task.finetune(twin, tokenizer, **options)
+    with pytest.warns(FutureWarning, match="Task.train_objective is now headwise.training.train_objective"):
+        task.train_objective(TaskObjective(task, other), tokenizer, **options)
+    trained, start = model.state_dict(), fresh.state_dict()
+    for former in (twin, other):
+        assert all(torch.equal(trained[name], value) for name, value in former.state_dict().items())
+    assert any(not torch.equal(trained[name], start[name]) for name in trained)  # the two steps trained it

@@ -16,6 +16,7 @@ import headwise
 from headwise.errors import HeadwiseError
 from headwise.tasks import Classification, LanguageModeling, Translation, collate, get_task, train_tokenizer
 from headwise.tasks.classification import classification_metrics, matthews
+from headwise.training import finetune
 from tiny import VOCAB, tiny_seq2seq
 
 WORDS = "the a cat dog sat on mat ran to house big small red blue tree sun".split()
@@ -420,7 +421,7 @@ def test_finetuning_with_the_translation_loss_lowers_it(parallel, tokenizer):
     batch = collate(task.examples(tokenizer, "train").items, tokenizer.pad_token_id)
     with torch.no_grad():
         before = task.loss(model, batch).mean().item()
-    task.finetune(model, tokenizer, max_steps=20, learning_rate=3e-3, batch_size=4, progress=False)
+    finetune(model, tokenizer, task, max_steps=20, learning_rate=3e-3, batch_size=4, progress=False)
     with torch.no_grad():
         after = task.loss(model, batch).mean().item()
     assert after < before - 0.1 and not model.training

@@ -27,7 +27,7 @@ _SOURCES: dict[str, str] = {
     **dict.fromkeys(("CollaborativeConfig", "compress"), "collaborative"),
     **dict.fromkeys(("Selection", "apply", "remove"), "contract"),
     **dict.fromkeys(("convert_gqa", "convert_latent"), "conversion"),
-    **dict.fromkeys(("evaluate_stsb", "fidelity", "get_task", "recover"), "tasks"),
+    **dict.fromkeys(("evaluate_stsb", "fidelity", "get_task"), "tasks"),
     **dict.fromkeys(("from_pretrained", "save_pretrained"), "io"),
     **dict.fromkeys(("KVGateConfig", "KVPolicy", "apply_kv_policy", "kv_policy", "remove_kv_policy"), "kvcache"),
     **dict.fromkeys(("replace_attention", "restore_attention"), "mechanisms"),
@@ -39,7 +39,7 @@ _SOURCES: dict[str, str] = {
     **dict.fromkeys(("QuantizationConfig", "quantize_attention", "remove_quantization"), "quantization"),
     **dict.fromkeys(("add_gates", "enable", "remove_gates"), "runtime"),
     **dict.fromkeys(("AttentionSite", "find_sites", "select_sites"), "sites"),
-    "train_kv_gates": "training",
+    **dict.fromkeys(("recover", "train_kv_gates"), "training"),
 }
 _RENAMED = {"replace_attention": "use", "restore_attention": "remove"}
 

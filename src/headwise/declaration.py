@@ -128,7 +128,9 @@ class PlanContext:
     applied in place (the model is restored after); ``progress``: show progress (None: when a terminal);
     ``task``, ``tokenizer``: what the plan is measured on; ``ranking``: the head ranking asked for (one of the
     ``rankings`` of the method's ``Planned``); ``examples``: training examples a ranking reads;
-    ``batch_size``: examples per backward of a ranking."""
+    ``batch_size``: examples per backward of a ranking; ``finetune(model, tokenizer, task, **options)``: the
+    planner's fine-tuning (``headwise.training.finetune``), for a ranking that trains (the methods sit below
+    training and reach it through this)."""
 
     removal_order: Sequence[Sequence[Any]]
     budget_heads: int | None
@@ -142,6 +144,7 @@ class PlanContext:
     examples: int = 256
     batch_size: int = 8
     budget: dict[str, float] = field(default_factory=dict)
+    finetune: Callable[..., Any] | None = None
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """One exception type for every mistake a user can make; the CLI prints it as one line. Former names
-(``renamed``) warn once a call."""
+(``renamed``) and former module paths (``moved``) warn once a call."""
 
 import functools
 import warnings
+from types import ModuleType
 from typing import Any, Callable
 
 
@@ -29,6 +30,15 @@ def renamed(new: Callable[..., Any], old: str, now: str = "") -> Callable[..., A
         return new(*args, **kwargs)
 
     return former
+
+
+def moved(module: ModuleType, name: str, old: str) -> Any:
+    """``module``'s ``name`` read through its former module path ``old`` (a former module's ``__getattr__``): it
+    works for one release, each read with a ``FutureWarning`` naming where it is now."""
+    value = getattr(module, name)
+    warnings.warn(f"{old}.{name} is now {module.__name__}.{name}; {old} still works for one release", FutureWarning,
+                  stacklevel=3)
+    return value
 
 
 def renamed_fields(**former: str) -> Callable[[type], type]:

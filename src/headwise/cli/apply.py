@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from ..planning import Plan
     from ..report import Report
     from ..workflows.apply_plan import apply_plan
-    from ..workflows.recovery import Recovery
+    from ..training.recovery import Recovery
     from .output import save_run
     from .task_options import load_task_model
 

@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
                           resolve, swap_heads)
     from ..report import Report
     from ..report.mixing import add_mixing_section
+    from ..training import finetune
     from .output import save_run
 
     if not args.swap and not args.mix_epochs:
@@ -81,13 +82,13 @@ def run(args: argparse.Namespace) -> int:
     result["metric_after_swaps"] = metric() if args.swap else result["metric_before"]
     report = Report("headwise mixing report", f"{result['model']}: head swaps and mixing")
     if args.mix_epochs and args.no_mixers:
-        task.finetune(model, tokenizer, epochs=args.mix_epochs)
+        finetune(model, tokenizer, task, epochs=args.mix_epochs)
     elif args.mix_epochs:
         add_mixers(model, MixingConfig())
         fields = dataclasses.fields(NuclearNormTraining)
         training = NuclearNormTraining(**{f.name: getattr(args, f.name) for f in fields})
         term = NuclearNormPenalty(model, training)
-        task.finetune(model, tokenizer, epochs=args.mix_epochs, penalties=[term], callbacks=[term])
+        finetune(model, tokenizer, task, epochs=args.mix_epochs, penalties=[term], callbacks=[term])
         alphas = alpha_table(model)
         add_mixing_section(report, {"alphas": alphas})
         result["nuclear_norms"] = {name: a["nuclear_norm"] for name, a in alphas.items()}

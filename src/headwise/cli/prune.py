@@ -19,7 +19,7 @@ L0_TRAINING = ("lam", "reduction", "lambda_lr", "target_warmup")  # the L0Traini
 
 
 def _l0_options(parser: argparse.ArgumentParser) -> None:
-    """How the L0 gates train: fields of ``L0Training`` (unset: ``tasks.recipes.l0_training``)."""
+    """How the L0 gates train: fields of ``L0Training`` (unset: ``training.recipes.l0_training``)."""
     from ..pruning.config import L0Training
 
     config_options(parser.add_argument_group("l0 training (L0Training; default: λ from 0 by dual ascent toward "

@@ -35,7 +35,7 @@ def recovery_args(parser: argparse.ArgumentParser) -> None:
 
 
 def train_memory_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--train-memory keep|bounded|auto`` (``headwise.trainer.memory``), for every verb that trains."""
+    """``--train-memory keep|bounded|auto`` (``headwise.training.memory``), for every verb that trains."""
     parser.add_argument("--train-memory", choices=MEMORY_MODES, default="keep",
                         help="keep (default): activations and gradients kept for the step; bounded: blocks recomputed "
                              "in the backward and each weight updated as soon as its gradient is complete (no "
@@ -46,7 +46,7 @@ def train_memory_arg(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
 
 def recovery_of(args: argparse.Namespace):
     """The ``workflows.Recovery`` the options ask for, checked (before any model loads)."""
-    from ..workflows.recovery import Recovery
+    from ..training.recovery import Recovery
 
     if args.finetune < 0:
         raise HeadwiseError(f"--finetune {args.finetune:g} must be ≥ 0")

@@ -38,8 +38,9 @@ from ..errors import HeadwiseError, HeadwiseNote, renamed
 from ..io import atomic_write_text, json_text, read_text
 from ..progress import progress_bar
 from ..sites import find_sites
-from ..tasks import Task, get_task, recover
-from ..tasks.recovery import MODES
+from ..tasks import Task, get_task
+from ..training import finetune, recover
+from ..training.recovery import MODES
 from .axes import COST_KEYS
 from .budget import Budget
 from .candidates import Candidate, candidates, plannable
@@ -491,7 +492,7 @@ def plan(model: nn.Module, tokenizer: Any, task: Task | str, budget: Budget | st
     base = bench.base()
     context = PlanContext([], budget.head_count(base.measured["heads"]), bench.length, allow_empty_layers,
                           bench.probe_error, progress, task, tokenizer, ranking, examples, importance_batch,
-                          budget.to_dict())
+                          budget.to_dict(), finetune)
     ranked = rank_heads(model, context, tried)
     found = candidates(model, replace(context, removal_order=ranked.order), tried, recover)
     skipped = short | found.skipped

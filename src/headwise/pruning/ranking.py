@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from contextlib import ExitStack
-from typing import Any
+from typing import Any, Callable
 
 from torch import nn
 
@@ -26,16 +26,19 @@ BACKWARD_TOKENS = 2048  # the most tokens (examples × max_length) one backward 
 
 def head_scores(model: nn.Module, tokenizer: Any, task: Any, ranking: str = "gradient", examples: int = 256,
                 keep: int | None = None, epochs: float = 1.0, progress: bool | None = None,
-                batch_size: int = 8) -> dict[str, list[float]]:
+                batch_size: int = 8, finetune: Callable[..., Any] | None = None) -> dict[str, list[float]]:
     """``{site name: [score per head]}``, higher = more important. ``"gradient"``: Michel et al. importance of the
     task loss on ``examples`` training examples; ``"l0"``: ``log α`` of Hard-Concrete gates trained toward ``keep``
     open heads with the task loss, every weight of the model frozen (only the gates train; they are removed
     after, and the model is left as it was). ``batch_size``: examples per backward of the gradient ranking
     (its peak memory: the activations of one batch, which keeps each block's input for the backward; cut to
     ``BACKWARD_TOKENS`` tokens of the task's ``max_length``, so long windows go one at a time; per-example scores
-    do not depend on it beyond float rounding)."""
+    do not depend on it beyond float rounding). ``finetune``: how ``"l0"`` trains the gates
+    (``headwise.training.finetune``; this package sits below training)."""
     if ranking not in RANKINGS:
         raise HeadwiseError(f"unknown head ranking {ranking!r}; use one of {', '.join(RANKINGS)}")
+    if ranking == "l0" and finetune is None:
+        raise HeadwiseError("the 'l0' ranking trains gates: pass finetune=headwise.training.finetune")
     names = {s.path: s.name for s in find_sites(model)}
     if ranking == "gradient":
         device = next(model.parameters()).device
@@ -58,8 +61,8 @@ def head_scores(model: nn.Module, tokenizer: Any, task: Any, ranking: str = "gra
             p.requires_grad_(False)
         stack.enter_context(using_headwise(model))
         add_l0_gates(model, L0Config(init=3.0))
-        task.finetune(model, tokenizer, epochs=epochs, limit=examples, penalties=[L0Penalty(model, training)],
-                      head_learning_rate=0.1, progress=bool(progress))
+        finetune(model, tokenizer, task, epochs=epochs, limit=examples, penalties=[L0Penalty(model, training)],
+                 head_learning_rate=0.1, progress=bool(progress))
         return {names[p]: [float(x) for x in g.log_alpha.detach().cpu()] for p, g in l0_gates(model).items()}
     finally:
         remove_l0_gates(model, missing_ok=True)
@@ -93,5 +96,6 @@ def removal_order(model: nn.Module, scores: dict[str, list[float]], allow_empty_
 def rank(model: nn.Module, context: PlanContext) -> Ranking:
     """The ``rank`` hook: ``head_scores`` by ``context.ranking`` on the plan's task, then ``removal_order``."""
     scores = head_scores(model, context.tokenizer, context.task, context.ranking, context.examples,
-                         context.budget_heads, progress=context.progress, batch_size=context.batch_size)
+                         context.budget_heads, progress=context.progress, batch_size=context.batch_size,
+                         finetune=context.finetune)
     return Ranking(scores, removal_order(model, scores, context.allow_empty_layers))

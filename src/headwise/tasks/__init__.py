@@ -1,7 +1,7 @@
 """Tasks: what a model is evaluated and trained on — ``stsb`` (sentence similarity), ``lm`` (perplexity),
 ``translation`` (BLEU), ``classification`` (accuracy, F1, Matthews, Pearson/Spearman), ``long`` (a RULER-style
 long-context suite) — behind one interface
-(``Task``: ``check``, ``evaluate``, ``examples``, ``loss``, ``calibration_inputs``, ``finetune``).
+(``Task``: ``check``, ``evaluate``, ``examples``, ``loss``, ``calibration_inputs``); ``headwise.training`` trains on them.
 
 ``get_task("lm", data="valid.txt", max_length=1024)`` builds one; the task's ``head`` tells ``load_model`` which
 transformers class to build. Tasks sit above the methods: methods never import them.
@@ -10,7 +10,7 @@ transformers class to build. Tasks sit above the methods: methods never import t
 from dataclasses import fields
 from typing import Any
 
-from ..errors import HeadwiseError
+from ..errors import HeadwiseError, moved
 from .base import HEADS, Task, TaskObjective, TaskOutputs, check_head, model_inputs
 from ..batching import Examples, batches, check_context, collate, context_length
 from .bleu import BleuMetric, BleuResult, corpus_bleu, evaluate_bleu, translate
@@ -24,10 +24,20 @@ from .long import LongContext
 from .stsb import Stsb, StsbResult, evaluate_stsb, stsb_scores
 from .stsb_data import StsbPairs, read_stsb, stsb_file
 from .translation import Translation, read_parallel
-from .recovery import CachedTeacher, DistillationObjective, recover
 
 TASKS: dict[str, type[Task]] = {"stsb": Stsb, "lm": LanguageModeling, "translation": Translation,
                                 "classification": Classification, "long": LongContext}
+
+
+FORMER = ("recover", "DistillationObjective", "CachedTeacher")  # now in headwise.training (issue 70)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in FORMER:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from .. import training
+
+    return moved(training, name, __name__)
 
 
 def get_task(name: str | Task, **options: Any) -> Task:
@@ -45,7 +55,7 @@ def get_task(name: str | Task, **options: Any) -> Task:
 
 
 __all__ = [
-    "TASKS", "get_task", "Task", "HEADS", "TaskObjective", "TaskOutputs", "recover", "DistillationObjective", "CachedTeacher",
+    "TASKS", "get_task", "Task", "HEADS", "TaskObjective", "TaskOutputs",
     "distillation_loss", "logit_distillation", "embedding_distillation", "check_head", "model_inputs", "Stsb",
     "LanguageModeling", "LongContext",
     "Translation", "Classification", "Examples", "batches", "collate", "check_context", "context_length",

@@ -10,18 +10,14 @@ inputs for calibration (``calibration_inputs``). Batching goes through ``headwis
 
 from __future__ import annotations
 
-import tempfile
-from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
-from ..batching import Examples, batches, collate, pad_id_of
-from ..errors import HeadwiseError
+from ..batching import Examples, batches
+from ..errors import HeadwiseError, renamed
 
 HEADS = ("base", "causal-lm", "seq2seq", "classification")
 OUTPUT_KINDS = ("logits", "embeddings")
@@ -120,82 +116,24 @@ class Task:
         score.__name__ = self.metric if self.higher_is_better else f"-{self.metric}"
         return score
 
-    def finetune(self, model: nn.Module, tokenizer: Any, *, epochs: float = 1.0, max_steps: int = -1,
-                 penalties: Sequence[Any] = (), head_learning_rate: float | None = None, callbacks: Sequence[Any] = (),
-                 limit: int | None = None,
-                 batch_size: int | None = None, learning_rate: float | None = None, seed: int = 0,
-                 progress: bool = True, **training_args: Any) -> nn.Module:
-        """Fine-tune ``model`` in place on the train split with ``loss`` (``HeadwiseTrainer``: penalties, head
-        learning rate, callbacks); returns it in eval mode."""
-        self.train_objective(TaskObjective(self, model), tokenizer, epochs=epochs, max_steps=max_steps,
-                             penalties=penalties, head_learning_rate=head_learning_rate, callbacks=callbacks,
-                             limit=limit, batch_size=batch_size, learning_rate=learning_rate, seed=seed,
-                             progress=progress, **training_args)
-        model.eval()
-        return model
+    def finetune(self, model: nn.Module, tokenizer: Any, **options: Any) -> nn.Module:
+        """Former spelling of ``headwise.training.finetune(model, tokenizer, task, ...)``, one release."""
+        from ..training.finetune import finetune
 
-    def train_objective(self, objective: nn.Module, tokenizer: Any, *, epochs: float = 1.0, max_steps: int = -1,
-                        penalties: Sequence[Any] = (), head_learning_rate: float | None = None,
-                        callbacks: Sequence[Any] = (), limit: int | None = None, batch_size: int | None = None,
-                        learning_rate: float | None = None, seed: int = 0, progress: bool = True,
-                        output_dir: str | None = None, resume: bool = False, memory: str = "keep",
-                        **training_args: Any) -> None:
-        """Train ``objective`` (a module whose ``forward(**batch)`` returns ``{"loss": scalar}``, e.g.
-        ``TaskObjective``) on the train split with ``HeadwiseTrainer``; runs unchanged under ``torchrun``.
+        return renamed(finetune, "Task.finetune", "headwise.training.finetune")(model, tokenizer, self, **options)
 
-        ``output_dir``: keep checkpoints there (every ``save_steps``; default: a temporary folder, no checkpoints);
-        ``resume``: continue from its last checkpoint; ``memory``: ``"keep"``, ``"bounded"`` (blocks recomputed,
-        each parameter updated in the backward, no global-norm clipping) or ``"auto"`` (``trainer.memory``).
-        ``training_args``: any other ``TrainingArguments``."""
-        from transformers import TrainingArguments, set_seed
-        from transformers.trainer_utils import get_last_checkpoint
+    def train_objective(self, objective: nn.Module, tokenizer: Any, **options: Any) -> None:
+        """Former spelling of ``headwise.training.train_objective(objective, tokenizer, task, ...)``, one release."""
+        from ..training.finetune import train_objective
 
-        from ..trainer.memory import bounded as bounded_memory, choose_memory
-        from ..trainer.trainer import HeadwiseTrainer
-
-        model = getattr(objective, "model", objective)
-        bounded = choose_memory(memory, model) == "bounded"
-        if bounded:
-            training_args.setdefault("max_grad_norm", 0.0)  # no global norm: gradients never coexist
-
-        if resume and not (output_dir and Path(output_dir).is_dir() and get_last_checkpoint(output_dir)):
-            raise HeadwiseError(f"resume: no checkpoint in {output_dir}; train without resume first")
-        data = self.examples(tokenizer, "train").head(limit)
-        if not len(data):
-            raise HeadwiseError(f"task {self.name}: the train split holds no examples")
-        set_seed(seed)
-        args = TrainingArguments(
-            output_dir=output_dir or tempfile.mkdtemp(prefix="headwise-train-"), num_train_epochs=epochs,
-            max_steps=max_steps, per_device_train_batch_size=batch_size or self.train_defaults["batch_size"],
-            learning_rate=learning_rate or self.train_defaults["learning_rate"],
-            warmup_steps=training_args.pop("warmup_steps", 0.1), seed=seed, data_seed=seed,
-            save_strategy=training_args.pop("save_strategy", "steps" if output_dir else "no"), report_to="none",
-            remove_unused_columns=False, disable_tqdm=not progress,
-            logging_steps=training_args.pop("logging_steps", 50),
-            use_cpu=training_args.pop("use_cpu", not torch.cuda.is_available()), **training_args)
-        trainer = HeadwiseTrainer(model=objective, args=args, train_dataset=ListDataset(data.items),
-                                  data_collator=lambda items: collate(items, pad_id_of(tokenizer)),
-                                  penalties=penalties, head_learning_rate=head_learning_rate,
-                                  callbacks=list(callbacks), step_in_backward=bounded)
-        with bounded_memory(model) if bounded else nullcontext():
-            trainer.train(resume_from_checkpoint=True if resume else None)
+        renamed(train_objective, "Task.train_objective", "headwise.training.train_objective")(
+            objective, tokenizer, self, **options)
 
 
 def model_inputs(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The entries of a collated batch that the model's forward takes (labels and scores dropped)."""
     keep = ("input_ids", "attention_mask", "decoder_input_ids", "decoder_attention_mask")
     return {k: v for k, v in batch.items() if k in keep}
-
-
-class ListDataset(Dataset):
-    def __init__(self, items: list[dict]) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.items[i]
 
 
 class TaskObjective(nn.Module):

@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 from ..batching import LABEL_PAD, Examples, check_context
 from ..compat import no_cache
 from ..errors import HeadwiseError
-from ..trainer.memory import head_gradient_into_grad
+from ..runtime.into_grad import head_gradient_into_grad
 from .base import Task, TaskOutputs
 from .distillation import distillation_loss, headed_kl, mean_over_positions
 from .metrics import finite_metrics

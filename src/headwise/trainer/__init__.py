@@ -1,7 +1,11 @@
-"""The Trainer with head penalties (``HeadwiseTrainer``), which tasks and recipes train through: head penalties and
-head learning rates (``trainer``), how much memory a run may take (``memory``: keep / bounded / auto) and updates
-in the backward (``backward_step``)."""
+"""Former path of ``headwise.training.trainer`` (issue 70), one release."""
 
-from .trainer import HeadwiseTrainer, Penalty, PenaltyTraining, is_head_parameter
+from typing import Any
 
-__all__ = ["HeadwiseTrainer", "Penalty", "PenaltyTraining", "is_head_parameter"]
+from ..errors import moved
+
+
+def __getattr__(name: str) -> Any:
+    from ..training import trainer
+
+    return moved(trainer, name, __name__)

@@ -1,13 +1,20 @@
-"""Training with head penalties through the HF Trainer and Seq2SeqTrainer (one recipe for pruning, compression and
-mixing; translation for encoder-decoder models), a translation model trained from scratch, and KV gates."""
+"""Training, in one package above the tasks: the Trainer with head penalties and head learning rates (``trainer``:
+``HeadwiseTrainer``; ``memory``: keep / bounded / auto; ``backward_step``: updates in the backward), a task's
+training (``finetune``, ``train_objective``), recovery after an edit (``recover``, ``Recovery``), the pruning
+recipes (``l0_prune``, ``importance_prune``), STS-B fine-tuning, the Seq2SeqTrainer for translation, a translation
+model trained from scratch, and KV gates."""
 
+from .trainer import HeadwiseTrainer, Penalty, PenaltyTraining, is_head_parameter
+from .finetune import finetune, train_objective
+from .recovery import CachedTeacher, DistillationObjective, Recovery, recover
+from .recipes import importance_prune, l0_prune
 from .stsb import finetune_stsb
 from .seq2seq import HeadwiseSeq2SeqTrainer, TranslationDataset, train_translation
 from .kv_gates import train_kv_gates
 from .token_batches import token_batches
-from ..trainer import HeadwiseTrainer, Penalty, PenaltyTraining, is_head_parameter
 from .translation_model import TranslationRecipe, train_translation_model
 
 __all__ = ["HeadwiseTrainer", "HeadwiseSeq2SeqTrainer", "Penalty", "PenaltyTraining", "is_head_parameter",
-           "finetune_stsb", "TranslationDataset",
-           "train_translation", "TranslationRecipe", "train_translation_model", "token_batches", "train_kv_gates"]
+           "finetune", "train_objective", "CachedTeacher", "DistillationObjective", "Recovery", "recover",
+           "importance_prune", "l0_prune", "finetune_stsb", "TranslationDataset", "train_translation",
+           "TranslationRecipe", "train_translation_model", "token_batches", "train_kv_gates"]

@@ -25,7 +25,7 @@ from ..kvcache import KVGateConfig, LearnedGates, add_kv_gates, remove_kv_gates
 from ..kvcache.policy import model_shape
 from ..kvcache.learn import bypassed, frozen, gate_prompts, last_hidden
 from ..tasks.distillation import embedding_distillation
-from ..trainer import HeadwiseTrainer
+from .trainer import HeadwiseTrainer
 
 
 class GatePrompts(Dataset):

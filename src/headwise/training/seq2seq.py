@@ -17,7 +17,7 @@ from transformers import (DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainin
 from ..errors import HeadwiseError
 from ..tasks.bleu import BleuMetric
 from ..tasks.corpus import ParallelCorpus
-from ..trainer import Penalty, PenaltyTraining
+from .trainer import Penalty, PenaltyTraining
 
 
 class HeadwiseSeq2SeqTrainer(PenaltyTraining, Seq2SeqTrainer):

@@ -1,6 +1,6 @@
 """The shared STS-B fine-tuning recipe (sentence-transformers' ``CosineSimilarityLoss``:
 ``loss = mean_b (cos(u_b, v_b) − score_b / 5)²`` on mean-pooled embeddings), with its published defaults. It is the
-``stsb`` task's own training path (``Task.finetune`` → ``Task.train_objective``) under the keyword names the recipes
+``stsb`` task's own training path (``finetune`` → ``train_objective``) under the keyword names the recipes
 and benchmarks use."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from torch import nn
 from transformers import TrainerCallback
 
 from ..tasks import ensure_encoder, get_task
-from ..trainer import Penalty
+from .finetune import finetune
+from .trainer import Penalty
 
 
 def finetune_stsb(
@@ -42,8 +43,8 @@ def finetune_stsb(
     ensure_encoder(model, "STS-B fine-tuning")
     training_args.setdefault("save_strategy", "no")
     training_args.setdefault("ddp_find_unused_parameters", True)  # gates of pruned-away heads get no gradient
-    return get_task("stsb", data=data).finetune(
-        model, tokenizer, epochs=epochs, max_steps=max_steps, penalties=penalties,
+    return finetune(
+        model, tokenizer, get_task("stsb", data=data), epochs=epochs, max_steps=max_steps, penalties=penalties,
         head_learning_rate=head_learning_rate, callbacks=callbacks, limit=limit, batch_size=batch_size,
         learning_rate=learning_rate, seed=seed, progress=progress, warmup_steps=warmup_ratio,
         gradient_accumulation_steps=gradient_accumulation_steps, **training_args)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .kv_policy import KVPolicyRun, KVPolicySettings, PasskeyCheck, Verification, kv_policy_experiment
     from .prune import PruneRun, PruneSettings, prune
     from .record import model_costs, run_record
-    from .recovery import Recovery
+    from ..training.recovery import Recovery
 
 __getattr__, __dir__ = _lazy(__name__, globals())
 __all__ = ["apply_plan", "compress_heads", "ConvertSettings", "convert", "KVPolicyRun", "KVPolicySettings",

@@ -15,7 +15,7 @@ from ..planning import Plan
 from ..planning.axes import savings
 from ..tasks import Task
 from .record import model_costs, run_record
-from .recovery import Recovery
+from ..training.recovery import Recovery
 
 
 def apply_plan(model: nn.Module, tokenizer: Any, plan: Plan, point: str | None = None, *,

@@ -17,7 +17,7 @@ from ..contract import config_to_dict
 from ..sites import select_sites
 from ..tasks import Task
 from .record import run_record, model_costs
-from .recovery import Recovery
+from ..training.recovery import Recovery
 
 
 def compress_heads(model: nn.Module, tokenizer: Any, task: Task | None, config: CollaborativeConfig, *,

@@ -23,7 +23,8 @@ from torch import nn
 from ..conversion import convert_gqa, convert_latent, kv_cache_bytes
 from ..conversion.config import GQAConfig, LatentConfig
 from ..errors import HeadwiseError
-from ..tasks import CachedTeacher, LanguageModeling, Translation, recover
+from ..tasks import LanguageModeling, Translation
+from ..training import CachedTeacher, recover
 from .record import model_costs, run_record
 
 CONVERTIBLE_TASKS = ("lm", "translation")

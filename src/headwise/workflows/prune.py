@@ -19,16 +19,16 @@ from ..pruning.config import L0Training
 from ..pruning.declaration import STRATEGIES, UNITS
 from ..sites import find_sites
 from ..tasks import Task
-from ..tasks.recipes import importance_prune, l0_prune, l0_training, removable
+from ..training.recipes import importance_prune, l0_prune, l0_training, removable
 from .record import model_costs, run_record
-from .recovery import Recovery
+from ..training.recovery import Recovery
 
 
 @dataclass
 class PruneSettings:
     """How ``prune`` chooses heads. ``strategy``: ``l0`` (Hard-Concrete gates trained with the task toward
     ``keep`` open heads for ``epochs`` / ``max_steps``; ``training``: ``L0Training`` fields set by hand, the rest
-    from ``tasks.recipes.l0_training``), ``importance`` (gradient importance on ``importance_examples`` training
+    from ``training.recipes.l0_training``), ``importance`` (gradient importance on ``importance_examples`` training
     examples, masking ``unit``\\s: query heads or whole key/value groups; ``iterative`` recomputes it after each
     ``step`` heads) or ``mask`` (``masks``: a mask spec, or the path of a JSON/YAML file of one,
     ``pruning.load_masks``; ``load_masks()`` reads it). ``allow_empty_layers``: a layer

@@ -17,14 +17,13 @@
 
 from __future__ import annotations
 
-import weakref
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Iterator
 
-import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from ..runtime.into_grad import gradient_into_grad
 
 MEMORY_MODES = ("auto", "keep", "bounded")
 AUTO_SHARE = 0.5  # the share of free memory that gradients and optimizer state may take under memory="auto"
@@ -66,20 +65,11 @@ def recomputed_blocks(model: nn.Module) -> Iterator[None]:
         (getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable)()
 
 
-_INTO_GRAD: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()  # by id: tensors
-
-
-def head_gradient_into_grad(weight: torch.Tensor) -> bool:
-    """Whether an output head's loss should add its weight gradient into ``weight.grad`` itself rather than hand it
-    to autograd (``bounded``: a tied embedding's lookup then adds its sparse rows to it in place)."""
-    return _INTO_GRAD.get(id(weight)) is weight
-
-
 @contextmanager
 def bounded(model: nn.Module) -> Iterator[None]:
     """``memory="bounded"`` for the block: the blocks recomputed (``recomputed_blocks``) and, for a trained embedding
     tied to the output head, one dense ``[V, D]`` gradient in the backward instead of three: the head's loss
-    (``tasks.lm.head_losses``) adds its part into ``.grad`` as soon as it has it (``head_gradient_into_grad``), and
+    (``tasks.lm.head_losses``) adds its part into ``.grad`` as soon as it has it (``runtime.into_grad``), and
     the token lookup's part comes sparse (``nn.Embedding.sparse``: the batch's rows), added into it in place; the
     update (``backward_step``) follows once both are in. Autograd would otherwise hold the head's part until the
     lookup's dense part arrives and add the two into a third."""
@@ -87,16 +77,14 @@ def bounded(model: nn.Module) -> Iterator[None]:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     tied = (isinstance(embedding, nn.Embedding) and isinstance(head, nn.Module) and embedding.weight.requires_grad
             and getattr(head, "weight", None) is embedding.weight and not embedding.sparse)
-    with recomputed_blocks(model):
+    with recomputed_blocks(model), gradient_into_grad(embedding.weight) if tied else nullcontext():
         if tied:
             embedding.sparse = True
-            _INTO_GRAD[id(embedding.weight)] = embedding.weight
         try:
             yield
         finally:
             if tied:
                 embedding.sparse = False
-                _INTO_GRAD.pop(id(embedding.weight), None)
 
 
 def is_recomputing(model: nn.Module) -> bool:

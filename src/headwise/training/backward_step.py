@@ -39,7 +39,7 @@ class BackwardStep:
     def _update(self, param: torch.Tensor) -> None:
         """One parameter's update: the optimizer's step over a group holding only ``param`` (the same settings)."""
         optimizer, groups = self.optimizer, self.optimizer.param_groups
-        if param.grad.is_sparse:  # a sparse lookup's gradient with no dense part added (trainer.memory.bounded)
+        if param.grad.is_sparse:  # a sparse lookup's gradient with no dense part added (memory.bounded)
             param.grad = param.grad.to_dense()
         optimizer.param_groups = [{**groups[self.group_of[param]], "params": [param]}]
         try:

@@ -87,7 +87,7 @@ class PenaltyTraining:
     """Mixin for ``transformers.Trainer`` subclasses: ``penalties=[...]``, ``head_learning_rate=`` and
     ``step_in_backward=`` keyword arguments, penalties added to the loss (once per update under gradient
     accumulation, see the module docstring), their ``step()`` after every update and their ``metrics()`` in the
-    logs; ``step_in_backward``: each parameter updated in the backward (``trainer.backward_step``: no gradients
+    logs; ``step_in_backward``: each parameter updated in the backward (``backward_step``: no gradients
     held together). Put it first in the bases."""
 
     loss_is_scaled_for_ga = False
