@@ -12,7 +12,6 @@ LIMIT = 80
 # "module:function" -> why it is longer for now
 EXCEPTIONS: dict[str, str] = {
     "headwise.report.svg:_xy_plot": "one figure's axes, ticks, series and legend as one SVG template",
-    "headwise.analysis.analyze:analyze": "the public analysis verb: argument checks and one pass over the batches",
     "headwise.report.quantization:quantization_report": "one report page's sections in their printed order",
 }
 

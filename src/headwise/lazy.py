@@ -43,9 +43,11 @@ def _stub(path: str, package: str) -> list[tuple[str, str, str | None]]:
 
 def attach(package: str, namespace: dict[str, Any]) -> tuple[Callable[[str], Any], Callable[[], list[str]]]:
     """``(__getattr__, __dir__)`` for the lazy package ``package`` whose module globals are ``namespace``; also
-    sets ``namespace[LOADERS]``, the function that loads every name (``load``)."""
+    sets ``namespace[LOADERS]``, the function that loads every name (``load``), and ``__all__``: every name of the
+    block without a leading underscore (the list is written once)."""
     table = _stub(namespace["__file__"], package)
     names = {name: (module, attr) for name, module, attr in table}
+    namespace["__all__"] = [name for name in names if not name.startswith("_")]
     state = {"loading": False, "loaded": False}
 
     def one(name: str) -> Any:

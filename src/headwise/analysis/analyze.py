@@ -94,18 +94,10 @@ def _gradient_label(plan: Recompute | bool) -> str:
     return "gradient (layer by layer)" if plan.layer_tokens is not None else "gradient (blocks recomputed)"
 
 
-def analyze(
-    model: nn.Module,
-    tokenizer: Any,
-    texts: Sequence[str],
-    config: AnalysisConfig | None = None,
-    *,
-    pairs: Pairs | None = None,
-    loss_fn: LossFn | None = None,
-    loss_inputs: Sequence[dict[str, torch.Tensor]] | None = None,
-    progress: bool | None = None,
-    **options: Any,
-) -> HeadStats:
+def analyze(model: nn.Module, tokenizer: Any, texts: Sequence[str], config: AnalysisConfig | None = None, *,
+            pairs: Pairs | None = None, loss_fn: LossFn | None = None,
+            loss_inputs: Sequence[dict[str, torch.Tensor]] | None = None, progress: bool | None = None,
+            **options: Any) -> HeadStats:
     """Per-head statistics of ``model`` over ``texts`` (encoders and causal decoders; base models).
 
     ``config``/``options``: ``AnalysisConfig`` fields (``batch_size=32``, ``max_length=None``, ``thresholds``,

@@ -22,13 +22,8 @@ from .rows import Row, rows_by_site
 
 
 @contextmanager
-def per_site(
-    model: nn.Module,
-    rows: list[Row],
-    build: Callable[[AttentionSite, int, int], LayerCounted],
-    slot: str = "observer",
-    prefix: str = "analysis",
-) -> Iterator[dict[str, LayerCounted]]:
+def per_site(model: nn.Module, rows: list[Row], build: Callable[[AttentionSite, int, int], LayerCounted],
+             slot: str = "observer", prefix: str = "analysis") -> Iterator[dict[str, LayerCounted]]:
     """Attach ``build(site, first_row, n_layers)`` to every site of ``rows`` as an observer or output op.
 
     Yields ``{site.path: helper}``; everything is detached on exit, also on error.

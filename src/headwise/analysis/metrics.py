@@ -369,15 +369,8 @@ class LayerSums:
 
 
 @torch.no_grad()
-def batch_sums(
-    probs: torch.Tensor | ProbRows,
-    keep: torch.Tensor | None,
-    out: torch.Tensor,
-    real: torch.Tensor,
-    special: torch.Tensor,
-    thresholds: tuple[float, ...],
-    edges: torch.Tensor,
-) -> dict[str, torch.Tensor]:
+def batch_sums(probs: torch.Tensor | ProbRows, keep: torch.Tensor | None, out: torch.Tensor, real: torch.Tensor,
+               special: torch.Tensor, thresholds: tuple[float, ...], edges: torch.Tensor) -> dict[str, torch.Tensor]:
     """``LayerSums.finish()`` of one whole layer: ``probs[B, H, T, T]`` (or a ``ProbRows``), ``out[B, T, H, d]``."""
     B, H, T, Tk = probs.shape
     if T != Tk or real.shape != (B, T):

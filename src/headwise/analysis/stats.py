@@ -28,11 +28,9 @@ IMPORTANCES = ("importance_gradient", "importance_ablation")
 def _accumulators(rows: int, heads: int, thresholds: int) -> dict[str, torch.Tensor]:
     z = lambda *shape: torch.zeros(*shape, dtype=torch.float64)  # noqa: E731
     acc = {name: z(rows, heads) for name in (*ROW_METRICS, *SENTENCE_METRICS, "confidence_no_special", "entries")}
-    acc.update(
-        sparsity=z(rows, thresholds, heads), histogram=z(rows, heads, HIST_BINS),
-        similarity=z(rows, len(SIMILARITIES), heads, heads),
-        n_rows=z(rows), n_rows_no_special=z(rows), n_sentences=z(rows), sentences=z(()), tokens=z(()),
-    )
+    acc.update(sparsity=z(rows, thresholds, heads), histogram=z(rows, heads, HIST_BINS),
+               similarity=z(rows, len(SIMILARITIES), heads, heads),
+               n_rows=z(rows), n_rows_no_special=z(rows), n_sentences=z(rows), sentences=z(()), tokens=z(()))
     return acc
 
 

@@ -20,5 +20,3 @@ if TYPE_CHECKING:
     from .method import Collaborative  # registers the package's method
 
 __getattr__, __dir__ = _lazy(__name__, globals())
-__all__ = ["compress", "tradeoff", "input_moments", "Compression", "SiteCompression", "CollaborativeConfig",
-           "CollaborativeAttention", "Decomposition", "Factors", "decompose", "is_collaborative"]

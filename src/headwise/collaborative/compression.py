@@ -187,15 +187,10 @@ def _prepare(model, dk, config, calibration, tokenizer, progress, moments):
     return config, sites, moments
 
 
-def compress(
-    model: nn.Module,
-    dk: int | None = None,
-    config: CollaborativeConfig | None = None,
-    calibration: Sequence[str] | Iterable[dict] | None = None,
-    tokenizer: Any = None,
-    progress: bool | None = None,
-    moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> Compression:
+def compress(model: nn.Module, dk: int | None = None, config: CollaborativeConfig | None = None,
+             calibration: Sequence[str] | Iterable[dict] | None = None, tokenizer: Any = None,
+             progress: bool | None = None,
+             moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> Compression:
     """Make every attention site of ``model`` collaborative with a shared query/key width ``dk`` (in place):
     a count, or a fraction ``0 < dk < 1`` of each site's heads × head_dim (``dk=0.25`` after uneven pruning
     gives each layer a quarter of what it kept).
@@ -230,14 +225,9 @@ def compress(
     return result
 
 
-def tradeoff(
-    model: nn.Module,
-    dks: Sequence[int],
-    config: CollaborativeConfig | None = None,
-    calibration: Sequence[str] | Iterable[dict] | None = None,
-    tokenizer: Any = None,
-    moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
-) -> list[Compression]:
+def tradeoff(model: nn.Module, dks: Sequence[int], config: CollaborativeConfig | None = None,
+             calibration: Sequence[str] | Iterable[dict] | None = None, tokenizer: Any = None,
+             moments: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> list[Compression]:
     """What ``compress`` would give at each of ``dks`` (errors, parameters), without changing the model."""
     if not dks:
         return []

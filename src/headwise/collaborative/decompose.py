@@ -165,18 +165,9 @@ def whitening(cov: torch.Tensor, ridge: float) -> tuple[torch.Tensor, torch.Tens
     return Q * lam.sqrt(), Q * lam.rsqrt()
 
 
-def decompose(
-    P: torch.Tensor,
-    K: torch.Tensor,
-    rank: int,
-    *,
-    init: str = "auto",
-    iterations: int = 20,
-    tol: float = 1e-6,
-    solver: str = "als",
-    covariance: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ridge: float = 1e-2,
-) -> Decomposition:
+def decompose(P: torch.Tensor, K: torch.Tensor, rank: int, *, init: str = "auto", iterations: int = 20,
+              tol: float = 1e-6, solver: str = "als", covariance: tuple[torch.Tensor, torch.Tensor] | None = None,
+              ridge: float = 1e-2) -> Decomposition:
     """Factors of ``A_h = P_hᵀ K_h`` (``P, K: [H, d, D]``) at ``rank``. Iterates in float32 (float64 inputs:
     float64) and solves the small ``[R, R]`` systems in float64.
 

@@ -20,6 +20,3 @@ if TYPE_CHECKING:
     from .rotary import pair_scale
 
 __getattr__, __dir__ = _lazy(__name__, globals())
-__all__ = ["convert_gqa", "convert_latent", "GQAConfig", "LatentConfig", "LatentProjection", "is_latent",
-           "LatentCache", "latent_cache",
-           "kv_cache_bytes", "kv_values_per_token", "input_moments", "pair_scale"]

@@ -24,9 +24,3 @@ if TYPE_CHECKING:
     from .module import DecodingCache, EfficientAttention
 
 __getattr__, __dir__ = _lazy(__name__, globals())
-__all__ = [
-    "ReplaceConfig",
-    "MECHANISMS", "Mechanism", "MechanismConfig", "register", "SiteMechanism", "use", "apply", "mechanisms_of", "remove",
-    "NestedNamespace", "add_args", "build_attention", "build_core", "list_mechanisms", "mechanism_args",
-    "DecodingCache", "EfficientAttention",
-]

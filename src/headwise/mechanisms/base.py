@@ -89,15 +89,8 @@ class Mechanism(nn.Module):
                 f"causal mechanisms: {causal_ones}"
             )
 
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        key_padding_mask: torch.Tensor | None = None,
-        causal: bool = False,
-        scale: float | None = None,
-    ) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_padding_mask: torch.Tensor | None = None,
+                causal: bool = False, scale: float | None = None) -> torch.Tensor:
         """``q, k, v [B, H, T, d]``, ``key_padding_mask [B, T]`` (True: padded) -> ``[B, H, T, d]``."""
         self.check_causal(causal)
         if q.shape[-2] != k.shape[-2]:

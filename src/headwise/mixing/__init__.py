@@ -25,10 +25,3 @@ if TYPE_CHECKING:
     from .swap import HeadSwap, resolve, swap_heads, undo_swaps
 
 __getattr__, __dir__ = _lazy(__name__, globals())
-__all__ = [
-    "MixingConfig", "NuclearNormTraining", "HeadMixer", "MIXER_NAME", "add_mixers", "mixers_of", "remove_mixers",
-    "alpha_table", "NuclearNormPenalty",
-    "HeadSwap", "swap_heads", "undo_swaps", "resolve", "SwapSchedule", "parse_swap", "read_schedule",
-    "DynamicSwap", "DynamicSwapConfig", "choose_swaps", "analysis_metric", "head_distances", "pairwise",
-    "save_json", "fold_mixing",
-]

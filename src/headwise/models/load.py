@@ -144,21 +144,11 @@ def check_vocabulary(model: nn.Module, tokenizer: Any, name: str, cause: str | N
                                "(headwise.save_pretrained(model, path, tokenizer=tokenizer))"))
 
 
-def load_model(
-    name_or_path: str | None = None,
-    device: str | torch.device = "cpu",
-    dtype: str | torch.dtype | None = None,
-    with_tokenizer: bool = True,
-    task: Any = None,
-    new_head: bool = False,
-    num_labels: int | None = None,
-    *,
-    device_map: str | dict | None = None,
-    max_memory: dict | None = None,
-    offload_folder: str | None = None,
-    verify: bool | None = None,
-    label_names: list[str] | None = None,
-) -> tuple[nn.Module, Any]:
+def load_model(name_or_path: str | None = None, device: str | torch.device = "cpu",
+               dtype: str | torch.dtype | None = None, with_tokenizer: bool = True, task: Any = None,
+               new_head: bool = False, num_labels: int | None = None, *, device_map: str | dict | None = None,
+               max_memory: dict | None = None, offload_folder: str | None = None, verify: bool | None = None,
+               label_names: list[str] | None = None) -> tuple[nn.Module, Any]:
     """Load a model (and its tokenizer) with the ``headwise`` attention implementation selected.
 
     ``name_or_path``: a hub name, a local transformers folder, a folder written by ``headwise.save_pretrained``, or

@@ -33,11 +33,6 @@ BUDGET_AXES: tuple[str, ...] = (HEADS.budget, *(a.budget for a in COSTS))  # wha
 COST_KEYS: tuple[str, ...] = tuple(a.key for a in COSTS)  # the Pareto front's cost objectives
 
 
-def by_budget(name: str) -> Axis:
-    """The axis a budget names (``"kv_cache"``)."""
-    return next(a for a in (HEADS, *COSTS) if a.budget == name)
-
-
 def cost_ratio(costs: dict[str, float | None], base: dict[str, float | None], key: str) -> float | None:
     """A measured cost as a ratio to the unedited model's (``latency`` is measured as one already); None when
     either is unknown (not measured, not counted) or the base is 0."""

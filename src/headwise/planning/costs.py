@@ -145,14 +145,11 @@ def static_costs(model: nn.Module, length: float) -> Costs:
     sites = find_sites(model)
     flops = [(s, site_flops(s, length)) for s in sites]
     uncounted = [attention_cost(s, length).uncounted for s, f in flops if f is None]
-    return Costs(
-        heads=sum(s.num_heads * len(s.layers) for s in sites),
-        kv_heads=sum(s.num_kv_heads * len(s.layers) for s in sites),
-        attention_params=sum(site_params(s) for s in sites),
-        flops=None if uncounted else float(sum(f * len(s.layers) for s, f in flops)),
-        kv_bytes=sum(kv_bytes(s, length) for s in sites),
-        uncounted=uncounted,
-    )
+    return Costs(heads=sum(s.num_heads * len(s.layers) for s in sites),
+                 kv_heads=sum(s.num_kv_heads * len(s.layers) for s in sites),
+                 attention_params=sum(site_params(s) for s in sites),
+                 flops=None if uncounted else float(sum(f * len(s.layers) for s, f in flops)),
+                 kv_bytes=sum(kv_bytes(s, length) for s in sites), uncounted=uncounted)
 
 
 @torch.inference_mode()

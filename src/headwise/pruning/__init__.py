@@ -19,9 +19,3 @@ if TYPE_CHECKING:
     from .surgery import prune_heads
 
 __getattr__, __dir__ = _lazy(__name__, globals())
-__all__ = ["GateConfig", "MaskConfig", "PruneHeadsConfig", "prune_heads", "prune_masked", "head_factors", "HeadMask",
-           "apply_masks", "load_masks", "remove_masks", "resolve_masks", "remove_l0_gates",
-           "HardConcreteGate", "L0Config", "L0Penalty", "L0Training",
-           "add_l0_gates", "l0_gates", "gate_table", "l0_keep",
-           "importance_pruning", "keep_counts", "site_importance", "PruningCurve", "PruningStep",
-           "keep_l0_heads"]

@@ -39,11 +39,6 @@ class PruningCurve:
     strategy: str  # formerly method
     steps: list[PruningStep] = field(default_factory=list)
 
-    def best_within(self, floor: float) -> PruningStep | None:
-        """The step with the fewest heads whose metric is ≥ ``floor``."""
-        ok = [s for s in self.steps if s.metric is not None and s.metric >= floor]
-        return min(ok, key=lambda s: s.kept) if ok else None
-
     def to_dict(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "steps": [s.__dict__ for s in self.steps]}
 
@@ -90,24 +85,12 @@ def _lowest_groups(scores: dict[str, torch.Tensor], masks: dict[str, list[float]
     return chosen
 
 
-def importance_pruning(
-    model: nn.Module,
-    tokenizer: Any,
-    texts: Sequence[str] | None = None,
-    *,
-    pairs: Pairs | None = None,
-    inputs: Sequence[dict[str, torch.Tensor]] | None = None,
-    loss_fn: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor] | None = None,
-    unit: str = "query",
-    keep: Sequence[int],
-    iterative: bool = False,
-    metric: Metric | None = None,
-    floor: float | None = None,
-    min_per_site: int = 1,
-    batch_size: int = 32,
-    abs_scope: str = "example",
-    progress: bool | None = None,
-) -> PruningCurve:
+def importance_pruning(model: nn.Module, tokenizer: Any, texts: Sequence[str] | None = None, *,
+                       pairs: Pairs | None = None, inputs: Sequence[dict[str, torch.Tensor]] | None = None,
+                       loss_fn: Callable[[nn.Module, dict[str, torch.Tensor]], torch.Tensor] | None = None,
+                       unit: str = "query", keep: Sequence[int], iterative: bool = False, metric: Metric | None = None,
+                       floor: float | None = None, min_per_site: int = 1, batch_size: int = 32,
+                       abs_scope: str = "example", progress: bool | None = None) -> PruningCurve:
     """Mask heads down to each count in ``keep`` (descending), evaluating ``metric(model)`` at every step.
 
     One-shot ranks once on the intact model; ``iterative`` recomputes gradient importance with the current mask

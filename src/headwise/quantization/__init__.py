@@ -27,11 +27,6 @@ if TYPE_CHECKING:
     from .sweep import SweepConfig, SweepResult, sweep
 
 _names, __dir__ = _lazy(__name__, globals())
-__all__ = [
-    "functional", "NAME", "Measurement", "measuring", "quantize_attention", "quantizers_of", "remove_quantization",
-    "ALIASES", "METHOD_NAMES", "QuantizationConfig", "QUANTIZERS", "prune", "AttentionQuantizer", "population",
-    "transform", "SweepConfig", "SweepResult", "sweep",
-]
 
 
 def __getattr__(name: str):

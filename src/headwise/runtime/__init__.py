@@ -15,9 +15,3 @@ if TYPE_CHECKING:
     from .scope import eval_mode, using_headwise
 
 __getattr__, __dir__ = _lazy(__name__, globals())
-__all__ = [
-    "NAME", "enable", "headwise_attention", "Gate", "HeadGate", "HeadMask", "HardConcreteGate", "RowGate",
-    "add_gates", "gates_of", "remove_gates", "detach_all",
-    "HeadOp", "HeadOps", "add_observer", "attach", "detach", "ops_of", "eval_mode", "using_headwise",
-    "SiteMoments", "site_moments", "slices",
-]

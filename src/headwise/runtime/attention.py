@@ -49,18 +49,10 @@ def left_padding(keep: torch.Tensor) -> torch.Tensor:
     return torch.where(visible.any(-1), visible.to(torch.uint8).argmax(-1), visible.shape[-1])
 
 
-def softmax_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float,
-    dropout: float,
-    causal: bool,
-    ops: HeadOps | None,
-    position_bias: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def softmax_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float, dropout: float, causal: bool,
+                      ops: HeadOps | None,
+                      position_bias: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Explicit softmax attention with probability ops and the active observers. Returns
     ``(out[B, Tq, H, d], probs[B, H, Tq, Tk])``."""
     key, value = query_heads(key, query, attention_mask, causal), query_heads(value, query, attention_mask, causal)
@@ -92,16 +84,9 @@ def sdpa(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch
                                   is_causal=causal, **kwargs)[0]
 
 
-def headwise_attention(
-    module: nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    scaling: float | None = None,
-    dropout: float = 0.0,
-    **kwargs,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
+def headwise_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                       **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
     ops: HeadOps | None = getattr(module, ATTR, None)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     is_causal = kwargs.pop("is_causal", None)

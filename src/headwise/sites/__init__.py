@@ -16,6 +16,3 @@ if TYPE_CHECKING:
     from .selection import KINDS, Selection, selection_of
 
 __getattr__, __dir__ = _lazy(__name__, globals())
-__all__ = ["KINDS", "AttentionSite", "FamilyLayout", "HeadProjection", "families_with", "family_layout", "find_sites",
-           "recorded_sites", "register_adapter", "select_sites", "site_by_path", "site_table",
-           "supported_families", "Selection", "selection_of"]

@@ -25,42 +25,15 @@ def _layer_from(path: str, module: nn.Module) -> int:
     return int(found[-1]) if found else 0
 
 
-def _linear_site(
-    model: nn.Module,
-    path: str,
-    module: nn.Module,
-    q: nn.Linear,
-    k: nn.Linear,
-    v: nn.Linear,
-    o: nn.Linear,
-    *,
-    heads: int,
-    kv_heads: int,
-    head_dim: int,
-    kind: Kind,
-    positions: Positions,
-    causal: bool,
-    layers: tuple[int, ...] | None = None,
-    notes: list[str] | None = None,
-) -> AttentionSite:
-    return AttentionSite(
-        path=path,
-        module=module,
-        family=model.config.model_type,
-        kind=kind,
-        layers=layers if layers is not None else (_layer_from(path, module),),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        hidden_size=q.in_features,
-        positions=positions,
-        causal=causal,
-        q=HeadProjection(q, heads, head_dim),
-        k=HeadProjection(k, kv_heads, head_dim),
-        v=HeadProjection(v, kv_heads, head_dim),
-        o=HeadProjection(o, heads, head_dim, axis="in"),
-        notes=notes or [],
-    )
+def _linear_site(model: nn.Module, path: str, module: nn.Module, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,
+                 *, heads: int, kv_heads: int, head_dim: int, kind: Kind, positions: Positions, causal: bool,
+                 layers: tuple[int, ...] | None = None, notes: list[str] | None = None) -> AttentionSite:
+    return AttentionSite(path=path, module=module, family=model.config.model_type, kind=kind,
+                         layers=layers if layers is not None else (_layer_from(path, module),), num_heads=heads,
+                         num_kv_heads=kv_heads, head_dim=head_dim, hidden_size=q.in_features, positions=positions,
+                         causal=causal, q=HeadProjection(q, heads, head_dim), k=HeadProjection(k, kv_heads, head_dim),
+                         v=HeadProjection(v, kv_heads, head_dim), o=HeadProjection(o, heads, head_dim, axis="in"),
+                         notes=notes or [])
 
 
 def _bert_positions(config) -> Positions:
@@ -79,14 +52,10 @@ def bert_like(model: nn.Module) -> list[AttentionSite]:
         cross = bool(getattr(parent, "is_cross_attention", False))
         causal = bool(getattr(inner, "is_causal", False))
         heads = inner.num_attention_heads
-        sites.append(
-            _linear_site(
-                model, f"{path}.self", inner, inner.query, inner.key, inner.value, out,
-                heads=heads, kv_heads=heads, head_dim=inner.attention_head_size,
-                kind="dec-enc" if cross else ("dec-self" if causal else "enc-self"),
-                positions=_bert_positions(model.config), causal=causal and not cross,
-            )
-        )
+        sites.append(_linear_site(model, f"{path}.self", inner, inner.query, inner.key, inner.value, out,
+                                  heads=heads, kv_heads=heads, head_dim=inner.attention_head_size,
+                                  kind="dec-enc" if cross else ("dec-self" if causal else "enc-self"),
+                                  positions=_bert_positions(model.config), causal=causal and not cross))
     return sites
 
 
@@ -94,13 +63,9 @@ def distilbert(model: nn.Module) -> list[AttentionSite]:
     sites = []
     for path, m in model.named_modules():
         if all(hasattr(m, n) for n in ("q_lin", "k_lin", "v_lin", "out_lin")):
-            sites.append(
-                _linear_site(
-                    model, path, m, m.q_lin, m.k_lin, m.v_lin, m.out_lin,
-                    heads=m.n_heads, kv_heads=m.n_heads, head_dim=m.attention_head_size,
-                    kind="enc-self", positions="absolute", causal=False,
-                )
-            )
+            sites.append(_linear_site(model, path, m, m.q_lin, m.k_lin, m.v_lin, m.out_lin,
+                                      heads=m.n_heads, kv_heads=m.n_heads, head_dim=m.attention_head_size,
+                                      kind="enc-self", positions="absolute", causal=False))
     return sites
 
 
@@ -137,26 +102,14 @@ def gpt2(model: nn.Module) -> list[AttentionSite]:
         cross = bool(m.is_cross_attention)
         width = heads * d  # one section of c_attn (smaller than the hidden size after pruning)
         q_mod, kv_offset = (m.q_attn, 0) if cross else (m.c_attn, width)
-        sites.append(
-            AttentionSite(
-                path=path,
-                module=m,
-                family="gpt2",
-                kind="dec-enc" if cross else "dec-self",
-                layers=(_layer_from(path, m),),
-                num_heads=heads,
-                num_kv_heads=heads,
-                head_dim=d,
-                hidden_size=dim,
-                positions="absolute",
-                causal=not cross,
-                q=HeadProjection(q_mod, heads, d, transposed=True),
-                k=HeadProjection(m.c_attn, heads, d, offset=kv_offset, transposed=True),
-                v=HeadProjection(m.c_attn, heads, d, offset=kv_offset + width, transposed=True),
-                o=HeadProjection(m.c_proj, heads, d, axis="in", transposed=True),
-                notes=["q, k, v fused in c_attn"],
-            )
-        )
+        sites.append(AttentionSite(path=path, module=m, family="gpt2", kind="dec-enc" if cross else "dec-self",
+                                   layers=(_layer_from(path, m),), num_heads=heads, num_kv_heads=heads, head_dim=d,
+                                   hidden_size=dim, positions="absolute", causal=not cross,
+                                   q=HeadProjection(q_mod, heads, d, transposed=True),
+                                   k=HeadProjection(m.c_attn, heads, d, offset=kv_offset, transposed=True),
+                                   v=HeadProjection(m.c_attn, heads, d, offset=kv_offset + width, transposed=True),
+                                   o=HeadProjection(m.c_proj, heads, d, axis="in", transposed=True),
+                                   notes=["q, k, v fused in c_attn"]))
     return sites
 
 
@@ -173,13 +126,9 @@ def llama_like(model: nn.Module) -> list[AttentionSite]:
         notes = [f"grouped-query attention: {heads // kv_heads} query heads per key/value head"] if kv_heads < heads else []
         if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
             notes.append(f"sliding window {config.sliding_window}")
-        sites.append(
-            _linear_site(
-                model, path, m, m.q_proj, m.k_proj, m.v_proj, m.o_proj,
-                heads=heads, kv_heads=kv_heads, head_dim=m.head_dim,
-                kind="dec-self", positions="rotary", causal=True, notes=notes,
-            )
-        )
+        sites.append(_linear_site(model, path, m, m.q_proj, m.k_proj, m.v_proj, m.o_proj,
+                                  heads=heads, kv_heads=kv_heads, head_dim=m.head_dim,
+                                  kind="dec-self", positions="rotary", causal=True, notes=notes))
     return sites
 
 
@@ -188,13 +137,9 @@ def vit(model: nn.Module) -> list[AttentionSite]:
     for path, m in model.named_modules():
         if type(m).__name__ == "ViTAttention":
             heads = m.num_attention_heads
-            sites.append(
-                _linear_site(
-                    model, path, m, m.q_proj, m.k_proj, m.v_proj, m.o_proj,
-                    heads=heads, kv_heads=heads, head_dim=m.head_dim,
-                    kind="enc-self", positions="absolute", causal=False,
-                )
-            )
+            sites.append(_linear_site(model, path, m, m.q_proj, m.k_proj, m.v_proj, m.o_proj,
+                                      heads=heads, kv_heads=heads, head_dim=m.head_dim,
+                                      kind="enc-self", positions="absolute", causal=False))
     return sites
 
 

@@ -44,13 +44,9 @@ def bart_like(model: nn.Module) -> list[AttentionSite]:
             continue
         cross = path.rsplit(".", 1)[-1] == "encoder_attn"
         heads, kv_heads = m.out_proj.in_features // m.head_dim, m.v_proj.out_features // m.head_dim
-        sites.append(
-            _linear_site(
-                model, path, m, m.q_proj, m.k_proj, m.v_proj, m.out_proj,
-                heads=heads, kv_heads=kv_heads, head_dim=m.head_dim, kind=_kind(m, cross),
-                positions="absolute", causal=bool(m.is_causal),
-            )
-        )
+        sites.append(_linear_site(model, path, m, m.q_proj, m.k_proj, m.v_proj, m.out_proj,
+                                  heads=heads, kv_heads=kv_heads, head_dim=m.head_dim, kind=_kind(m, cross),
+                                  positions="absolute", causal=bool(m.is_causal)))
     return sites
 
 
@@ -64,12 +60,10 @@ def t5(model: nn.Module) -> list[AttentionSite]:
         d = m.key_value_proj_dim
         heads = m.v.out_features // d
         sites.append(
-            _linear_site(
-                model, path, m, m.q, m.k, m.v, m.o,
-                heads=heads, kv_heads=heads, head_dim=d, kind=_kind(m, cross),
-                positions="relative", causal=bool(m.is_causal),
-                notes=T5_NOTES[:1] + (["cross-attention: no position bias"] if cross else []) + T5_NOTES[1:],
-            )
+            _linear_site(model, path, m, m.q, m.k, m.v, m.o,
+                         heads=heads, kv_heads=heads, head_dim=d, kind=_kind(m, cross),
+                         positions="relative", causal=bool(m.is_causal),
+                         notes=T5_NOTES[:1] + (["cross-attention: no position bias"] if cross else []) + T5_NOTES[1:])
         )
     return sites
 

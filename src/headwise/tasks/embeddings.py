@@ -25,15 +25,8 @@ def ensure_encoder(model: nn.Module, task: str) -> None:
 
 
 @torch.no_grad()
-def encode(
-    model: nn.Module,
-    tokenizer: Any,
-    texts: Sequence[str],
-    batch_size: int = 64,
-    max_length: int | None = None,
-    progress: bool | None = None,
-    desc: str = "encoding",
-) -> torch.Tensor:
+def encode(model: nn.Module, tokenizer: Any, texts: Sequence[str], batch_size: int = 64, max_length: int | None = None,
+           progress: bool | None = None, desc: str = "encoding") -> torch.Tensor:
     """Mean-pooled embeddings ``[N, D]`` (float32, on CPU), in the order of ``texts``.
 
     Texts are batched by length so padding stays small; ``progress=None`` shows a bar on terminals only.

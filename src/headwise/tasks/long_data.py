@@ -412,8 +412,3 @@ def _largest_fitting(context_ids: Callable[[int], list[int]], room: int, cap: in
         else:
             high = mid
     return low
-
-
-def draw_suite(tokenizer: Any, spec: SuiteSpec) -> list[Sample]:
-    """Every sample of ``spec`` (``SuiteSpec.keys`` order)."""
-    return [draw(tokenizer, task, length, index, spec) for task, length, index in spec.keys()]

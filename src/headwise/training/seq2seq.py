@@ -42,27 +42,13 @@ class TranslationDataset(Dataset):
         return self.items[i]
 
 
-def train_translation(
-    model: nn.Module,
-    tokenizer: Any,
-    train: ParallelCorpus,
-    *,
-    dev: ParallelCorpus | None = None,
-    max_steps: int = 1000,
-    batch_size: int = 64,
-    learning_rate: float = 1e-3,
-    warmup_ratio: float = 0.05,
-    label_smoothing: float = 0.1,
-    penalties: Sequence[Penalty] = (),
-    head_learning_rate: float | None = None,
-    callbacks: Sequence[TrainerCallback] = (),
-    max_length: int = 128,
-    eval_steps: int | None = None,
-    seed: int = 0,
-    output_dir: str | None = None,
-    progress: bool = True,
-    **training_args: Any,
-) -> HeadwiseSeq2SeqTrainer:
+def train_translation(model: nn.Module, tokenizer: Any, train: ParallelCorpus, *, dev: ParallelCorpus | None = None,
+                      max_steps: int = 1000, batch_size: int = 64, learning_rate: float = 1e-3,
+                      warmup_ratio: float = 0.05, label_smoothing: float = 0.1, penalties: Sequence[Penalty] = (),
+                      head_learning_rate: float | None = None, callbacks: Sequence[TrainerCallback] = (),
+                      max_length: int = 128, eval_steps: int | None = None, seed: int = 0,
+                      output_dir: str | None = None, progress: bool = True,
+                      **training_args: Any) -> HeadwiseSeq2SeqTrainer:
     """Train an encoder-decoder ``model`` (in place) on ``train`` for ``max_steps`` updates (AdamW, linear decay
     after ``warmup_ratio`` warm-up, label smoothing as Voita et al.); returns the trainer (its ``state.log_history``
     holds losses, penalty metrics and, with ``dev`` and ``eval_steps``, greedy dev BLEU). Extra keyword arguments

@@ -15,25 +15,11 @@ from .finetune import finetune
 from .trainer import Penalty
 
 
-def finetune_stsb(
-    model: nn.Module,
-    tokenizer: Any,
-    *,
-    epochs: float = 1.0,
-    max_steps: int = -1,
-    batch_size: int = 16,
-    learning_rate: float = 2e-5,
-    warmup_ratio: float = 0.1,
-    gradient_accumulation_steps: int = 1,
-    penalties: Sequence[Penalty] = (),
-    head_learning_rate: float | None = None,
-    callbacks: Sequence[TrainerCallback] = (),
-    data: str | None = None,
-    limit: int | None = None,
-    seed: int = 0,
-    progress: bool = True,
-    **training_args: Any,
-) -> nn.Module:
+def finetune_stsb(model: nn.Module, tokenizer: Any, *, epochs: float = 1.0, max_steps: int = -1, batch_size: int = 16,
+                  learning_rate: float = 2e-5, warmup_ratio: float = 0.1, gradient_accumulation_steps: int = 1,
+                  penalties: Sequence[Penalty] = (), head_learning_rate: float | None = None,
+                  callbacks: Sequence[TrainerCallback] = (), data: str | None = None, limit: int | None = None,
+                  seed: int = 0, progress: bool = True, **training_args: Any) -> nn.Module:
     """Fine-tune ``model`` (in place) on STS-B train with the cosine-similarity regression; returns the model.
 
     Defaults follow sentence-transformers' STS-B recipe (batch 16, lr 2e-5, 10% warm-up) for one epoch.

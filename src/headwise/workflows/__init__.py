@@ -28,6 +28,3 @@ if TYPE_CHECKING:
     from ..training.recovery import Recovery
 
 __getattr__, __dir__ = _lazy(__name__, globals())
-__all__ = ["apply_plan", "compress_heads", "ConvertSettings", "convert", "KVPolicyRun", "KVPolicySettings",
-           "PasskeyCheck", "Verification", "kv_policy_experiment", "PruneRun", "PruneSettings", "prune",
-           "model_costs", "run_record", "Recovery"]
