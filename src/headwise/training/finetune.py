@@ -11,7 +11,6 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from ..batching import collate, pad_id_of
 from ..errors import HeadwiseError
@@ -63,22 +62,9 @@ def train_objective(objective: nn.Module, tokenizer: Any, task: Task | str, *, e
         save_strategy=training_args.pop("save_strategy", "steps" if output_dir else "no"), report_to="none",
         remove_unused_columns=False, disable_tqdm=not progress, logging_steps=training_args.pop("logging_steps", 50),
         use_cpu=training_args.pop("use_cpu", not torch.cuda.is_available()), **training_args)
-    trainer = HeadwiseTrainer(model=objective, args=args, train_dataset=ListDataset(data.items),
+    trainer = HeadwiseTrainer(model=objective, args=args, train_dataset=data.items,
                               data_collator=lambda items: collate(items, pad_id_of(tokenizer)),
                               penalties=penalties, head_learning_rate=head_learning_rate,
                               callbacks=list(callbacks), step_in_backward=bounded)
     with bounded_memory(model) if bounded else nullcontext():
         trainer.train(resume_from_checkpoint=True if resume else None)
-
-
-class ListDataset(Dataset):
-    """A list of examples as a map-style dataset."""
-
-    def __init__(self, items: list[dict]) -> None:
-        self.items = items
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.items[i]
