@@ -21,7 +21,7 @@ from .version import __version__, check_transformers
 check_transformers()  # a transformers outside the tested range is refused in one line (read from its metadata)
 
 # public name → the module that defines it (``headwise.X`` is ``<module>.X``; "replace_attention" and
-# "restore_attention" are headwise.mechanisms' apply and remove)
+# "restore_attention" are headwise.mechanisms' use and remove)
 _SOURCES: dict[str, str] = {
     **dict.fromkeys(("AnalysisConfig", "HeadStats", "analyze"), "analysis"),
     **dict.fromkeys(("CollaborativeConfig", "compress"), "collaborative"),
@@ -65,31 +65,4 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_SOURCES))
 
 
-__all__ = [
-    "__version__", "HeadwiseError",
-    # the method contract: one verb for every registered config (headwise.contract.METHODS)
-    "apply", "remove", "Selection",
-    # models, sites, persistence
-    "load_model", "from_pretrained", "save_pretrained", "enable", "AttentionSite", "find_sites", "select_sites",
-    # analysis
-    "AnalysisConfig", "HeadStats", "analyze",
-    # pruning
-    "add_gates", "remove_gates", "apply_masks", "remove_masks", "L0Config", "add_l0_gates", "remove_l0_gates",
-    "prune_heads", "prune_masked",
-    # collaborative heads
-    "CollaborativeConfig", "compress",
-    # quantization
-    "QuantizationConfig", "quantize_attention", "remove_quantization",
-    # mixing
-    "MixingConfig", "add_mixers", "remove_mixers", "fold_mixing", "swap_heads",
-    # mechanisms
-    "replace_attention", "restore_attention",
-    # KV-cache conversion
-    "convert_gqa", "convert_latent",
-    # per-head KV cache
-    "KVPolicy", "kv_policy", "apply_kv_policy", "remove_kv_policy", "KVGateConfig", "train_kv_gates",
-    # planning
-    "Budget", "Plan", "plan",
-    # tasks
-    "get_task", "evaluate_stsb", "fidelity", "recover",
-]
+__all__ = ["__version__", "HeadwiseError", *_SOURCES]  # the public names: each package's, in _SOURCES
