@@ -125,9 +125,8 @@ METRIC_INFO: dict[str, dict] = {
     "mhr_advanced": _info(
         "MHR advanced", "Mean over sentences of the mean over real keys of the largest weight any real query gives "
         "that key (MHR 'advanced', divided by the number of real keys).", 0.0, 1.0, "specialised"),
-    "entropy": _info(
-        "entropy", "Mean over real query tokens of the row entropy -sum A log A in nats (0 log 0 = 0).",
-        None, None, None),
+    "entropy": _info("entropy", "Mean over real query tokens of the row entropy -sum A log A in nats (0 log 0 = 0).",
+                     None, None, None),
     "distance": _info(
         "distance", "Mean over real query tokens of the expected token distance sum_j A_ij |i - j|.", None, None, None),
     "special": _info(

@@ -16,10 +16,8 @@ from typing import Any
 import torch
 
 from ..io.json_text import json_text
-from .metrics import (
-    HIST_BINS, METRIC_INFO, ROW_METRICS, SENTENCE_METRICS, SIMILARITIES, histogram_edges, sparsity_info,
-    sparsity_name,
-)
+from .metrics import (HIST_BINS, METRIC_INFO, ROW_METRICS, SENTENCE_METRICS, SIMILARITIES, histogram_edges,
+                      sparsity_info, sparsity_name)
 
 SCHEMA_VERSION = 1
 IMPORTANCES = ("importance_gradient", "importance_ablation")

@@ -112,9 +112,8 @@ def headwise_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor
         out = mechanism(module, query, key, value, keep_mask(attention_mask, query.shape[2], key.shape[2], causal,
                         query.device), scaling, dropout, causal)
     elif eager:
-        out, probs = softmax_attention(
-            module, query, key, value, attention_mask, scaling, dropout, causal, ops, kwargs.get("position_bias")
-        )
+        out, probs = softmax_attention(module, query, key, value, attention_mask, scaling, dropout, causal, ops,
+                                       kwargs.get("position_bias"))
     else:
         out = sdpa(module, query, key, value, attention_mask, dropout, scaling, causal, **kwargs)
         if observers:

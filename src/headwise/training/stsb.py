@@ -29,8 +29,7 @@ def finetune_stsb(model: nn.Module, tokenizer: Any, *, epochs: float = 1.0, max_
     ensure_encoder(model, "STS-B fine-tuning")
     training_args.setdefault("save_strategy", "no")
     training_args.setdefault("ddp_find_unused_parameters", True)  # gates of pruned-away heads get no gradient
-    return finetune(
-        model, tokenizer, get_task("stsb", data=data), epochs=epochs, max_steps=max_steps, penalties=penalties,
-        head_learning_rate=head_learning_rate, callbacks=callbacks, limit=limit, batch_size=batch_size,
-        learning_rate=learning_rate, seed=seed, progress=progress, warmup_steps=warmup_ratio,
-        gradient_accumulation_steps=gradient_accumulation_steps, **training_args)
+    return finetune(model, tokenizer, get_task("stsb", data=data), epochs=epochs, max_steps=max_steps,
+                    penalties=penalties, head_learning_rate=head_learning_rate, callbacks=callbacks, limit=limit,
+                    batch_size=batch_size, learning_rate=learning_rate, seed=seed, progress=progress,
+                    warmup_steps=warmup_ratio, gradient_accumulation_steps=gradient_accumulation_steps, **training_args)
