@@ -21,3 +21,10 @@ if TYPE_CHECKING:
     from .scores import HeadScores, ScoreConfig, head_scores
 
 __getattr__, __dir__ = _lazy(__name__, globals())
+__all__ = [
+    "KVPolicyConfig",
+    "apply_kv_policy", "policy_cache", "policy_forward", "policy_of", "remove_kv_policy", "PolicyCache", "FULL",
+    "HeadCache", "KVPolicy", "streaming", "full_heads_for_budget", "kv_policy", "rank_kv_heads", "passkey_prompts",
+    "HeadScores", "ScoreConfig", "head_scores", "KVGate", "add_kv_gates", "kv_gate_values", "remove_kv_gates",
+    "KVGateConfig", "LearnedGates", "BASELINES", "equal_bytes_policies", "streaming_policy",
+]
