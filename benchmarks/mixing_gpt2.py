@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 
 from headwise.mixing import MixingConfig, NuclearNormPenalty, NuclearNormTraining, add_mixers, alpha_table, fold_mixing
 from headwise.runtime import enable
-from headwise.trainer import HeadwiseTrainer
+from headwise.training import HeadwiseTrainer
 
 NOUNS = ["dog", "cat", "bird", "fox", "child", "teacher"]
 VERBS = ["run", "sleep", "sing", "wait", "play"]

@@ -19,7 +19,7 @@ from headwise.tasks import evaluate_stsb, read_stsb
 from headwise.io import atomic_write_text
 from headwise.pruning import apply_masks, importance_pruning, prune_masked
 from headwise.tasks import get_task
-from headwise.tasks.recipes import l0_prune
+from headwise.training.recipes import l0_prune
 from headwise.report import svg
 from headwise.training import finetune_stsb
 

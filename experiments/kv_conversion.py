@@ -86,7 +86,7 @@ def uptrain(model, ids: torch.Tensor, window: int, lr: float) -> dict:
     """One epoch of next-token training on ``ids`` cut in ``window``-token sequences (batch 1)."""
     from transformers import TrainingArguments
 
-    from headwise.trainer import HeadwiseTrainer
+    from headwise.training import HeadwiseTrainer
 
     data = [{"input_ids": w[0], "labels": w[0]} for w in windows(ids, len(ids), window)]
     args = TrainingArguments(output_dir="/tmp/headwise-kv-uptrain", per_device_train_batch_size=1, learning_rate=lr,

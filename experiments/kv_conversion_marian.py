@@ -27,6 +27,7 @@ from headwise.conversion import convert_gqa, convert_latent, input_moments, kv_c
 from headwise.conversion.checks import convertible_sites
 from headwise.models import load_model
 from headwise.tasks import get_task
+from headwise.training import finetune
 
 RESULTS = common.EXPERIMENTS / "kv_conversion_marian.json"
 MODEL = "multi30k-marian-de-en"
@@ -122,8 +123,8 @@ def main() -> None:
                "convert_seconds": round(time.time() - start, 1), "bleu": task.evaluate(model, tokenizer)["bleu"]}
         if args.steps:
             start = time.time()
-            task.finetune(model, tokenizer, max_steps=args.steps, batch_size=args.batch, learning_rate=args.lr,
-                          progress=False)
+            finetune(model, tokenizer, task, max_steps=args.steps, batch_size=args.batch, learning_rate=args.lr,
+                     progress=False)
             row["uptrained"] = {"steps": args.steps, "pairs": args.steps * args.batch,
                                 "seconds": round(time.time() - start, 1),
                                 "bleu": task.evaluate(model, tokenizer)["bleu"]}

@@ -28,6 +28,7 @@ import common
 from headwise.mechanisms import apply
 from headwise.models import load_model
 from headwise.tasks import get_task
+from headwise.training import finetune
 
 OUT = common.EXPERIMENTS / "mechanisms_lm.json"
 ROWS = {  # label -> (mechanism or None for the unchanged model, args)
@@ -59,8 +60,8 @@ def run_row(label: str, row: dict, args: argparse.Namespace) -> dict:
         print(f"{label}: zero-shot perplexity {row['zero_shot']:.2f}", flush=True)
     if args.steps:
         start = time.time()
-        task.finetune(model, tokenizer, max_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
-                      seed=0, progress=True, logging_steps=max(1, args.steps // 4))
+        finetune(model, tokenizer, task, max_steps=args.steps, batch_size=args.batch_size, learning_rate=args.lr,
+                 seed=0, progress=True, logging_steps=max(1, args.steps // 4))
         row.update({"finetuned": task.evaluate(model, tokenizer, progress=False)["perplexity"],
                     "steps": args.steps, "finetune_seconds": round(time.time() - start, 1)})
         print(f"{label}: fine-tuned perplexity {row['finetuned']:.2f}", flush=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 import common
 import headwise
 from headwise.tasks import Stsb
-from headwise.tasks.recipes import importance_prune, l0_prune
+from headwise.training.recipes import importance_prune, l0_prune
 from headwise.training import finetune_stsb
 
 RESULTS = common.RESULTS / "minilm_36_heads_recovery.json"

@@ -30,6 +30,7 @@ import headwise
 from headwise.pruning import L0Config, L0Penalty, L0Training, add_l0_gates, keep_l0_heads, l0_gates
 from headwise.sites import find_sites
 from headwise.tasks import get_task
+from headwise.training import finetune
 
 OUT = common.RESULTS / "mt_story_of_heads.json"
 MODEL = "multi30k-marian-de-en"
@@ -106,15 +107,15 @@ def main() -> None:
         if phase == "baseline":
             results[phase] = {"bleu": bleu(model, tok)}
         elif phase == "control":
-            task.finetune(model, tok, **train)
+            finetune(model, tok, task, **train)
             results[phase] = {"bleu": bleu(model, tok)}
         elif phase.startswith("l0-"):
             keep = int(phase[3:])
             add_l0_gates(model, L0Config(init=3.0))
             training = L0Training(lam=0.0, target_heads=keep, lambda_lr=args.lambda_lr, target_warmup=args.steps // 2)
             penalty, trace = L0Penalty(model, training), GateTrace(model, 5)
-            task.finetune(model, tok, penalties=[penalty], head_learning_rate=args.head_lr, callbacks=[trace],
-                          **train)
+            finetune(model, tok, task, penalties=[penalty], head_learning_rate=args.head_lr, callbacks=[trace],
+                     **train)
             trace.record(args.steps)
             open_end = trace.trace[-1]
             removed = keep_l0_heads(model, keep)

@@ -33,6 +33,7 @@ import headwise
 from headwise.collaborative import CollaborativeConfig, compress, input_moments
 from headwise.io.files import atomic_write_text
 from headwise.sites import find_sites
+from headwise.training import finetune
 
 WINDOW = 1024
 ORIGINAL_KEY_WIDTH = 3 * 64  # key values cached per token and layer by the original (3 KV heads × 64)
@@ -140,8 +141,8 @@ def main() -> None:
                 objective, dk = arm.rsplit("-", 1)
                 model, tokenizer, result = compressed(objective, int(dk))
                 entry = {"dk": int(dk), "objective": result.objective, "qk_params": result.params_after}
-            ft.finetune(model, tokenizer, max_steps=args.finetune_steps, batch_size=1,
-                        learning_rate=args.finetune_lr, logging_steps=10)
+            finetune(model, tokenizer, ft, max_steps=args.finetune_steps, batch_size=1,
+                     learning_rate=args.finetune_lr, logging_steps=10)
             results[name] = entry | {
                 "perplexity": evaluate(model, tokenizer), "seconds": round(time.time() - start),
                 "finetune": f"task.finetune: {args.finetune_steps} steps x 1 window of {args.finetune_window} "

@@ -35,6 +35,7 @@ import headwise
 from headwise.pruning import apply_masks, importance_pruning
 from headwise.sites import find_sites
 from headwise.tasks import LanguageModeling
+from headwise.training import finetune
 
 OUT = common.RESULTS / "smollm2_importance_pruning.json"
 ALL_KEEPS = (216, 162, 108)  # the recovery points share one ranking per unit (cached in the temp folder)
@@ -123,8 +124,8 @@ def recover(args: argparse.Namespace) -> None:
         for kept in keep:
             start = time.time()
             apply_masks(model, masks[str(kept)])
-            rank_task.finetune(model, tokenizer, max_steps=args.recovery_steps, batch_size=args.recovery_batch,
-                               learning_rate=args.recovery_lr, logging_steps=10)
+            finetune(model, tokenizer, rank_task, max_steps=args.recovery_steps, batch_size=args.recovery_batch,
+                     learning_rate=args.recovery_lr, logging_steps=10)
             point = {"query_heads": kept, "kv_heads": sum(kv_groups_needed(masks[str(kept)][s.path], s.group_size)
                                                           for s in find_sites(model)),
                      "perplexity": round(eval_task.evaluate(model, tokenizer, progress=False)["perplexity"], 3),
