@@ -12,8 +12,8 @@ import transformers as tf
 
 import headwise
 from headwise.errors import HeadwiseError
-from headwise.tasks import (Classification, LanguageModeling, Stsb, TaskOutputs, Translation, collate, distillation_loss,
-                            embedding_distillation, logit_distillation, train_tokenizer)
+from headwise.tasks import (Classification, LanguageModeling, Stsb, TaskOutputs, Translation, collate,
+                            distillation_loss, embedding_distillation, logit_distillation, train_tokenizer)
 from headwise.training import DistillationObjective
 from headwise.training.recipes import l0_prune
 from tiny import VOCAB, tiny_seq2seq

@@ -1,7 +1,7 @@
 """Tasks: what a model is evaluated and trained on — ``stsb`` (sentence similarity), ``lm`` (perplexity),
 ``translation`` (BLEU), ``classification`` (accuracy, F1, Matthews, Pearson/Spearman), ``long`` (a RULER-style
-long-context suite) — behind one interface
-(``Task``: ``check``, ``evaluate``, ``examples``, ``loss``, ``calibration_inputs``); ``headwise.training`` trains on them.
+long-context suite) — behind one interface (``Task``: ``check``, ``evaluate``, ``examples``, ``loss``,
+``calibration_inputs``); ``headwise.training`` trains on them.
 
 ``get_task("lm", data="valid.txt", max_length=1024)`` builds one; the task's ``head`` tells ``load_model`` which
 transformers class to build. Tasks sit above the methods: methods never import them.
