@@ -30,7 +30,7 @@ import logging
 import torch
 from torch import nn
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
 
 from . import ARCHITECTURES, FORMAT, POLICY_KEY
@@ -57,8 +57,9 @@ def read_policy(config, num_layers: int) -> list[list[int | None]]:
 
 
 class PolicyAttention(nn.Module):
-    """Stands in for a decoder layer's vLLM ``Attention``: ``q [T, H·d]``, ``k, v [T, K·d]`` → ``[T, H·d]``, one
-    virtual layer per local KV head (its ``H/K`` query heads, one KV head, its window or full attention)."""
+    """Stands in for a decoder layer's vLLM ``Attention``: ``q [T, H·d]``, ``k, v [T, K·d]`` (this rank's heads)
+    → ``[T, H·d]``, one virtual layer per local KV head (its ``H/K`` query heads, one KV head, its window or full
+    attention)."""
 
     def __init__(self, base: Attention, windows: list[int | None], names: list[str], vllm_config: VllmConfig):
         super().__init__()
@@ -121,16 +122,27 @@ def balance(windows: list[int | None], vllm_config: VllmConfig, head_size: int) 
     return split(best)
 
 
+def rank_kv_heads(total_kv: int, tp_size: int, tp_rank: int) -> list[int]:
+    """The global indices of the KV heads tensor-parallel rank ``tp_rank`` of ``tp_size`` holds, as vLLM's
+    ``QKVParallelLinear`` shards them: ``total_kv / tp_size`` consecutive heads, or, with more ranks than heads,
+    one head replicated on ``tp_size / total_kv`` consecutive ranks."""
+    if tp_size >= total_kv:
+        return [tp_rank // (tp_size // total_kv)]
+    share = total_kv // tp_size
+    return list(range(tp_rank * share, (tp_rank + 1) * share))
+
+
 def install_policy(model: nn.Module, vllm_config: VllmConfig) -> None:
     """Replace the ``attn`` of every decoder layer this rank holds by a ``PolicyAttention`` over the policy's
-    windows for its KV heads (balanced: ``balance``)."""
-    if get_tensor_model_parallel_world_size() > 1:
-        raise ValueError("headwise_vllm: tensor parallelism is not supported yet (each rank would hold the virtual "
-                         "layers of other KV heads, untested); serve with tensor_parallel_size=1")
+    windows (balanced over the whole model: ``balance``, the same on every rank) for the KV heads of this
+    tensor-parallel rank (``rank_kv_heads``). Virtual layers are named by global KV head, so ranks hold different
+    layers of one model-wide set, as pipeline stages do (vLLM merges the workers' layers into one grouping);
+    ranks that replicate a KV head hold the same layer."""
     config = vllm_config.model_config.hf_config
     windows = read_policy(config, config.num_hidden_layers)
     context = vllm_config.compilation_config.static_forward_context
     total_kv = len(windows[0])
+    local = rank_kv_heads(total_kv, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank())
     layers = [(i, layer.self_attn) for i, layer in enumerate(model.model.layers)
               if hasattr(layer, "self_attn")]  # pipeline parallelism: other ranks' layers are placeholders
     bases = {i: attention.attn for i, attention in layers}
@@ -140,8 +152,12 @@ def install_policy(model: nn.Module, vllm_config: VllmConfig) -> None:
     flat = balance([w for layer in windows for w in layer], vllm_config, bases[layers[0][0]].head_size)
     windows = [flat[i * total_kv:(i + 1) * total_kv] for i in range(len(windows))]
     for i, attention in layers:
-        names = [f"{root}{VIRTUAL}.{i * total_kv + h}" for h in range(total_kv)]
-        attention.attn = PolicyAttention(bases[i], windows[i], names, vllm_config)
+        if bases[i].num_kv_heads != len(local):
+            raise ValueError(f"headwise_vllm: layer {i} holds {bases[i].num_kv_heads} KV heads on this rank, the "
+                             f"policy's sharding {len(local)}; the policy's {total_kv} KV heads per layer must be "
+                             "the model's")
+        names = [f"{root}{VIRTUAL}.{i * total_kv + h}" for h in local]
+        attention.attn = PolicyAttention(bases[i], [windows[i][h] for h in local], names, vllm_config)
 
 
 def _policy_class(name: str, module: str, base: str) -> type:
