@@ -13,6 +13,7 @@ import headwise
 from headwise import HeadwiseError
 from headwise.compat import CACHE
 from headwise.kvcache import FULL, KVPolicy, streaming
+from headwise.kvcache.generation import sink_logits_of
 from headwise.kvcache.sink_logit import sink_logit_cache, sink_logits
 from test_kvcache import causal_lm
 
@@ -116,3 +117,30 @@ def test_bad_calibration_is_refused():
         sink_logits(model, [torch.arange(5)], 2, WINDOW)
     with pytest.raises(HeadwiseError, match="reduce"):
         sink_logits(model, [torch.arange(30)], 2, WINDOW, reduce="max")
+
+
+def test_generate_with_recorded_sink_logits_equals_the_reference():
+    """``apply_kv_policy(..., sink_logits=)``: ``generate`` runs them (greedy tokens and logits of the dense
+    reference), ``sink_logits_of`` returns them, and removing the policy forgets them."""
+    model = causal_lm("llama")
+    policy = policy_of_test(model)
+    logits = torch.tensor([[[0.5, -1.0], [2.0, 0.0]], [[1.5, 3.0], [-0.5, 1.0]]])
+    ids = torch.randint(3, 90, (1, LENGTH), generator=torch.Generator().manual_seed(4))
+    headwise.apply_kv_policy(model, policy, prefill_chunk=4, sink_logits=logits)
+    assert torch.equal(sink_logits_of(model), logits)
+    out = model.generate(ids, max_new_tokens=6, do_sample=False, output_logits=True, return_dict_in_generate=True,
+                         pad_token_id=0)
+    headwise.remove_kv_policy(model)
+    assert sink_logits_of(model) is None
+    _STATE.update(policy=policy, logits=logits)
+    model.set_attn_implementation(REFERENCE)
+    with torch.no_grad():
+        ref = model(out.sequences[:, :-1], use_cache=False).logits
+    for step, step_logits in enumerate(out.logits):
+        torch.testing.assert_close(step_logits, ref[:, LENGTH - 1 + step], atol=1e-5, rtol=1e-5)
+
+
+def test_bad_sink_logits_are_refused():
+    model = causal_lm("llama")
+    with pytest.raises(HeadwiseError, match=r"\[2, 2, 2\]"):
+        headwise.apply_kv_policy(model, policy_of_test(model), sink_logits=torch.zeros(2, 2, 3))

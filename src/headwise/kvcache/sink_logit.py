@@ -12,6 +12,8 @@ so the sink tokens' mass is kept as a constant and their values are dropped. ``s
 as the mean (or median) over calibration queries of the log-sum-exp of ``scale·q·k`` over the first ``sink``
 tokens, on queries far enough that those tokens lie outside the window. ``sink_logit_cache`` builds the
 ``PolicyCache`` whose streaming groups attend that way (``SinkLogitLayer``); full heads are unchanged.
+``apply_kv_policy(model, policy, sink_logits=...)`` records them with the policy: ``generate`` then runs them, and
+``clients.vllm.export_vllm`` writes them for the vLLM plugin, which passes them to vLLM's attention as ``sinks``.
 """
 
 from __future__ import annotations
@@ -52,6 +54,20 @@ class SinkLogitLayer(PolicyLayer):
         sink = self.logits[group.heads].reshape(heads * group_size).to(scores.device)
         keep = torch.sigmoid(torch.logsumexp(scores, -1) - sink[None, :, None])  # [B, h·g, Tq]
         return (out.float() * keep[..., None]).to(out.dtype)
+
+
+def checked_sink_logits(policy: KVPolicy, model: nn.Module, logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` as float32 ``[L, Hkv, g]`` when that is the shape of ``model``'s query heads under ``policy``, else
+    ``HeadwiseError`` naming both shapes."""
+    logits = torch.as_tensor(logits, dtype=torch.float32).detach().cpu()
+    group = model.config.num_attention_heads // (getattr(model.config, "num_key_value_heads", None)
+                                                 or model.config.num_attention_heads)
+    shape = (len(policy.heads), len(policy.heads[0]), group)
+    if tuple(logits.shape) != shape or not torch.isfinite(logits).all():
+        raise HeadwiseError(f"sink_logits must be finite, of shape [layers, KV heads, query heads per KV head] = "
+                            f"{list(shape)}, not {list(logits.shape)}; calibrate them with "
+                            "headwise.kvcache.sink_logit.sink_logits(model, prompts, sink, window)")
+    return logits
 
 
 def sink_logit_cache(policy: KVPolicy, logits: torch.Tensor, length: int | None = None) -> PolicyCache:
