@@ -1,6 +1,6 @@
 """One vLLM engine, run in vLLM's environment (no headwise there): ``python engine.py JOB.json OUT.json``.
 
-JOB: ``{"model": folder, "engine": {LLM keywords}, "prompts": [[token ids], ...], "max_tokens": n, "logprobs": k}``
+JOB: ``{"model": folder, "engine": {LLM keywords}, "env": {variables for vLLM}, "prompts": [[token ids], ...], "max_tokens": n, "logprobs": k}``
 (``prompts`` may be empty: the engine's KV accounting only). OUT: ``{"tokens": [[ids]], "logprobs": [[{id: logprob}
 per step]], "kv_cache_tokens": int, "max_concurrency": float, "groups": [[kind, window, layers], ...],
 "architecture": str}``: the greedy tokens, the top-k log-probabilities of each step, and vLLM's own accounting of its
@@ -19,6 +19,7 @@ def main(job_path: str, out_path: str) -> None:
     from vllm.inputs import TokensPrompt
 
     job = json.loads(open(job_path, encoding="utf-8").read())
+    os.environ.update(job.get("env", {}))  # read by vLLM's workers, which start after this
     llm = LLM(model=job["model"], **job.get("engine", {}))
     config = llm.llm_engine.vllm_config
     core = llm.llm_engine.engine_core.engine_core

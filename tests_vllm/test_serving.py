@@ -32,16 +32,18 @@ ENGINE_ARGS = {"dtype": "float32", "kv_cache_memory_bytes": KV_BYTES, "max_model
                "max_num_batched_tokens": CHUNK, "enforce_eager": True, "seed": 0}
 
 
-def serve(folder: Path, prompts: list[list[int]], tmp: Path) -> dict:
-    """Start vLLM on ``folder`` in its environment, generate ``NEW`` greedy tokens (top-5 log-probabilities) for
-    each prompt, and return engine.py's answer with vLLM's KV accounting."""
+def serve(folder: Path, prompts: list[list[int]], tmp: Path, engine: dict | None = None, name: str = "",
+          env: dict[str, str] | None = None) -> dict:
+    """Start vLLM on ``folder`` in its environment (``engine``: LLM keywords, default ``ENGINE_ARGS``; ``env``:
+    variables for vLLM), generate ``NEW`` greedy tokens (top-5 log-probabilities) for each prompt, and return
+    engine.py's answer with vLLM's KV accounting (``name`` tells the job files of one folder's engines apart)."""
     python = os.environ.get("HEADWISE_VLLM_PYTHON")
     if not python:
         raise RuntimeError("HEADWISE_VLLM_PYTHON is not set: run these tests with `make test-vllm`, which builds "
                            "vLLM's environment and sets it")
-    job, out = tmp / f"{folder.name}-job.json", tmp / f"{folder.name}-out.json"
-    job.write_text(json.dumps({"model": str(folder), "engine": ENGINE_ARGS, "prompts": prompts, "max_tokens": NEW,
-                               "logprobs": 5}))
+    job, out = tmp / f"{folder.name}{name}-job.json", tmp / f"{folder.name}{name}-out.json"
+    job.write_text(json.dumps({"model": str(folder), "engine": engine or ENGINE_ARGS, "env": env or {},
+                               "prompts": prompts, "max_tokens": NEW, "logprobs": 5}))
     done = subprocess.run([python, str(ENGINE), str(job), str(out)], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": ""})
     if done.returncode != 0:

@@ -5,7 +5,10 @@ A folder that ``headwise.clients.vllm.export_vllm`` wrote for a policy with head
 process through the ``vllm.general_plugins`` entry point; the classes import lazily (``module:Class`` strings).
 """
 
-POLICY_KEY = "headwise_kv_policy"  # config.json: {"format": FORMAT, "version": 1, "sliding_window": [[int|None]]}
+# config.json: {"format": FORMAT, "version": 1 or 2, "sliding_window": [[int|None]], and in version 2
+# "sink_logit": [[[float per query head]|None per KV head] per layer] or None}
+POLICY_KEY = "headwise_kv_policy"
+VERSIONS = (1, 2)
 FORMAT = "headwise-kv-policy-vllm"
 # the plugin's architecture → the vLLM class it extends (module, class)
 ARCHITECTURES = {

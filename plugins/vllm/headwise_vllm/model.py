@@ -19,7 +19,10 @@ The decoder layer's projections, rotary embedding and output projection are vLLM
 replaced (``PolicyAttention``), so the weights load by their usual names.
 
 What vLLM cannot do exactly: a streaming head's sink tokens (the first tokens every query keeps in headwise's
-policy). The exporter writes windows without sinks and records the sinks it dropped (docs/serving.md).
+policy). The exporter writes windows without sinks and records the sinks it dropped (docs/serving.md). A policy
+exported with sink logits (version 2, ``sink_logit``) gives each streaming virtual layer vLLM's attention sinks
+(``Attention(..., sinks=)``: one logit per query head joining the softmax as a zero-value key), which is what
+headwise computes for it (``headwise.kvcache.sink_logit``).
 """
 
 from __future__ import annotations
@@ -30,45 +33,62 @@ import logging
 import torch
 from torch import nn
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
 
-from . import ARCHITECTURES, FORMAT, POLICY_KEY
+from . import ARCHITECTURES, FORMAT, POLICY_KEY, VERSIONS
 
 MAX_GROUPS = 8  # KV cache groups ``balance`` may create: each is a block table per request, scheduled every step
 VIRTUAL = "headwise_kv_heads"  # virtual layers are named <model prefix>.headwise_kv_heads.<index>: one integer each
 
 
-def read_policy(config, num_layers: int) -> list[list[int | None]]:
-    """``sliding_window[layer][kv_head]`` from the config (None: full attention); refuses a missing or malformed
-    policy, naming the key."""
+def read_policy(config, num_layers: int) -> tuple[list[list[int | None]], list[list[list[float] | None]] | None]:
+    """``(sliding_window[layer][kv_head], sink_logit[layer][kv_head])`` from the config (window None: full
+    attention; sink logits: one per query head of a streaming KV head, None without); refuses a missing, malformed
+    or newer policy, naming the key."""
     policy = getattr(config, POLICY_KEY, None)
     if not isinstance(policy, dict) or policy.get("format") != FORMAT:
         raise ValueError(f"config.json has no {POLICY_KEY!r} of format {FORMAT!r}; export the folder with "
                          "headwise.clients.vllm.export_vllm (headwise kv-policy --vllm)")
-    windows = policy.get("sliding_window")
+    if policy.get("version") not in VERSIONS:
+        raise ValueError(f"{POLICY_KEY} version {policy.get('version')!r}: this headwise-vllm reads versions "
+                         f"{VERSIONS}; install the plugin of the headwise that exported the folder")
+    windows, logits = policy.get("sliding_window"), policy.get("sink_logit")
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    group = config.num_attention_heads // kv_heads
     if not isinstance(windows, list) or len(windows) != num_layers or any(
             not isinstance(layer, list) or len(layer) != kv_heads
             or any(w is not None and (not isinstance(w, int) or w < 1) for w in layer) for layer in windows):
         raise ValueError(f"{POLICY_KEY}.sliding_window must list {num_layers} layers x {kv_heads} KV heads, each "
                          "null (full) or a window ≥ 1")
-    return windows
+    if logits is not None and (not isinstance(logits, list) or len(logits) != num_layers or any(
+            not isinstance(layer, list) or len(layer) != kv_heads or any(
+                (s is None) != (w is None) or (s is not None and (not isinstance(s, list) or len(s) != group))
+                for s, w in zip(layer, window)) for layer, window in zip(logits, windows))):
+        raise ValueError(f"{POLICY_KEY}.sink_logit must list {num_layers} layers x {kv_heads} KV heads, each null "
+                         f"for a full head or {group} numbers (its query heads) for a window head")
+    return windows, logits
 
 
 class PolicyAttention(nn.Module):
-    """Stands in for a decoder layer's vLLM ``Attention``: ``q [T, H·d]``, ``k, v [T, K·d]`` → ``[T, H·d]``, one
-    virtual layer per local KV head (its ``H/K`` query heads, one KV head, its window or full attention)."""
+    """Stands in for a decoder layer's vLLM ``Attention``: ``q [T, H·d]``, ``k, v [T, K·d]`` (this rank's heads)
+    → ``[T, H·d]``, one virtual layer per local KV head (its ``H/K`` query heads, one KV head, its window or full
+    attention)."""
 
-    def __init__(self, base: Attention, windows: list[int | None], names: list[str], vllm_config: VllmConfig):
+    def __init__(self, base: Attention, windows: list[int | None], names: list[str], vllm_config: VllmConfig,
+                 sinks: list[list[float] | None] | None = None):
         super().__init__()
         self.group = base.num_heads // base.num_kv_heads
         self.head_size = base.head_size
+        sinks = sinks or [None] * len(windows)
+        for i, logits in enumerate(sinks):  # buffers (not weights: the checkpoint has none), built on the device
+            self.register_buffer(f"sinks_{i}", None if logits is None else torch.tensor(logits, dtype=torch.float32),
+                                 persistent=False)
         self.heads = nn.ModuleList(
             Attention(self.group, base.head_size, base.impl.scale, num_kv_heads=1,
                       cache_config=vllm_config.cache_config, quant_config=vllm_config.quant_config,
-                      per_layer_sliding_window=window, prefix=name)
-            for window, name in zip(windows, names))
+                      per_layer_sliding_window=window, prefix=name, sinks=getattr(self, f"sinks_{i}"))
+            for i, (window, name) in enumerate(zip(windows, names)))
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         width, d = self.group * self.head_size, self.head_size
@@ -121,16 +141,27 @@ def balance(windows: list[int | None], vllm_config: VllmConfig, head_size: int) 
     return split(best)
 
 
+def rank_kv_heads(total_kv: int, tp_size: int, tp_rank: int) -> list[int]:
+    """The global indices of the KV heads tensor-parallel rank ``tp_rank`` of ``tp_size`` holds, as vLLM's
+    ``QKVParallelLinear`` shards them: ``total_kv / tp_size`` consecutive heads, or, with more ranks than heads,
+    one head replicated on ``tp_size / total_kv`` consecutive ranks."""
+    if tp_size >= total_kv:
+        return [tp_rank // (tp_size // total_kv)]
+    share = total_kv // tp_size
+    return list(range(tp_rank * share, (tp_rank + 1) * share))
+
+
 def install_policy(model: nn.Module, vllm_config: VllmConfig) -> None:
     """Replace the ``attn`` of every decoder layer this rank holds by a ``PolicyAttention`` over the policy's
-    windows for its KV heads (balanced: ``balance``)."""
-    if get_tensor_model_parallel_world_size() > 1:
-        raise ValueError("headwise_vllm: tensor parallelism is not supported yet (each rank would hold the virtual "
-                         "layers of other KV heads, untested); serve with tensor_parallel_size=1")
+    windows (balanced over the whole model: ``balance``, the same on every rank) for the KV heads of this
+    tensor-parallel rank (``rank_kv_heads``). Virtual layers are named by global KV head, so ranks hold different
+    layers of one model-wide set, as pipeline stages do (vLLM merges the workers' layers into one grouping);
+    ranks that replicate a KV head hold the same layer."""
     config = vllm_config.model_config.hf_config
-    windows = read_policy(config, config.num_hidden_layers)
+    windows, logits = read_policy(config, config.num_hidden_layers)
     context = vllm_config.compilation_config.static_forward_context
     total_kv = len(windows[0])
+    local = rank_kv_heads(total_kv, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank())
     layers = [(i, layer.self_attn) for i, layer in enumerate(model.model.layers)
               if hasattr(layer, "self_attn")]  # pipeline parallelism: other ranks' layers are placeholders
     bases = {i: attention.attn for i, attention in layers}
@@ -140,8 +171,13 @@ def install_policy(model: nn.Module, vllm_config: VllmConfig) -> None:
     flat = balance([w for layer in windows for w in layer], vllm_config, bases[layers[0][0]].head_size)
     windows = [flat[i * total_kv:(i + 1) * total_kv] for i in range(len(windows))]
     for i, attention in layers:
-        names = [f"{root}{VIRTUAL}.{i * total_kv + h}" for h in range(total_kv)]
-        attention.attn = PolicyAttention(bases[i], windows[i], names, vllm_config)
+        if bases[i].num_kv_heads != len(local):
+            raise ValueError(f"headwise_vllm: layer {i} holds {bases[i].num_kv_heads} KV heads on this rank, the "
+                             f"policy's sharding {len(local)}; the policy's {total_kv} KV heads per layer must be "
+                             "the model's")
+        names = [f"{root}{VIRTUAL}.{i * total_kv + h}" for h in local]
+        attention.attn = PolicyAttention(bases[i], [windows[i][h] for h in local], names, vllm_config,
+                                         None if logits is None else [logits[i][h] for h in local])
 
 
 def _policy_class(name: str, module: str, base: str) -> type:

@@ -24,6 +24,7 @@ from ..contract import entries, record, unrecord
 from ..runtime import NAME, enable
 from .cache import PolicyCache
 from .policy import KVPolicy
+from .sink_logit import checked_sink_logits, sink_logit_cache
 from .declaration import KV_POLICY
 
 KIND = KV_POLICY.name  # the method's name, and the kind of its format-1 edit records
@@ -49,6 +50,14 @@ def policy_of(model: nn.Module) -> KVPolicy | None:
     """The KV policy recorded on ``model`` (None without one)."""
     found = entries(model, KIND)
     return KVPolicy.from_dict(found[-1]["state"]["policy"]) if found else None
+
+
+def sink_logits_of(model: nn.Module) -> torch.Tensor | None:
+    """The sink logits ``[L, Hkv, g]`` recorded with the model's KV policy (``apply_kv_policy(...,
+    sink_logits=)``; None: its streaming heads keep their sink tokens only)."""
+    found = entries(model, KIND)
+    logits = found[-1]["state"].get("sink_logits") if found else None
+    return None if logits is None else torch.tensor(logits, dtype=torch.float32)
 
 
 def prefill_chunk_of(model: nn.Module) -> int | Literal["auto"] | None:
@@ -87,15 +96,23 @@ def policy_cache(model: nn.Module, policy: KVPolicy | None = None, max_cache_len
     """A fresh ``PolicyCache`` for ``model`` (its recorded policy by default), for plain forward calls:
     ``model(ids, cache=policy_cache(model, length=T), use_cache=True)`` (``past_key_values=`` before transformers
     5.24). ``length``: the tokens the sequence will reach, which fixes windows that scale with the sequence (None:
-    their caps); ``max_cache_len``: preallocated and compileable (``generate(cache_implementation="static")``)."""
-    policy = policy or policy_of(model)
+    their caps); ``max_cache_len``: preallocated and compileable (``generate(cache_implementation="static")``).
+    The model's own policy brings its sink logits (``sink_logits_of``; ``kvcache.sink_logit``)."""
+    own = policy_of(model)
+    policy = policy or own
     if policy is None:
         raise HeadwiseError("this model has no KV policy; pass one or call headwise.apply_kv_policy(model, policy)")
     policy.validate(model)
     if model.config._attn_implementation != NAME:
         raise HeadwiseError(f"a per-head KV cache needs the headwise attention implementation, not "
                             f"{model.config._attn_implementation!r}: call headwise.enable(model)")
-    return PolicyCache(policy, max_cache_len, length)
+    logits = sink_logits_of(model) if policy == own else None
+    if logits is None:
+        return PolicyCache(policy, max_cache_len, length)
+    if max_cache_len is not None:
+        raise HeadwiseError("sink logits run in the growing cache only: generate without "
+                            "cache_implementation=\"static\", or apply the policy without sink_logits")
+    return sink_logit_cache(policy, logits, length)
 
 
 @contextmanager
@@ -112,7 +129,7 @@ def policy_forward(model: nn.Module, policy: KVPolicy | None = None) -> Iterator
         if not cache_given(kwargs):
             inputs = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs_embeds"))
             length = None if inputs is None else inputs.shape[1]
-            kwargs = {**kwargs, CACHE: PolicyCache(policy, length=length), "use_cache": True}
+            kwargs = {**kwargs, CACHE: policy_cache(model, policy, length=length), "use_cache": True}
         return args, kwargs
 
     handle = model.register_forward_pre_hook(through_cache, with_kwargs=True)
@@ -151,7 +168,8 @@ def _generation_shape(args: tuple, kwargs: dict) -> tuple[int, int]:
 
 
 def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLike,
-                    prefill_chunk: int | Literal["auto"] | None = PREFILL_CHUNK) -> nn.Module:
+                    prefill_chunk: int | Literal["auto"] | None = PREFILL_CHUNK,
+                    sink_logits: torch.Tensor | None = None) -> nn.Module:
     """Give ``model`` a per-KV-head cache: afterwards ``model.generate()`` keeps only what ``policy`` says.
 
     ``policy``: a ``KVPolicy``, its dict, or the path of a ``policy.json`` (or of the folder holding it). A policy
@@ -159,7 +177,8 @@ def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLik
     prefill forward in ``generate`` (streaming heads never hold more than their slots plus one chunk; None: the
     whole prompt at once; ``"auto"``: by device and free memory, ``prefill_chunk_for``). Replaces an earlier
     policy; selects the ``headwise`` attention implementation; saved by
-    ``headwise.save_pretrained``. Returns the model.
+    ``headwise.save_pretrained``. ``sink_logits [L, Hkv, g]`` (``kvcache.sink_logit.sink_logits``): every streaming
+    query head adds its logit to its softmax, a zero-value virtual key (vLLM's attention sinks). Returns the model.
     """
     policy = _as_policy(policy)
     if prefill_chunk not in (None, "auto") and (isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int)
@@ -167,9 +186,12 @@ def apply_kv_policy(model: nn.Module, policy: KVPolicy | dict | str | os.PathLik
         raise HeadwiseError(f"prefill_chunk={prefill_chunk!r} must be a positive number of tokens, \"auto\" (by "
                             "device) or None (the whole prompt at once)")
     policy.validate(model)
+    state = {"policy": policy.to_dict(), "prefill_chunk": prefill_chunk}
+    if sink_logits is not None:
+        state["sink_logits"] = checked_sink_logits(policy, model, sink_logits).tolist()
     _install(model)
     # the policy is the entry's state (no config beside it: a KVPolicyConfig holds nothing else)
-    record(model, KIND, None, {"policy": policy.to_dict(), "prefill_chunk": prefill_chunk}, replace=True)
+    record(model, KIND, None, state, replace=True)
     return model
 
 

@@ -280,7 +280,7 @@ class PolicyLayer(RowOps, DynamicLayer):
             if not clean:
                 mask = group.slot_mask(self.pads, total, torch.arange(past, total, device=keys.device))
                 mask = mask | ~mask.any(-1, keepdim=True)  # a row still in its padding sees everything, not NaN
-            return _sdpa(query, group.keys, group.values, mask, scaling, dropout, False)
+            return self.attend_window(group, query, group.keys, group.values, mask, scaling, dropout)
         q_pos = torch.arange(past, total, device=keys.device)
         distance = q_pos[:, None] - q_pos[None, :]  # chunk query - chunk key
         key_real = q_pos[None, None, :] - self.pads[:, None, None]  # [B, 1, Tq]: keys' indices among real tokens
@@ -292,10 +292,16 @@ class PolicyLayer(RowOps, DynamicLayer):
         else:
             allowed = chunk_ok
         allowed = allowed | ~allowed.any(-1, keepdim=True)  # a padding query sees everything instead of NaN
-        o = _sdpa(query, keys, values, allowed[:, None], scaling, dropout, False)
+        o = self.attend_window(group, query, keys, values, allowed[:, None], scaling, dropout)
         group.write_streaming(keys[:, :, keys.shape[2] - q_len:], values[:, :, values.shape[2] - q_len:], past,
                               self.pads, sinks_pending)
         return o
+
+    def attend_window(self, group: Group, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      mask: torch.Tensor | None, scaling: float, dropout: float) -> torch.Tensor:
+        """A streaming group's attention over the slots it may see: ``query [B, h·g, Tq, d]``, ``keys``/``values
+        [B, h, Tk, d]``, ``mask`` boolean ``[B, 1, Tq|1, Tk]`` (None: every slot) → ``[B, h·g, Tq, d]``."""
+        return _sdpa(query, keys, values, mask, scaling, dropout, False)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.seen + query_length, 0
