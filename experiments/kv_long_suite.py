@@ -105,10 +105,11 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
     wanted = [a for a in ("policy", "streaming", "random", "layer") if a in args.arms]
     if wanted:
         print(f"scoring heads ({CALIBRATIONS[args.calibration]}, seed 0)", file=sys.stderr, flush=True)
-        scores = calibrated_scores(model, tokenizer, args.calibration, args.model)
         for budget in args.budgets:  # sized at the first length: the windows scale with the sequence
             share = args.window_share
             window = None if share is None else default_window(budget, args.lengths[0], 4, share)
+            scores = calibrated_scores(model, tokenizer, args.calibration, args.model, args.ranking,
+                                       window or default_window(budget, args.lengths[0], 4))
             policies = equal_bytes_policies(model, tokenizer, budget, scores, context=args.lengths[0],
                                             ranking=args.ranking, arms=tuple(wanted), window=window)
             for arm, policy in policies.items():
@@ -135,57 +136,43 @@ def arm_caches(args, model, tokenizer) -> dict[str, tuple[Any, Any]]:
 
 
 SCORES_CACHE = Path.home() / ".cache" / "headwise" / "kv_long_suite_scores"  # head scores per model and haystack
-CALIBRATIONS = {"filler": "kv_policy's calibration: passkeys and fact lookups in filler text",
+CALIBRATIONS = {"filler": "kv_policy's calibration: passkeys and fact lookups in filler text (and, for a ranking "
+                          "that reads 'outside', the mass beyond the window on kvcache.natural's texts: two passages "
+                          "each of Python's documentation and standard-library source)",
                 "mixed": "passkeys and fact lookups in filler text, in Python's documentation topics (docs) and in "
-                         "standard-library source (code), each score the mean over the three",
-                "natural": "kv_policy's calibration, and the 'outside' score (mass beyond sink 4 + window 252) on two "
-                           "texts of 1,024 tokens each of docs and of code"}
+                         "standard-library source (code), each score the mean over the three"}
 
 
-def calibrated_scores(model, tokenizer, calibration: str, name: str):
-    """The head scores of ``calibration`` (``CALIBRATIONS``): kv_policy's own (filler), or the mean of the scores
+def calibrated_scores(model, tokenizer, calibration: str, name: str, ranking: str = "retrieval+lookup",
+                      window: int = 252):
+    """The head scores of ``calibration`` (``CALIBRATIONS``): kv_policy's own (filler; ``kvcache.choose.calibrate``
+    for a ``ranking`` that reads 'outside', with streaming heads of sink 4 + ``window``), or the mean of the scores
     measured with the filler, the ``docs`` and the ``code`` haystacks as the 'text' prompt family. Each run is kept
     in ``SCORES_CACHE`` under the model's ``name`` (the same model, prompts and seed give the same scores), so arms
     run apart reuse it."""
     from headwise.kvcache import HeadScores, ScoreConfig, head_scores
+    from headwise.kvcache.choose import calibrate, needs_text
     from headwise.tasks.haystacks import Haystack
 
     def scored(haystack: str) -> HeadScores:
         path = SCORES_CACHE / f"{Path(name).name}-{haystack}.pt"
         if path.is_file():
             return HeadScores(**torch.load(path))
-        text = None if haystack == "filler" else "".join(Haystack.of(haystack).sentences)
-        config = ScoreConfig() if text is None else ScoreConfig(families=("text",))
-        scores = head_scores(model, tokenizer, config, progress=True, haystack_text=text)
+        if haystack.startswith("natural"):
+            scores = calibrate(model, tokenizer, ranking, 4, window)
+        else:
+            text = None if haystack == "filler" else "".join(Haystack.of(haystack).sentences)
+            config = ScoreConfig() if text is None else ScoreConfig(families=("text",))
+            scores = head_scores(model, tokenizer, config, progress=True, haystack_text=text)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save({"scores": scores.scores, "kv_heads": scores.kv_heads, "counts": scores.counts}, path)
         return scores
 
+    if calibration == "filler" and needs_text(ranking):
+        return scored(f"natural-w{window}")
     runs = [scored(h) for h in (("filler", "docs", "code") if calibration == "mixed" else ("filler",))]
-    if calibration == "natural":
-        return HeadScores(runs[0].scores | {"outside": natural_outside(model, tokenizer)}, runs[0].kv_heads,
-                          runs[0].counts | {"calibration": 4})
     return HeadScores({k: sum(r.scores[k] for r in runs) / len(runs) for k in runs[0].scores}, runs[0].kv_heads,
                       {k: sum(r.counts[k] for r in runs) for k in runs[0].counts})
-
-
-def natural_outside(model, tokenizer, sink: int = 4, window: int = 252, length: int = 1024) -> torch.Tensor:
-    """``[layers, query heads]``: the mass beyond ``sink + window`` on two texts of ``length`` tokens of the docs and
-    of the code haystacks (seeded offsets), averaged."""
-    import random
-
-    from headwise.kvcache.scores import _outside
-    from headwise.tasks.haystacks import Haystack
-
-    total = {"outside": torch.zeros(model.config.num_hidden_layers, model.config.num_attention_heads)}
-    for name in ("docs", "code"):
-        for t in range(2):
-            units, text = Haystack.of(name).units(random.Random(f"natural/{name}/{t}")), ""
-            while len(tokenizer(text, add_special_tokens=False)["input_ids"]) < length:
-                text += "".join(next(units) for _ in range(20))
-            _outside(model, torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"][:length]), sink,
-                     window, total)
-    return total["outside"] / 4
 
 
 def samples_of(args) -> int | dict[str, int]:
@@ -421,7 +408,8 @@ FAMILY_HAYSTACKS = ("generated", "prose", "docs", "code")
 CHOSEN_ON, JUDGED_ON = ("generated", "docs", "code"), ("prose",)  # issue 68: where defaults are chosen / judged
 
 
-FAMILY_VARIANTS = ("", "~mixed", "~w0.5", "~retrieval+lookup+outside~natural")  # the default and the variants issue 68 tried
+# the default and the variants issue 68 tried (~natural: the first try, its outside on the haystacks' units)
+FAMILY_VARIANTS = ("", "~mixed", "~w0.5", "~retrieval+lookup+outside~natural", "~retrieval+lookup+outside")
 
 
 def family_arm(arm: str, budgets: tuple[float, ...]) -> bool:
