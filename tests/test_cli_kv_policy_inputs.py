@@ -1,6 +1,7 @@
 """``headwise kv-policy`` outside the repository: no shared/ folder and no --data. The default ranking calibrates on
 synthetic prompts, perplexity is skipped with a line saying so, and summary.json says what each input was used for;
-a --data that the ranking does not read is reported as such; a use that needs text refuses without one."""
+a --data that the ranking does not read is reported as such; a use that needs text refuses without one; the 'outside'
+score calibrates on Python's own text, and on --data too when given."""
 
 from __future__ import annotations
 
@@ -57,8 +58,30 @@ def test_data_the_ranking_does_not_read_is_reported(no_shared, capsys):
     assert f"--data {data} is not used by these options" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("option", [["--kv-ranking", "outside"], ["--calibration-families", "text"],
-                                    ["--eval-family", "text"]])
+def test_outside_calibrates_on_python_text_and_on_data_when_given(no_shared, capsys):
+    """A ranking that reads 'outside' needs no --data: it measures it on Python's documentation and source (never
+    the check's prose); --data, when given, is read beside them (its calibration passages first)."""
+    args = base_args(no_shared) + ["--kv-ranking", "retrieval+lookup+outside", "--no-measure", "--no-perplexity"]
+    assert main(args + ["--out", "plain"]) == 0
+    assert "calibrates on synthetic prompts and Python's documentation and source" in capsys.readouterr().err
+    plain = json.loads((no_shared / "plain" / "summary.json").read_text())
+    assert plain["calibration"]["calibration"] == 4
+    assert plain["inputs"]["calibration"].endswith("'outside' on 4 passages of 160 tokens of Python's docs and code")
+    data = str(no_shared / "calib.txt")
+    assert main(args + ["--data", data, "--out", "data"]) == 0
+    assert "--data" in capsys.readouterr().err
+    summary = json.loads((no_shared / "data" / "summary.json").read_text())
+    assert summary["calibration"]["calibration"] == 8
+    assert f"'outside' on 4 passages of {data} + 4 passages" in summary["inputs"]["calibration"]
+    assert any(use.startswith("calibration of 'outside'") for use in summary["inputs"]["data_used_for"])
+    assert summary["scores"] == "training-free" and summary["ranking"] == "retrieval+lookup+outside"
+    # the data moved the score: the same ranking on other text gives other 'outside' values
+    scores = [json.loads((no_shared / d / "scores.json").read_text())["per_query_head"]["outside"]
+              for d in ("plain", "data")]
+    assert scores[0] != scores[1]
+
+
+@pytest.mark.parametrize("option", [["--calibration-families", "text"], ["--eval-family", "text"]])
 def test_a_use_that_needs_text_refuses_without_one(no_shared, capsys, option):
     assert main(base_args(no_shared) + option + ["--out", "out"]) == 2
     err = capsys.readouterr().err

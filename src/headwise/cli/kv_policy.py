@@ -27,9 +27,10 @@ from .task_options import load_for_task, model_costs, run_record, task_args, tas
 
 
 DATA = """--data, an lm text file (default: shared/data/wikitext-2/valid.txt when found): its last 10% measure
-perplexity and make the 'text' passkey prompts; the longest lines of its first 90% calibrate --kv-ranking
-combined/outside and the 'text' calibration family. The default ranking needs none (synthetic prompts); without
-a text, perplexity is skipped."""
+perplexity and make the 'text' passkey prompts; its first 90% makes the 'text' calibration family and, when given
+as --data, calibrates the 'outside' score of rankings that read it (retrieval+lookup+outside, combined) beside
+passages of Python's own documentation and source (what they calibrate on without --data; never the check's
+prose). The default ranking needs no text (synthetic prompts); without a text, perplexity is skipped."""
 
 
 # what each page of this verb shows under "examples:" (tests/test_cli_help.py parses every line)
@@ -54,10 +55,11 @@ def register(verbs, parents) -> None:
                    help="keep --window fixed at every length (default: the window scales with the sequence and "
                         "reaches --window at --context, so the budget holds at every length up to it)")
     p.add_argument("--kv-ranking", dest="ranking", default=None,
-                   help="retrieval+lookup (the default: passkey retrieval + fact lookup), combined, retrieval, "
-                        "copy, lookup, induction, echo, outside, random, or a sum of scores such as copy+lookup "
-                        "(rankings that read outside, combined too, calibrate on prompts of at least twice sink + "
-                        "window); --scores learned ranks by the learned gates")
+                   help="retrieval+lookup (the default: passkey retrieval + fact lookup), retrieval+lookup+outside "
+                        "(also the attention mass a streaming head drops on natural text: Python's documentation "
+                        "and source, and --data when given), combined, retrieval, copy, lookup, induction, echo, "
+                        "outside, random, or a sum of scores such as copy+lookup; --scores learned ranks by the "
+                        "learned gates")
     alias(p, "--ranking", "--kv-ranking", "ranking")
     p.add_argument("--scores", default="training-free", choices=["training-free", "learned"],
                    help="training-free head scores (one forward per calibration prompt, the default) or learned: a "
@@ -156,8 +158,9 @@ def data_uses(args: argparse.Namespace, settings, gates) -> dict[str, bool]:
     from ..kvcache.choose import needs_text
 
     uses = {}
-    if needs_text(settings.ranking):
-        uses[f"calibration of --kv-ranking {settings.ranking} (the longest lines of its first 90%)"] = True
+    if needs_text(settings.ranking) and args.data is not None:
+        uses[f"calibration of 'outside' for --kv-ranking {settings.ranking} (its first 90%, beside Python's "
+             "documentation and source)"] = False
     if any(name.startswith("text") for name in settings.calibration_families):
         uses["the 'text' calibration prompts (--calibration-families)"] = True
     if gates is not None and gates.haystack == "text":
@@ -173,14 +176,18 @@ def data_uses(args: argparse.Namespace, settings, gates) -> dict[str, bool]:
 
 def inputs_line(data: str | None, uses: dict[str, bool], ranking: str) -> str:
     """One line on what the text was used for (or that there was none, and what that changed)."""
+    from ..kvcache.choose import ranking_scores
+
     if data is None:
         return "; ".join(["no text (--data) given and shared/data/wikitext-2/valid.txt not found: the ranking "
-                          "calibrates on synthetic prompts"]
+                          "calibrates on synthetic prompts" + (" and Python's documentation and source"
+                                                               if "outside" in ranking_scores(ranking) else "")]
                          + (["perplexity skipped"] if PERPLEXITY in uses else [])
                          + (["the passkey check uses the 'numbers' family"] if PASSKEY in uses else [])
                          + (["the measured prompt uses the 'numbers' family"] if MEASURED in uses else []))
     if not uses:
-        return f"--data {data} is not used by these options (--kv-ranking {ranking} calibrates on synthetic prompts)"
+        return (f"--data {data} is not used by these options (--kv-ranking {ranking} calibrates on synthetic prompts"
+                + (" and Python's documentation and source)" if "outside" in ranking_scores(ranking) else ")"))
     return f"--data {data} is used only for {'; '.join(uses)} with --kv-ranking {ranking}"
 
 
@@ -214,7 +221,8 @@ def run(args: argparse.Namespace) -> int:
     settings = KVPolicySettings(
         kv_budget=args.kv_budget, context=args.context, sink=args.sink, window=window, fixed_window=args.fixed_window,
         ranking=args.ranking, gates=gates, calibration_length=args.calibration_length, seed=args.seed,
-        calibration_families=tuple(args.calibration_families.split(",")), eval_family=args.eval_family,
+        calibration_families=tuple(args.calibration_families.split(",")), data_calibration=args.data is not None,
+        eval_family=args.eval_family,
         measure=not args.no_measure, measure_new=args.measure_new, measure_repeats=args.measure_repeats,
         prefill_chunk=args.prefill_chunk, perplexity=not args.no_perplexity)
     given, data, uses = args.data, text_source(args), data_uses(args, settings, gates)  # given: the user's --data

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..errors import HeadwiseError
+from .natural import natural_texts
 from .policy import FULL, KVPolicy, latent_layers, model_shape, streaming
 from .scores import NAMES, HeadScores, ScoreConfig, head_scores
 
@@ -16,7 +17,12 @@ from .scores import NAMES, HeadScores, ScoreConfig, head_scores
 # of seed 1234 at 0.5 × 2048 on SmolLM2 (60 contexts: 27.2 against 24.1 for retrieval alone, qa 29.2 against 26.0,
 # full cache 21.8 / 29.2; experiments/kv_lookup_probe.py), judged on seed 4949 (docs/kv-policy.md).
 DEFAULT_RANKING = "retrieval+lookup"
-RANKINGS = (DEFAULT_RANKING, "combined", *NAMES, "learned", "random")  # and any other sum of scores: "copy+lookup"
+# the default's scores + ``outside`` measured on natural text (``natural.natural_texts``: Python's documentation and
+# standard-library source, never the judged prose) unless texts are given: keeps full the heads that look past the
+# window on natural text, where the synthetic prompts rank them low (issue 68; experiments/results/
+# kv_long_suite_families.md)
+NATURAL_RANKING = "retrieval+lookup+outside"
+RANKINGS = (DEFAULT_RANKING, NATURAL_RANKING, "combined", *NAMES, "learned", "random")  # and any other sum of scores
 GRANULARITIES = ("head", "layer")
 # sink + window of a streaming head, as a share of the per-head budget. Chosen on the long-context suite's samples of
 # seed 1234 (shares 0.75 / 0.5 / 0.25 / 0.1 at 0.5 × 2048 on SmolLM2: 15.4 / 19.4 / 24.5 / 22.7, full cache 19.8),
@@ -113,6 +119,29 @@ def calibration_length(ranking: str, sink: int, window: int) -> int:
     return max(512, 2 * (sink + window)) if needs_text(ranking) else 512
 
 
+def text_length(sink: int, window: int) -> int:
+    """Tokens per calibration text of ``outside``: 1,024, or four times ``sink + window`` (three quarters of the
+    queries then drop something)."""
+    return max(1024, 4 * (sink + window))
+
+
+def calibrate(model: nn.Module, tokenizer: Any, ranking: str, sink: int, window: int, texts: list[str] | None = None,
+              config: ScoreConfig | None = None, progress: bool = True) -> HeadScores:
+    """The training-free head scores for ``ranking`` with streaming heads of ``sink + window`` tokens (``config``
+    None: prompts of ``calibration_length`` tokens, texts of ``text_length``). A ranking that reads ``outside``
+    measures it on ``texts`` (None: ``natural_texts``, two passages each of Python's documentation and
+    standard-library source, never the long-context check's prose); ``texts`` is also the running text of a
+    ``text`` prompt family."""
+    config = config or ScoreConfig(length=calibration_length(ranking, sink, window),
+                                   text_length=text_length(sink, window), sink=sink, window=window)
+    outside = None
+    if needs_text(ranking):
+        outside = texts if texts is not None else natural_texts(tokenizer, config.text_length or config.length,
+                                                                seed=config.seed)
+    return head_scores(model, tokenizer, config, texts=outside, progress=progress,
+                       haystack_text="\n".join(texts) if texts else None)
+
+
 def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context: int = 2048, sink: int = 4,
               window: int | None = None, ranking: str = DEFAULT_RANKING, texts: list[str] | None = None,
               config: ScoreConfig | None = None, scores: HeadScores | None = None,
@@ -122,10 +151,11 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
     ``streaming(sink, window, context)``, as many full heads as fit ``kv_budget`` at ``context`` tokens.
 
     ``window`` defaults to ``default_window(kv_budget, context, sink)`` (252 at 0.5 × 2048); ``ranking`` to
-    ``DEFAULT_RANKING``, passkey retrieval + fact lookup (``rank_kv_heads``; rankings that read ``outside``, such as
-    ``combined``, also need ``texts`` longer than the window). ``scaled`` (default): the streaming window scales with
-    the sequence and reaches ``window`` at ``context``, so the policy keeps about ``kv_budget`` of the bytes at every
-    length (``policy.describe()``); ``scaled=False``: a fixed window, which saves less on shorter sequences.
+    ``DEFAULT_RANKING``, passkey retrieval + fact lookup (``rank_kv_heads``; the scores come from ``calibrate``:
+    rankings that read ``outside``, such as ``NATURAL_RANKING``, measure it on ``texts``, by default on Python's
+    documentation and standard-library source). ``scaled`` (default): the streaming window scales with the sequence
+    and reaches ``window`` at ``context``, so the policy keeps about ``kv_budget`` of the bytes at every length
+    (``policy.describe()``); ``scaled=False``: a fixed window, which saves less on shorter sequences.
 
     ``ranking="learned"`` ranks by DuoAttention-style gates instead of the training-free scores: pass
     ``scores=headwise.training.train_kv_gates(model, tokenizer, KVGateConfig(sink=sink, window=window)).scores(H)``
@@ -152,9 +182,7 @@ def kv_policy(model: nn.Module, tokenizer: Any, kv_budget: float = 0.5, context:
             raise HeadwiseError("ranking='learned' needs the gates' scores: scores=headwise.training.train_kv_gates("
                                 "model, tokenizer, KVGateConfig(sink=sink, window=window)).scores(num_heads)")
     elif scores is None and ranking != "random":
-        config = config or ScoreConfig(length=calibration_length(ranking, sink, window), sink=sink, window=window)
-        scores = head_scores(model, tokenizer, config, texts=texts if needs_text(ranking) else None,
-                             progress=progress, haystack_text="\n".join(texts) if texts else None)
+        scores = calibrate(model, tokenizer, ranking, sink, window, texts, config, progress)
     if scores is None:
         scores = HeadScores({}, shape)
     order = rank_kv_heads(scores, ranking, seed)

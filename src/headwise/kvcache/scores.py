@@ -38,7 +38,8 @@ class ScoreConfig:
     """What to run: passkey prompts (``length`` tokens, ``depths`` × ``keys`` per prompt family of ``families``,
     e.g. ``("filler", "numbers-raw")``; see ``PromptFamily.parse``), as many fact-lookup prompts of ``facts`` facts
     each (0: none), ``random_length`` random tokens repeated twice (``random_sequences`` of them), and the
-    sink/window whose dropped mass ``outside`` measures."""
+    sink/window whose dropped mass ``outside`` measures on calibration texts of ``text_length`` tokens (None:
+    ``length``)."""
 
     length: int = 512
     depths: tuple[float, ...] = (0.1, 0.3, 0.5, 0.7, 0.9)
@@ -48,6 +49,7 @@ class ScoreConfig:
     random_sequences: int = 2
     sink: int = 4
     window: int = 124
+    text_length: int | None = None
     seed: int = 0
     families: tuple[str, ...] = ("filler",)
 
@@ -145,7 +147,8 @@ def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = N
                 texts: list[str] | None = None, progress: bool = True,
                 haystack_text: str | None = None) -> HeadScores:
     """Score every head of a decoder-only ``model`` (see the module docstring). ``texts``: calibration text for
-    ``outside`` (each cut to ``config.length`` tokens); without it ``outside`` is left out. ``haystack_text``: the
+    ``outside`` (each cut to ``config.text_length`` tokens, default ``config.length``); without it ``outside`` is
+    left out. ``haystack_text``: the
     running text of a ``text`` calibration family."""
     config = config or ScoreConfig()
     families = [PromptFamily.parse(name) for name in config.families]
@@ -163,14 +166,15 @@ def head_scores(model: nn.Module, tokenizer: Any, config: ScoreConfig | None = N
                for p in lookup_prompts(tokenizer, family, config.length, list(config.depths), config.keys,
                                        config.facts, config.seed, haystack_text)]
     randoms = repeated_tokens(config, min(len(tokenizer), model.config.vocab_size))
-    if texts and config.length <= config.sink + config.window + 1:
+    cut = config.text_length or config.length
+    if texts and cut <= config.sink + config.window + 1:
         raise HeadwiseError(f"'outside' measures the attention a sink {config.sink} + window {config.window} cache "
-                            f"drops, but calibration prompts are cut to ScoreConfig.length={config.length} tokens, "
+                            f"drops, but calibration texts are cut to ScoreConfig.text_length={cut} tokens, "
                             f"where it drops nothing; use a length above {config.sink + config.window + 1} (CLI: "
                             "--calibration-length) or rank without 'outside' (ranking='retrieval')")
     calibration = []
     for text in texts or []:
-        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0][: config.length]
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0][:cut]
         if len(ids) > config.sink + config.window + 1:
             calibration.append(ids)
     if texts and not calibration:

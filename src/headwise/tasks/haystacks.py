@@ -7,8 +7,9 @@ all available offline (``HAYSTACKS``):
   (``headwise/data/prose``, CC BY-SA 3.0), which ``kv-policy`` never calibrates on;
 - ``docs``: the prose of Python's own documentation, ``pydoc_data.topics`` (every Python install has it; PSF
   License), its topics in sorted order;
-- ``code``: the source lines of a fixed list of Python standard-library modules (``CODE_MODULES``, read from this
-  interpreter's library; PSF License), non-blank lines in order;
+- ``code``: the source lines of a fixed list of Python standard-library modules (``kvcache.natural.CODE_MODULES``,
+  read from this interpreter's library; PSF License), non-blank lines in order (docs and code: the text
+  ``kvcache.natural`` reads, which ``kv_policy`` calibrates the ``outside`` score on);
 - a FILE: the sentences of the user's UTF-8 text file.
 
 A haystack is a stream of whole units (sentences, or lines of code) read from a seeded offset and wrapped around;
@@ -18,27 +19,22 @@ code), so a unit is never cut and the needle stays a string the scorer finds."""
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import random
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from ..errors import HeadwiseError
+from ..kvcache.natural import SOURCES, source_text, source_version
 from .long_words import ADJECTIVES, MONTHS, NOUNS, PEOPLE, VERBS
 from .paths import PACKAGED_DATA
 
 PROSE_FILE = PACKAGED_DATA / "prose" / "wikitext-2-valid-tail.txt"
-# modules of every CPython since 3.9 whose source is plain, long and stable; read in this order
-CODE_MODULES = ("argparse", "calendar", "dataclasses", "difflib", "fractions", "heapq", "statistics", "textwrap",
-                "shutil", "string", "json.decoder", "tarfile")
 HAYSTACKS = {
     "generated": "headwise's own word lists (headwise.tasks.long_words), the project's licence",
     "prose": "WikiText-2 validation split, its last 10% (headwise/data/prose), CC BY-SA 3.0",
-    "docs": "Python's documentation topics (pydoc_data.topics), PSF License",
-    "code": "Python standard-library source (" + ", ".join(CODE_MODULES) + "), PSF License",
+    **SOURCES,
 }
 MIN_UNITS = 8
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
@@ -97,15 +93,11 @@ class Haystack:
             return cls._text("prose", PROSE_FILE.read_text(encoding="utf-8"), text_sentences,
                              "headwise/data/prose/wikitext-2-valid-tail.txt")
         if name == "docs":
-            import pydoc_data.topics
-
-            topics = pydoc_data.topics.topics
-            return cls._text("docs", "\n".join(topics[k] for k in sorted(topics)), text_sentences,
-                             f"pydoc_data.topics of Python {sys.version_info.major}.{sys.version_info.minor}")
+            return cls._text("docs", source_text("docs"), text_sentences, f"pydoc_data.topics of Python "
+                             f"{source_version()}")
         if name == "code":
-            texts = [Path(importlib.util.find_spec(m).origin).read_text(encoding="utf-8") for m in CODE_MODULES]
-            return cls._text("code", "\n".join(texts), code_lines,
-                             f"standard library of Python {sys.version_info.major}.{sys.version_info.minor}", "\n")
+            return cls._text("code", source_text("code"), code_lines, f"standard library of Python "
+                             f"{source_version()}", "\n")
         return cls.file(name, option)
 
     @classmethod

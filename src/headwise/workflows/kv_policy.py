@@ -20,7 +20,9 @@ from torch import nn
 
 from ..errors import HeadwiseError
 from ..kvcache import KVGateConfig, KVPolicy, ScoreConfig, apply_kv_policy, kv_policy, remove_kv_policy
-from ..kvcache.choose import DEFAULT_RANKING, calibration_length, default_window, full_heads_for_budget, needs_text
+from ..kvcache.choose import (DEFAULT_RANKING, calibration_length, default_window, full_heads_for_budget, needs_text,
+                               text_length)
+from ..kvcache.natural import CALIBRATION_SOURCES, natural_texts
 from ..kvcache.policy import model_shape
 from ..kvcache.measure import measure_policy
 from ..kvcache.passkey import PromptFamily, family_prompts, passkey_accuracy
@@ -36,7 +38,9 @@ class KVPolicySettings:
     heads keeping ``sink`` + ``window`` tokens (None: ``kvcache.choose.default_window``), the window scaled with the
     sequence unless ``fixed_window``. The ranking: ``ranking`` of the training-free scores on ``calibration_families``
     prompts of ``calibration_length`` tokens (None: ``kvcache.choose.calibration_length``; ``ranking`` None:
-    ``kvcache.choose.DEFAULT_RANKING``), or, with ``gates``, learned gates (``ranking`` is then ``"learned"``). The
+    ``kvcache.choose.DEFAULT_RANKING``), or, with ``gates``, learned gates (``ranking`` is then ``"learned"``); a
+    ranking that reads ``outside`` measures it on ``kvcache.natural``'s texts (Python's documentation and source,
+    never the check's prose) and, with ``data_calibration``, on the task's text (the user's ``--data``) too. The
     measurements: ``measure`` (through ``generate()``, a prompt of ``context`` tokens of ``eval_family`` (None: ``text``
     from the task's evaluated part) + ``measure_new``, ``measure_repeats`` times, prefill in chunks of ``prefill_chunk``
     tokens: ``"auto"``, a number, or None for the whole prompt) and ``perplexity`` (of the task, through the policy and
@@ -51,6 +55,7 @@ class KVPolicySettings:
     gates: KVGateConfig | None = None
     calibration_length: int | None = None
     calibration_families: tuple[str, ...] = ("filler",)
+    data_calibration: bool = False
     seed: int = 0
     eval_family: str | None = None
     measure: bool = True
@@ -201,8 +206,28 @@ def eval_text(task: Task) -> str:
 
 
 def calibration_texts(task: Task, count: int = 4) -> list[str]:
-    """The ``count`` longest lines of the task's calibration part (the first 90% of the text)."""
-    return sorted((line.strip() for line in task.texts("calibration") if line.strip()), key=len, reverse=True)[:count]
+    """The task's calibration part (the first 90% of the text) in ``count`` contiguous passages of equal length."""
+    text = "\n".join(line.strip() for line in task.texts("calibration") if line.strip())
+    size = -(-len(text) // count)
+    return [p for p in (text[i * size:(i + 1) * size] for i in range(count)) if p]
+
+
+def outside_texts(tokenizer: Any, task: Task, settings: KVPolicySettings, has_text: bool, length: int
+                  ) -> tuple[list[str], str]:
+    """The texts ``outside`` is measured on (``kvcache.natural``'s, and with ``settings.data_calibration`` the
+    task's calibration passages, each at least ``length`` tokens) and where they come from, in words."""
+    texts = natural_texts(tokenizer, length, seed=settings.seed)
+    where = f"{len(texts)} passages of {length} tokens of Python's {' and '.join(CALIBRATION_SOURCES)}"
+    if settings.data_calibration and has_text:
+        data = calibration_texts(task)
+        short = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in data]
+        if min(short) <= settings.sink + settings.window + 1:
+            raise HeadwiseError(f"--data {task.source()}: its first 90% makes {len(data)} calibration passages of "
+                                f"{min(short)} to {max(short)} tokens, which a sink {settings.sink} + window "
+                                f"{settings.window} head drops nothing of; give a longer text (at least "
+                                f"{4 * (settings.sink + settings.window + 2)} tokens) or a smaller --window")
+        texts, where = data + texts, f"{len(data)} passages of {task.source()} + " + where
+    return texts, where
 
 
 def perplexities(model: nn.Module, tokenizer: Any, task: Task, policy: KVPolicy) -> dict[str, Any]:
@@ -234,14 +259,19 @@ def measured_line(measured: dict | None) -> str:
 
 
 def _scores(model: nn.Module, tokenizer: Any, task: Task, settings: KVPolicySettings, has_text: bool
-            ) -> tuple[KVPolicy, HeadScores, ScoreConfig]:
-    """The policy and the scores it was chosen by (learned gates trained first when asked)."""
+            ) -> tuple[KVPolicy, HeadScores, ScoreConfig, str]:
+    """The policy, the scores it was chosen by (learned gates trained first when asked), their config and where the
+    ``outside`` texts came from ("" when the ranking reads none)."""
     texts = calibration_texts(task) if has_text else None
     if settings.gates is not None and settings.gates.haystack == "text":  # the gates' haystack: the calibration part
         texts = [line for line in task.texts("calibration") if line.strip()]
     length = settings.calibration_length or calibration_length(settings.ranking, settings.sink, settings.window)
     config = ScoreConfig(length=length, sink=settings.sink, window=settings.window, seed=settings.seed,
-                         families=settings.calibration_families)
+                         families=settings.calibration_families,
+                         text_length=settings.calibration_length or text_length(settings.sink, settings.window))
+    where = ""
+    if settings.gates is None and needs_text(settings.ranking):
+        texts, where = outside_texts(tokenizer, task, settings, has_text, config.text_length)
     learned = None
     if settings.gates is not None:  # through the shared Trainer (data-parallel under torchrun), then ranked like any
         from ..sites import find_sites
@@ -252,7 +282,7 @@ def _scores(model: nn.Module, tokenizer: Any, task: Task, settings: KVPolicySett
     policy, scores = kv_policy(model, tokenizer, settings.kv_budget, settings.context, settings.sink, settings.window,
                                settings.ranking, texts=texts, config=config, scores=learned,
                                scaled=not settings.fixed_window)
-    return policy, scores, config
+    return policy, scores, config, where
 
 
 def kv_policy_experiment(model: nn.Module, tokenizer: Any, task: Task, settings: KVPolicySettings, *,
@@ -269,7 +299,7 @@ def kv_policy_experiment(model: nn.Module, tokenizer: Any, task: Task, settings:
     tokenizer.model_max_length = getattr(model.config, "max_position_embeddings", tokenizer.model_max_length)
     full_heads_for_budget(sum(model_shape(model)), settings.kv_budget, settings.context, settings.sink,
                           settings.window, not settings.fixed_window)  # fail before work
-    policy, scores, config = _scores(model, tokenizer, task, settings, has_text)
+    policy, scores, config, outside = _scores(model, tokenizer, task, settings, has_text)
     prefill_chunk = settings.prefill_chunk or None  # 0: the whole prompt
     measured = None
     if settings.measure:
@@ -304,6 +334,5 @@ def kv_policy_experiment(model: nn.Module, tokenizer: Any, task: Task, settings:
     calibrated_on = (f"learned gates (haystack {gates.haystack})" if gates is not None else "none (--kv-ranking "
                      "random)" if ranking == "random" else "synthetic passkey and fact-lookup prompts ("
                      f"{', '.join(settings.calibration_families)}) and repeated random tokens"
-                     + (f" + {scores.counts.get('calibration', 0)} lines of {task.source()}"
-                        if needs_text(ranking) else ""))
+                     + (f"; 'outside' on {outside}" if outside else ""))
     return KVPolicyRun(policy, scores, summary, calibrated_on)
