@@ -19,8 +19,8 @@ from .scores import NAMES, HeadScores, ScoreConfig, head_scores
 DEFAULT_RANKING = "retrieval+lookup"
 # the default's scores + ``outside`` measured on natural text (``natural.natural_texts``: Python's documentation and
 # standard-library source, never the judged prose) unless texts are given: keeps full the heads that look past the
-# window on natural text, where the synthetic prompts rank them low (issue 68; experiments/results/
-# kv_long_suite_families.md)
+# window on natural text, where the synthetic prompts rank them low. Not the default: against it, better on prose
+# and code, worse on docs and generated text (issue 68; experiments/results/kv_long_suite_families.md)
 NATURAL_RANKING = "retrieval+lookup+outside"
 RANKINGS = (DEFAULT_RANKING, NATURAL_RANKING, "combined", *NAMES, "learned", "random")  # and any other sum of scores
 GRANULARITIES = ("head", "layer")
